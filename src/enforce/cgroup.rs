@@ -1,0 +1,1 @@
+//! cgroup (being written)

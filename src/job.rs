@@ -1,0 +1,309 @@
+//! Jobs: what a caller registers (`JobSpec`), what lodger tracks (`Job`), ids and kinds.
+//! Pure data and validation; touches nothing else.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::cpuset::CpuSet;
+
+/// A job's id: `j<N>`, unique for the life of the state directory. Kept to `[a-z0-9]` so it is a
+/// valid D-Bus object path element (`/org/lodger1/job/j7`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct JobId(String);
+
+impl JobId {
+    pub fn from_seq(seq: u64) -> Self {
+        Self(format!("j{seq}"))
+    }
+
+    /// Accepts an id given by a caller (D-Bus, CLI), refusing anything that is not `j<N>`.
+    pub fn parse(s: &str) -> Option<Self> {
+        let digits = s.strip_prefix('j')?;
+        if digits.is_empty() || digits.len() > 19 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        Some(Self(s.to_string()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// Numeric part, used to keep placement order stable (j2 before j10).
+    pub fn seq(&self) -> u64 {
+        self.0[1..].parse().unwrap_or(u64::MAX)
+    }
+}
+
+impl fmt::Display for JobId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum JobKind {
+    /// A GPU training job: the owner of the node's CPUs it is given.
+    Training,
+}
+
+impl JobKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobKind::Training => "training",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "training" => Some(JobKind::Training),
+            _ => None,
+        }
+    }
+}
+
+/// How lodger finds a job's processes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Target {
+    /// These processes and every process they start. Other processes sharing their cgroup are
+    /// left alone.
+    Pids(Vec<u32>),
+    /// Every process in this existing cgroup (a Slurm step, a container), given relative to the
+    /// cgroup hierarchy root (e.g. `/slurm/uid_1000/job_42/step_0`).
+    Cgroup(String),
+}
+
+/// SODA §III-B categories, recorded now so right-sizing history can use them later.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Category {
+    Cv,
+    Nlp,
+    Speech,
+    #[default]
+    Other,
+}
+
+impl Category {
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "cv" => Some(Self::Cv),
+            "nlp" => Some(Self::Nlp),
+            "speech" => Some(Self::Speech),
+            "other" => Some(Self::Other),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Cv => "cv",
+            Self::Nlp => "nlp",
+            Self::Speech => "speech",
+            Self::Other => "other",
+        }
+    }
+}
+
+/// What a caller asks for when registering a training job.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobSpec {
+    pub kind: JobKind,
+    pub name: Option<String>,
+    pub target: Target,
+    /// GPU indices in PCI bus order (the order `nvidia-smi` and NVML use).
+    pub gpus: Vec<u32>,
+    /// Logical CPUs requested (SMT siblings count separately, as Slurm's `--cpus-per-task`).
+    pub cores: u32,
+    #[serde(default)]
+    pub category: Category,
+    #[serde(default)]
+    pub pipeline: bool,
+    #[serde(default)]
+    pub multi_node: bool,
+}
+
+/// Largest `pids` list accepted in one registration.
+pub const MAX_PIDS: usize = 4096;
+pub const MAX_NAME_LEN: usize = 64;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SpecError {
+    #[error("give either pids or a cgroup, not both")]
+    BothTargets,
+    #[error("give the job's processes: pids (e.g. --pid 1234) or an existing cgroup (e.g. --cgroup /slurm/job_1)")]
+    NoTarget,
+    #[error("pid {0} is not a valid process id")]
+    BadPid(u32),
+    #[error("too many pids ({0}); register the job by its cgroup instead")]
+    TooManyPids(usize),
+    #[error("cgroup path '{0}' must be absolute within the hierarchy (start with /), must not be the root and must not contain '..'")]
+    BadCgroup(String),
+    #[error("cores must be at least 1 (got {0})")]
+    ZeroCores(u32),
+    #[error("name '{0}' must be 1 to {MAX_NAME_LEN} characters of letters, digits, '.', '_' or '-'")]
+    BadName(String),
+    #[error("GPU index {0} is listed twice")]
+    DuplicateGpu(u32),
+}
+
+impl JobSpec {
+    /// Checks what can be checked without looking at the node (GPU existence and capacity are
+    /// checked against the topology by the agent).
+    pub fn validate(&self) -> Result<(), SpecError> {
+        match &self.target {
+            Target::Pids(pids) => {
+                if pids.is_empty() {
+                    return Err(SpecError::NoTarget);
+                }
+                if pids.len() > MAX_PIDS {
+                    return Err(SpecError::TooManyPids(pids.len()));
+                }
+                if let Some(&bad) = pids.iter().find(|&&p| p == 0 || p > i32::MAX as u32) {
+                    return Err(SpecError::BadPid(bad));
+                }
+            }
+            Target::Cgroup(path) => {
+                if !path.starts_with('/')
+                    || path.trim_matches('/').is_empty()
+                    || path.split('/').any(|c| c == ".." || c == ".")
+                    || path.contains('\0')
+                {
+                    return Err(SpecError::BadCgroup(path.clone()));
+                }
+            }
+        }
+        if self.cores == 0 {
+            return Err(SpecError::ZeroCores(self.cores));
+        }
+        if let Some(name) = &self.name {
+            let ok = !name.is_empty()
+                && name.len() <= MAX_NAME_LEN
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+            if !ok {
+                return Err(SpecError::BadName(name.clone()));
+            }
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for &g in &self.gpus {
+            if !seen.insert(g) {
+                return Err(SpecError::DuplicateGpu(g));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Where a job is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum JobState {
+    /// Registered, not yet enforced.
+    Pending,
+    /// On its cpuset with every thread SCHED_RR.
+    Running,
+    /// Enforcement failed; `last_error` says why. Retried every tick.
+    Error,
+    /// Its last process exited; about to be forgotten.
+    Exited,
+}
+
+impl JobState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Pending => "pending",
+            JobState::Running => "running",
+            JobState::Error => "error",
+            JobState::Exited => "exited",
+        }
+    }
+}
+
+/// A registered job as lodger tracks it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Job {
+    pub id: JobId,
+    pub spec: JobSpec,
+    /// The uid of the D-Bus caller that registered it.
+    pub owner_uid: u32,
+    pub state: JobState,
+    /// The CPUs the plan gives it (empty until placed).
+    pub cpus: CpuSet,
+    /// The NUMA nodes of those CPUs (its `cpuset.mems`).
+    pub mems: CpuSet,
+    /// Processes last seen in the job.
+    pub pids: Vec<u32>,
+    /// Threads last seen, and how many of them run SCHED_RR.
+    pub threads: u32,
+    pub rr_threads: u32,
+    pub last_error: Option<String>,
+    /// Seconds since the epoch at registration.
+    pub registered_at: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(target: Target) -> JobSpec {
+        JobSpec {
+            kind: JobKind::Training,
+            name: None,
+            target,
+            gpus: vec![0],
+            cores: 2,
+            category: Category::Other,
+            pipeline: false,
+            multi_node: false,
+        }
+    }
+
+    #[test]
+    fn ids_round_trip_and_refuse_paths() {
+        let id = JobId::from_seq(42);
+        assert_eq!(id.as_str(), "j42");
+        assert_eq!(JobId::parse("j42"), Some(id.clone()));
+        assert_eq!(id.seq(), 42);
+        for bad in ["", "j", "42", "j4a", "j/1", "J1", "j-1", "j123456789012345678901"] {
+            assert_eq!(JobId::parse(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn spec_validation() {
+        assert_eq!(spec(Target::Pids(vec![1, 2])).validate(), Ok(()));
+        assert_eq!(spec(Target::Cgroup("/slurm/job_1".into())).validate(), Ok(()));
+        assert_eq!(
+            spec(Target::Pids(vec![])).validate(),
+            Err(SpecError::NoTarget)
+        );
+        assert_eq!(
+            spec(Target::Pids(vec![0])).validate(),
+            Err(SpecError::BadPid(0))
+        );
+        for bad in ["relative", "/", "//", "/a/../b", "/a/./b"] {
+            assert!(
+                matches!(
+                    spec(Target::Cgroup(bad.into())).validate(),
+                    Err(SpecError::BadCgroup(_))
+                ),
+                "{bad}"
+            );
+        }
+        let mut s = spec(Target::Pids(vec![1]));
+        s.cores = 0;
+        assert_eq!(s.validate(), Err(SpecError::ZeroCores(0)));
+        s.cores = 1;
+        s.name = Some("has space".into());
+        assert!(matches!(s.validate(), Err(SpecError::BadName(_))));
+        s.name = Some("resnet-50_v1.2".into());
+        assert_eq!(s.validate(), Ok(()));
+        s.gpus = vec![1, 1];
+        assert_eq!(s.validate(), Err(SpecError::DuplicateGpu(1)));
+    }
+}

@@ -1,0 +1,15 @@
+//! lodger: a node-level colocation agent for GPU training servers.
+//!
+//! The loop (see `docs/design.md`): `sense` → `policy` (pure) → `enforce` (idempotent), driven by
+//! the `agent`, which alone owns the state; `api` turns D-Bus calls into agent commands.
+
+pub mod agent;
+pub mod api;
+pub mod config;
+pub mod cpuset;
+pub mod enforce;
+pub mod job;
+pub mod policy;
+pub mod privileged;
+pub mod store;
+pub mod topology;

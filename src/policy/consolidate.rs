@@ -1,0 +1,1 @@
+//! consolidate (being written)

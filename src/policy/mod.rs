@@ -1,0 +1,3 @@
+//! Pure decisions: no I/O.
+
+pub mod consolidate;
