@@ -1,1 +1,931 @@
-//! agent (being written)
+//! The agent: the loop and the node's state. It is the only place that calls decide, enforce and
+//! store, and the only owner of the jobs; the D-Bus API talks to it through [`AgentHandle`]
+//! (a command with a oneshot reply) and hears about changes through [`Event`]s.
+//!
+//! It runs on its own OS thread, not on the tokio runtime: enforcement is blocking I/O and system
+//! calls (cgroupfs, /proc, sched_setscheduler), and keeping it off the runtime means a slow cgroupfs
+//! never stalls the bus. Commands are handled between ticks, one at a time, so a registration and
+//! a sweep can never interleave.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
+use std::thread;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+use tokio::sync::{broadcast, oneshot};
+use tracing::{debug, info, warn};
+
+use crate::cpuset::CpuSet;
+use crate::enforce::{EnforceError, JobRecord, Outcome};
+use crate::job::{Job, JobId, JobSpec, JobState, SpecError, Target};
+use crate::policy::consolidate::NoCapacity;
+use crate::policy::{self, Placement, Plan, TrainingJobView};
+use crate::store::{Loaded, State, Store, StoreError, StoredJob};
+use crate::topology::Topology;
+
+/// What the agent needs from enforcement. [`crate::enforce::Enforcer`] is the real one;
+/// [`crate::enforce::sim::SimulatedEnforcer`] records instead of touching the kernel (`--sim`).
+pub trait Enforce: Send {
+    /// Makes the job's processes match `placement`; idempotent. Sweeps for new threads.
+    fn apply(
+        &mut self,
+        id: &JobId,
+        target: &Target,
+        placement: &Placement,
+        record: &mut JobRecord,
+    ) -> Result<Outcome, EnforceError>;
+    /// Undoes everything `apply` did for the job, for whatever still exists.
+    fn release(
+        &mut self,
+        id: &JobId,
+        target: &Target,
+        record: &JobRecord,
+    ) -> Result<(), EnforceError>;
+    /// One line for status: which cgroup mode and pinning method are in use.
+    fn describe(&self) -> String;
+}
+
+impl Enforce for crate::enforce::Enforcer {
+    fn apply(
+        &mut self,
+        id: &JobId,
+        target: &Target,
+        placement: &Placement,
+        record: &mut JobRecord,
+    ) -> Result<Outcome, EnforceError> {
+        crate::enforce::Enforcer::apply(self, id, target, &placement.cpus, &placement.mems, record)
+    }
+
+    fn release(
+        &mut self,
+        id: &JobId,
+        target: &Target,
+        record: &JobRecord,
+    ) -> Result<(), EnforceError> {
+        crate::enforce::Enforcer::release(self, id, target, record)
+    }
+
+    fn describe(&self) -> String {
+        self.mode().to_string()
+    }
+}
+
+impl Enforce for crate::enforce::sim::SimulatedEnforcer {
+    fn apply(
+        &mut self,
+        _id: &JobId,
+        target: &Target,
+        _placement: &Placement,
+        _record: &mut JobRecord,
+    ) -> Result<Outcome, EnforceError> {
+        self.observe(target)
+    }
+
+    fn release(
+        &mut self,
+        _id: &JobId,
+        _target: &Target,
+        _record: &JobRecord,
+    ) -> Result<(), EnforceError> {
+        Ok(())
+    }
+
+    fn describe(&self) -> String {
+        "simulated (nothing on the node is changed)".into()
+    }
+}
+
+/// Why a command was refused. Mapped to D-Bus errors in one place (`api::error`).
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("{0}")]
+    InvalidSpec(String),
+    #[error("cannot place the job: {0}")]
+    NoCapacity(NoCapacity),
+    #[error("no job '{0}'; `lodgerctl list` shows the registered jobs")]
+    NotFound(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("{0}")]
+    Enforce(#[from] EnforceError),
+    #[error("{0}")]
+    Store(#[from] StoreError),
+    #[error("lodgerd is shutting down")]
+    Stopped,
+}
+
+impl From<SpecError> for AgentError {
+    fn from(e: SpecError) -> Self {
+        AgentError::InvalidSpec(e.to_string())
+    }
+}
+
+/// A change other parts of lodgerd (the D-Bus signals) want to hear about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    JobAdded(JobId),
+    JobChanged(JobId, JobState),
+    JobRemoved(JobId),
+}
+
+/// The node as `lodgerctl status` shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct NodeStatus {
+    pub version: String,
+    pub cpus: CpuSet,
+    pub reserved: CpuSet,
+    pub training: CpuSet,
+    pub free: CpuSet,
+    pub numa_nodes: u32,
+    pub gpus: u32,
+    pub smt: bool,
+    pub jobs: u32,
+    pub enforcement: String,
+    pub rt_priority: i32,
+    pub interval_ms: u64,
+    pub ticks: u64,
+}
+
+/// The agent's own settings, taken from the config by lodgerd.
+#[derive(Debug, Clone)]
+pub struct AgentSettings {
+    pub interval: Duration,
+    pub rt_priority: i32,
+    pub proc_root: PathBuf,
+}
+
+enum Command {
+    Register {
+        spec: JobSpec,
+        caller_uid: u32,
+        reply: oneshot::Sender<Result<Job, AgentError>>,
+    },
+    Unregister {
+        id: String,
+        reply: oneshot::Sender<Result<(), AgentError>>,
+    },
+    List {
+        reply: oneshot::Sender<Vec<Job>>,
+    },
+    Get {
+        id: String,
+        reply: oneshot::Sender<Result<Job, AgentError>>,
+    },
+    Status {
+        reply: oneshot::Sender<NodeStatus>,
+    },
+    Stop,
+}
+
+/// The API's way in: cheap to clone, safe to use from any task.
+#[derive(Clone)]
+pub struct AgentHandle {
+    tx: mpsc::Sender<Command>,
+    events: broadcast::Sender<Event>,
+    ticks: Arc<AtomicU64>,
+}
+
+impl AgentHandle {
+    async fn ask<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Command) -> Option<T> {
+        let (tx, rx) = oneshot::channel();
+        self.tx.send(make(tx)).ok()?;
+        rx.await.ok()
+    }
+
+    pub async fn register(&self, spec: JobSpec, caller_uid: u32) -> Result<Job, AgentError> {
+        self.ask(|reply| Command::Register {
+            spec,
+            caller_uid,
+            reply,
+        })
+        .await
+        .unwrap_or(Err(AgentError::Stopped))
+    }
+
+    pub async fn unregister(&self, id: &str) -> Result<(), AgentError> {
+        self.ask(|reply| Command::Unregister {
+            id: id.to_string(),
+            reply,
+        })
+        .await
+        .unwrap_or(Err(AgentError::Stopped))
+    }
+
+    pub async fn list(&self) -> Result<Vec<Job>, AgentError> {
+        self.ask(|reply| Command::List { reply })
+            .await
+            .ok_or(AgentError::Stopped)
+    }
+
+    pub async fn get(&self, id: &str) -> Result<Job, AgentError> {
+        self.ask(|reply| Command::Get {
+            id: id.to_string(),
+            reply,
+        })
+        .await
+        .unwrap_or(Err(AgentError::Stopped))
+    }
+
+    pub async fn status(&self) -> Result<NodeStatus, AgentError> {
+        self.ask(|reply| Command::Status { reply })
+            .await
+            .ok_or(AgentError::Stopped)
+    }
+
+    pub fn subscribe(&self) -> broadcast::Receiver<Event> {
+        self.events.subscribe()
+    }
+
+    /// Ticks completed so far: a health signal (the watchdog pings only while it advances).
+    pub fn ticks(&self) -> u64 {
+        self.ticks.load(Ordering::Relaxed)
+    }
+
+    /// Asks the agent to finish its current work and stop. Jobs stay enforced (training keeps its
+    /// cpuset and SCHED_RR while lodgerd is down) and are re-adopted at the next start.
+    pub fn stop(&self) {
+        let _ = self.tx.send(Command::Stop);
+    }
+}
+
+pub struct Agent {
+    settings: AgentSettings,
+    topology: Topology,
+    reserved: CpuSet,
+    enforcer: Box<dyn Enforce>,
+    store: Store,
+    state: State,
+    events: broadcast::Sender<Event>,
+    ticks: Arc<AtomicU64>,
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+impl Agent {
+    /// Loads the state file and re-adopts the jobs it lists: a job with a live process is enforced
+    /// again, one whose processes died while lodgerd was down is cleaned up and forgotten.
+    pub fn start(
+        settings: AgentSettings,
+        topology: Topology,
+        reserved: CpuSet,
+        enforcer: Box<dyn Enforce>,
+        store: Store,
+    ) -> Result<Agent, StoreError> {
+        store.ensure_dir()?;
+        let state = match store.load()? {
+            Loaded::Fresh(s) => s,
+            Loaded::Found(s) => {
+                info!(jobs = s.jobs.len(), path = %store.path().display(), "read state");
+                s
+            }
+            Loaded::SetAside {
+                state,
+                set_aside,
+                reason,
+            } => {
+                warn!(
+                    "state file {} could not be read ({reason}); kept it as {} and started with no jobs",
+                    store.path().display(),
+                    set_aside.display()
+                );
+                state
+            }
+        };
+        let (events, _) = broadcast::channel(256);
+        let mut agent = Agent {
+            settings,
+            topology,
+            reserved,
+            enforcer,
+            store,
+            state,
+            events,
+            ticks: Arc::new(AtomicU64::new(0)),
+        };
+        let adopted = agent.state.jobs.len();
+        agent.tick();
+        if adopted > 0 {
+            info!(
+                "re-adopted {} of {} job(s) from the state file",
+                agent.state.jobs.len(),
+                adopted
+            );
+        }
+        Ok(agent)
+    }
+
+    /// Starts the agent's thread. The handle is how everything else talks to it.
+    pub fn spawn(self) -> std::io::Result<(AgentHandle, thread::JoinHandle<()>)> {
+        let (tx, rx) = mpsc::channel();
+        let handle = AgentHandle {
+            tx,
+            events: self.events.clone(),
+            ticks: self.ticks.clone(),
+        };
+        let join = thread::Builder::new()
+            .name("lodger-agent".into())
+            .spawn(move || self.run(rx))?;
+        Ok((handle, join))
+    }
+
+    fn run(mut self, rx: mpsc::Receiver<Command>) {
+        let mut next_tick = Instant::now() + self.settings.interval;
+        loop {
+            let now = Instant::now();
+            if now >= next_tick {
+                self.tick();
+                next_tick = Instant::now() + self.settings.interval;
+                continue;
+            }
+            match rx.recv_timeout(next_tick - now) {
+                Ok(Command::Stop) | Err(mpsc::RecvTimeoutError::Disconnected) => break,
+                Ok(cmd) => self.handle(cmd),
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+            }
+        }
+        info!(
+            "agent stopped; {} job(s) stay enforced",
+            self.state.jobs.len()
+        );
+    }
+
+    fn handle(&mut self, cmd: Command) {
+        match cmd {
+            Command::Register {
+                spec,
+                caller_uid,
+                reply,
+            } => {
+                let _ = reply.send(self.register(spec, caller_uid));
+            }
+            Command::Unregister { id, reply } => {
+                let _ = reply.send(self.unregister(&id));
+            }
+            Command::List { reply } => {
+                let _ = reply.send(self.state.jobs.values().map(|s| s.job.clone()).collect());
+            }
+            Command::Get { id, reply } => {
+                let _ = reply.send(self.find(&id).map(|s| s.job.clone()));
+            }
+            Command::Status { reply } => {
+                let _ = reply.send(self.status());
+            }
+            Command::Stop => {}
+        }
+    }
+
+    fn find(&self, id: &str) -> Result<&StoredJob, AgentError> {
+        JobId::parse(id)
+            .and_then(|jid| self.state.jobs.get(&jid))
+            .ok_or_else(|| AgentError::NotFound(id.to_string()))
+    }
+
+    fn views(&self) -> Vec<TrainingJobView> {
+        self.state
+            .jobs
+            .values()
+            .map(|s| TrainingJobView {
+                id: s.job.id.clone(),
+                cores: s.job.spec.cores,
+                gpus: s.job.spec.gpus.clone(),
+            })
+            .collect()
+    }
+
+    fn emit(&self, event: Event) {
+        // No receiver (no D-Bus yet, or tests) is fine.
+        let _ = self.events.send(event);
+    }
+
+    fn status(&self) -> NodeStatus {
+        let online = self.topology.online();
+        let training: CpuSet = self
+            .state
+            .plan
+            .training
+            .values()
+            .fold(CpuSet::new(), |acc, p| acc.union(&p.cpus));
+        NodeStatus {
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            free: online.difference(&self.reserved).difference(&training),
+            cpus: online,
+            reserved: self.reserved.clone(),
+            training,
+            numa_nodes: u32::try_from(self.topology.numa_nodes.len()).unwrap_or(u32::MAX),
+            gpus: u32::try_from(self.topology.gpus.len()).unwrap_or(u32::MAX),
+            smt: self.topology.has_smt(),
+            jobs: u32::try_from(self.state.jobs.len()).unwrap_or(u32::MAX),
+            enforcement: self.enforcer.describe(),
+            rt_priority: self.settings.rt_priority,
+            interval_ms: u64::try_from(self.settings.interval.as_millis()).unwrap_or(u64::MAX),
+            ticks: self.ticks.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Checks a spec against the node and the other jobs, without changing anything.
+    fn check_spec(&self, spec: &JobSpec) -> Result<(), AgentError> {
+        spec.validate()?;
+        for &gpu in &spec.gpus {
+            if self.topology.gpu(gpu).is_none() {
+                let known: CpuSet = self.topology.gpus.iter().map(|g| g.index).collect();
+                return Err(AgentError::InvalidSpec(if known.is_empty() {
+                    format!(
+                        "GPU {gpu} does not exist: lodger sees no NVIDIA GPU on this node; \
+                         leave gpus empty or declare the GPUs under [[node.gpu]] in the config"
+                    )
+                } else {
+                    format!("GPU {gpu} does not exist on this node (GPUs: {known})")
+                }));
+            }
+        }
+        match &spec.target {
+            Target::Pids(pids) => {
+                for &pid in pids {
+                    if !self.settings.proc_root.join(pid.to_string()).exists() {
+                        return Err(AgentError::InvalidSpec(format!(
+                            "process {pid} does not exist (has it exited?)"
+                        )));
+                    }
+                    if let Some(other) =
+                        self.state.jobs.values().find(|s| s.job.pids.contains(&pid))
+                    {
+                        return Err(AgentError::Conflict(format!(
+                            "process {pid} already belongs to job {}; unregister it first",
+                            other.job.id
+                        )));
+                    }
+                }
+            }
+            Target::Cgroup(path) => {
+                if let Some(other) = self
+                    .state
+                    .jobs
+                    .values()
+                    .find(|s| s.job.spec.target == Target::Cgroup(path.clone()))
+                {
+                    return Err(AgentError::Conflict(format!(
+                        "cgroup {path} is already registered as job {}; unregister it first",
+                        other.job.id
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn register(&mut self, spec: JobSpec, caller_uid: u32) -> Result<Job, AgentError> {
+        self.check_spec(&spec)?;
+        let id = JobId::from_seq(self.state.next_seq);
+        let mut views = self.views();
+        views.push(TrainingJobView {
+            id: id.clone(),
+            cores: spec.cores,
+            gpus: spec.gpus.clone(),
+        });
+        let plan = policy::decide(&self.topology, &self.reserved, &views, &self.state.plan);
+        if let Some(no) = plan.unplaced.get(&id) {
+            return Err(AgentError::NoCapacity(no.clone()));
+        }
+        let placement = plan.training.get(&id).cloned().ok_or_else(|| {
+            AgentError::InvalidSpec("the policy gave the job no placement".into())
+        })?;
+
+        let mut record = JobRecord::default();
+        let outcome = match self
+            .enforcer
+            .apply(&id, &spec.target, &placement, &mut record)
+        {
+            Ok(o) if o.alive => o,
+            Ok(_) => {
+                self.release_quietly(&id, &spec.target, &record);
+                return Err(AgentError::InvalidSpec(
+                    "the job has no running process (did it exit?)".into(),
+                ));
+            }
+            Err(e) => {
+                self.release_quietly(&id, &spec.target, &record);
+                return Err(e.into());
+            }
+        };
+        let job = Job {
+            id: id.clone(),
+            owner_uid: caller_uid,
+            state: JobState::Running,
+            cpus: placement.cpus.clone(),
+            mems: placement.mems.clone(),
+            pids: outcome.pids.clone(),
+            threads: outcome.threads,
+            rr_threads: outcome.rr_threads,
+            last_error: None,
+            registered_at: now_secs(),
+            spec,
+        };
+        let before = self.state.clone();
+        self.state.next_seq += 1;
+        self.state.plan = plan;
+        self.state.jobs.insert(
+            id.clone(),
+            StoredJob {
+                job: job.clone(),
+                record: record.clone(),
+            },
+        );
+        if let Err(e) = self.store.save(&self.state) {
+            // Nothing may change when the registration cannot be remembered.
+            self.state = before;
+            self.release_quietly(&id, &job.spec.target, &record);
+            return Err(e.into());
+        }
+        info!(job = %id, cpus = %job.cpus, pids = ?job.pids, threads = job.threads, "registered training job");
+        self.emit(Event::JobAdded(id));
+        Ok(job)
+    }
+
+    fn unregister(&mut self, id: &str) -> Result<(), AgentError> {
+        let jid = self.find(id)?.job.id.clone();
+        let Some(stored) = self.state.jobs.remove(&jid) else {
+            return Err(AgentError::NotFound(id.to_string()));
+        };
+        self.release_quietly(&jid, &stored.job.spec.target, &stored.record);
+        self.state.plan = policy::decide(
+            &self.topology,
+            &self.reserved,
+            &self.views(),
+            &self.state.plan,
+        );
+        self.store.save(&self.state)?;
+        info!(job = %jid, cpus = %stored.job.cpus, "unregistered; cores freed");
+        self.emit(Event::JobChanged(jid.clone(), JobState::Exited));
+        self.emit(Event::JobRemoved(jid));
+        Ok(())
+    }
+
+    fn release_quietly(&mut self, id: &JobId, target: &Target, record: &JobRecord) {
+        if let Err(e) = self.enforcer.release(id, target, record) {
+            warn!(job = %id, "cleanup incomplete: {e}");
+        }
+    }
+
+    /// One pass of the loop: decide, then make every job match the plan, then persist what
+    /// changed.
+    pub fn tick(&mut self) {
+        let plan = policy::decide(
+            &self.topology,
+            &self.reserved,
+            &self.views(),
+            &self.state.plan,
+        );
+        let mut dirty = plan != self.state.plan;
+        self.state.plan = plan;
+        let ids: Vec<JobId> = self.state.jobs.keys().cloned().collect();
+        let mut gone = Vec::new();
+        let mut changed = Vec::new();
+        for id in ids {
+            let placement = self.state.plan.training.get(&id).cloned();
+            let Some(stored) = self.state.jobs.get_mut(&id) else {
+                continue;
+            };
+            let before = stored.clone();
+            let result = match &placement {
+                Some(p) => {
+                    stored.job.cpus = p.cpus.clone();
+                    stored.job.mems = p.mems.clone();
+                    self.enforcer
+                        .apply(&id, &stored.job.spec.target, p, &mut stored.record)
+                }
+                None => {
+                    let why = self
+                        .state
+                        .plan
+                        .unplaced
+                        .get(&id)
+                        .map(|n| n.to_string())
+                        .unwrap_or_else(|| "no placement".into());
+                    stored.job.state = JobState::Error;
+                    stored.job.last_error = Some(format!("cannot place the job: {why}"));
+                    Ok(Outcome {
+                        alive: true,
+                        ..Outcome::default()
+                    })
+                }
+            };
+            match result {
+                Ok(o) if !o.alive => gone.push((id.clone(), "its last process exited".to_string())),
+                Ok(o) => {
+                    stored.job.pids = o.pids;
+                    stored.job.threads = o.threads;
+                    stored.job.rr_threads = o.rr_threads;
+                    if placement.is_some() {
+                        stored.job.state = JobState::Running;
+                        stored.job.last_error = None;
+                    }
+                    for w in o.warnings {
+                        debug!(job = %id, "{w}");
+                    }
+                }
+                Err(e) if e.is_gone() => gone.push((id.clone(), e.to_string())),
+                Err(e) => {
+                    if stored.job.last_error.as_deref() != Some(&e.to_string()) {
+                        warn!(job = %id, "enforcement failed: {e}");
+                    }
+                    stored.job.state = JobState::Error;
+                    stored.job.last_error = Some(e.to_string());
+                }
+            }
+            if *stored != before {
+                dirty = true;
+                if stored.job.state != before.job.state {
+                    changed.push(Event::JobChanged(id.clone(), stored.job.state));
+                }
+            }
+        }
+        for event in changed {
+            self.emit(event);
+        }
+        for (id, why) in gone {
+            if let Some(stored) = self.state.jobs.remove(&id) {
+                self.release_quietly(&id, &stored.job.spec.target, &stored.record);
+                info!(job = %id, cpus = %stored.job.cpus, "job ended ({why}); cores freed");
+                self.emit(Event::JobChanged(id.clone(), JobState::Exited));
+                self.emit(Event::JobRemoved(id));
+                dirty = true;
+            }
+        }
+        if dirty {
+            self.state.plan = policy::decide(
+                &self.topology,
+                &self.reserved,
+                &self.views(),
+                &self.state.plan,
+            );
+            if let Err(e) = self.store.save(&self.state) {
+                warn!("{e}");
+            }
+        }
+        self.ticks.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The jobs, for tests and the simulator.
+    pub fn jobs(&self) -> BTreeMap<JobId, Job> {
+        self.state
+            .jobs
+            .iter()
+            .map(|(k, v)| (k.clone(), v.job.clone()))
+            .collect()
+    }
+
+    pub fn plan(&self) -> &Plan {
+        &self.state.plan
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::job::{Category, JobKind};
+    use std::collections::BTreeSet;
+    use std::sync::Mutex;
+
+    /// What the fake node looks like: which pids live, and what was applied/released.
+    #[derive(Default)]
+    struct FakeNode {
+        alive: BTreeSet<u32>,
+        applied: BTreeMap<JobId, CpuSet>,
+        released: Vec<JobId>,
+        fail_next_apply: Option<EnforceError>,
+    }
+
+    struct FakeEnforcer(Arc<Mutex<FakeNode>>);
+
+    impl Enforce for FakeEnforcer {
+        fn apply(
+            &mut self,
+            id: &JobId,
+            target: &Target,
+            placement: &Placement,
+            _record: &mut JobRecord,
+        ) -> Result<Outcome, EnforceError> {
+            let mut node = self.0.lock().unwrap();
+            if let Some(e) = node.fail_next_apply.take() {
+                return Err(e);
+            }
+            let pids: Vec<u32> = match target {
+                Target::Pids(p) => p
+                    .iter()
+                    .copied()
+                    .filter(|p| node.alive.contains(p))
+                    .collect(),
+                Target::Cgroup(_) => vec![1],
+            };
+            node.applied.insert(id.clone(), placement.cpus.clone());
+            Ok(Outcome {
+                alive: !pids.is_empty(),
+                threads: u32::try_from(pids.len()).unwrap(),
+                rr_threads: u32::try_from(pids.len()).unwrap(),
+                pids,
+                ..Outcome::default()
+            })
+        }
+
+        fn release(
+            &mut self,
+            id: &JobId,
+            _target: &Target,
+            _record: &JobRecord,
+        ) -> Result<(), EnforceError> {
+            let mut node = self.0.lock().unwrap();
+            node.applied.remove(id);
+            node.released.push(id.clone());
+            Ok(())
+        }
+
+        fn describe(&self) -> String {
+            "fake".into()
+        }
+    }
+
+    fn spec(pids: Vec<u32>, cores: u32) -> JobSpec {
+        JobSpec {
+            kind: JobKind::Training,
+            name: None,
+            target: Target::Pids(pids),
+            gpus: vec![],
+            cores,
+            category: Category::Other,
+            pipeline: false,
+            multi_node: false,
+        }
+    }
+
+    struct Rig {
+        node: Arc<Mutex<FakeNode>>,
+        dir: tempfile::TempDir,
+        proc_root: tempfile::TempDir,
+    }
+
+    impl Rig {
+        fn new() -> Rig {
+            Rig {
+                node: Arc::new(Mutex::new(FakeNode::default())),
+                dir: tempfile::tempdir().unwrap(),
+                proc_root: tempfile::tempdir().unwrap(),
+            }
+        }
+
+        fn spawn(&self, pid: u32) {
+            std::fs::create_dir_all(self.proc_root.path().join(pid.to_string())).unwrap();
+            self.node.lock().unwrap().alive.insert(pid);
+        }
+
+        fn kill(&self, pid: u32) {
+            std::fs::remove_dir_all(self.proc_root.path().join(pid.to_string())).unwrap();
+            self.node.lock().unwrap().alive.remove(&pid);
+        }
+
+        fn agent(&self) -> Agent {
+            // 2 sockets x 1 node x 4 cores x 2 threads = 16 CPUs; reserve CPU 0 and its sibling 8.
+            let topo = Topology::synthetic(2, 1, 4, 2, 0);
+            let settings = AgentSettings {
+                interval: Duration::from_millis(100),
+                rt_priority: 10,
+                proc_root: self.proc_root.path().to_path_buf(),
+            };
+            Agent::start(
+                settings,
+                topo,
+                CpuSet::parse("0,8").unwrap(),
+                Box::new(FakeEnforcer(self.node.clone())),
+                Store::new(self.dir.path()),
+            )
+            .unwrap()
+        }
+    }
+
+    #[test]
+    fn register_places_enforces_and_persists() {
+        let rig = Rig::new();
+        rig.spawn(100);
+        let mut agent = rig.agent();
+        let job = agent.register(spec(vec![100], 2), 0).unwrap();
+        assert_eq!(job.id.as_str(), "j1");
+        assert_eq!(job.cpus.len(), 2);
+        assert!(!job.cpus.contains(0) && !job.cpus.contains(8));
+        assert_eq!(
+            rig.node.lock().unwrap().applied.get(&job.id),
+            Some(&job.cpus)
+        );
+        // A second agent on the same state dir sees the job.
+        drop(agent);
+        let agent = rig.agent();
+        assert_eq!(agent.jobs().len(), 1);
+        assert_eq!(agent.jobs()[&job.id].cpus, job.cpus);
+    }
+
+    #[test]
+    fn refusals_change_nothing() {
+        let rig = Rig::new();
+        rig.spawn(100);
+        let mut agent = rig.agent();
+        let err = agent.register(spec(vec![101], 1), 0).unwrap_err();
+        assert!(matches!(err, AgentError::InvalidSpec(_)), "{err}");
+        let err = agent.register(spec(vec![100], 15), 0).unwrap_err();
+        assert!(matches!(err, AgentError::NoCapacity(_)), "{err}");
+        assert!(err.to_string().contains("14"), "{err}");
+        let mut with_gpu = spec(vec![100], 1);
+        with_gpu.gpus = vec![0];
+        let err = agent.register(with_gpu, 0).unwrap_err();
+        assert!(err.to_string().contains("GPU 0"), "{err}");
+        rig.node.lock().unwrap().fail_next_apply = Some(EnforceError::EmptyPlacement);
+        let err = agent.register(spec(vec![100], 1), 0).unwrap_err();
+        assert!(matches!(err, AgentError::Enforce(_)), "{err}");
+        assert!(agent.jobs().is_empty());
+        assert!(agent.plan().training.is_empty());
+        // The failed registration was undone.
+        assert_eq!(rig.node.lock().unwrap().released.len(), 1);
+        // And the ids were not consumed.
+        assert_eq!(
+            agent.register(spec(vec![100], 1), 0).unwrap().id.as_str(),
+            "j1"
+        );
+        let err = agent.register(spec(vec![100], 1), 0).unwrap_err();
+        assert!(matches!(err, AgentError::Conflict(_)), "{err}");
+    }
+
+    #[test]
+    fn exit_and_unregister_free_cores_and_ids_are_not_reused() {
+        let rig = Rig::new();
+        rig.spawn(100);
+        rig.spawn(200);
+        let mut agent = rig.agent();
+        let a = agent.register(spec(vec![100], 14), 0).unwrap();
+        assert!(matches!(
+            agent.register(spec(vec![200], 1), 0),
+            Err(AgentError::NoCapacity(_))
+        ));
+        rig.kill(100);
+        let mut events = agent.events.subscribe();
+        agent.tick();
+        assert!(agent.jobs().is_empty());
+        assert_eq!(rig.node.lock().unwrap().released, vec![a.id.clone()]);
+        assert_eq!(
+            events.try_recv().unwrap(),
+            Event::JobChanged(a.id.clone(), JobState::Exited)
+        );
+        assert_eq!(events.try_recv().unwrap(), Event::JobRemoved(a.id.clone()));
+        let b = agent.register(spec(vec![200], 14), 0).unwrap();
+        assert_eq!(b.id.as_str(), "j2");
+        agent.unregister("j2").unwrap();
+        assert!(agent.plan().training.is_empty());
+        assert!(matches!(
+            agent.unregister("j2"),
+            Err(AgentError::NotFound(_))
+        ));
+        assert!(matches!(
+            agent.unregister("../x"),
+            Err(AgentError::NotFound(_))
+        ));
+    }
+
+    #[test]
+    fn restart_cleans_up_jobs_that_died_while_down() {
+        let rig = Rig::new();
+        rig.spawn(100);
+        rig.spawn(200);
+        let mut agent = rig.agent();
+        agent.register(spec(vec![100], 2), 0).unwrap();
+        let b = agent.register(spec(vec![200], 2), 0).unwrap();
+        drop(agent);
+        rig.kill(100);
+        let agent = rig.agent();
+        let jobs = agent.jobs();
+        assert_eq!(jobs.keys().cloned().collect::<Vec<_>>(), vec![b.id.clone()]);
+        assert_eq!(jobs[&b.id].cpus, b.cpus, "a re-adopted job keeps its CPUs");
+        assert_eq!(rig.node.lock().unwrap().released.len(), 1);
+    }
+
+    #[test]
+    fn ticks_are_idempotent_on_the_plan() {
+        let rig = Rig::new();
+        rig.spawn(100);
+        let mut agent = rig.agent();
+        agent.register(spec(vec![100], 3), 0).unwrap();
+        let plan = agent.plan().clone();
+        let before = std::fs::read(rig.dir.path().join(crate::store::STATE_FILE)).unwrap();
+        agent.tick();
+        agent.tick();
+        assert_eq!(agent.plan(), &plan);
+        let after = std::fs::read(rig.dir.path().join(crate::store::STATE_FILE)).unwrap();
+        assert_eq!(
+            before, after,
+            "an idle tick must not rewrite the state file"
+        );
+    }
+}

@@ -144,7 +144,9 @@ pub enum SpecError {
     BadCgroup(String),
     #[error("cores must be at least 1 (got {0})")]
     ZeroCores(u32),
-    #[error("name '{0}' must be 1 to {MAX_NAME_LEN} characters of letters, digits, '.', '_' or '-'")]
+    #[error(
+        "name '{0}' must be 1 to {MAX_NAME_LEN} characters of letters, digits, '.', '_' or '-'"
+    )]
     BadName(String),
     #[error("GPU index {0} is listed twice")]
     DuplicateGpu(u32),
@@ -269,7 +271,16 @@ mod tests {
         assert_eq!(id.as_str(), "j42");
         assert_eq!(JobId::parse("j42"), Some(id.clone()));
         assert_eq!(id.seq(), 42);
-        for bad in ["", "j", "42", "j4a", "j/1", "J1", "j-1", "j123456789012345678901"] {
+        for bad in [
+            "",
+            "j",
+            "42",
+            "j4a",
+            "j/1",
+            "J1",
+            "j-1",
+            "j123456789012345678901",
+        ] {
             assert_eq!(JobId::parse(bad), None, "{bad}");
         }
     }
@@ -277,7 +288,10 @@ mod tests {
     #[test]
     fn spec_validation() {
         assert_eq!(spec(Target::Pids(vec![1, 2])).validate(), Ok(()));
-        assert_eq!(spec(Target::Cgroup("/slurm/job_1".into())).validate(), Ok(()));
+        assert_eq!(
+            spec(Target::Cgroup("/slurm/job_1".into())).validate(),
+            Ok(())
+        );
         assert_eq!(
             spec(Target::Pids(vec![])).validate(),
             Err(SpecError::NoTarget)

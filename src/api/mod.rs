@@ -1,1 +1,382 @@
-//! api (being written)
+//! The D-Bus control surface: `org.lodger1.Manager` at `/org/lodger1` and one
+//! `org.lodger1.Job` object per job at `/org/lodger1/job/<id>`. Methods are thin: they check the
+//! caller, turn the call into an agent command and map the reply. Touches only the agent's
+//! command channel and the bus.
+
+pub mod error;
+pub mod proxy;
+pub mod spec;
+
+use std::collections::HashMap;
+
+use tokio::sync::broadcast::error::RecvError;
+use tracing::{debug, warn};
+use zbus::message::Header;
+use zbus::object_server::SignalEmitter;
+use zbus::zvariant::{ObjectPath, OwnedObjectPath, OwnedValue, Value};
+use zbus::{interface, Connection};
+
+use crate::agent::{AgentHandle, Event};
+use crate::job::JobId;
+pub use error::ApiError;
+
+pub const BUS_NAME: &str = "org.lodger1";
+pub const MANAGER_PATH: &str = "/org/lodger1";
+pub const MANAGER_INTERFACE: &str = "org.lodger1.Manager";
+pub const JOB_INTERFACE: &str = "org.lodger1.Job";
+
+pub fn job_path(id: &JobId) -> OwnedObjectPath {
+    // A JobId is `j<digits>`, always a valid path element.
+    OwnedObjectPath::try_from(format!("{MANAGER_PATH}/job/{id}"))
+        .unwrap_or_else(|_| OwnedObjectPath::from(ObjectPath::from_static_str_unchecked("/")))
+}
+
+/// Which bus lodgerd serves on. Both honour the usual environment variables
+/// (`DBUS_SYSTEM_BUS_ADDRESS`, `DBUS_SESSION_BUS_ADDRESS`), which is how the tests and the demo
+/// use a private `dbus-daemon`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bus {
+    System,
+    Session,
+}
+
+/// Who may make mutating calls: root, and members of this group.
+#[derive(Debug, Clone)]
+pub struct Authority {
+    pub group: String,
+}
+
+impl Authority {
+    /// Asks the bus daemon who the sender is (never trusts anything in the message) and whether
+    /// that user is root or in the configured group.
+    async fn check(&self, conn: &Connection, hdr: &Header<'_>) -> Result<u32, ApiError> {
+        let sender = hdr
+            .sender()
+            .ok_or_else(|| ApiError::AccessDenied("the call has no sender".into()))?;
+        let dbus = zbus::fdo::DBusProxy::new(conn).await?;
+        let uid = dbus
+            .get_connection_unix_user(sender.clone().into())
+            .await
+            .map_err(|e| ApiError::AccessDenied(format!("cannot tell who the caller is: {e}")))?;
+        if uid == 0 {
+            return Ok(uid);
+        }
+        let group = self.group.clone();
+        let member = tokio::task::spawn_blocking(move || user_in_group(uid, &group))
+            .await
+            .unwrap_or(false);
+        if member {
+            Ok(uid)
+        } else {
+            Err(ApiError::AccessDenied(format!(
+                "uid {uid} may not change lodger's jobs: run as root or add the user to the '{}' group",
+                self.group
+            )))
+        }
+    }
+}
+
+/// NSS lookups (may block on LDAP/SSSD, hence `spawn_blocking`).
+fn user_in_group(uid: u32, group: &str) -> bool {
+    use nix::unistd::{Group, Uid, User};
+    let Ok(Some(g)) = Group::from_name(group) else {
+        return false;
+    };
+    let Ok(Some(user)) = User::from_uid(Uid::from_raw(uid)) else {
+        return false;
+    };
+    if user.gid == g.gid || g.mem.contains(&user.name) {
+        return true;
+    }
+    let Ok(name) = std::ffi::CString::new(user.name.clone()) else {
+        return false;
+    };
+    nix::unistd::getgrouplist(&name, user.gid)
+        .map(|gs| gs.contains(&g.gid))
+        .unwrap_or(false)
+}
+
+pub struct Manager {
+    agent: AgentHandle,
+    auth: Authority,
+    rt_priority: i32,
+}
+
+#[interface(name = "org.lodger1.Manager")]
+impl Manager {
+    /// Registers a job described by `spec` (keys in docs/dbus-api.md); returns its id and object.
+    async fn register_job(
+        &self,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+        spec: HashMap<String, OwnedValue>,
+    ) -> Result<(String, OwnedObjectPath), ApiError> {
+        let uid = self.auth.check(conn, &hdr).await?;
+        let spec = spec::spec_from_dict(&spec).map_err(ApiError::InvalidSpec)?;
+        let job = self.agent.register(spec, uid).await?;
+        let path = job_path(&job.id);
+        add_job_object(conn, &self.agent, &job.id, self.rt_priority).await;
+        Ok((job.id.to_string(), path))
+    }
+
+    /// Releases a job: its threads go back to SCHED_OTHER, its cgroups are restored and its CPUs
+    /// freed.
+    async fn unregister_job(
+        &self,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+        id: String,
+    ) -> Result<(), ApiError> {
+        self.auth.check(conn, &hdr).await?;
+        Ok(self.agent.unregister(&id).await?)
+    }
+
+    /// (id, kind, state, object path) of every job.
+    async fn list_jobs(&self) -> Result<Vec<(String, String, String, OwnedObjectPath)>, ApiError> {
+        Ok(self
+            .agent
+            .list()
+            .await?
+            .into_iter()
+            .map(|j| {
+                (
+                    j.id.to_string(),
+                    j.spec.kind.as_str().to_string(),
+                    j.state.as_str().to_string(),
+                    job_path(&j.id),
+                )
+            })
+            .collect())
+    }
+
+    async fn get_job(&self, id: String) -> Result<HashMap<String, Value<'static>>, ApiError> {
+        let job = self.agent.get(&id).await?;
+        Ok(spec::job_to_dict(&job, self.rt_priority))
+    }
+
+    /// The node as a dictionary (the same fields as the properties, plus counts).
+    async fn get_status(&self) -> Result<HashMap<String, Value<'static>>, ApiError> {
+        let s = self.agent.status().await?;
+        let mut d: HashMap<String, Value<'static>> = HashMap::new();
+        d.insert("version".into(), Value::from(s.version));
+        d.insert("cpus".into(), Value::from(s.cpus.to_string()));
+        d.insert("reserved".into(), Value::from(s.reserved.to_string()));
+        d.insert("training_cpus".into(), Value::from(s.training.to_string()));
+        d.insert("free".into(), Value::from(s.free.to_string()));
+        d.insert("numa_nodes".into(), Value::from(s.numa_nodes));
+        d.insert("gpus".into(), Value::from(s.gpus));
+        d.insert("smt".into(), Value::from(s.smt));
+        d.insert("jobs".into(), Value::from(s.jobs));
+        d.insert("enforcement".into(), Value::from(s.enforcement));
+        d.insert("rt_priority".into(), Value::from(s.rt_priority));
+        d.insert("interval_ms".into(), Value::from(s.interval_ms));
+        d.insert("ticks".into(), Value::from(s.ticks));
+        Ok(d)
+    }
+
+    #[zbus(property)]
+    async fn version(&self) -> String {
+        env!("CARGO_PKG_VERSION").to_string()
+    }
+
+    #[zbus(property)]
+    async fn cpus(&self) -> zbus::fdo::Result<String> {
+        self.status_field(|s| s.cpus.to_string()).await
+    }
+
+    #[zbus(property)]
+    async fn reserved(&self) -> zbus::fdo::Result<String> {
+        self.status_field(|s| s.reserved.to_string()).await
+    }
+
+    #[zbus(property)]
+    async fn free(&self) -> zbus::fdo::Result<String> {
+        self.status_field(|s| s.free.to_string()).await
+    }
+
+    #[zbus(property)]
+    async fn training_cpus(&self) -> zbus::fdo::Result<String> {
+        self.status_field(|s| s.training.to_string()).await
+    }
+
+    /// Emitted when a job is registered, changes state, or ends (`exited`).
+    #[zbus(signal)]
+    async fn job_changed(emitter: &SignalEmitter<'_>, id: &str, state: &str) -> zbus::Result<()>;
+}
+
+impl Manager {
+    async fn status_field(
+        &self,
+        f: impl FnOnce(&crate::agent::NodeStatus) -> String,
+    ) -> Result<String, zbus::fdo::Error> {
+        self.agent
+            .status()
+            .await
+            .map(|s| f(&s))
+            .map_err(|e| zbus::fdo::Error::Failed(e.to_string()))
+    }
+}
+
+/// `/org/lodger1/job/<id>`: one job's properties, read live from the agent.
+pub struct JobObject {
+    id: JobId,
+    agent: AgentHandle,
+    rt_priority: i32,
+}
+
+impl JobObject {
+    async fn job(&self) -> zbus::fdo::Result<crate::job::Job> {
+        self.agent
+            .get(self.id.as_str())
+            .await
+            .map_err(|e| zbus::fdo::Error::UnknownObject(e.to_string()))
+    }
+}
+
+#[interface(name = "org.lodger1.Job")]
+impl JobObject {
+    #[zbus(property)]
+    async fn id(&self) -> String {
+        self.id.to_string()
+    }
+    #[zbus(property)]
+    async fn name(&self) -> zbus::fdo::Result<String> {
+        Ok(self.job().await?.spec.name.unwrap_or_default())
+    }
+    #[zbus(property)]
+    async fn kind(&self) -> zbus::fdo::Result<String> {
+        Ok(self.job().await?.spec.kind.as_str().to_string())
+    }
+    #[zbus(property)]
+    async fn state(&self) -> zbus::fdo::Result<String> {
+        Ok(self.job().await?.state.as_str().to_string())
+    }
+    #[zbus(property)]
+    async fn pids(&self) -> zbus::fdo::Result<Vec<u32>> {
+        Ok(self.job().await?.pids)
+    }
+    #[zbus(property)]
+    async fn cpus(&self) -> zbus::fdo::Result<String> {
+        Ok(self.job().await?.cpus.to_string())
+    }
+    #[zbus(property)]
+    async fn mems(&self) -> zbus::fdo::Result<String> {
+        Ok(self.job().await?.mems.to_string())
+    }
+    #[zbus(property)]
+    async fn gpus(&self) -> zbus::fdo::Result<Vec<u32>> {
+        Ok(self.job().await?.spec.gpus)
+    }
+    #[zbus(property)]
+    async fn threads(&self) -> zbus::fdo::Result<u32> {
+        Ok(self.job().await?.threads)
+    }
+    #[zbus(property)]
+    async fn rr_threads(&self) -> zbus::fdo::Result<u32> {
+        Ok(self.job().await?.rr_threads)
+    }
+    #[zbus(property)]
+    async fn sched_policy(&self) -> String {
+        spec::sched_policy(self.rt_priority)
+    }
+    #[zbus(property)]
+    async fn last_error(&self) -> zbus::fdo::Result<String> {
+        Ok(self.job().await?.last_error.unwrap_or_default())
+    }
+}
+
+async fn add_job_object(conn: &Connection, agent: &AgentHandle, id: &JobId, rt_priority: i32) {
+    let obj = JobObject {
+        id: id.clone(),
+        agent: agent.clone(),
+        rt_priority,
+    };
+    // `at` returns false when the object is already there (the event forwarder may have won).
+    if let Err(e) = conn.object_server().at(job_path(id), obj).await {
+        warn!(job = %id, "cannot export the job object: {e}");
+    }
+}
+
+/// Connects to the bus, exports the manager and the existing jobs, owns `org.lodger1`, and starts
+/// forwarding agent events as signals. Returns once the name is owned.
+pub async fn serve(
+    bus: Bus,
+    agent: AgentHandle,
+    auth: Authority,
+    rt_priority: i32,
+) -> zbus::Result<Connection> {
+    let manager = Manager {
+        agent: agent.clone(),
+        auth,
+        rt_priority,
+    };
+    let builder = match bus {
+        Bus::System => zbus::connection::Builder::system()?,
+        Bus::Session => zbus::connection::Builder::session()?,
+    };
+    // Subscribe before exporting so no event between the two is lost.
+    let events = agent.subscribe();
+    let conn = builder
+        .serve_at(MANAGER_PATH, manager)?
+        .name(BUS_NAME)?
+        .build()
+        .await?;
+    if let Ok(jobs) = agent.list().await {
+        for job in jobs {
+            add_job_object(&conn, &agent, &job.id, rt_priority).await;
+        }
+    }
+    tokio::spawn(forward_events(conn.clone(), agent, events, rt_priority));
+    Ok(conn)
+}
+
+async fn forward_events(
+    conn: Connection,
+    agent: AgentHandle,
+    mut events: tokio::sync::broadcast::Receiver<Event>,
+    rt_priority: i32,
+) {
+    let Ok(emitter) = SignalEmitter::new(&conn, MANAGER_PATH) else {
+        return;
+    };
+    loop {
+        let event = match events.recv().await {
+            Ok(e) => e,
+            Err(RecvError::Lagged(n)) => {
+                warn!("missed {n} job events; job objects may be stale until the next change");
+                continue;
+            }
+            Err(RecvError::Closed) => return,
+        };
+        debug!(?event, "forwarding");
+        let result = match &event {
+            Event::JobAdded(id) => {
+                add_job_object(&conn, &agent, id, rt_priority).await;
+                Manager::job_changed(&emitter, id.as_str(), "running").await
+            }
+            Event::JobChanged(id, state) => {
+                let r = Manager::job_changed(&emitter, id.as_str(), state.as_str()).await;
+                if let Ok(iface) = conn
+                    .object_server()
+                    .interface::<_, JobObject>(job_path(id))
+                    .await
+                {
+                    let _ = iface
+                        .get()
+                        .await
+                        .state_changed(iface.signal_emitter())
+                        .await;
+                }
+                r
+            }
+            Event::JobRemoved(id) => conn
+                .object_server()
+                .remove::<JobObject, _>(job_path(id))
+                .await
+                .map(|_| ()),
+        };
+        if let Err(e) = result {
+            warn!(?event, "cannot emit signal: {e}");
+        }
+    }
+}

@@ -1,1 +1,275 @@
-fn main() {}
+//! lodgerd: the lodger daemon. Reads the config and the node, re-adopts the jobs in its state
+//! file, runs the agent loop and serves `org.lodger1` on D-Bus until SIGTERM/SIGINT.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use tracing::{error, info, warn};
+
+use lodger::agent::{Agent, AgentSettings, Enforce};
+use lodger::api::{self, Authority, Bus};
+use lodger::config::{self, Config};
+use lodger::cpuset::CpuSet;
+use lodger::enforce::sim::SimulatedEnforcer;
+use lodger::enforce::{CgroupDriver, EnforceSettings, Enforcer, PidPinning};
+use lodger::store::Store;
+use lodger::topology::Topology;
+
+/// The lodger daemon: consolidates GPU training jobs onto dedicated cores with SCHED_RR and
+/// serves the org.lodger1 D-Bus API. Usually started by systemd (lodgerd.service).
+#[derive(Parser)]
+#[command(name = "lodgerd", version)]
+struct Cli {
+    /// Configuration file (default /etc/lodger/lodger.toml; built-in defaults when that is absent).
+    #[arg(long, value_name = "PATH")]
+    config: Option<PathBuf>,
+    /// Check the configuration against this node, print the result and exit.
+    #[arg(long)]
+    check_config: bool,
+    /// Simulate enforcement: decide and report placements, but change no cgroup and no
+    /// scheduling policy (for trying lodger out and for benchmarks on fixture topologies).
+    #[arg(long)]
+    sim: bool,
+}
+
+fn init_logging(level: &str) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_env("LODGER_LOG").unwrap_or_else(|_| EnvFilter::new(level));
+    // Under systemd the journal adds its own timestamps and has no terminal colours.
+    let under_journal = std::env::var_os("JOURNAL_STREAM").is_some();
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(!under_journal && std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    if under_journal {
+        builder.without_time().with_target(false).init();
+    } else {
+        builder.with_target(false).init();
+    }
+}
+
+/// Keeps lodgerd's own threads on the reserved (housekeeping) CPUs, so the training jobs'
+/// SCHED_RR threads can never starve the agent. Set before any thread starts: threads inherit it.
+fn pin_self(reserved: &CpuSet) {
+    if reserved.is_empty() {
+        return;
+    }
+    let mut set = nix::sched::CpuSet::new();
+    for cpu in reserved {
+        let Ok(cpu) = usize::try_from(cpu) else {
+            continue;
+        };
+        if set.set(cpu).is_err() {
+            return;
+        }
+    }
+    if let Err(e) = nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set) {
+        warn!("cannot keep lodgerd on the reserved CPUs {reserved}: {e}");
+    }
+}
+
+struct Prepared {
+    config: Config,
+    topology: Topology,
+    reserved: CpuSet,
+}
+
+fn prepare(cli: &Cli) -> Result<Prepared, String> {
+    let config = match &cli.config {
+        Some(path) => Config::load(path).map_err(|e| e.to_string())?,
+        None => {
+            let path = PathBuf::from(config::DEFAULT_CONFIG_PATH);
+            if path.exists() {
+                Config::load(&path).map_err(|e| e.to_string())?
+            } else {
+                Config::default()
+            }
+        }
+    };
+    let mut topology = Topology::read(&config.node.sysfs_root).map_err(|e| {
+        format!(
+            "cannot read the node's topology under {}: {e}",
+            config.node.sysfs_root.display()
+        )
+    })?;
+    let nodes: CpuSet = topology.numa_nodes.keys().copied().collect();
+    config
+        .check_gpu_overrides(&nodes)
+        .map_err(|e| e.to_string())?;
+    for gpu in &config.node.gpu {
+        topology
+            .override_gpu(gpu.index, gpu.numa_node)
+            .map_err(|e| e.to_string())?;
+    }
+    let cpu0_siblings = topology
+        .online()
+        .first()
+        .and_then(|c| topology.siblings(c).cloned())
+        .unwrap_or_default();
+    let reserved = config
+        .resolve_reserved(&topology.online(), &cpu0_siblings)
+        .map_err(|e| e.to_string())?;
+    Ok(Prepared {
+        config,
+        topology,
+        reserved,
+    })
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let prepared = match prepare(&cli) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("lodgerd: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let Prepared {
+        config,
+        topology,
+        reserved,
+    } = prepared;
+    if cli.check_config {
+        println!(
+            "configuration OK: {} CPUs, {} NUMA node(s), {} GPU(s), reserved CPUs {}",
+            topology.online().len(),
+            topology.numa_nodes.len(),
+            topology.gpus.len(),
+            if reserved.is_empty() {
+                "none".to_string()
+            } else {
+                reserved.to_string()
+            }
+        );
+        return ExitCode::SUCCESS;
+    }
+    init_logging(&config.log.level.to_string());
+    pin_self(&reserved);
+
+    let enforcer: Box<dyn Enforce> = if cli.sim {
+        info!("simulated enforcement: no cgroup or scheduling policy will be changed");
+        Box::new(SimulatedEnforcer::new(config.node.proc_root.clone()))
+    } else {
+        let settings = EnforceSettings {
+            cgroup_root: config.cgroup.root.clone(),
+            proc_root: config.node.proc_root.clone(),
+            driver: match config.cgroup.driver {
+                config::CgroupDriver::Auto => CgroupDriver::Auto,
+                config::CgroupDriver::V1 => CgroupDriver::V1,
+                config::CgroupDriver::V2 => CgroupDriver::V2,
+            },
+            parent: config.cgroup.parent.clone(),
+            pid_jobs: match config.cgroup.pid_jobs {
+                config::PidJobs::Auto => PidPinning::Auto,
+                config::PidJobs::Cgroup => PidPinning::Cgroup,
+                config::PidJobs::Affinity => PidPinning::Affinity,
+            },
+            rt_priority: config.training.rt_priority,
+            allow_unthrottled_rt: config.training.allow_unthrottled_rt,
+            grant_rt_budget_us: config.training.grant_rt_budget_us(),
+        };
+        match Enforcer::new(settings) {
+            Ok(e) => Box::new(e),
+            Err(e) => {
+                error!("{e}");
+                eprintln!("lodgerd: {e}");
+                return ExitCode::from(1);
+            }
+        }
+    };
+    info!(
+        cpus = %topology.online(),
+        reserved = %reserved,
+        numa_nodes = topology.numa_nodes.len(),
+        gpus = topology.gpus.len(),
+        enforcement = %enforcer.describe(),
+        "lodgerd {} starting",
+        env!("CARGO_PKG_VERSION")
+    );
+    if topology.gpus.is_empty() {
+        info!("no NVIDIA GPU found in sysfs: jobs get no GPU locality preference");
+    }
+
+    let settings = AgentSettings {
+        interval: config.interval(),
+        rt_priority: config.training.rt_priority,
+        proc_root: config.node.proc_root.clone(),
+    };
+    let store = Store::new(config.agent.state_dir.clone());
+    let agent = match Agent::start(settings, topology, reserved, enforcer, store) {
+        Ok(a) => a,
+        Err(e) => {
+            error!("{e}");
+            return ExitCode::from(1);
+        }
+    };
+    let (handle, join) = match agent.spawn() {
+        Ok(x) => x,
+        Err(e) => {
+            error!("cannot start the agent thread: {e}");
+            return ExitCode::from(1);
+        }
+    };
+
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            error!("cannot start the runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let bus = match config.api.bus {
+        config::BusKind::System => Bus::System,
+        config::BusKind::Session => Bus::Session,
+    };
+    let auth = Authority {
+        group: config.api.group.clone(),
+    };
+    let rt_priority = config.training.rt_priority;
+    let code = rt.block_on(async {
+        let conn = match api::serve(bus, handle.clone(), auth, rt_priority).await {
+            Ok(c) => c,
+            Err(e) => {
+                error!(
+                    "cannot serve {} on the {:?} bus: {e} (is another lodgerd running, and does the D-Bus policy allow root to own the name?)",
+                    api::BUS_NAME,
+                    bus
+                );
+                return ExitCode::from(1);
+            }
+        };
+        info!("serving {} on the {:?} bus", api::BUS_NAME, bus);
+        wait_for_signal().await;
+        info!("stopping");
+        drop(conn);
+        ExitCode::SUCCESS
+    });
+    handle.stop();
+    if join.join().is_err() {
+        error!("the agent thread panicked");
+        return ExitCode::from(1);
+    }
+    code
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        // Without signal handlers the default action (exit) still stops lodgerd.
+        std::future::pending::<()>().await;
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}

@@ -1,1 +1,962 @@
-//! cgroup (being written)
+//! The cpuset hierarchy as lodger uses it: cgroup v1 and v2 behind one trait
+//! ([`CpusetHierarchy`], backends [`V1Cpuset`] and [`V2Cpuset`]), mode detection, and the v1 rule
+//! that a child's cpuset is a subset of its parent's ([`nested_write_order`]). Touches cgroupfs under
+//! the root it is given, nothing else.
+//!
+//! Writes go through cgroups-rs (`CpuSetController::set_cpus`/`set_mems`, `Controller::create`,
+//! `add_task_by_tgid`, `delete`). Its controllers take any directory, so the same backends serve the
+//! real hierarchy and the fixture trees of the tests; its `Cgroup`/`Hierarchy` types are not used
+//! because they find the hierarchy from the fixed mount point `/sys/fs/cgroup`.
+//! Written by hand, each with the reason at the spot: reads (the crate turns read errors into
+//! defaults, so a vanished cgroup would look like an empty one), v2 `cpuset.cpus.effective` (the
+//! crate reads the v1 name: upstream issue #156), `cgroup.subtree_control` (the crate's v2 creation
+//! enables controllers all the way up from the root) and the removal of lodger's shared parent.
+
+use std::fmt;
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use cgroups_rs::fs::cpuset::CpuSetController;
+use cgroups_rs::fs::Controller;
+use cgroups_rs::CgroupPid;
+use serde::{Deserialize, Serialize};
+
+use crate::cpuset::CpuSet;
+
+/// Default mount point of the cgroup hierarchies.
+pub const DEFAULT_CGROUP_ROOT: &str = "/sys/fs/cgroup";
+
+/// v1: the directory of the cpuset hierarchy under the cgroup root.
+pub const V1_CPUSET_DIR: &str = "cpuset";
+/// v1: the directory of the cpu hierarchy under the cgroup root (RT budgets).
+pub const V1_CPU_DIR: &str = "cpu";
+pub const CPUSET_CPUS: &str = "cpuset.cpus";
+pub const CPUSET_MEMS: &str = "cpuset.mems";
+/// v1 name of the effective CPUs.
+pub const CPUSET_EFFECTIVE_CPUS_V1: &str = "cpuset.effective_cpus";
+/// v2 name of the effective CPUs.
+pub const CPUSET_CPUS_EFFECTIVE_V2: &str = "cpuset.cpus.effective";
+pub const CGROUP_PROCS: &str = "cgroup.procs";
+/// v2: the controllers available to a cgroup (its parent enabled them).
+pub const CGROUP_CONTROLLERS: &str = "cgroup.controllers";
+/// v2: the controllers a cgroup enables for its children.
+pub const CGROUP_SUBTREE_CONTROL: &str = "cgroup.subtree_control";
+/// The controller name in `cgroup.controllers` and `/proc/PID/cgroup`.
+pub const CPUSET_CONTROLLER: &str = "cpuset";
+
+#[derive(Debug, thiserror::Error)]
+pub enum CgroupError {
+    #[error("cgroup {path} no longer exists")]
+    Gone { path: PathBuf },
+    #[error("cannot read {path}: {source}")]
+    Read { path: PathBuf, source: io::Error },
+    #[error("cannot write '{value}' to {path}: {source}")]
+    Write {
+        path: PathBuf,
+        value: String,
+        source: io::Error,
+    },
+    #[error("cannot create cgroup {path}: {source}")]
+    Create { path: PathBuf, source: io::Error },
+    #[error("cannot remove cgroup {path}: {source}")]
+    Remove { path: PathBuf, source: io::Error },
+    #[error("{path}: unexpected content '{content}'")]
+    Parse { path: PathBuf, content: String },
+    #[error("'{0}' is not a cgroup path (components '.' and '..' are refused)")]
+    BadPath(String),
+    #[error(
+        "no cpuset hierarchy under {root}: neither {v2} (cgroup v2) nor {v1} (cgroup v1) exists"
+    )]
+    NoHierarchy {
+        root: PathBuf,
+        v2: PathBuf,
+        v1: PathBuf,
+    },
+    #[error(
+        "the cpuset controller is not available in the cgroup v2 hierarchy at {root}: it is not \
+         listed in {file} (is it bound to a v1 hierarchy?)"
+    )]
+    CpusetUnavailable { root: PathBuf, file: PathBuf },
+    #[error(
+        "the cpuset controller is not enabled for cgroup {cgroup}: write '+cpuset' to {file} \
+         (and to each cgroup.subtree_control below it down to the cgroup's parent); lodger only \
+         enables controllers inside its own cgroup"
+    )]
+    CpusetNotEnabled { cgroup: PathBuf, file: PathBuf },
+}
+
+impl CgroupError {
+    /// True when the cgroup (or the process being moved) no longer exists.
+    pub fn is_gone(&self) -> bool {
+        matches!(self, CgroupError::Gone { .. })
+    }
+}
+
+/// Which cgroup version serves the cpuset controller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CgroupVersion {
+    V1,
+    V2,
+}
+
+impl CgroupVersion {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CgroupVersion::V1 => "v1",
+            CgroupVersion::V2 => "v2",
+        }
+    }
+}
+
+impl fmt::Display for CgroupVersion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Which cgroup version to use: found from the hierarchy (`Auto`) or forced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CgroupDriver {
+    #[default]
+    Auto,
+    V1,
+    V2,
+}
+
+/// The two cpuset files lodger writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CpusetFile {
+    Cpus,
+    Mems,
+}
+
+impl CpusetFile {
+    pub fn name(self) -> &'static str {
+        match self {
+            CpusetFile::Cpus => CPUSET_CPUS,
+            CpusetFile::Mems => CPUSET_MEMS,
+        }
+    }
+}
+
+/// Finds the cgroup version from the files under `cgroup_root`: v2 has `cgroup.controllers` at its
+/// root, v1 has `cpuset/cpuset.cpus`. A forced driver is checked the same way.
+pub fn detect(cgroup_root: &Path, driver: CgroupDriver) -> Result<CgroupVersion, CgroupError> {
+    let v2_marker = cgroup_root.join(CGROUP_CONTROLLERS);
+    let v1_marker = cgroup_root.join(V1_CPUSET_DIR).join(CPUSET_CPUS);
+    let no_hierarchy = || CgroupError::NoHierarchy {
+        root: cgroup_root.to_path_buf(),
+        v2: v2_marker.clone(),
+        v1: v1_marker.clone(),
+    };
+    let version = match driver {
+        CgroupDriver::Auto if v2_marker.is_file() => CgroupVersion::V2,
+        CgroupDriver::Auto if v1_marker.is_file() => CgroupVersion::V1,
+        CgroupDriver::V2 if v2_marker.is_file() => CgroupVersion::V2,
+        CgroupDriver::V1 if v1_marker.is_file() => CgroupVersion::V1,
+        _ => return Err(no_hierarchy()),
+    };
+    if version == CgroupVersion::V2 {
+        let available = read_words(&v2_marker)?;
+        if !available.iter().any(|c| c == CPUSET_CONTROLLER) {
+            return Err(CgroupError::CpusetUnavailable {
+                root: cgroup_root.to_path_buf(),
+                file: v2_marker,
+            });
+        }
+    }
+    Ok(version)
+}
+
+/// Opens the cpuset hierarchy of the given version under `cgroup_root`.
+pub fn open(cgroup_root: &Path, version: CgroupVersion) -> Box<dyn CpusetHierarchy> {
+    match version {
+        CgroupVersion::V1 => Box::new(V1Cpuset::new(cgroup_root.join(V1_CPUSET_DIR))),
+        CgroupVersion::V2 => Box::new(V2Cpuset::new(cgroup_root.to_path_buf())),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cgroup paths
+
+/// Normalizes a cgroup path within a hierarchy to `/a/b` form (`/` is the root), refusing `.`,
+/// `..` and NUL so a path can never leave the hierarchy.
+pub fn normalize(cgroup: &str) -> Result<String, CgroupError> {
+    let mut out = String::with_capacity(cgroup.len() + 1);
+    for comp in cgroup.split('/') {
+        if comp.is_empty() {
+            continue;
+        }
+        if comp == "." || comp == ".." || comp.contains('\0') {
+            return Err(CgroupError::BadPath(cgroup.to_string()));
+        }
+        out.push('/');
+        out.push_str(comp);
+    }
+    if out.is_empty() {
+        out.push('/');
+    }
+    Ok(out)
+}
+
+/// The parent of a normalized cgroup path; `None` for the root.
+pub fn parent_of(cgroup: &str) -> Option<&str> {
+    if cgroup == "/" {
+        return None;
+    }
+    match cgroup.rfind('/') {
+        Some(0) => Some("/"),
+        Some(i) => Some(&cgroup[..i]),
+        None => Some("/"),
+    }
+}
+
+/// `parent/name` for a normalized parent.
+pub fn child_of(parent: &str, name: &str) -> String {
+    if parent == "/" {
+        format!("/{name}")
+    } else {
+        format!("{parent}/{name}")
+    }
+}
+
+/// Number of components: the root is 0, `/a/b` is 2.
+pub fn depth(cgroup: &str) -> usize {
+    if cgroup == "/" {
+        0
+    } else {
+        cgroup.matches('/').count()
+    }
+}
+
+/// True when `cgroup` is `top` or below it.
+pub fn is_within(cgroup: &str, top: &str) -> bool {
+    top == "/"
+        || cgroup == top
+        || (cgroup.starts_with(top) && cgroup.as_bytes().get(top.len()) == Some(&b'/'))
+}
+
+/// The proper ancestors of a normalized path, from the root down.
+pub fn ancestors(cgroup: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut cur = cgroup;
+    while let Some(p) = parent_of(cur) {
+        out.push(p);
+        cur = p;
+    }
+    out.reverse();
+    out
+}
+
+fn dir_of(root: &Path, cgroup: &str) -> PathBuf {
+    let rel = cgroup.trim_start_matches('/');
+    if rel.is_empty() {
+        root.to_path_buf()
+    } else {
+        root.join(rel)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The trait
+
+/// The cpuset hierarchy of one cgroup version. Cgroup paths are normalized (see [`normalize`]),
+/// relative to the hierarchy root.
+pub trait CpusetHierarchy: Send + Sync + fmt::Debug {
+    fn version(&self) -> CgroupVersion;
+    /// The directory of the root cgroup.
+    fn root(&self) -> &Path;
+    /// v1 only: a cpuset must always be a subset of its parent's.
+    fn nested_subsets(&self) -> bool;
+
+    fn dir(&self, cgroup: &str) -> PathBuf {
+        dir_of(self.root(), cgroup)
+    }
+    fn exists(&self, cgroup: &str) -> bool {
+        self.dir(cgroup).is_dir()
+    }
+    /// The configured `cpuset.cpus` or `cpuset.mems` (empty in v2 means "inherit").
+    fn read(&self, cgroup: &str, file: CpusetFile) -> Result<CpuSet, CgroupError>;
+    fn write(&self, cgroup: &str, file: CpusetFile, value: &CpuSet) -> Result<(), CgroupError>;
+    /// The CPUs the cgroup's tasks may actually use.
+    fn effective_cpus(&self, cgroup: &str) -> Result<CpuSet, CgroupError>;
+    /// The cgroup's processes (`cgroup.procs`), appended to `out`.
+    fn procs(&self, cgroup: &str, out: &mut Vec<u32>) -> Result<(), CgroupError>;
+    /// The cgroup's direct children, appended to `out`.
+    fn children(&self, cgroup: &str, out: &mut Vec<String>) -> Result<(), CgroupError>;
+    /// Creates a cgroup whose parent exists. v1: it starts with its parent's cpus and mems.
+    fn create(&self, cgroup: &str) -> Result<(), CgroupError>;
+    /// Removes an empty cgroup lodger created.
+    fn remove(&self, cgroup: &str) -> Result<(), CgroupError>;
+    /// Removes the cgroup if it has neither processes nor children; `Ok(false)` if it is in use.
+    fn remove_if_unused(&self, cgroup: &str) -> Result<bool, CgroupError>;
+    /// Moves a process (all its threads) into the cgroup.
+    fn attach(&self, cgroup: &str, pid: u32) -> Result<(), CgroupError>;
+    /// v2: whether the cgroup has cpuset files (its parent enabled the controller). v1: true.
+    fn cpuset_enabled(&self, cgroup: &str) -> Result<bool, CgroupError>;
+    /// v2: enables `+cpuset` in the `cgroup.subtree_control` of the ancestors that lack it, top
+    /// down, provided each of them is within `delegated`; otherwise fails naming the first file to
+    /// write. Returns whether anything was written. v1: nothing to do.
+    fn enable_cpuset(&self, cgroup: &str, delegated: &str) -> Result<bool, CgroupError>;
+    /// The line of `/proc/PID/cgroup` for this hierarchy, or `None` if the process is gone.
+    fn cgroup_of(&self, proc_root: &Path, pid: u32) -> Result<Option<String>, CgroupError>;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shared file helpers
+
+fn clone_io(e: &io::Error) -> io::Error {
+    match e.raw_os_error() {
+        Some(code) => io::Error::from_raw_os_error(code),
+        None => io::Error::new(e.kind(), e.to_string()),
+    }
+}
+
+/// The `io::Error` inside a cgroups-rs error, so callers can see the errno.
+fn io_cause(err: &cgroups_rs::fs::error::Error) -> io::Error {
+    use std::error::Error as _;
+    err.source()
+        .and_then(|s| s.downcast_ref::<io::Error>())
+        .map(clone_io)
+        .unwrap_or_else(|| io::Error::other(err.to_string()))
+}
+
+fn gone_or(dir: &Path, err: CgroupError) -> CgroupError {
+    if dir.is_dir() {
+        err
+    } else {
+        CgroupError::Gone {
+            path: dir.to_path_buf(),
+        }
+    }
+}
+
+/// Reads a cgroup file; a missing file in a missing directory is `Gone`.
+///
+/// Hand-written: cgroups-rs readers turn errors into defaults.
+fn read_file(dir: &Path, name: &str) -> Result<String, CgroupError> {
+    let path = dir.join(name);
+    fs::read_to_string(&path).map_err(|source| {
+        let missing = source.kind() == io::ErrorKind::NotFound;
+        let err = CgroupError::Read { path, source };
+        if missing {
+            gone_or(dir, err)
+        } else {
+            err
+        }
+    })
+}
+
+fn read_words(path: &Path) -> Result<Vec<String>, CgroupError> {
+    let text = fs::read_to_string(path).map_err(|source| CgroupError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    Ok(text.split_whitespace().map(str::to_string).collect())
+}
+
+fn read_cpulist(dir: &Path, name: &str) -> Result<CpuSet, CgroupError> {
+    let text = read_file(dir, name)?;
+    CpuSet::parse(&text).map_err(|_| CgroupError::Parse {
+        path: dir.join(name),
+        content: text.trim().to_string(),
+    })
+}
+
+fn write_cpuset_file(
+    version: CgroupVersion,
+    root: &Path,
+    dir: &Path,
+    file: CpusetFile,
+    value: &CpuSet,
+) -> Result<(), CgroupError> {
+    let ctl = CpuSetController::new(
+        dir.to_path_buf(),
+        root.to_path_buf(),
+        version == CgroupVersion::V2,
+    );
+    // cgroups-rs writes with `write_all`, which makes no system call for an empty buffer: an empty
+    // set is written as a newline, which the kernel strips (v2: "inherit the parent's").
+    let mut text = value.to_string();
+    if text.is_empty() {
+        text.push('\n');
+    }
+    let result = match file {
+        CpusetFile::Cpus => ctl.set_cpus(&text),
+        CpusetFile::Mems => ctl.set_mems(&text),
+    };
+    result.map_err(|e| {
+        gone_or(
+            dir,
+            CgroupError::Write {
+                path: dir.join(file.name()),
+                value: value.to_string(),
+                source: io_cause(&e),
+            },
+        )
+    })
+}
+
+fn read_procs(dir: &Path, out: &mut Vec<u32>) -> Result<(), CgroupError> {
+    // Hand-written: cgroups-rs `procs()` returns an empty list when the file cannot be read,
+    // which would make a vanished cgroup look like an empty one.
+    let text = read_file(dir, CGROUP_PROCS)?;
+    for line in text.lines() {
+        let line = line.trim();
+        if line.is_empty() {
+            continue;
+        }
+        let pid = line.parse::<u32>().map_err(|_| CgroupError::Parse {
+            path: dir.join(CGROUP_PROCS),
+            content: line.to_string(),
+        })?;
+        out.push(pid);
+    }
+    Ok(())
+}
+
+fn list_children(dir: &Path, cgroup: &str, out: &mut Vec<String>) -> Result<(), CgroupError> {
+    let entries = fs::read_dir(dir).map_err(|source| {
+        let missing = source.kind() == io::ErrorKind::NotFound;
+        let err = CgroupError::Read {
+            path: dir.to_path_buf(),
+            source,
+        };
+        if missing {
+            gone_or(dir, err)
+        } else {
+            err
+        }
+    })?;
+    for entry in entries {
+        // A child removed while listing is simply not listed.
+        let Ok(entry) = entry else { continue };
+        let is_dir = entry.file_type().map(|t| t.is_dir()).unwrap_or(false);
+        if !is_dir {
+            continue;
+        }
+        if let Some(name) = entry.file_name().to_str() {
+            out.push(child_of(cgroup, name));
+        }
+    }
+    Ok(())
+}
+
+fn create_with(ctl: &CpuSetController, dir: &Path) -> Result<(), CgroupError> {
+    ctl.create().map_err(|e| CgroupError::Create {
+        path: dir.to_path_buf(),
+        source: io_cause(&e),
+    })
+}
+
+fn remove_with(ctl: &CpuSetController, dir: &Path) -> Result<(), CgroupError> {
+    ctl.delete().map_err(|e| CgroupError::Remove {
+        path: dir.to_path_buf(),
+        source: io_cause(&e),
+    })
+}
+
+/// rmdir, treating "still in use" as `Ok(false)`.
+///
+/// Hand-written: cgroups-rs `delete` also removes child cgroups (another job's, for lodger's shared
+/// parent) and sleeps between retries.
+fn rmdir_if_unused(dir: &Path) -> Result<bool, CgroupError> {
+    match fs::remove_dir(dir) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(true),
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::EBUSY) | Some(libc::ENOTEMPTY) | Some(libc::EEXIST)
+            ) =>
+        {
+            Ok(false)
+        }
+        Err(source) => Err(CgroupError::Remove {
+            path: dir.to_path_buf(),
+            source,
+        }),
+    }
+}
+
+fn attach_with(ctl: &CpuSetController, dir: &Path, pid: u32) -> Result<(), CgroupError> {
+    ctl.add_task_by_tgid(&CgroupPid::from(u64::from(pid)))
+        .map_err(|e| {
+            let source = io_cause(&e);
+            if source.raw_os_error() == Some(libc::ESRCH) {
+                // The process exited: nothing to move.
+                return CgroupError::Gone {
+                    path: PathBuf::from(format!("/proc/{pid}")),
+                };
+            }
+            gone_or(
+                dir,
+                CgroupError::Write {
+                    path: dir.join(CGROUP_PROCS),
+                    value: pid.to_string(),
+                    source,
+                },
+            )
+        })
+}
+
+/// Reads `/proc/PID/cgroup` (procfs crate) and picks the line `pick` selects.
+fn proc_cgroup(
+    proc_root: &Path,
+    pid: u32,
+    pick: impl Fn(&procfs::ProcessCGroup) -> bool,
+) -> Result<Option<String>, CgroupError> {
+    use procfs::FromRead;
+    let path = proc_root.join(pid.to_string()).join("cgroup");
+    match procfs::ProcessCGroups::from_file(&path) {
+        Ok(groups) => Ok(groups
+            .0
+            .iter()
+            .find(|g| pick(g))
+            .map(|g| g.pathname.clone())),
+        Err(procfs::ProcError::NotFound(_)) => Ok(None),
+        Err(procfs::ProcError::Io(e, _)) if e.raw_os_error() == Some(libc::ESRCH) => Ok(None),
+        Err(e) => Err(CgroupError::Read {
+            path,
+            source: io::Error::other(e.to_string()),
+        }),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// v1
+
+/// The v1 cpuset hierarchy (e.g. `/sys/fs/cgroup/cpuset`).
+#[derive(Debug, Clone)]
+pub struct V1Cpuset {
+    root: PathBuf,
+}
+
+impl V1Cpuset {
+    pub fn new(root: PathBuf) -> Self {
+        Self { root }
+    }
+
+    fn controller(&self, dir: &Path) -> CpuSetController {
+        CpuSetController::new(dir.to_path_buf(), self.root.clone(), false)
+    }
+}
+
+impl CpusetHierarchy for V1Cpuset {
+    fn version(&self) -> CgroupVersion {
+        CgroupVersion::V1
+    }
+    fn root(&self) -> &Path {
+        &self.root
+    }
+    fn nested_subsets(&self) -> bool {
+        true
+    }
+    fn read(&self, cgroup: &str, file: CpusetFile) -> Result<CpuSet, CgroupError> {
+        read_cpulist(&self.dir(cgroup), file.name())
+    }
+    fn write(&self, cgroup: &str, file: CpusetFile, value: &CpuSet) -> Result<(), CgroupError> {
+        write_cpuset_file(
+            CgroupVersion::V1,
+            &self.root,
+            &self.dir(cgroup),
+            file,
+            value,
+        )
+    }
+    fn effective_cpus(&self, cgroup: &str) -> Result<CpuSet, CgroupError> {
+        read_cpulist(&self.dir(cgroup), CPUSET_EFFECTIVE_CPUS_V1)
+    }
+    fn procs(&self, cgroup: &str, out: &mut Vec<u32>) -> Result<(), CgroupError> {
+        read_procs(&self.dir(cgroup), out)
+    }
+    fn children(&self, cgroup: &str, out: &mut Vec<String>) -> Result<(), CgroupError> {
+        list_children(&self.dir(cgroup), cgroup, out)
+    }
+    fn create(&self, cgroup: &str) -> Result<(), CgroupError> {
+        // cgroups-rs copies the parent's cpus and mems into a new v1 cpuset, so it can take tasks.
+        let dir = self.dir(cgroup);
+        create_with(&self.controller(&dir), &dir)
+    }
+    fn remove(&self, cgroup: &str) -> Result<(), CgroupError> {
+        let dir = self.dir(cgroup);
+        remove_with(&self.controller(&dir), &dir)
+    }
+    fn remove_if_unused(&self, cgroup: &str) -> Result<bool, CgroupError> {
+        rmdir_if_unused(&self.dir(cgroup))
+    }
+    fn attach(&self, cgroup: &str, pid: u32) -> Result<(), CgroupError> {
+        let dir = self.dir(cgroup);
+        attach_with(&self.controller(&dir), &dir, pid)
+    }
+    fn cpuset_enabled(&self, cgroup: &str) -> Result<bool, CgroupError> {
+        let dir = self.dir(cgroup);
+        if dir.is_dir() {
+            Ok(true)
+        } else {
+            Err(CgroupError::Gone { path: dir })
+        }
+    }
+    fn enable_cpuset(&self, _cgroup: &str, _delegated: &str) -> Result<bool, CgroupError> {
+        Ok(false)
+    }
+    fn cgroup_of(&self, proc_root: &Path, pid: u32) -> Result<Option<String>, CgroupError> {
+        proc_cgroup(proc_root, pid, |g| {
+            g.hierarchy != 0 && g.controllers.iter().any(|c| c == CPUSET_CONTROLLER)
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// v2
+
+/// The unified (v2) hierarchy (e.g. `/sys/fs/cgroup`).
+#[derive(Debug, Clone)]
+pub struct V2Cpuset {
+    root: PathBuf,
+}
+
+impl V2Cpuset {
+    pub fn new(root: PathBuf) -> Self {
+        Self { root }
+    }
+
+    fn controller(&self, dir: &Path) -> CpuSetController {
+        CpuSetController::new(dir.to_path_buf(), self.root.clone(), true)
+    }
+}
+
+impl CpusetHierarchy for V2Cpuset {
+    fn version(&self) -> CgroupVersion {
+        CgroupVersion::V2
+    }
+    fn root(&self) -> &Path {
+        &self.root
+    }
+    fn nested_subsets(&self) -> bool {
+        false
+    }
+    fn read(&self, cgroup: &str, file: CpusetFile) -> Result<CpuSet, CgroupError> {
+        read_cpulist(&self.dir(cgroup), file.name())
+    }
+    fn write(&self, cgroup: &str, file: CpusetFile, value: &CpuSet) -> Result<(), CgroupError> {
+        let dir = self.dir(cgroup);
+        // cgroups-rs opens with O_CREAT: on a fixture tree it would invent the file of a controller
+        // that is not enabled. Refuse instead, as the kernel would.
+        if !dir.join(file.name()).exists() {
+            return Err(gone_or(
+                &dir,
+                CgroupError::CpusetNotEnabled {
+                    cgroup: dir.clone(),
+                    file: dir_of(&self.root, parent_of(cgroup).unwrap_or("/"))
+                        .join(CGROUP_SUBTREE_CONTROL),
+                },
+            ));
+        }
+        write_cpuset_file(CgroupVersion::V2, &self.root, &dir, file, value)
+    }
+    fn effective_cpus(&self, cgroup: &str) -> Result<CpuSet, CgroupError> {
+        // Hand-written: cgroups-rs reads the v1 name `cpuset.effective_cpus` on v2 too (issue #156).
+        read_cpulist(&self.dir(cgroup), CPUSET_CPUS_EFFECTIVE_V2)
+    }
+    fn procs(&self, cgroup: &str, out: &mut Vec<u32>) -> Result<(), CgroupError> {
+        read_procs(&self.dir(cgroup), out)
+    }
+    fn children(&self, cgroup: &str, out: &mut Vec<String>) -> Result<(), CgroupError> {
+        list_children(&self.dir(cgroup), cgroup, out)
+    }
+    fn create(&self, cgroup: &str) -> Result<(), CgroupError> {
+        // Through the controller, not `Cgroup::create`: the latter writes subtree_control in every
+        // ancestor up from the root, which is not lodger's to change under systemd.
+        let dir = self.dir(cgroup);
+        create_with(&self.controller(&dir), &dir)
+    }
+    fn remove(&self, cgroup: &str) -> Result<(), CgroupError> {
+        let dir = self.dir(cgroup);
+        remove_with(&self.controller(&dir), &dir)
+    }
+    fn remove_if_unused(&self, cgroup: &str) -> Result<bool, CgroupError> {
+        rmdir_if_unused(&self.dir(cgroup))
+    }
+    fn attach(&self, cgroup: &str, pid: u32) -> Result<(), CgroupError> {
+        let dir = self.dir(cgroup);
+        attach_with(&self.controller(&dir), &dir, pid)
+    }
+    fn cpuset_enabled(&self, cgroup: &str) -> Result<bool, CgroupError> {
+        let dir = self.dir(cgroup);
+        if !dir.is_dir() {
+            return Err(CgroupError::Gone { path: dir });
+        }
+        Ok(dir.join(CPUSET_CPUS).is_file())
+    }
+    fn enable_cpuset(&self, cgroup: &str, delegated: &str) -> Result<bool, CgroupError> {
+        // Hand-written: cgroups-rs enables controllers from the root down; lodger may only write
+        // inside the subtree delegated to it.
+        let mut wrote = false;
+        let mut missing = false;
+        for ancestor in ancestors(cgroup) {
+            let dir = self.dir(ancestor);
+            let subtree = dir.join(CGROUP_SUBTREE_CONTROL);
+            if !missing {
+                let enabled = read_words(&subtree)?;
+                if enabled.iter().any(|c| c == CPUSET_CONTROLLER) {
+                    continue;
+                }
+                missing = true;
+            }
+            if !is_within(ancestor, delegated) {
+                return Err(CgroupError::CpusetNotEnabled {
+                    cgroup: self.dir(cgroup),
+                    file: subtree,
+                });
+            }
+            let available = read_words(&dir.join(CGROUP_CONTROLLERS))?;
+            if !available.iter().any(|c| c == CPUSET_CONTROLLER) {
+                return Err(CgroupError::CpusetNotEnabled {
+                    cgroup: self.dir(cgroup),
+                    file: dir_of(&self.root, parent_of(ancestor).unwrap_or("/"))
+                        .join(CGROUP_SUBTREE_CONTROL),
+                });
+            }
+            fs::write(&subtree, "+cpuset").map_err(|source| CgroupError::Write {
+                path: subtree.clone(),
+                value: "+cpuset".to_string(),
+                source,
+            })?;
+            wrote = true;
+        }
+        Ok(wrote)
+    }
+    fn cgroup_of(&self, proc_root: &Path, pid: u32) -> Result<Option<String>, CgroupError> {
+        proc_cgroup(proc_root, pid, |g| {
+            g.hierarchy == 0 && g.controllers.is_empty()
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Writing several nested cpusets
+
+/// One cgroup's value before and after, for [`nested_write_order`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NestedChange {
+    pub cgroup: String,
+    pub current: CpuSet,
+    pub target: CpuSet,
+}
+
+/// The writes that take every cgroup in `changes` from `current` to `target` without ever breaking
+/// the v1 rule "a cpuset is a subset of its parent's": grow top-down to `current ∪ target`, then
+/// shrink bottom-up to `target`. `changes` must hold every cgroup whose value has to move for the
+/// targets to nest (the ancestors that must grow, the descendants that must shrink).
+pub fn nested_write_order(changes: &[NestedChange]) -> Vec<(String, CpuSet)> {
+    let mut order: Vec<usize> = (0..changes.len()).collect();
+    order.sort_by_key(|&i| depth(&changes[i].cgroup));
+    let mut now: Vec<CpuSet> = changes.iter().map(|c| c.current.clone()).collect();
+    let mut writes = Vec::new();
+    for &i in &order {
+        let c = &changes[i];
+        if !c.target.is_subset(&now[i]) {
+            now[i] = now[i].union(&c.target);
+            writes.push((c.cgroup.clone(), now[i].clone()));
+        }
+    }
+    for &i in order.iter().rev() {
+        let c = &changes[i];
+        if now[i] != c.target {
+            now[i] = c.target.clone();
+            writes.push((c.cgroup.clone(), c.target.clone()));
+        }
+    }
+    writes
+}
+
+/// Takes each cgroup from its current values to its targets (`None` = leave) in an order the
+/// hierarchy accepts: mems first, then cpus; on v1 nested by [`nested_write_order`]. The current
+/// values must have been read just before. Returns whether anything was written.
+pub fn write_nested(
+    h: &dyn CpusetHierarchy,
+    entries: &[CpusetTarget],
+) -> Result<bool, CgroupError> {
+    let mut wrote = false;
+    for file in [CpusetFile::Mems, CpusetFile::Cpus] {
+        let changes: Vec<NestedChange> = entries
+            .iter()
+            .filter_map(|e| {
+                let (current, target) = match file {
+                    CpusetFile::Cpus => (&e.current_cpus, e.cpus.as_ref()?),
+                    CpusetFile::Mems => (&e.current_mems, e.mems.as_ref()?),
+                };
+                Some(NestedChange {
+                    cgroup: e.cgroup.clone(),
+                    current: current.clone(),
+                    target: target.clone(),
+                })
+            })
+            .collect();
+        let writes = if h.nested_subsets() {
+            nested_write_order(&changes)
+        } else {
+            changes
+                .into_iter()
+                .filter(|c| c.current != c.target)
+                .map(|c| (c.cgroup, c.target))
+                .collect()
+        };
+        for (cgroup, value) in writes {
+            h.write(&cgroup, file, &value)?;
+            wrote = true;
+        }
+    }
+    Ok(wrote)
+}
+
+/// A cgroup's current cpuset values and what they should become.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CpusetTarget {
+    pub cgroup: String,
+    pub current_cpus: CpuSet,
+    pub current_mems: CpuSet,
+    pub cpus: Option<CpuSet>,
+    pub mems: Option<CpuSet>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::BTreeMap;
+
+    fn set(s: &str) -> CpuSet {
+        CpuSet::parse(s).expect("test cpulist")
+    }
+
+    #[test]
+    fn paths_normalize_and_refuse_escapes() {
+        assert_eq!(normalize("").expect("valid path"), "/");
+        assert_eq!(normalize("/").expect("valid path"), "/");
+        assert_eq!(normalize("a/b/").expect("valid path"), "/a/b");
+        assert_eq!(normalize("//a//b").expect("valid path"), "/a/b");
+        for bad in ["/a/../b", "..", "/./a", "a\0b"] {
+            assert!(
+                matches!(normalize(bad), Err(CgroupError::BadPath(_))),
+                "{bad}"
+            );
+        }
+        assert_eq!(parent_of("/a/b"), Some("/a"));
+        assert_eq!(parent_of("/a"), Some("/"));
+        assert_eq!(parent_of("/"), None);
+        assert_eq!(ancestors("/a/b/c"), vec!["/", "/a", "/a/b"]);
+        assert_eq!(depth("/"), 0);
+        assert_eq!(depth("/a/b"), 2);
+        assert!(is_within("/lodger/j1", "/lodger"));
+        assert!(is_within("/lodger", "/lodger"));
+        assert!(!is_within("/lodgers", "/lodger"));
+        assert!(is_within("/x", "/"));
+        assert_eq!(child_of("/", "a"), "/a");
+        assert_eq!(child_of("/a", "b"), "/a/b");
+    }
+
+    #[test]
+    fn grows_parents_first_and_shrinks_children_first() {
+        // parent 0 → 1, child 0 → 1: grow parent to 0-1, grow child to 0-1, shrink child, shrink
+        // parent.
+        let changes = vec![
+            NestedChange {
+                cgroup: "/p/c".into(),
+                current: set("0"),
+                target: set("1"),
+            },
+            NestedChange {
+                cgroup: "/p".into(),
+                current: set("0"),
+                target: set("1"),
+            },
+        ];
+        let order = nested_write_order(&changes);
+        let got: Vec<(String, String)> =
+            order.into_iter().map(|(c, v)| (c, v.to_string())).collect();
+        assert_eq!(
+            got,
+            vec![
+                ("/p".to_string(), "0-1".to_string()),
+                ("/p/c".to_string(), "0-1".to_string()),
+                ("/p/c".to_string(), "1".to_string()),
+                ("/p".to_string(), "1".to_string()),
+            ]
+        );
+        // Nothing to do writes nothing.
+        let same = vec![NestedChange {
+            cgroup: "/p".into(),
+            current: set("0-1"),
+            target: set("0-1"),
+        }];
+        assert!(nested_write_order(&same).is_empty());
+    }
+
+    /// A chain `/c0/c1/...` whose values nest (each a subset of the one above), below a root that
+    /// holds all 8 CPUs.
+    fn nested_chain() -> impl Strategy<Value = Vec<CpuSet>> {
+        (1usize..5).prop_flat_map(|n| {
+            proptest::collection::vec(proptest::collection::btree_set(0u32..8, 1..8), n).prop_map(
+                |sets| {
+                    let mut out: Vec<CpuSet> = Vec::new();
+                    for s in sets {
+                        let mut v: CpuSet = s.into_iter().collect();
+                        if let Some(parent) = out.last() {
+                            v = v.intersection(parent);
+                            if v.is_empty() {
+                                v = parent.clone();
+                            }
+                        }
+                        out.push(v);
+                    }
+                    out
+                },
+            )
+        })
+    }
+
+    proptest! {
+        /// Every write the order makes is accepted by the v1 kernel rule (the new value is within
+        /// the parent's current value and covers every child's), and the end state is the target.
+        #[test]
+        fn nested_order_never_breaks_the_subset_rule(
+            (current, target) in (1usize..5).prop_flat_map(|_| (nested_chain(), nested_chain()))
+        ) {
+            let n = current.len().min(target.len());
+            let names: Vec<String> = (0..n)
+                .map(|i| (0..=i).map(|k| format!("/c{k}")).collect::<String>())
+                .collect();
+            let changes: Vec<NestedChange> = (0..n)
+                .map(|i| NestedChange {
+                    cgroup: names[i].clone(),
+                    current: current[i].clone(),
+                    target: target[i].clone(),
+                })
+                .collect();
+            let all: CpuSet = (0u32..8).collect();
+            let mut state: BTreeMap<String, CpuSet> = changes
+                .iter()
+                .map(|c| (c.cgroup.clone(), c.current.clone()))
+                .collect();
+            for (cg, value) in nested_write_order(&changes) {
+                let parent = parent_of(&cg).unwrap_or("/");
+                let parent_value = state.get(parent).cloned().unwrap_or_else(|| all.clone());
+                prop_assert!(value.is_subset(&parent_value), "{cg} := {value} outside parent {parent_value}");
+                for (other, v) in &state {
+                    if parent_of(other) == Some(cg.as_str()) {
+                        prop_assert!(v.is_subset(&value), "{cg} := {value} leaves child {other} = {v} outside");
+                    }
+                }
+                state.insert(cg, value);
+            }
+            for c in &changes {
+                prop_assert_eq!(&state[&c.cgroup], &c.target);
+            }
+        }
+    }
+}

@@ -1,1 +1,358 @@
-//! sched (being written)
+//! Per-thread scheduling: SCHED_RR (Cloud Reamer §III-A: training threads in the RT class pre-empt
+//! the offline inference sharing their cores; round-robin so no training thread monopolizes a core),
+//! CPU affinity masks, and the node's RT throttling sysctl. Touches sched_setscheduler,
+//! sched_setaffinity and `<proc>/sys/kernel/sched_rt_runtime_us`.
+//!
+//! `sched_setscheduler` comes from libc (nix 0.31 has none). Affinity also goes through libc with
+//! lodger's own mask: nix's `CpuSet` is a fixed 1024-bit `cpu_set_t`, and lodger accepts CPU ids up
+//! to [`crate::cpuset::MAX_CPU_ID`].
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+use nix::errno::Errno;
+
+use crate::cpuset::{CpuSet, MAX_CPU_ID};
+
+/// `<proc>/` + this: the RT throttling budget of the whole node, -1 when unthrottled.
+pub const SCHED_RT_RUNTIME_SYSCTL: &str = "sys/kernel/sched_rt_runtime_us";
+/// OR-ed into the policy `sched_getscheduler` returns when the thread's children start non-RT.
+pub const SCHED_RESET_ON_FORK: i32 = 0x4000_0000;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SchedError {
+    #[error(
+        "kernel.sched_rt_runtime_us is -1 ({file}): SCHED_RR threads would not be throttled and \
+         could starve the node, so lodger refuses SCHED_RR. Allow it with \
+         `training.allow_unthrottled_rt = true`, or give RT tasks a budget again \
+         (`sysctl kernel.sched_rt_runtime_us=950000`)"
+    )]
+    RtUnthrottled { file: PathBuf },
+    #[error(
+        "threads cannot become SCHED_RR: their cpu cgroup has no real-time budget ({file} is 0). \
+         Write a budget to it (after its ancestors, whose budgets must cover it), e.g. \
+         `echo 100000 > {file}`, or let lodger do it with `training.grant_rt_budget_us = 100000`"
+    )]
+    RtGroupBudget { file: PathBuf },
+    #[error("cannot grant a real-time budget: writing '{value}' to {file} failed: {source}")]
+    GrantBudget {
+        file: PathBuf,
+        value: String,
+        source: io::Error,
+    },
+    #[error("cannot set SCHED_RR priority {priority} on thread {tid}: {errno}{hint}")]
+    SetScheduler {
+        tid: u32,
+        priority: i32,
+        errno: Errno,
+        hint: &'static str,
+    },
+    #[error("cannot set SCHED_OTHER on thread {tid}: {errno}")]
+    Revert { tid: u32, errno: Errno },
+    #[error("cannot read the scheduling policy of thread {tid}: {errno}")]
+    GetScheduler { tid: u32, errno: Errno },
+    #[error("cannot set CPU affinity {cpus} on thread {tid}: {errno}")]
+    SetAffinity {
+        tid: u32,
+        cpus: String,
+        errno: Errno,
+    },
+    #[error("cannot read the CPU affinity of thread {tid}: {errno}")]
+    GetAffinity { tid: u32, errno: Errno },
+    #[error("cannot read {path}: {source}")]
+    Read { path: PathBuf, source: io::Error },
+    #[error("{path}: unexpected content '{content}'")]
+    Parse { path: PathBuf, content: String },
+    #[error("rt_priority {priority} is outside SCHED_RR's range {min}..={max}")]
+    BadPriority { priority: i32, min: i32, max: i32 },
+}
+
+/// SCHED_RR's priority range on this kernel.
+pub fn rr_priority_range() -> (i32, i32) {
+    // SAFETY: plain system calls without pointers.
+    let (min, max) = unsafe {
+        (
+            libc::sched_get_priority_min(libc::SCHED_RR),
+            libc::sched_get_priority_max(libc::SCHED_RR),
+        )
+    };
+    if min < 0 || max < 0 {
+        (1, 99)
+    } else {
+        (min, max)
+    }
+}
+
+pub fn check_priority(priority: i32) -> Result<(), SchedError> {
+    let (min, max) = rr_priority_range();
+    if priority < min || priority > max {
+        return Err(SchedError::BadPriority { priority, min, max });
+    }
+    Ok(())
+}
+
+/// `kernel.sched_rt_runtime_us` under `proc_root`; `None` when the file does not exist.
+pub fn node_rt_runtime_us(proc_root: &Path) -> Result<Option<i64>, SchedError> {
+    let path = proc_root.join(SCHED_RT_RUNTIME_SYSCTL);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => return Err(SchedError::Read { path, source }),
+    };
+    text.trim()
+        .parse()
+        .map(Some)
+        .map_err(|_| SchedError::Parse {
+            path,
+            content: text.trim().to_string(),
+        })
+}
+
+fn pid_t(tid: u32) -> Result<libc::pid_t, Errno> {
+    libc::pid_t::try_from(tid).map_err(|_| Errno::ESRCH)
+}
+
+/// A thread's policy (without `SCHED_RESET_ON_FORK`) and RT priority.
+pub fn policy_of(tid: u32) -> Result<(i32, i32), Errno> {
+    let pid = pid_t(tid)?;
+    // SAFETY: no pointers; the kernel checks the pid.
+    let policy = unsafe { libc::sched_getscheduler(pid) };
+    if policy < 0 {
+        return Err(Errno::last());
+    }
+    let mut param = zeroed_param();
+    // SAFETY: `param` is a valid, writable sched_param for the duration of the call.
+    let rc = unsafe { libc::sched_getparam(pid, &mut param) };
+    if rc < 0 {
+        return Err(Errno::last());
+    }
+    Ok((policy & !SCHED_RESET_ON_FORK, param.sched_priority))
+}
+
+fn zeroed_param() -> libc::sched_param {
+    // SAFETY: sched_param is plain integers (one on glibc, padding on musl): all-zero is valid.
+    unsafe { std::mem::zeroed() }
+}
+
+fn set_policy(tid: u32, policy: i32, priority: i32) -> Result<(), Errno> {
+    let pid = pid_t(tid)?;
+    let mut param = zeroed_param();
+    param.sched_priority = priority;
+    // SAFETY: `param` is a valid sched_param that outlives the call; the kernel checks the pid.
+    let rc = unsafe { libc::sched_setscheduler(pid, policy, &param) };
+    if rc < 0 {
+        return Err(Errno::last());
+    }
+    Ok(())
+}
+
+/// What [`ensure_rr`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RrState {
+    /// Already SCHED_RR at the priority: nothing written.
+    Already,
+    /// Switched to SCHED_RR.
+    Changed,
+    /// The thread exited.
+    Gone,
+}
+
+/// True when `(policy, priority)` is SCHED_RR at `priority`.
+pub fn is_rr(state: (i32, i32), priority: i32) -> bool {
+    state.0 == libc::SCHED_RR && state.1 == priority
+}
+
+/// Whether a thread needs [`set_rr`]: `Ok(None)` when it does, `Some(Already)` when it is
+/// SCHED_RR at `priority`, `Some(Gone)` when it exited.
+pub fn needs_rr(tid: u32, priority: i32) -> Result<Option<RrState>, SchedError> {
+    match policy_of(tid) {
+        Ok(state) if is_rr(state, priority) => Ok(Some(RrState::Already)),
+        Ok(_) => Ok(None),
+        Err(Errno::ESRCH) => Ok(Some(RrState::Gone)),
+        Err(errno) => Err(SchedError::GetScheduler { tid, errno }),
+    }
+}
+
+/// `sched_setscheduler(SCHED_RR)`; `Err` is the errno (EPERM is for the caller to explain).
+pub fn set_rr(tid: u32, priority: i32) -> Result<RrState, Errno> {
+    match set_policy(tid, libc::SCHED_RR, priority) {
+        Ok(()) => Ok(RrState::Changed),
+        Err(Errno::ESRCH) => Ok(RrState::Gone),
+        Err(e) => Err(e),
+    }
+}
+
+/// Returns an RR thread to SCHED_OTHER (its nice value is kept). Threads under another policy
+/// were not set by lodger and are left alone. `Ok(true)` when something was written.
+pub fn revert_rr(tid: u32) -> Result<bool, SchedError> {
+    match policy_of(tid) {
+        Ok((policy, _)) if policy == libc::SCHED_RR => {}
+        Ok(_) | Err(Errno::ESRCH) => return Ok(false),
+        Err(errno) => return Err(SchedError::GetScheduler { tid, errno }),
+    }
+    match set_policy(tid, libc::SCHED_OTHER, 0) {
+        Ok(()) => Ok(true),
+        Err(Errno::ESRCH) => Ok(false),
+        Err(errno) => Err(SchedError::Revert { tid, errno }),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Affinity
+
+/// Words in a [`CpuMask`]: enough bits for every id a [`CpuSet`] accepts.
+pub const MASK_WORDS: usize = (MAX_CPU_ID as usize + 1).div_ceil(64);
+
+/// A thread's CPU affinity mask in the kernel's layout (bit n of word n/64 = CPU n).
+#[derive(Clone, PartialEq, Eq)]
+pub struct CpuMask([u64; MASK_WORDS]);
+
+impl std::fmt::Debug for CpuMask {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "CpuMask({})", self.to_cpuset())
+    }
+}
+
+impl CpuMask {
+    pub fn empty() -> Self {
+        Self([0; MASK_WORDS])
+    }
+
+    pub fn from_cpuset(set: &CpuSet) -> Self {
+        let mut m = Self::empty();
+        for cpu in set {
+            let (w, b) = ((cpu / 64) as usize, cpu % 64);
+            if let Some(word) = m.0.get_mut(w) {
+                *word |= 1u64 << b;
+            }
+        }
+        m
+    }
+
+    pub fn to_cpuset(&self) -> CpuSet {
+        let mut set = CpuSet::new();
+        for (base, &word) in (0u32..).step_by(64).zip(self.0.iter()) {
+            let mut bits = word;
+            while bits != 0 {
+                set.insert(base + bits.trailing_zeros());
+                bits &= bits - 1;
+            }
+        }
+        set
+    }
+
+    /// The affinity of a thread; `Err(ESRCH)` when it is gone.
+    pub fn of_thread(tid: u32) -> Result<Self, Errno> {
+        let pid = pid_t(tid)?;
+        let mut m = Self::empty();
+        // SAFETY: the buffer is `size_of_val(&m.0)` writable bytes, u64-aligned (at least
+        // cpu_set_t's alignment); glibc passes the size to the kernel, which writes at most that.
+        let rc = unsafe {
+            libc::sched_getaffinity(
+                pid,
+                std::mem::size_of_val(&m.0),
+                m.0.as_mut_ptr().cast::<libc::cpu_set_t>(),
+            )
+        };
+        if rc < 0 {
+            return Err(Errno::last());
+        }
+        Ok(m)
+    }
+
+    /// Sets this mask as a thread's affinity.
+    pub fn apply_to(&self, tid: u32) -> Result<(), Errno> {
+        let pid = pid_t(tid)?;
+        // SAFETY: the buffer is `size_of_val(&self.0)` readable bytes; the kernel reads at most
+        // that many.
+        let rc = unsafe {
+            libc::sched_setaffinity(
+                pid,
+                std::mem::size_of_val(&self.0),
+                self.0.as_ptr().cast::<libc::cpu_set_t>(),
+            )
+        };
+        if rc < 0 {
+            return Err(Errno::last());
+        }
+        Ok(())
+    }
+}
+
+/// What [`ensure_affinity`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AffinityState {
+    Already,
+    Changed,
+    Gone,
+}
+
+/// Sets a thread's affinity to `want` unless it is already that.
+pub fn ensure_affinity(tid: u32, want: &CpuMask) -> Result<AffinityState, SchedError> {
+    match CpuMask::of_thread(tid) {
+        Ok(m) if &m == want => return Ok(AffinityState::Already),
+        Ok(_) => {}
+        Err(Errno::ESRCH) => return Ok(AffinityState::Gone),
+        Err(errno) => return Err(SchedError::GetAffinity { tid, errno }),
+    }
+    match want.apply_to(tid) {
+        Ok(()) => Ok(AffinityState::Changed),
+        Err(Errno::ESRCH) => Ok(AffinityState::Gone),
+        Err(errno) => Err(SchedError::SetAffinity {
+            tid,
+            cpus: want.to_cpuset().to_string(),
+            errno,
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mask_round_trips_cpusets() {
+        for list in ["", "0", "0-1", "63-65", "0,8191", "5,100-130"] {
+            let set = CpuSet::parse(list).expect("list");
+            assert_eq!(CpuMask::from_cpuset(&set).to_cpuset(), set, "{list}");
+        }
+    }
+
+    #[test]
+    fn reads_own_policy_and_affinity() {
+        let tid = nix::unistd::gettid().as_raw() as u32;
+        let (policy, _) = policy_of(tid).expect("own policy");
+        assert!(policy >= 0);
+        let mask = CpuMask::of_thread(tid).expect("own affinity");
+        assert!(!mask.to_cpuset().is_empty());
+        assert_eq!(
+            ensure_affinity(tid, &mask).expect("same"),
+            AffinityState::Already
+        );
+    }
+
+    #[test]
+    fn rt_runtime_sysctl_reads_fake_roots() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        assert_eq!(
+            node_rt_runtime_us(dir.path()).expect("missing is none"),
+            None
+        );
+        let file = dir.path().join(SCHED_RT_RUNTIME_SYSCTL);
+        std::fs::create_dir_all(file.parent().expect("parent")).expect("mkdir");
+        std::fs::write(&file, "-1\n").expect("write");
+        assert_eq!(node_rt_runtime_us(dir.path()).expect("reads"), Some(-1));
+        std::fs::write(&file, "lots\n").expect("write");
+        assert!(matches!(
+            node_rt_runtime_us(dir.path()),
+            Err(SchedError::Parse { .. })
+        ));
+    }
+
+    #[test]
+    fn priority_range_is_checked() {
+        assert!(check_priority(10).is_ok());
+        assert!(check_priority(0).is_err());
+        assert!(check_priority(100).is_err());
+    }
+}

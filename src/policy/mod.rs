@@ -1,3 +1,370 @@
-//! Pure decisions: no I/O.
+//! Pure decisions: plain data in, a `Plan` out. No I/O, no clock; time and observations are
+//! arguments.
 
 pub mod consolidate;
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::cpuset::CpuSet;
+use crate::job::JobId;
+use crate::topology::Topology;
+
+use consolidate::{NoCapacity, TrainingAsk};
+
+/// What the node should look like: where each training job runs, and why the others do not.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Plan {
+    pub training: BTreeMap<JobId, Placement>,
+    pub unplaced: BTreeMap<JobId, NoCapacity>,
+}
+
+/// A training job's cpuset.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Placement {
+    pub cpus: CpuSet,
+    /// The NUMA nodes of `cpus` (its `cpuset.mems`).
+    pub mems: CpuSet,
+}
+
+/// What the policy needs to know about a registered training job.
+#[derive(Debug, Clone)]
+pub struct TrainingJobView {
+    pub id: JobId,
+    /// Logical CPUs wanted.
+    pub cores: u32,
+    /// GPU indices (PCI bus order).
+    pub gpus: Vec<u32>,
+}
+
+/// Cloud Reamer §III-A: consolidates each training job onto its own set of cores, keeping the
+/// core allocation table (the previous plan) and taking cores for new jobs from the unallocated
+/// ones.
+///
+/// Keeps every previous placement that is still valid (same size, inside online CPUs minus
+/// reserved, disjoint from the others kept), then places the others in id order
+/// (`JobId::seq`). A running training job is never moved to make room: moving its cpuset costs
+/// it more than a newcomer waiting. Jobs absent from `jobs` are dropped, which frees their CPUs.
+///
+/// Pure and idempotent: `decide(.., &decide(..)) == decide(..)`.
+pub fn decide(
+    topo: &Topology,
+    reserved: &CpuSet,
+    jobs: &[TrainingJobView],
+    previous: &Plan,
+) -> Plan {
+    let usable = topo.online().difference(reserved);
+    let mut ordered: Vec<&TrainingJobView> = jobs.iter().collect();
+    ordered.sort_by(|a, b| (a.id.seq(), &a.id).cmp(&(b.id.seq(), &b.id)));
+    // A job listed twice is placed once (the first listing wins).
+    ordered.dedup_by(|later, earlier| later.id == earlier.id);
+
+    let mut plan = Plan::default();
+    let mut taken = CpuSet::new();
+    for job in &ordered {
+        let Some(prev) = previous.training.get(&job.id) else {
+            continue;
+        };
+        let same_size = u32::try_from(prev.cpus.len()) == Ok(job.cores);
+        if same_size && prev.cpus.is_subset(&usable) && prev.cpus.is_disjoint(&taken) {
+            taken = taken.union(&prev.cpus);
+            plan.training
+                .insert(job.id.clone(), placement(topo, prev.cpus.clone()));
+        }
+    }
+
+    let mut failed = Vec::new();
+    for job in &ordered {
+        if plan.training.contains_key(&job.id) {
+            continue;
+        }
+        let ask = TrainingAsk {
+            cores: job.cores,
+            gpus: &job.gpus,
+        };
+        match consolidate::place(topo, reserved, &taken, &ask) {
+            Ok(cpus) => {
+                taken = taken.union(&cpus);
+                plan.training.insert(job.id.clone(), placement(topo, cpus));
+            }
+            Err(_) => failed.push(*job),
+        }
+    }
+    // Explain each refusal against the final allocation, not the one at its turn: free space
+    // only shrinks during a pass, so the job still does not fit, and the explanation is then the
+    // same when the plan is decided again from itself (idempotence).
+    for job in failed {
+        let ask = TrainingAsk {
+            cores: job.cores,
+            gpus: &job.gpus,
+        };
+        plan.unplaced.insert(
+            job.id.clone(),
+            consolidate::shortfall(topo, reserved, &taken, &ask),
+        );
+    }
+    plan
+}
+
+fn placement(topo: &Topology, cpus: CpuSet) -> Placement {
+    Placement {
+        mems: topo.numa_nodes_of(&cpus),
+        cpus,
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn set(list: &str) -> CpuSet {
+        CpuSet::parse(list).unwrap()
+    }
+
+    fn job(seq: u64, cores: u32, gpus: &[u32]) -> TrainingJobView {
+        TrainingJobView {
+            id: JobId::from_seq(seq),
+            cores,
+            gpus: gpus.to_vec(),
+        }
+    }
+
+    fn cpus_of(plan: &Plan, seq: u64) -> String {
+        plan.training[&JobId::from_seq(seq)].cpus.to_string()
+    }
+
+    fn server64() -> Topology {
+        Topology::synthetic(2, 1, 16, 2, 4)
+    }
+
+    #[test]
+    fn places_in_id_order_and_keeps_placements() {
+        let topo = server64();
+        let reserved = set("0,32");
+        // Listed out of order: j2 is placed before j10.
+        let jobs = [job(10, 4, &[4]), job(2, 4, &[4])];
+        let plan = decide(&topo, &reserved, &jobs, &Plan::default());
+        assert_eq!(cpus_of(&plan, 2), "16-17,48-49");
+        assert_eq!(cpus_of(&plan, 10), "18-19,50-51");
+        assert_eq!(plan.training[&JobId::from_seq(2)].mems.to_string(), "1");
+        assert!(plan.unplaced.is_empty());
+
+        // A new job with a lower id does not move the running ones.
+        let jobs = [job(10, 4, &[4]), job(2, 4, &[4]), job(1, 4, &[4])];
+        let next = decide(&topo, &reserved, &jobs, &plan);
+        assert_eq!(cpus_of(&next, 2), "16-17,48-49");
+        assert_eq!(cpus_of(&next, 10), "18-19,50-51");
+        assert_eq!(cpus_of(&next, 1), "20-21,52-53");
+    }
+
+    #[test]
+    fn invalid_previous_placements_are_redone() {
+        let topo = server64();
+        let previous = Plan {
+            training: BTreeMap::from([
+                // Wrong size now (the job was resized to 4).
+                (
+                    JobId::from_seq(1),
+                    Placement {
+                        cpus: set("20-22,52-54"),
+                        mems: set("1"),
+                    },
+                ),
+                // On a CPU that is now reserved.
+                (
+                    JobId::from_seq(2),
+                    Placement {
+                        cpus: set("0-1,32-33"),
+                        mems: set("0"),
+                    },
+                ),
+                // Overlaps j3, which has the lower id and is kept.
+                (
+                    JobId::from_seq(3),
+                    Placement {
+                        cpus: set("8-9,40-41"),
+                        mems: set("0"),
+                    },
+                ),
+                (
+                    JobId::from_seq(4),
+                    Placement {
+                        cpus: set("9-10,41-42"),
+                        mems: set("0"),
+                    },
+                ),
+            ]),
+            unplaced: BTreeMap::new(),
+        };
+        let jobs = [
+            job(1, 4, &[4]),
+            job(2, 4, &[0]),
+            job(3, 4, &[0]),
+            job(4, 4, &[0]),
+        ];
+        let plan = decide(&topo, &set("0,32"), &jobs, &previous);
+        assert_eq!(cpus_of(&plan, 3), "8-9,40-41");
+        assert_eq!(cpus_of(&plan, 1), "16-17,48-49");
+        // Beside j3, in the smaller of the two gaps around it.
+        assert_eq!(cpus_of(&plan, 2), "10-11,42-43");
+        assert_eq!(cpus_of(&plan, 4), "12-13,44-45");
+    }
+
+    #[test]
+    fn unplaced_jobs_are_explained_and_stable() {
+        let topo = Topology::synthetic(1, 1, 4, 2, 1);
+        let jobs = [job(1, 6, &[0]), job(2, 4, &[0]), job(3, 2, &[0])];
+        let plan = decide(&topo, &CpuSet::new(), &jobs, &Plan::default());
+        assert_eq!(cpus_of(&plan, 1), "0-2,4-6");
+        assert_eq!(cpus_of(&plan, 3), "3,7");
+        let why = &plan.unplaced[&JobId::from_seq(2)];
+        // Explained against the final allocation (after j3), so deciding again says the same.
+        assert_eq!(why.free(), 0);
+        assert_eq!(decide(&topo, &CpuSet::new(), &jobs, &plan), plan);
+
+        // Releasing j1 lets j2 in, without moving j3.
+        let plan = decide(&topo, &CpuSet::new(), &jobs[1..], &plan);
+        assert!(plan.unplaced.is_empty());
+        assert_eq!(cpus_of(&plan, 3), "3,7");
+        assert_eq!(cpus_of(&plan, 2), "1-2,5-6");
+    }
+
+    #[test]
+    fn plan_round_trips_through_json() {
+        let topo = server64();
+        let jobs = [job(1, 8, &[0]), job(2, 80, &[4])];
+        let plan = decide(&topo, &set("0,32"), &jobs, &Plan::default());
+        assert_eq!(plan.unplaced.len(), 1);
+        let json = serde_json::to_string(&plan).unwrap();
+        let back: Plan = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, plan);
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Add { cores: u32, gpu_mask: u8 },
+        Remove(usize),
+    }
+
+    fn ops() -> impl Strategy<Value = Vec<Op>> {
+        proptest::collection::vec(
+            prop_oneof![
+                3 => (any::<u32>(), any::<u8>())
+                    .prop_map(|(cores, gpu_mask)| Op::Add { cores, gpu_mask }),
+                1 => any::<usize>().prop_map(Op::Remove),
+            ],
+            1..16,
+        )
+    }
+
+    /// Checks what every plan must satisfy.
+    fn check_plan(
+        topo: &Topology,
+        reserved: &CpuSet,
+        jobs: &[TrainingJobView],
+        plan: &Plan,
+    ) -> Result<(), TestCaseError> {
+        let usable = topo.online().difference(reserved);
+        let mut all = CpuSet::new();
+        for (id, p) in &plan.training {
+            let job = jobs.iter().find(|j| &j.id == id);
+            prop_assert!(job.is_some(), "{} placed but not registered", id);
+            prop_assert_eq!(p.cpus.len(), job.unwrap().cores as usize, "{} size", id);
+            prop_assert!(
+                p.cpus.is_subset(&usable),
+                "{} on reserved/offline CPUs: {}",
+                id,
+                p.cpus
+            );
+            prop_assert!(p.cpus.is_disjoint(&all), "{} overlaps: {}", id, p.cpus);
+            prop_assert_eq!(&p.mems, &topo.numa_nodes_of(&p.cpus));
+            all = all.union(&p.cpus);
+        }
+        let free = usable.difference(&all).len();
+        for job in jobs {
+            let placed = plan.training.contains_key(&job.id);
+            let unplaced = plan.unplaced.get(&job.id);
+            prop_assert!(
+                placed != unplaced.is_some(),
+                "{} must be placed xor unplaced",
+                job.id
+            );
+            if let Some(no) = unplaced {
+                prop_assert!(
+                    free < job.cores as usize,
+                    "{} refused with {} free",
+                    job.id,
+                    free
+                );
+                prop_assert_eq!(no.free() as usize, free);
+            }
+        }
+        prop_assert_eq!(plan.training.len() + plan.unplaced.len(), jobs.len());
+        Ok(())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        #[test]
+        fn decide_properties(
+            topo in consolidate::tests::topologies(),
+            reserved_raw in proptest::collection::vec(any::<u32>(), 0..3),
+            ops in ops(),
+        ) {
+            let ncpus = u32::try_from(topo.cpus.len()).unwrap();
+            let reserved: CpuSet = reserved_raw.iter().map(|r| r % ncpus).collect();
+            let mut jobs: Vec<TrainingJobView> = Vec::new();
+            let mut plan = Plan::default();
+            let mut seq = 0;
+            for op in ops {
+                match op {
+                    Op::Add { cores, gpu_mask } => {
+                        seq += 1;
+                        let gpus: Vec<u32> = (0..8).filter(|i| gpu_mask & (1 << i) != 0).collect();
+                        jobs.push(job(seq, cores % (ncpus / 2 + 1) + 1, &gpus));
+                        let next = decide(&topo, &reserved, &jobs, &plan);
+                        check_plan(&topo, &reserved, &jobs, &next)?;
+                        // Running jobs stay where they are.
+                        for (id, p) in &plan.training {
+                            prop_assert_eq!(Some(p), next.training.get(id), "{} moved", id);
+                        }
+                        plan = next;
+                    }
+                    Op::Remove(i) if !jobs.is_empty() => {
+                        let gone = jobs.remove(i % jobs.len());
+                        let next = decide(&topo, &reserved, &jobs, &plan);
+                        check_plan(&topo, &reserved, &jobs, &next)?;
+                        if let Some(old) = plan.training.get(&gone.id) {
+                            // Its CPUs go only to jobs that were waiting.
+                            for (id, p) in &next.training {
+                                if !p.cpus.is_disjoint(&old.cpus) {
+                                    prop_assert!(
+                                        plan.unplaced.contains_key(id),
+                                        "{} took released CPUs", id
+                                    );
+                                }
+                            }
+                            // With no one waiting, a job of the same shape fits in its place.
+                            if plan.unplaced.is_empty() {
+                                let mut with = jobs.clone();
+                                with.push(job(seq + 1_000, gone.cores, &gone.gpus));
+                                let refill = decide(&topo, &reserved, &with, &next);
+                                prop_assert!(
+                                    refill.unplaced.is_empty(),
+                                    "released CPUs not reusable"
+                                );
+                            }
+                        }
+                        plan = next;
+                    }
+                    Op::Remove(_) => {}
+                }
+                prop_assert_eq!(&decide(&topo, &reserved, &jobs, &plan), &plan, "idempotent");
+            }
+        }
+    }
+}

@@ -1,0 +1,581 @@
+//! A training-step emulator: the CPU side of a GPU training job, for measuring interference.
+//!
+//! Data-loader threads do real work per batch (generate a pseudo-random image, normalize it,
+//! run a 3x3 convolution over it) and push the result into a bounded queue, as a PyTorch
+//! DataLoader with prefetching does. A dispatch thread takes one batch per step, does a little
+//! host-side work (the kernel launches) and then waits for the emulated GPU step. That wait is
+//! the one timed sleep here, and it is the thing being emulated: the GPU is busy, the CPU is not.
+//! When loaders are slowed by colocated jobs, the dispatch thread waits for data, the GPU idles
+//! and `gpu_busy` drops below 1.
+//!
+//! Signals: SIGUSR1 starts one more loader thread (tests use it to check that lodger catches
+//! threads created after registration); SIGTERM and SIGINT print a final summary and exit 0.
+//!
+//! Output on stdout, one line each:
+//!   ready pid=<pid> threads=<n>                       once every thread is running
+//!   worker added: workers=<w> threads=<n>             after each SIGUSR1
+//!   t=<s>s iters/s=<x> mean_iter_ms=<x> gpu_busy=<x> workers=<w>   every second
+//!   final iterations=<k> elapsed_s=<x> iters/s=<x> mean_iter_ms=<x> gpu_busy=<x> workers=<w>
+//! With `--report PATH`, one JSON line per iteration is appended to PATH (truncated at start):
+//!   {"iter":1,"iter_ms":20.123,"gpu_busy":0.981}
+//!
+//! Build with `--release` for numbers worth comparing; a debug build does ~10x more CPU work
+//! per unit.
+
+use std::collections::VecDeque;
+use std::fs::File;
+use std::hint::black_box;
+use std::io::{BufWriter, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
+
+/// Side of the square "image" one unit of work processes.
+const IMAGE_SIDE: usize = 64;
+/// The window `gpu_busy` and the per-second summary are computed over.
+const WINDOW: Duration = Duration::from_secs(1);
+/// How often the main thread looks at signals and progress.
+const POLL: Duration = Duration::from_millis(10);
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "train_emulator",
+    about = "Emulates the CPU side of a GPU training job: loader threads doing real \
+             preprocessing work, a dispatch thread waiting on an emulated GPU step."
+)]
+struct Args {
+    /// Data-loader threads to start with (each SIGUSR1 adds one).
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    workers: u32,
+    /// CPU work per batch, in units; one unit generates, normalizes and convolves one 64x64
+    /// image. Default: calibrated at start so a batch costs --batch-cpu-ms of CPU time.
+    #[arg(long, value_name = "UNITS", value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    work_per_batch: Option<u32>,
+    /// CPU time per batch to calibrate to when --work-per-batch is not given, in milliseconds.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    batch_cpu_ms: u64,
+    /// Host-side work of the dispatch thread per step (kernel launches), in the same units.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(0..=100_000))]
+    dispatch_work: u32,
+    /// Duration of the emulated GPU step, in milliseconds.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(0..=600_000))]
+    gpu_step_ms: u64,
+    /// Iterations to run before exiting; 0 runs until SIGTERM or SIGINT.
+    #[arg(long, default_value_t = 0)]
+    iterations: u64,
+    /// Batches the loaders may prepare ahead of the dispatch thread.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    queue_depth: u32,
+    /// Append one JSON line per iteration to this file (truncated at start).
+    #[arg(long, value_name = "PATH")]
+    report: Option<PathBuf>,
+}
+
+// Set from signal handlers, read by the main thread.
+static STOP: AtomicBool = AtomicBool::new(false);
+static ADD_WORKERS: AtomicUsize = AtomicUsize::new(0);
+
+extern "C" fn on_stop(_: libc::c_int) {
+    STOP.store(true, Ordering::SeqCst);
+}
+
+extern "C" fn on_usr1(_: libc::c_int) {
+    ADD_WORKERS.fetch_add(1, Ordering::SeqCst);
+}
+
+fn install_signal_handlers() -> nix::Result<()> {
+    // SA_RESTART: a signal must not turn a loader's or the dispatcher's wait into an error.
+    let flags = SaFlags::SA_RESTART;
+    let stop = SigAction::new(SigHandler::Handler(on_stop), flags, SigSet::empty());
+    let usr1 = SigAction::new(SigHandler::Handler(on_usr1), flags, SigSet::empty());
+    // SAFETY: both handlers only store to or add to a lock-free static atomic, which is
+    // async-signal-safe; they touch no other state.
+    unsafe {
+        sigaction(Signal::SIGTERM, &stop)?;
+        sigaction(Signal::SIGINT, &stop)?;
+        sigaction(Signal::SIGUSR1, &usr1)?;
+    }
+    Ok(())
+}
+
+/// xorshift64*: cheap, deterministic pseudo-random bytes, so the work is the same every run.
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Self {
+        Self(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    fn next_u64(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+}
+
+/// One loader's buffers, reused across batches as a real loader reuses its pinned buffers.
+struct Preprocessor {
+    rng: Rng,
+    raw: Vec<u8>,
+    normalized: Vec<f32>,
+    convolved: Vec<f32>,
+}
+
+impl Preprocessor {
+    fn new(seed: u64) -> Self {
+        let pixels = IMAGE_SIDE * IMAGE_SIDE;
+        Self {
+            rng: Rng::new(seed),
+            raw: vec![0; pixels],
+            normalized: vec![0.0; pixels],
+            convolved: vec![0.0; pixels],
+        }
+    }
+
+    /// One unit: decode (here: generate) an image, normalize it, convolve it with a 3x3
+    /// kernel, and reduce it to a checksum the consumer uses.
+    fn unit(&mut self) -> f32 {
+        for chunk in self.raw.chunks_mut(8) {
+            let bytes = self.rng.next_u64().to_le_bytes();
+            chunk.copy_from_slice(&bytes[..chunk.len()]);
+        }
+        // ImageNet-style normalization: (x / 255 - mean) / std.
+        const MEAN: f32 = 0.449;
+        const STD: f32 = 0.226;
+        for (out, &byte) in self.normalized.iter_mut().zip(&self.raw) {
+            *out = (f32::from(byte) / 255.0 - MEAN) / STD;
+        }
+        // A sharpening kernel over the interior.
+        const KERNEL: [[f32; 3]; 3] = [[0.0, -1.0, 0.0], [-1.0, 5.0, -1.0], [0.0, -1.0, 0.0]];
+        let n = IMAGE_SIDE;
+        let mut sum = 0.0f32;
+        for y in 1..n - 1 {
+            for x in 1..n - 1 {
+                let mut acc = 0.0f32;
+                for (ky, row) in KERNEL.iter().enumerate() {
+                    let base = (y + ky - 1) * n + x - 1;
+                    for (kx, &k) in row.iter().enumerate() {
+                        acc += k * self.normalized[base + kx];
+                    }
+                }
+                // ReLU, as the first layer of a network would apply.
+                let v = acc.max(0.0);
+                self.convolved[y * n + x] = v;
+                sum += v;
+            }
+        }
+        black_box(&self.convolved);
+        sum / (n * n) as f32
+    }
+
+    fn work(&mut self, units: u32) -> f32 {
+        (0..units).map(|_| self.unit()).sum()
+    }
+}
+
+/// A preprocessed batch, handed from a loader to the dispatch thread.
+struct Batch {
+    checksum: f32,
+}
+
+/// One finished iteration, as the dispatch thread saw it.
+#[derive(Clone, Copy)]
+struct Step {
+    end: Instant,
+    iter: Duration,
+    gpu: Duration,
+}
+
+/// What the dispatch thread has done, shared with the main thread for the summaries.
+struct Progress {
+    started: Instant,
+    iterations: u64,
+    total_iter: Duration,
+    total_gpu: Duration,
+    window: VecDeque<Step>,
+}
+
+impl Progress {
+    fn new(started: Instant) -> Self {
+        Self {
+            started,
+            iterations: 0,
+            total_iter: Duration::ZERO,
+            total_gpu: Duration::ZERO,
+            window: VecDeque::new(),
+        }
+    }
+
+    fn record(&mut self, step: Step) {
+        self.iterations += 1;
+        self.total_iter += step.iter;
+        self.total_gpu += step.gpu;
+        self.window.push_back(step);
+        self.prune(step.end);
+    }
+
+    fn prune(&mut self, now: Instant) {
+        while self
+            .window
+            .front()
+            .is_some_and(|s| now.duration_since(s.end) > WINDOW)
+        {
+            self.window.pop_front();
+        }
+    }
+
+    /// (iterations per second, mean iteration ms, GPU busy fraction) over the last window.
+    /// The window's wall time runs from the start of its first iteration to `now`, so a
+    /// dispatcher stalled on data right now shows up as falling GPU busy.
+    fn recent(&mut self, now: Instant) -> (f64, f64, f64) {
+        self.prune(now);
+        let Some(first) = self.window.front() else {
+            return (0.0, 0.0, 0.0);
+        };
+        let span = now.duration_since(first.end - first.iter).as_secs_f64();
+        if span <= 0.0 {
+            return (0.0, 0.0, 0.0);
+        }
+        let count = self.window.len() as f64;
+        let iter: Duration = self.window.iter().map(|s| s.iter).sum();
+        let gpu: Duration = self.window.iter().map(|s| s.gpu).sum();
+        (
+            count / span,
+            iter.as_secs_f64() * 1e3 / count,
+            (gpu.as_secs_f64() / span).min(1.0),
+        )
+    }
+
+    fn overall(&self, now: Instant) -> (f64, f64, f64, f64) {
+        let elapsed = now.duration_since(self.started).as_secs_f64();
+        let n = self.iterations as f64;
+        if self.iterations == 0 || elapsed <= 0.0 {
+            return (elapsed, 0.0, 0.0, 0.0);
+        }
+        (
+            elapsed,
+            n / elapsed,
+            self.total_iter.as_secs_f64() * 1e3 / n,
+            (self.total_gpu.as_secs_f64() / elapsed).min(1.0),
+        )
+    }
+}
+
+fn lock(progress: &Mutex<Progress>) -> MutexGuard<'_, Progress> {
+    // A poisoned lock only means a thread panicked mid-update of plain counters; keep going.
+    progress.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Counts the threads this process has running now.
+fn thread_count() -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+fn spawn_loader(
+    id: usize,
+    units: u32,
+    tx: SyncSender<Batch>,
+    running: Arc<AtomicUsize>,
+) -> std::io::Result<JoinHandle<()>> {
+    thread::Builder::new()
+        .name(format!("loader-{id}"))
+        .spawn(move || {
+            running.fetch_add(1, Ordering::SeqCst);
+            let mut pre = Preprocessor::new(u64::try_from(id).unwrap_or(0) + 1);
+            while !STOP.load(Ordering::Relaxed) {
+                let checksum = pre.work(units);
+                // Blocks while the queue is full; fails once the dispatch thread is gone.
+                if tx.send(Batch { checksum }).is_err() {
+                    break;
+                }
+            }
+        })
+}
+
+struct Dispatch {
+    rx: Receiver<Batch>,
+    gpu_step: Duration,
+    dispatch_work: u32,
+    iterations: u64,
+    report: Option<(PathBuf, BufWriter<File>)>,
+    progress: Arc<Mutex<Progress>>,
+    done: Arc<AtomicBool>,
+    running: Arc<AtomicUsize>,
+}
+
+impl Dispatch {
+    fn run(mut self) {
+        self.running.fetch_add(1, Ordering::SeqCst);
+        let mut host = Preprocessor::new(0);
+        let mut last_end = lock(&self.progress).started;
+        let mut consumed = 0.0f32;
+        let mut iter: u64 = 0;
+        while !STOP.load(Ordering::Relaxed) {
+            let batch = match self.rx.recv_timeout(Duration::from_millis(50)) {
+                Ok(batch) => batch,
+                Err(RecvTimeoutError::Timeout) => continue,
+                Err(RecvTimeoutError::Disconnected) => break,
+            };
+            consumed += batch.checksum;
+            // Host-side part of the step: building and launching the kernels.
+            consumed += host.work(self.dispatch_work);
+            // The GPU step. The GPU is busy for exactly this long; any lateness in waking up
+            // afterwards is CPU-side delay, during which a real GPU would sit idle.
+            if !gpu_wait(self.gpu_step) {
+                // Stopped mid-step: the iteration did not finish.
+                break;
+            }
+            let end = Instant::now();
+            let step = Step {
+                end,
+                iter: end.duration_since(last_end),
+                gpu: self.gpu_step,
+            };
+            last_end = end;
+            iter += 1;
+            let gpu_busy = {
+                let mut progress = lock(&self.progress);
+                progress.record(step);
+                progress.recent(end).2
+            };
+            self.write_report(iter, step.iter, gpu_busy);
+            if self.iterations != 0 && iter >= self.iterations {
+                break;
+            }
+        }
+        black_box(consumed);
+        self.done.store(true, Ordering::SeqCst);
+    }
+
+    fn write_report(&mut self, iter: u64, iter_time: Duration, gpu_busy: f64) {
+        let Some((path, out)) = &mut self.report else {
+            return;
+        };
+        let line = format!(
+            "{{\"iter\":{iter},\"iter_ms\":{:.3},\"gpu_busy\":{gpu_busy:.3}}}\n",
+            iter_time.as_secs_f64() * 1e3
+        );
+        if let Err(e) = out.write_all(line.as_bytes()).and_then(|()| out.flush()) {
+            eprintln!(
+                "train_emulator: cannot write report {}: {e}; reporting stops",
+                path.display()
+            );
+            self.report = None;
+        }
+    }
+}
+
+/// Waits out the GPU step: one sleep for ordinary steps, 50 ms slices for long ones so that
+/// SIGTERM is not held up. False if stopped before the step finished.
+fn gpu_wait(step: Duration) -> bool {
+    let deadline = Instant::now() + step;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return true;
+        }
+        if STOP.load(Ordering::Relaxed) {
+            return false;
+        }
+        thread::sleep(left.min(Duration::from_millis(50)));
+    }
+}
+
+/// CPU time this thread has used. Calibration measures CPU time, not wall time, so that a
+/// busy node at start does not change how much work a unit is taken to be.
+fn thread_cpu_time() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec for the duration of the call.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    if rc != 0 {
+        return Duration::ZERO;
+    }
+    let secs = u64::try_from(ts.tv_sec).unwrap_or(0);
+    let nanos = u32::try_from(ts.tv_nsec).unwrap_or(0);
+    Duration::new(secs, nanos)
+}
+
+/// Units of work that cost about `target` of CPU time on this machine and build.
+fn calibrate(target: Duration) -> (u32, Duration) {
+    let mut pre = Preprocessor::new(u64::MAX);
+    let budget = Duration::from_millis(50);
+    let start = thread_cpu_time();
+    let wall = Instant::now();
+    let mut units: u32 = 0;
+    // Wall-clock guard: if the CPU clock is unavailable (reads zero), stop anyway.
+    while (thread_cpu_time() - start < budget && wall.elapsed() < 4 * budget) || units < 3 {
+        black_box(pre.unit());
+        units += 1;
+    }
+    let spent = (thread_cpu_time() - start).max(wall.elapsed().min(budget / 10));
+    let per_unit = spent / units;
+    let wanted = target.as_nanos() / per_unit.as_nanos().max(1);
+    (
+        u32::try_from(wanted)
+            .unwrap_or(u32::MAX)
+            .clamp(1, 1_000_000),
+        per_unit,
+    )
+}
+
+fn wait_for(running: &AtomicUsize, want: usize) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while running.load(Ordering::SeqCst) < want {
+        if Instant::now() > deadline {
+            return false;
+        }
+        thread::sleep(Duration::from_millis(1));
+    }
+    true
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("train_emulator: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: &Args) -> Result<(), String> {
+    install_signal_handlers().map_err(|e| format!("cannot install signal handlers: {e}"))?;
+    let report = match &args.report {
+        Some(path) => {
+            let file = File::create(path)
+                .map_err(|e| format!("cannot create report {}: {e}", path.display()))?;
+            Some((path.clone(), BufWriter::new(file)))
+        }
+        None => None,
+    };
+
+    let work_per_batch = match args.work_per_batch {
+        Some(units) => units,
+        None => {
+            let target = Duration::from_millis(args.batch_cpu_ms);
+            let (units, per_unit) = calibrate(target);
+            println!(
+                "calibrated work_per_batch={units} ({:.1} us per unit, ~{} ms CPU per batch)",
+                per_unit.as_secs_f64() * 1e6,
+                args.batch_cpu_ms
+            );
+            units
+        }
+    };
+
+    let queue_depth = usize::try_from(args.queue_depth).map_err(|e| e.to_string())?;
+    let (tx, rx) = mpsc::sync_channel::<Batch>(queue_depth);
+    let running = Arc::new(AtomicUsize::new(0));
+    let started = Instant::now();
+    let progress = Arc::new(Mutex::new(Progress::new(started)));
+    let done = Arc::new(AtomicBool::new(false));
+
+    let mut loaders = Vec::new();
+    for id in 0..args.workers {
+        let id = usize::try_from(id).map_err(|e| e.to_string())?;
+        loaders.push(
+            spawn_loader(id, work_per_batch, tx.clone(), running.clone())
+                .map_err(|e| format!("cannot start loader thread: {e}"))?,
+        );
+    }
+    let dispatch = Dispatch {
+        rx,
+        gpu_step: Duration::from_millis(args.gpu_step_ms),
+        dispatch_work: args.dispatch_work,
+        iterations: args.iterations,
+        report,
+        progress: progress.clone(),
+        done: done.clone(),
+        running: running.clone(),
+    };
+    let dispatcher = thread::Builder::new()
+        .name("dispatch".to_string())
+        .spawn(move || dispatch.run())
+        .map_err(|e| format!("cannot start dispatch thread: {e}"))?;
+
+    if !wait_for(&running, loaders.len() + 1) {
+        return Err("threads did not start within 10 s".to_string());
+    }
+    println!(
+        "ready pid={} threads={}",
+        std::process::id(),
+        thread_count()
+    );
+    flush_stdout();
+
+    let mut next_summary = Instant::now() + WINDOW;
+    while !STOP.load(Ordering::SeqCst) && !done.load(Ordering::SeqCst) {
+        thread::sleep(POLL);
+        let wanted = ADD_WORKERS.swap(0, Ordering::SeqCst);
+        for _ in 0..wanted {
+            let id = loaders.len();
+            match spawn_loader(id, work_per_batch, tx.clone(), running.clone()) {
+                Ok(handle) => loaders.push(handle),
+                Err(e) => {
+                    eprintln!("train_emulator: cannot start loader thread: {e}");
+                    continue;
+                }
+            }
+            if !wait_for(&running, loaders.len() + 1) {
+                return Err("a new loader did not start within 10 s".to_string());
+            }
+            println!(
+                "worker added: workers={} threads={}",
+                loaders.len(),
+                thread_count()
+            );
+            flush_stdout();
+        }
+        let now = Instant::now();
+        if now >= next_summary {
+            next_summary += WINDOW;
+            let (rate, mean_ms, busy) = lock(&progress).recent(now);
+            println!(
+                "t={:.1}s iters/s={rate:.1} mean_iter_ms={mean_ms:.2} gpu_busy={busy:.3} workers={}",
+                now.duration_since(started).as_secs_f64(),
+                loaders.len()
+            );
+            flush_stdout();
+        }
+    }
+
+    // Shutting down: the dispatcher sees STOP (or has finished); once it drops the queue's
+    // receiver, loaders blocked on a full queue get an error and leave.
+    STOP.store(true, Ordering::SeqCst);
+    drop(tx);
+    let _ = dispatcher.join();
+    let workers = loaders.len();
+    for loader in loaders {
+        let _ = loader.join();
+    }
+    let (elapsed, rate, mean_ms, busy) = lock(&progress).overall(Instant::now());
+    let iterations = lock(&progress).iterations;
+    println!(
+        "final iterations={iterations} elapsed_s={elapsed:.2} iters/s={rate:.1} \
+         mean_iter_ms={mean_ms:.2} gpu_busy={busy:.3} workers={workers}"
+    );
+    flush_stdout();
+    Ok(())
+}
+
+fn flush_stdout() {
+    // Tests read these lines through a pipe; a failed flush (closed pipe) is not our problem.
+    let _ = std::io::stdout().flush();
+}

@@ -1,0 +1,293 @@
+//! Job specs and job views as plain D-Bus dictionaries (`a{sv}`), so `busctl` can build them.
+//! The keys are documented in `docs/dbus-api.md`.
+
+use std::collections::HashMap;
+
+use zbus::zvariant::{OwnedValue, Value};
+
+use crate::job::{Category, Job, JobKind, JobSpec, Target};
+
+/// Keys accepted in a `RegisterJob` spec.
+pub const SPEC_KEYS: &[&str] = &[
+    "kind",
+    "name",
+    "pids",
+    "cgroup",
+    "gpus",
+    "cores",
+    "category",
+    "pipeline",
+    "multi_node",
+];
+
+fn unsigned(key: &str, v: &Value<'_>) -> Result<u32, String> {
+    let wide: i128 = match v {
+        Value::U8(n) => (*n).into(),
+        Value::U16(n) => (*n).into(),
+        Value::U32(n) => (*n).into(),
+        Value::U64(n) => (*n).into(),
+        Value::I16(n) => (*n).into(),
+        Value::I32(n) => (*n).into(),
+        Value::I64(n) => (*n).into(),
+        Value::Value(inner) => return unsigned(key, inner),
+        other => {
+            return Err(format!(
+                "key '{key}' must be an unsigned integer (u), not '{}'",
+                other.value_signature()
+            ))
+        }
+    };
+    u32::try_from(wide).map_err(|_| format!("key '{key}' is out of range ({wide})"))
+}
+
+fn string(key: &str, v: &Value<'_>) -> Result<String, String> {
+    match v {
+        Value::Str(s) => Ok(s.to_string()),
+        Value::Value(inner) => string(key, inner),
+        other => Err(format!(
+            "key '{key}' must be a string (s), not '{}'",
+            other.value_signature()
+        )),
+    }
+}
+
+fn boolean(key: &str, v: &Value<'_>) -> Result<bool, String> {
+    match v {
+        Value::Bool(b) => Ok(*b),
+        Value::Value(inner) => boolean(key, inner),
+        other => Err(format!(
+            "key '{key}' must be a boolean (b), not '{}'",
+            other.value_signature()
+        )),
+    }
+}
+
+fn unsigned_list(key: &str, v: &Value<'_>) -> Result<Vec<u32>, String> {
+    match v {
+        Value::Array(items) => items.iter().map(|i| unsigned(key, i)).collect(),
+        Value::Value(inner) => unsigned_list(key, inner),
+        other => Err(format!(
+            "key '{key}' must be an array of unsigned integers (au), not '{}'",
+            other.value_signature()
+        )),
+    }
+}
+
+/// Builds a `JobSpec` from a D-Bus dictionary. Refuses unknown keys and wrong types with a message
+/// naming the key; semantic checks are `JobSpec::validate`'s.
+pub fn spec_from_dict(dict: &HashMap<String, OwnedValue>) -> Result<JobSpec, String> {
+    if let Some(unknown) = dict.keys().find(|k| !SPEC_KEYS.contains(&k.as_str())) {
+        return Err(format!(
+            "unknown key '{unknown}' in the spec; known keys: {}",
+            SPEC_KEYS.join(", ")
+        ));
+    }
+    let get = |k: &str| dict.get(k).map(|v| &**v);
+    let kind = match get("kind") {
+        None => return Err("the spec needs a 'kind' (s), e.g. \"training\"".into()),
+        Some(v) => {
+            let s = string("kind", v)?;
+            JobKind::parse(&s).ok_or_else(|| {
+                format!("kind '{s}' is not supported; this lodgerd registers 'training' jobs")
+            })?
+        }
+    };
+    let pids = get("pids").map(|v| unsigned_list("pids", v)).transpose()?;
+    let cgroup = get("cgroup").map(|v| string("cgroup", v)).transpose()?;
+    let target = match (pids, cgroup) {
+        (Some(_), Some(_)) => return Err("give either 'pids' or 'cgroup', not both".into()),
+        (Some(p), None) => Target::Pids(p),
+        (None, Some(c)) => Target::Cgroup(c),
+        (None, None) => {
+            return Err(
+                "the spec needs 'pids' (au) or 'cgroup' (s) to say which processes are the job"
+                    .into(),
+            )
+        }
+    };
+    let cores = match get("cores") {
+        Some(v) => unsigned("cores", v)?,
+        None => return Err("the spec needs 'cores' (u): how many CPUs the job asks for".into()),
+    };
+    let category = match get("category") {
+        Some(v) => {
+            let s = string("category", v)?;
+            Category::parse(&s)
+                .ok_or_else(|| format!("category '{s}' is not one of cv, nlp, speech, other"))?
+        }
+        None => Category::Other,
+    };
+    Ok(JobSpec {
+        kind,
+        name: get("name").map(|v| string("name", v)).transpose()?,
+        target,
+        gpus: get("gpus")
+            .map(|v| unsigned_list("gpus", v))
+            .transpose()?
+            .unwrap_or_default(),
+        cores,
+        category,
+        pipeline: get("pipeline")
+            .map(|v| boolean("pipeline", v))
+            .transpose()?
+            .unwrap_or(false),
+        multi_node: get("multi_node")
+            .map(|v| boolean("multi_node", v))
+            .transpose()?
+            .unwrap_or(false),
+    })
+}
+
+/// The scheduling policy lodger keeps a job's threads in, as shown to people.
+pub fn sched_policy(rt_priority: i32) -> String {
+    format!("SCHED_RR/{rt_priority}")
+}
+
+/// A job as a D-Bus dictionary (`GetJob`).
+pub fn job_to_dict(job: &Job, rt_priority: i32) -> HashMap<String, Value<'static>> {
+    let mut d: HashMap<String, Value<'static>> = HashMap::new();
+    let mut put = |k: &str, v: Value<'static>| {
+        d.insert(k.to_string(), v);
+    };
+    put("id", Value::from(job.id.to_string()));
+    put(
+        "name",
+        Value::from(job.spec.name.clone().unwrap_or_default()),
+    );
+    put("kind", Value::from(job.spec.kind.as_str().to_string()));
+    put("state", Value::from(job.state.as_str().to_string()));
+    match &job.spec.target {
+        Target::Pids(p) => put("registered_pids", Value::from(p.clone())),
+        Target::Cgroup(c) => put("cgroup", Value::from(c.clone())),
+    }
+    put("pids", Value::from(job.pids.clone()));
+    put("cpus", Value::from(job.cpus.to_string()));
+    put("mems", Value::from(job.mems.to_string()));
+    put("gpus", Value::from(job.spec.gpus.clone()));
+    put("cores", Value::from(job.spec.cores));
+    put(
+        "category",
+        Value::from(job.spec.category.as_str().to_string()),
+    );
+    put("pipeline", Value::from(job.spec.pipeline));
+    put("multi_node", Value::from(job.spec.multi_node));
+    put("threads", Value::from(job.threads));
+    put("rr_threads", Value::from(job.rr_threads));
+    put("sched_policy", Value::from(sched_policy(rt_priority)));
+    put(
+        "last_error",
+        Value::from(job.last_error.clone().unwrap_or_default()),
+    );
+    put("owner_uid", Value::from(job.owner_uid));
+    put("registered_at", Value::from(job.registered_at));
+    d
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dict(entries: Vec<(&str, Value<'static>)>) -> HashMap<String, OwnedValue> {
+        entries
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), OwnedValue::try_from(v).unwrap()))
+            .collect()
+    }
+
+    #[test]
+    fn full_spec() {
+        let spec = spec_from_dict(&dict(vec![
+            ("kind", Value::from("training")),
+            ("pids", Value::from(vec![10u32, 11])),
+            ("gpus", Value::from(vec![0u32, 1])),
+            ("cores", Value::from(4u32)),
+            ("name", Value::from("bert")),
+            ("category", Value::from("nlp")),
+            ("pipeline", Value::from(true)),
+        ]))
+        .unwrap();
+        assert_eq!(spec.target, Target::Pids(vec![10, 11]));
+        assert_eq!(spec.gpus, vec![0, 1]);
+        assert_eq!(spec.cores, 4);
+        assert_eq!(spec.category, Category::Nlp);
+        assert!(spec.pipeline && !spec.multi_node);
+    }
+
+    #[test]
+    fn integers_of_other_widths_are_accepted_when_they_fit() {
+        let spec = spec_from_dict(&dict(vec![
+            ("kind", Value::from("training")),
+            ("cgroup", Value::from("/slurm/job_1")),
+            ("cores", Value::from(2i64)),
+        ]))
+        .unwrap();
+        assert_eq!(spec.cores, 2);
+        let err = spec_from_dict(&dict(vec![
+            ("kind", Value::from("training")),
+            ("cgroup", Value::from("/x")),
+            ("cores", Value::from(-1i32)),
+        ]))
+        .unwrap_err();
+        assert!(err.contains("cores"), "{err}");
+    }
+
+    #[test]
+    fn refusals_name_the_key() {
+        let cases: Vec<(Vec<(&str, Value<'static>)>, &str)> = vec![
+            (vec![("kind", Value::from("training"))], "pids"),
+            (
+                vec![
+                    ("kind", Value::from("training")),
+                    ("pids", Value::from(vec![1u32])),
+                ],
+                "cores",
+            ),
+            (
+                vec![
+                    ("kind", Value::from("batch")),
+                    ("pids", Value::from(vec![1u32])),
+                    ("cores", Value::from(1u32)),
+                ],
+                "kind",
+            ),
+            (
+                vec![
+                    ("kind", Value::from("training")),
+                    ("pids", Value::from(vec![1u32])),
+                    ("cores", Value::from("two")),
+                ],
+                "cores",
+            ),
+            (
+                vec![
+                    ("kind", Value::from("training")),
+                    ("pids", Value::from(vec![1u32])),
+                    ("cores", Value::from(1u32)),
+                    ("colour", Value::from("red")),
+                ],
+                "colour",
+            ),
+            (
+                vec![
+                    ("kind", Value::from("training")),
+                    ("pids", Value::from(vec![1u32])),
+                    ("cgroup", Value::from("/a")),
+                    ("cores", Value::from(1u32)),
+                ],
+                "not both",
+            ),
+            (
+                vec![
+                    ("kind", Value::from("training")),
+                    ("pids", Value::from("12")),
+                    ("cores", Value::from(1u32)),
+                ],
+                "pids",
+            ),
+        ];
+        for (entries, needle) in cases {
+            let err = spec_from_dict(&dict(entries)).unwrap_err();
+            assert!(err.contains(needle), "'{err}' should mention '{needle}'");
+        }
+    }
+}

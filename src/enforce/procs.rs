@@ -1,0 +1,278 @@
+//! Finding a job's processes and threads in /proc: start times (to tell a process from a later one
+//! that reused its pid), the parent links that give a process's descendants, and the thread ids
+//! under `/proc/PID/task`. Reads the proc root it is given, nothing else.
+//!
+//! Hand-written rather than through the procfs crate on this path: it runs every tick for every
+//! process of every job and needs three fields of `stat`; the crate parses all fifty-odd fields
+//! into a fresh struct (and a `String` for the command name) per call. The crate is used where it
+//! fits (`/proc/PID/cgroup`, in `cgroup.rs` and `rtgroup.rs`).
+
+use std::fs::{self, File};
+use std::io::{self, Read};
+use std::path::{Path, PathBuf};
+
+/// Default mount point of procfs.
+pub const DEFAULT_PROC_ROOT: &str = "/proc";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProcError {
+    #[error("cannot read {path}: {source}")]
+    Read { path: PathBuf, source: io::Error },
+}
+
+/// What lodger needs from `/proc/PID/stat`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcStat {
+    pub ppid: u32,
+    /// Clock ticks after boot: with the pid, identifies one process for its whole life.
+    pub start_time: u64,
+    /// False for zombies and dead tasks: they hold their pid but run nothing.
+    pub running: bool,
+}
+
+/// Parses `/proc/PID/stat`. The command name (field 2) may hold spaces and parentheses, so fields
+/// are counted from the last `)`.
+pub fn parse_stat(text: &[u8]) -> Option<ProcStat> {
+    let close = text.iter().rposition(|&b| b == b')')?;
+    let rest = std::str::from_utf8(text.get(close + 1..)?).ok()?;
+    let mut fields = rest.split_ascii_whitespace();
+    // After the name: state (3), ppid (4), ... starttime (22).
+    let state = fields.next()?;
+    let ppid = fields.next()?.parse().ok()?;
+    let start_time = fields.nth(22 - 5)?.parse().ok()?;
+    let running = !matches!(state, "Z" | "X" | "x");
+    Some(ProcStat {
+        ppid,
+        start_time,
+        running,
+    })
+}
+
+/// True for the errors that mean "the process or thread is gone".
+pub fn is_gone(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH)
+}
+
+/// Reads /proc with buffers kept between calls, so a sweep does not allocate per process.
+#[derive(Debug)]
+pub struct ProcReader {
+    root: PathBuf,
+    path: PathBuf,
+    buf: Vec<u8>,
+}
+
+impl ProcReader {
+    pub fn new(root: &Path) -> Self {
+        Self {
+            root: root.to_path_buf(),
+            path: PathBuf::with_capacity(root.as_os_str().len() + 32),
+            buf: Vec::with_capacity(512),
+        }
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn set_path(&mut self, parts: &[&str]) {
+        self.path.clear();
+        self.path.push(&self.root);
+        for p in parts {
+            self.path.push(p);
+        }
+    }
+
+    /// The stat of a process; `None` when it is gone.
+    pub fn stat(&mut self, pid: u32) -> Result<Option<ProcStat>, ProcError> {
+        let pid_s = pid.to_string();
+        self.set_path(&[&pid_s, "stat"]);
+        self.buf.clear();
+        let read = File::open(&self.path).and_then(|mut f| f.read_to_end(&mut self.buf));
+        match read {
+            Ok(_) => Ok(parse_stat(&self.buf)),
+            Err(e) if is_gone(&e) => Ok(None),
+            Err(source) => Err(ProcError::Read {
+                path: self.path.clone(),
+                source,
+            }),
+        }
+    }
+
+    /// The thread ids of a process, appended to `out`; `Ok(false)` when the process is gone.
+    pub fn threads(&mut self, pid: u32, out: &mut Vec<u32>) -> Result<bool, ProcError> {
+        let pid_s = pid.to_string();
+        self.set_path(&[&pid_s, "task"]);
+        let entries = match fs::read_dir(&self.path) {
+            Ok(e) => e,
+            Err(e) if is_gone(&e) => return Ok(false),
+            Err(source) => {
+                return Err(ProcError::Read {
+                    path: self.path.clone(),
+                    source,
+                })
+            }
+        };
+        for entry in entries {
+            // A thread exiting while the directory is listed is simply not listed.
+            let Ok(entry) = entry else { continue };
+            if let Some(tid) = entry.file_name().to_str().and_then(|s| s.parse().ok()) {
+                out.push(tid);
+            }
+        }
+        Ok(true)
+    }
+
+    /// The pid of the most recently created task (the fifth field of `/proc/loadavg`). It moves on
+    /// every fork and clone, so an unchanged value means no process appeared since it was read.
+    pub fn last_pid(&mut self) -> Option<u32> {
+        self.set_path(&["loadavg"]);
+        self.buf.clear();
+        File::open(&self.path)
+            .and_then(|mut f| f.read_to_end(&mut self.buf))
+            .ok()?;
+        std::str::from_utf8(&self.buf)
+            .ok()?
+            .split_ascii_whitespace()
+            .nth(4)?
+            .parse()
+            .ok()
+    }
+}
+
+/// Every process's parent, from one pass over /proc, for finding descendants.
+#[derive(Debug, Default, Clone)]
+pub struct ProcessTable {
+    /// (ppid, pid), sorted.
+    children: Vec<(u32, u32)>,
+}
+
+impl ProcessTable {
+    /// Reads the parent of every process under the proc root. Processes that exit meanwhile are
+    /// left out. Reuses the table's storage.
+    pub fn rescan(&mut self, reader: &mut ProcReader) -> Result<(), ProcError> {
+        self.children.clear();
+        let root = reader.root().to_path_buf();
+        let entries = fs::read_dir(&root).map_err(|source| ProcError::Read {
+            path: root.clone(),
+            source,
+        })?;
+        for entry in entries {
+            let Ok(entry) = entry else { continue };
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|s| s.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            if let Some(stat) = reader.stat(pid)? {
+                if stat.running {
+                    self.children.push((stat.ppid, pid));
+                }
+            }
+        }
+        self.children.sort_unstable();
+        Ok(())
+    }
+
+    pub fn len(&self) -> usize {
+        self.children.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.children.is_empty()
+    }
+
+    /// Appends to `out` every descendant of the processes in `roots` that is not already in `out`
+    /// (`out` may hold the roots themselves).
+    pub fn descendants(&self, roots: &[u32], out: &mut Vec<u32>) {
+        let mut stack: Vec<u32> = roots.to_vec();
+        while let Some(p) = stack.pop() {
+            let start = self.children.partition_point(|&(pp, _)| pp < p);
+            for &(pp, child) in &self.children[start..] {
+                if pp != p {
+                    break;
+                }
+                if !out.contains(&child) && !roots.contains(&child) {
+                    out.push(child);
+                    stack.push(child);
+                }
+            }
+        }
+    }
+
+    #[cfg(test)]
+    pub(crate) fn from_pairs(pairs: &[(u32, u32)]) -> Self {
+        let mut children = pairs.to_vec();
+        children.sort_unstable();
+        Self { children }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_with_odd_command_names() {
+        let line = b"1234 (a) b (c)) S 77 1234 1234 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 3 0 98765 1000 10 18446744073709551615 0 0 0 0 0 0 0 0 0 0 0 0 17 1 0 0 0 0 0\n";
+        let s = parse_stat(line).expect("parses");
+        assert_eq!(s.ppid, 77);
+        assert_eq!(s.start_time, 98765);
+        assert!(s.running);
+        let zombie = b"5 (x) Z 1 5 5 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 42 0 0";
+        let z = parse_stat(zombie).expect("parses");
+        assert!(!z.running);
+        assert_eq!(z.start_time, 42);
+        assert_eq!(parse_stat(b""), None);
+        assert_eq!(parse_stat(b"1 (truncated) S 1 2"), None);
+    }
+
+    #[test]
+    fn reads_own_stat_and_threads() {
+        let mut r = ProcReader::new(Path::new(DEFAULT_PROC_ROOT));
+        let me = std::process::id();
+        let stat = r.stat(me).expect("read").expect("alive");
+        assert!(stat.running);
+        assert_eq!(
+            r.stat(me).expect("read").map(|s| s.start_time),
+            Some(stat.start_time)
+        );
+        let mut tids = Vec::new();
+        assert!(r.threads(me, &mut tids).expect("read"));
+        assert!(tids.contains(&me));
+        // pid_max itself is never a pid.
+        let pid_max: u32 = fs::read_to_string("/proc/sys/kernel/pid_max")
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(4_194_304);
+        assert_eq!(r.stat(pid_max).expect("read"), None);
+        assert!(!r.threads(pid_max, &mut tids).expect("read"));
+        assert!(r.last_pid().is_some());
+    }
+
+    #[test]
+    fn descendants_follow_parent_links() {
+        // 1 → 10 → 11 → 12, 10 → 13, 2 → 20
+        let t = ProcessTable::from_pairs(&[(1, 10), (10, 11), (11, 12), (10, 13), (2, 20)]);
+        let mut out = vec![10];
+        t.descendants(&[10], &mut out);
+        out.sort_unstable();
+        assert_eq!(out, vec![10, 11, 12, 13]);
+        let mut none = Vec::new();
+        t.descendants(&[12], &mut none);
+        assert!(none.is_empty());
+    }
+
+    #[test]
+    fn scan_finds_this_process_and_its_parent() {
+        let mut r = ProcReader::new(Path::new(DEFAULT_PROC_ROOT));
+        let mut t = ProcessTable::default();
+        t.rescan(&mut r).expect("scan");
+        assert!(!t.is_empty());
+        let parent = std::os::unix::process::parent_id();
+        let mut out = Vec::new();
+        t.descendants(&[parent], &mut out);
+        assert!(out.contains(&std::process::id()));
+    }
+}

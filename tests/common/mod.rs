@@ -1,0 +1,409 @@
+//! Test harness for end-to-end tests: a private `dbus-daemon`, a `lodgerd` on it with its own
+//! state directory and cgroup parent, `lodgerctl` runs, and the bundled workloads.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+pub use lodger::privileged::need_root;
+
+static SEQ: AtomicU32 = AtomicU32::new(0);
+
+/// A name unique to this test process and call, for cgroups and directories.
+pub fn unique(prefix: &str) -> String {
+    format!(
+        "{prefix}-{}-{}",
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+pub fn bin(name: &str) -> PathBuf {
+    match name {
+        "lodgerd" => PathBuf::from(env!("CARGO_BIN_EXE_lodgerd")),
+        "lodgerctl" => PathBuf::from(env!("CARGO_BIN_EXE_lodgerctl")),
+        _ => panic!("unknown binary {name}"),
+    }
+}
+
+/// Path of a built example (cargo test builds examples before running tests).
+pub fn example(name: &str) -> PathBuf {
+    let lodgerd = bin("lodgerd");
+    let dir = lodgerd.parent().expect("target dir");
+    let path = dir.join("examples").join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: build the examples first (cargo test builds them)",
+        path.display()
+    );
+    path
+}
+
+/// Polls `cond` until it holds or `timeout` passes. A wait for the system to reach a state, not a
+/// timing assertion: the timeout is generous and only bounds a failure.
+pub fn wait_until(timeout: Duration, what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if cond() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("timed out after {timeout:?} waiting for {what}");
+}
+
+pub const WAIT: Duration = Duration::from_secs(20);
+
+/// A private bus with a permissive policy, reachable by any local user (so a non-root caller
+/// can be tested), removed on drop.
+pub struct PrivateBus {
+    child: Child,
+    pub address: String,
+    _dir: tempfile::TempDir,
+}
+
+impl PrivateBus {
+    pub fn start() -> PrivateBus {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
+            .expect("chmod");
+        let socket = dir.path().join("bus");
+        let conf = dir.path().join("bus.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                r#"<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-BUS Bus Configuration 1.0//EN"
+ "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
+<busconfig>
+  <listen>unix:path={}</listen>
+  <auth>EXTERNAL</auth>
+  <policy context="default">
+    <allow user="*"/>
+    <allow own="*"/>
+    <allow send_destination="*"/>
+    <allow receive_sender="*"/>
+  </policy>
+</busconfig>
+"#,
+                socket.display()
+            ),
+        )
+        .expect("write bus config");
+        let mut child = Command::new("dbus-daemon")
+            .arg(format!("--config-file={}", conf.display()))
+            .args(["--nofork", "--print-address"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("dbus-daemon (install the dbus package)");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut line = String::new();
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("dbus-daemon address");
+        let address = line.trim().to_string();
+        assert!(!address.is_empty(), "dbus-daemon printed no address");
+        std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o777)).ok();
+        PrivateBus {
+            child,
+            address,
+            _dir: dir,
+        }
+    }
+}
+
+impl Drop for PrivateBus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A lodgerd on a private bus, with its own config, state dir and cgroup parent.
+pub struct Daemon {
+    child: Option<Child>,
+    pub bus_address: String,
+    pub dir: PathBuf,
+    pub config: PathBuf,
+    pub parent: String,
+    log: PathBuf,
+}
+
+pub struct DaemonOptions {
+    pub reserved: &'static str,
+    pub extra: String,
+    pub sim: bool,
+}
+
+impl Default for DaemonOptions {
+    fn default() -> Self {
+        DaemonOptions {
+            reserved: "0",
+            extra: String::new(),
+            sim: false,
+        }
+    }
+}
+
+impl Daemon {
+    /// Writes a config under `dir` and starts lodgerd; waits until it owns its bus name.
+    pub fn start(bus: &PrivateBus, dir: &Path, opts: DaemonOptions) -> Daemon {
+        let parent = unique("lodger-test");
+        let config = dir.join("lodger.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[node]\nreserved_cpus = \"{}\"\n\n[agent]\ninterval_ms = 100\nstate_dir = \"{}\"\n\n[cgroup]\nparent = \"{}\"\n\n[log]\nlevel = \"debug\"\n{}\n",
+                opts.reserved,
+                dir.join("state").display(),
+                parent,
+                opts.extra
+            ),
+        )
+        .expect("write config");
+        let mut d = Daemon {
+            child: None,
+            bus_address: bus.address.clone(),
+            dir: dir.to_path_buf(),
+            config,
+            parent,
+            log: dir.join("lodgerd.log"),
+        };
+        d.restart_with(opts.sim);
+        d
+    }
+
+    pub fn restart_with(&mut self, sim: bool) {
+        self.stop();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .expect("log");
+        let mut cmd = Command::new(bin("lodgerd"));
+        cmd.arg("--config")
+            .arg(&self.config)
+            .env("DBUS_SYSTEM_BUS_ADDRESS", &self.bus_address)
+            .stdout(Stdio::null())
+            .stderr(log);
+        if sim {
+            cmd.arg("--sim");
+        }
+        self.child = Some(cmd.spawn().expect("spawn lodgerd"));
+        let bus = self.bus_address.clone();
+        let child = self.child.as_mut().expect("child");
+        let log = self.log.clone();
+        wait_until(WAIT, "lodgerd to own org.lodger1", || {
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!(
+                    "lodgerd exited early ({status}):\n{}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                );
+            }
+            Command::new("busctl")
+                .args(["--address", &bus, "status", "org.lodger1"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .map(|s| s.success())
+                .unwrap_or(false)
+        });
+    }
+
+    pub fn restart(&mut self) {
+        self.restart_with(false)
+    }
+
+    /// SIGTERM and wait, as systemd stops it.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            if let Ok(pid) = i32::try_from(child.id()) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGTERM,
+                );
+            }
+            let _ = child.wait();
+        }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Runs lodgerctl against this daemon.
+    pub fn ctl(&self, args: &[&str]) -> Output {
+        self.ctl_as(None, args)
+    }
+
+    pub fn ctl_as(&self, uid: Option<u32>, args: &[&str]) -> Output {
+        use std::os::unix::process::CommandExt;
+        let mut cmd = Command::new(bin("lodgerctl"));
+        cmd.args(args)
+            .env("DBUS_SYSTEM_BUS_ADDRESS", &self.bus_address);
+        if let Some(uid) = uid {
+            cmd.uid(uid).gid(uid);
+        }
+        cmd.output().expect("run lodgerctl")
+    }
+
+    /// Runs lodgerctl and returns its stdout, failing the test (with the daemon's log) when it
+    /// does not exit 0.
+    pub fn ctl_ok(&self, args: &[&str]) -> String {
+        let out = self.ctl(args);
+        assert!(
+            out.status.success(),
+            "lodgerctl {args:?} failed ({}): {}\n--- lodgerd log ---\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr),
+            self.log()
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    pub fn ctl_json(&self, args: &[&str]) -> serde_json::Value {
+        let mut full = vec!["--json"];
+        full.extend_from_slice(args);
+        let out = self.ctl_ok(&full);
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("bad JSON ({e}): {out}"))
+    }
+
+    /// Registers a training job by pid; returns its id.
+    pub fn register_pid(&self, pid: u32, cores: u32) -> String {
+        let v = self.ctl_json(&[
+            "register",
+            "training",
+            "--pid",
+            &pid.to_string(),
+            "--cores",
+            &cores.to_string(),
+        ]);
+        v["id"].as_str().expect("id").to_string()
+    }
+
+    pub fn job(&self, id: &str) -> serde_json::Value {
+        self.ctl_json(&["show", id])
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A running training emulator with `workers` preprocessing threads.
+pub struct Workload {
+    pub child: Child,
+}
+
+impl Workload {
+    pub fn train(workers: u32) -> Workload {
+        let mut child = Command::new(example("train_emulator"))
+            .args(["--workers", &workers.to_string(), "--gpu-step-ms", "20"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn train_emulator");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut reader = BufReader::new(stdout);
+        let mut line = String::new();
+        loop {
+            line.clear();
+            let n = reader.read_line(&mut line).expect("read emulator output");
+            assert!(n > 0, "train_emulator exited before it was ready");
+            if line.starts_with("ready") {
+                break;
+            }
+        }
+        // Keep draining its output so it never blocks on a full pipe.
+        std::thread::spawn(move || {
+            let mut sink = Vec::new();
+            let _ = reader.read_to_end(&mut sink);
+        });
+        Workload { child }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn signal(&self, sig: nix::sys::signal::Signal) {
+        let pid = i32::try_from(self.pid()).expect("pid");
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig).expect("kill");
+    }
+
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Workload {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Thread ids of a process.
+pub fn tids(pid: u32) -> Vec<u32> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|rd| {
+            rd.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// (policy, rt priority) of a thread, from sched_getscheduler/sched_getparam.
+pub fn sched_of(tid: u32) -> Option<(i32, i32)> {
+    let tid = i32::try_from(tid).ok()?;
+    // SAFETY: plain syscalls on a tid; a vanished tid returns -1.
+    let policy = unsafe { libc::sched_getscheduler(tid) };
+    if policy < 0 {
+        return None;
+    }
+    let mut param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: `param` is a valid, writable sched_param.
+    if unsafe { libc::sched_getparam(tid, &mut param) } != 0 {
+        return None;
+    }
+    Some((policy, param.sched_priority))
+}
+
+/// `Cpus_allowed_list` of a thread.
+pub fn cpus_allowed(pid: u32, tid: u32) -> Option<String> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .map(|s| s.trim().to_string())
+}
+
+/// True when every thread of `pid` is SCHED_RR at `prio` on exactly `cpus`.
+pub fn all_rr_on(pid: u32, prio: i32, cpus: &str) -> bool {
+    let tids = tids(pid);
+    !tids.is_empty()
+        && tids.iter().all(|&t| {
+            sched_of(t) == Some((libc::SCHED_RR, prio))
+                && cpus_allowed(pid, t).as_deref() == Some(cpus)
+        })
+}
+
+/// True when every thread of `pid` is SCHED_OTHER.
+pub fn all_other(pid: u32) -> bool {
+    tids(pid)
+        .iter()
+        .all(|&t| sched_of(t).map(|(p, _)| p) == Some(libc::SCHED_OTHER))
+}
+
+pub fn online_cpus() -> String {
+    std::fs::read_to_string("/sys/devices/system/cpu/online")
+        .expect("online cpus")
+        .trim()
+        .to_string()
+}

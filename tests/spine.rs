@@ -1,0 +1,388 @@
+//! End to end, as root, on real kernel interfaces: a private dbus-daemon, lodgerd, the bundled
+//! training emulator registered with lodgerctl, and the result read back from /proc.
+
+mod common;
+
+use std::process::Command;
+
+use common::*;
+use nix::sys::signal::Signal;
+
+const PRIO: i32 = 10;
+
+fn setup(test: &str) -> Option<(PrivateBus, tempfile::TempDir)> {
+    if !need_root(test) {
+        return None;
+    }
+    Some((PrivateBus::start(), tempfile::tempdir().expect("tempdir")))
+}
+
+#[test]
+fn register_pins_every_thread_and_unregister_reverts() {
+    let Some((bus, dir)) = setup("register_pins_every_thread_and_unregister_reverts") else {
+        return;
+    };
+    let d = Daemon::start(&bus, dir.path(), DaemonOptions::default());
+    let w = Workload::train(3);
+    let pid = w.pid();
+    let before = cpus_allowed(pid, pid).expect("cpus");
+    assert!(all_other(pid));
+
+    let id = d.register_pid(pid, 1);
+    let job = d.job(&id);
+    let cpus = job["cpus"].as_str().expect("cpus").to_string();
+    // Reserved CPU 0 is never given out; the only other CPU here is 1.
+    assert_eq!(cpus, "1", "{job}");
+    assert_eq!(job["state"], "running");
+    // RegisterJob returns after enforcement: no waiting needed.
+    assert!(all_rr_on(pid, PRIO, &cpus), "threads not RR on {cpus}");
+    let threads = tids(pid).len();
+    assert_eq!(job["threads"].as_u64(), Some(threads as u64), "{job}");
+    assert_eq!(job["rr_threads"].as_u64(), Some(threads as u64), "{job}");
+
+    // A thread created after registration is caught by the next sweep.
+    w.signal(Signal::SIGUSR1);
+    wait_until(WAIT, "the new thread to appear", || {
+        tids(pid).len() > threads
+    });
+    wait_until(WAIT, "the new thread to be swept", || {
+        all_rr_on(pid, PRIO, &cpus)
+    });
+
+    d.ctl_ok(&["unregister", &id]);
+    assert!(all_other(pid), "threads still RT after unregister");
+    assert_eq!(cpus_allowed(pid, pid).as_deref(), Some(before.as_str()));
+    let list = d.ctl_json(&["list"]);
+    assert_eq!(list.as_array().map(|a| a.len()), Some(0), "{list}");
+    // lodger's cgroup for the job is gone.
+    assert!(
+        !std::path::Path::new("/sys/fs/cgroup/cpuset")
+            .join(&d.parent)
+            .join(&id)
+            .exists(),
+        "job cgroup left behind"
+    );
+}
+
+#[test]
+fn killing_the_job_frees_its_cores() {
+    let Some((bus, dir)) = setup("killing_the_job_frees_its_cores") else {
+        return;
+    };
+    let d = Daemon::start(&bus, dir.path(), DaemonOptions::default());
+    let mut w = Workload::train(2);
+    let id = d.register_pid(w.pid(), 1);
+    let status = d.ctl_json(&["status"]);
+    assert_eq!(status["free"], "", "{status}");
+    assert_eq!(status["training_cpus"], "1", "{status}");
+    w.kill();
+    wait_until(WAIT, "the job to be forgotten", || {
+        d.ctl_json(&["list"])
+            .as_array()
+            .is_some_and(|a| a.is_empty())
+    });
+    let status = d.ctl_json(&["status"]);
+    assert_eq!(status["free"], "1", "{status}");
+    let out = d.ctl(&["show", &id]);
+    assert_eq!(out.status.code(), Some(1));
+    wait_until(WAIT, "the job cgroup to be removed", || {
+        !std::path::Path::new("/sys/fs/cgroup/cpuset")
+            .join(&d.parent)
+            .exists()
+    });
+}
+
+#[test]
+fn bad_requests_are_refused_with_a_clear_error_and_change_nothing() {
+    let Some((bus, dir)) = setup("bad_requests_are_refused") else {
+        return;
+    };
+    let d = Daemon::start(&bus, dir.path(), DaemonOptions::default());
+    let w = Workload::train(1);
+    let pid = w.pid().to_string();
+    let cases: Vec<(Vec<&str>, i32, &str)> = vec![
+        (
+            vec!["register", "training", "--pid", "999999999", "--cores", "1"],
+            1,
+            "does not exist",
+        ),
+        (
+            vec!["register", "training", "--pid", &pid, "--cores", "0"],
+            1,
+            "cores must be at least 1",
+        ),
+        (
+            vec!["register", "training", "--pid", &pid, "--cores", "64"],
+            1,
+            "free",
+        ),
+        (
+            vec![
+                "register", "training", "--pid", &pid, "--cores", "1", "--gpus", "3",
+            ],
+            1,
+            "GPU 3 does not exist",
+        ),
+        (
+            vec![
+                "register",
+                "training",
+                "--cgroup",
+                "/no-such-cgroup-here",
+                "--cores",
+                "1",
+            ],
+            1,
+            "no-such-cgroup-here",
+        ),
+        (vec!["unregister", "j999"], 1, "no job 'j999'"),
+        (vec!["show", "../etc"], 1, "no job"),
+        (vec!["register", "training", "--cores", "1"], 2, "--pid"),
+    ];
+    for (args, code, needle) in cases {
+        let out = d.ctl(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(code), "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: '{err}' lacks '{needle}'");
+        // One plain sentence, not a debug dump.
+        assert!(!err.contains("MethodError"), "{err}");
+    }
+    // Nothing was registered and nothing changed on the process.
+    assert!(d
+        .ctl_json(&["list"])
+        .as_array()
+        .is_some_and(|a| a.is_empty()));
+    assert!(all_other(w.pid()));
+    assert_eq!(d.ctl_json(&["status"])["free"], "1");
+
+    // The same process twice is a conflict.
+    let id = d.register_pid(w.pid(), 1);
+    let out = d.ctl(&["register", "training", "--pid", &pid, "--cores", "1"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains(&id));
+}
+
+#[test]
+fn a_caller_that_is_not_root_nor_in_the_group_is_refused() {
+    let Some((bus, dir)) = setup("non_root_refused") else {
+        return;
+    };
+    let d = Daemon::start(&bus, dir.path(), DaemonOptions::default());
+    let w = Workload::train(1);
+    let nobody = 65534;
+    let out = d.ctl_as(
+        Some(nobody),
+        &[
+            "register",
+            "training",
+            "--pid",
+            &w.pid().to_string(),
+            "--cores",
+            "1",
+        ],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("uid 65534 may not"), "{err}");
+    assert!(all_other(w.pid()));
+    // Reading is open to everyone.
+    let out = d.ctl_as(Some(nobody), &["list"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // And a job registered by root cannot be unregistered by them.
+    let id = d.register_pid(w.pid(), 1);
+    let out = d.ctl_as(Some(nobody), &["unregister", &id]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(all_rr_on(w.pid(), PRIO, "1"));
+}
+
+#[test]
+fn busctl_calls_as_documented() {
+    let Some((bus, dir)) = setup("busctl_calls_as_documented") else {
+        return;
+    };
+    let _daemon = Daemon::start(&bus, dir.path(), DaemonOptions::default());
+    let w = Workload::train(1);
+    let busctl = |args: &[&str]| {
+        Command::new("busctl")
+            .arg("--address")
+            .arg(&bus.address)
+            .args(args)
+            .output()
+            .expect("busctl")
+    };
+    let pid = w.pid().to_string();
+    let out = busctl(&[
+        "call",
+        "org.lodger1",
+        "/org/lodger1",
+        "org.lodger1.Manager",
+        "RegisterJob",
+        "a{sv}",
+        "3",
+        "kind",
+        "s",
+        "training",
+        "pids",
+        "au",
+        "1",
+        &pid,
+        "cores",
+        "u",
+        "1",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.starts_with("so \"j1\" \"/org/lodger1/job/j1\""),
+        "{stdout}"
+    );
+    assert!(all_rr_on(w.pid(), PRIO, "1"));
+
+    let out = busctl(&[
+        "get-property",
+        "org.lodger1",
+        "/org/lodger1/job/j1",
+        "org.lodger1.Job",
+        "Cpus",
+    ]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "s \"1\"");
+    let out = busctl(&[
+        "get-property",
+        "org.lodger1",
+        "/org/lodger1",
+        "org.lodger1.Manager",
+        "Free",
+    ]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "s \"\"");
+
+    // A wrong type is a named error naming the key.
+    let out = busctl(&[
+        "call",
+        "org.lodger1",
+        "/org/lodger1",
+        "org.lodger1.Manager",
+        "RegisterJob",
+        "a{sv}",
+        "3",
+        "kind",
+        "s",
+        "training",
+        "pids",
+        "au",
+        "1",
+        &pid,
+        "cores",
+        "s",
+        "one",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("cores"), "{err}");
+
+    let out = busctl(&[
+        "call",
+        "org.lodger1",
+        "/org/lodger1",
+        "org.lodger1.Manager",
+        "UnregisterJob",
+        "s",
+        "j1",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(all_other(w.pid()));
+    let out = busctl(&[
+        "call",
+        "org.lodger1",
+        "/org/lodger1",
+        "org.lodger1.Manager",
+        "UnregisterJob",
+        "s",
+        "j1",
+    ]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no job"));
+}
+
+#[test]
+fn jobs_survive_a_restart_and_dead_ones_are_cleaned_up() {
+    let Some((bus, dir)) = setup("jobs_survive_a_restart") else {
+        return;
+    };
+    let mut d = Daemon::start(&bus, dir.path(), DaemonOptions::default());
+    let mut w = Workload::train(2);
+    let id = d.register_pid(w.pid(), 1);
+    d.stop();
+    // While lodgerd is down the job keeps its cpuset and policy.
+    assert!(all_rr_on(w.pid(), PRIO, "1"));
+    d.restart();
+    let job = d.job(&id);
+    assert_eq!(job["state"], "running", "{job}");
+    assert_eq!(job["cpus"], "1");
+    // Threads created while it was down are caught after the restart.
+    w.signal(Signal::SIGUSR1);
+    wait_until(WAIT, "the new thread to be swept", || {
+        all_rr_on(w.pid(), PRIO, "1")
+    });
+
+    // A job that dies while lodgerd is down is cleaned up at the next start.
+    d.stop();
+    w.kill();
+    d.restart();
+    assert!(d
+        .ctl_json(&["list"])
+        .as_array()
+        .is_some_and(|a| a.is_empty()));
+    assert_eq!(d.ctl_json(&["status"])["free"], "1");
+    assert!(!std::path::Path::new("/sys/fs/cgroup/cpuset")
+        .join(&d.parent)
+        .exists());
+    // Ids are never reused.
+    let w2 = Workload::train(1);
+    let id2 = d.register_pid(w2.pid(), 1);
+    assert_ne!(id, id2);
+}
+
+#[test]
+fn a_bad_config_is_refused_at_start_with_file_line_and_key() {
+    if !need_root("a_bad_config_is_refused") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cases = [
+        ("[training]\nrt_priority = 0\n", 2, "training.rt_priority"),
+        ("[agent]\ninterval_ms = 0\n", 2, "agent.interval_ms"),
+        (
+            "[node]\nreserved_cpus = \"4000\"\n",
+            2,
+            "node.reserved_cpus",
+        ),
+        ("[agent]\nintervall = 5\n", 2, "intervall"),
+        ("\n\n[training]\nrt_priority = \"high\"\n", 4, "rt_priority"),
+    ];
+    for (text, line, key) in cases {
+        let path = dir.path().join("bad.toml");
+        std::fs::write(&path, text).expect("write");
+        let out = Command::new(bin("lodgerd"))
+            .arg("--config")
+            .arg(&path)
+            .arg("--check-config")
+            .output()
+            .expect("lodgerd");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{text}: {err}");
+        let want = format!("{}:{line}", path.display());
+        assert!(err.contains(&want), "{text}: '{err}' lacks '{want}'");
+        assert!(err.contains(key), "{text}: '{err}' lacks '{key}'");
+    }
+}
