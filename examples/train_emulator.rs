@@ -9,7 +9,9 @@
 //! and `gpu_busy` drops below 1.
 //!
 //! Signals: SIGUSR1 starts one more loader thread (tests use it to check that lodger catches
-//! threads created after registration); SIGTERM and SIGINT print a final summary and exit 0.
+//! threads created after registration); SIGUSR2 starts one that first puts itself back to
+//! SCHED_OTHER with an affinity of every CPU, as some runtimes do for their own threads (tests
+//! use it to check that lodger's sweep, not inheritance, keeps every thread in place); SIGTERM and SIGINT print a final summary and exit 0.
 //!
 //! Output on stdout, one line each:
 //!   ready pid=<pid> threads=<n>                       once every thread is running
@@ -81,6 +83,7 @@ struct Args {
 // Set from signal handlers, read by the main thread.
 static STOP: AtomicBool = AtomicBool::new(false);
 static ADD_WORKERS: AtomicUsize = AtomicUsize::new(0);
+static ADD_ESCAPING_WORKERS: AtomicUsize = AtomicUsize::new(0);
 
 extern "C" fn on_stop(_: libc::c_int) {
     STOP.store(true, Ordering::SeqCst);
@@ -90,17 +93,23 @@ extern "C" fn on_usr1(_: libc::c_int) {
     ADD_WORKERS.fetch_add(1, Ordering::SeqCst);
 }
 
+extern "C" fn on_usr2(_: libc::c_int) {
+    ADD_ESCAPING_WORKERS.fetch_add(1, Ordering::SeqCst);
+}
+
 fn install_signal_handlers() -> nix::Result<()> {
     // SA_RESTART: a signal must not turn a loader's or the dispatcher's wait into an error.
     let flags = SaFlags::SA_RESTART;
     let stop = SigAction::new(SigHandler::Handler(on_stop), flags, SigSet::empty());
     let usr1 = SigAction::new(SigHandler::Handler(on_usr1), flags, SigSet::empty());
+    let usr2 = SigAction::new(SigHandler::Handler(on_usr2), flags, SigSet::empty());
     // SAFETY: both handlers only store to or add to a lock-free static atomic, which is
     // async-signal-safe; they touch no other state.
     unsafe {
         sigaction(Signal::SIGTERM, &stop)?;
         sigaction(Signal::SIGINT, &stop)?;
         sigaction(Signal::SIGUSR1, &usr1)?;
+        sigaction(Signal::SIGUSR2, &usr2)?;
     }
     Ok(())
 }
@@ -283,15 +292,40 @@ fn thread_count() -> usize {
         .unwrap_or(0)
 }
 
+/// Puts the calling thread back to SCHED_OTHER on every CPU it may use, undoing what it inherited.
+fn escape_placement() {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: plain syscalls on the calling thread (tid 0) with a valid sched_param.
+    let rc = unsafe { libc::sched_setscheduler(0, libc::SCHED_OTHER, &param) };
+    if rc != 0 {
+        eprintln!(
+            "train_emulator: sched_setscheduler: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+    let mut all = nix::sched::CpuSet::new();
+    for cpu in 0..nix::sched::CpuSet::count() {
+        let _ = all.set(cpu);
+    }
+    // The kernel intersects the mask with the cpuset the thread is in.
+    if let Err(e) = nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &all) {
+        eprintln!("train_emulator: sched_setaffinity: {e}");
+    }
+}
+
 fn spawn_loader(
     id: usize,
     units: u32,
+    escape: bool,
     tx: SyncSender<Batch>,
     running: Arc<AtomicUsize>,
 ) -> std::io::Result<JoinHandle<()>> {
     thread::Builder::new()
         .name(format!("loader-{id}"))
         .spawn(move || {
+            if escape {
+                escape_placement();
+            }
             running.fetch_add(1, Ordering::SeqCst);
             let mut pre = Preprocessor::new(u64::try_from(id).unwrap_or(0) + 1);
             while !STOP.load(Ordering::Relaxed) {
@@ -491,7 +525,7 @@ fn run(args: &Args) -> Result<(), String> {
     for id in 0..args.workers {
         let id = usize::try_from(id).map_err(|e| e.to_string())?;
         loaders.push(
-            spawn_loader(id, work_per_batch, tx.clone(), running.clone())
+            spawn_loader(id, work_per_batch, false, tx.clone(), running.clone())
                 .map_err(|e| format!("cannot start loader thread: {e}"))?,
         );
     }
@@ -523,10 +557,11 @@ fn run(args: &Args) -> Result<(), String> {
     let mut next_summary = Instant::now() + WINDOW;
     while !STOP.load(Ordering::SeqCst) && !done.load(Ordering::SeqCst) {
         thread::sleep(POLL);
-        let wanted = ADD_WORKERS.swap(0, Ordering::SeqCst);
-        for _ in 0..wanted {
+        let plain = ADD_WORKERS.swap(0, Ordering::SeqCst);
+        let escaping = ADD_ESCAPING_WORKERS.swap(0, Ordering::SeqCst);
+        for n in 0..plain + escaping {
             let id = loaders.len();
-            match spawn_loader(id, work_per_batch, tx.clone(), running.clone()) {
+            match spawn_loader(id, work_per_batch, n >= plain, tx.clone(), running.clone()) {
                 Ok(handle) => loaders.push(handle),
                 Err(e) => {
                     eprintln!("train_emulator: cannot start loader thread: {e}");

@@ -386,3 +386,151 @@ fn a_bad_config_is_refused_at_start_with_file_line_and_key() {
         assert!(err.contains(key), "{text}: '{err}' lacks '{key}'");
     }
 }
+
+#[test]
+fn affinity_pinning_leaves_the_cgroup_alone_and_sweeps_escapes() {
+    let Some((bus, dir)) = setup("affinity_pinning") else {
+        return;
+    };
+    let d = Daemon::start(
+        &bus,
+        dir.path(),
+        DaemonOptions {
+            pid_jobs: "affinity",
+            ..DaemonOptions::default()
+        },
+    );
+    let w = Workload::train(2);
+    let pid = w.pid();
+    let cgroup_before = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).expect("cgroup");
+    let id = d.register_pid(pid, 1);
+    assert!(all_rr_on(pid, PRIO, "1"));
+    assert_eq!(
+        std::fs::read_to_string(format!("/proc/{pid}/cgroup")).expect("cgroup"),
+        cgroup_before,
+        "affinity pinning must not move the process"
+    );
+    let status = d.ctl_json(&["status"]);
+    assert_eq!(
+        status["enforcement"],
+        "cgroup v1, pid jobs pinned by affinity"
+    );
+    // A thread that widens its own affinity and drops RR is put back by the sweep.
+    let n = tids(pid).len();
+    w.signal(Signal::SIGUSR2);
+    wait_until(WAIT, "the escaping thread to appear", || {
+        tids(pid).len() > n
+    });
+    wait_until(WAIT, "the escaping thread to be swept", || {
+        all_rr_on(pid, PRIO, "1")
+    });
+    d.ctl_ok(&["unregister", &id]);
+    assert!(all_other(pid));
+    assert_eq!(
+        cpus_allowed(pid, pid).as_deref(),
+        Some(online_cpus().as_str())
+    );
+}
+
+/// A v1 cpuset cgroup holding a process, as a Slurm step would; removed on drop.
+struct StepCgroup {
+    path: std::path::PathBuf,
+    rel: String,
+}
+
+impl StepCgroup {
+    fn new(pid: u32) -> StepCgroup {
+        let rel = format!("/{}", unique("slurm-step"));
+        let path = std::path::Path::new("/sys/fs/cgroup/cpuset").join(&rel[1..]);
+        std::fs::create_dir(&path).expect("mkdir cgroup");
+        std::fs::write(path.join("cpuset.mems"), "0").expect("mems");
+        std::fs::write(path.join("cpuset.cpus"), online_cpus()).expect("cpus");
+        std::fs::write(path.join("cgroup.procs"), pid.to_string()).expect("attach");
+        StepCgroup { path, rel }
+    }
+
+    fn cpus(&self) -> String {
+        std::fs::read_to_string(self.path.join("cpuset.cpus"))
+            .expect("cpus")
+            .trim()
+            .to_string()
+    }
+}
+
+impl Drop for StepCgroup {
+    fn drop(&mut self) {
+        if let Ok(procs) = std::fs::read_to_string(self.path.join("cgroup.procs")) {
+            for p in procs.lines() {
+                let _ = std::fs::write("/sys/fs/cgroup/cpuset/cgroup.procs", p);
+            }
+        }
+        let _ = std::fs::remove_dir(&self.path);
+    }
+}
+
+#[test]
+fn a_cgroup_job_gets_its_cpuset_set_and_restored() {
+    let Some((bus, dir)) = setup("a_cgroup_job") else {
+        return;
+    };
+    let d = Daemon::start(&bus, dir.path(), DaemonOptions::default());
+    let w = Workload::train(2);
+    let step = StepCgroup::new(w.pid());
+    let before = step.cpus();
+    let out = d.ctl_json(&[
+        "register", "training", "--cgroup", &step.rel, "--cores", "1",
+    ]);
+    let id = out["id"].as_str().expect("id").to_string();
+    assert_eq!(out["cgroup"], step.rel.as_str());
+    assert_eq!(step.cpus(), "1");
+    assert!(all_rr_on(w.pid(), PRIO, "1"));
+    assert_eq!(out["pids"], serde_json::json!([w.pid()]));
+    d.ctl_ok(&["unregister", &id]);
+    assert_eq!(step.cpus(), before, "the step's cpuset was not restored");
+    assert!(all_other(w.pid()));
+}
+
+#[test]
+fn rt_group_scheduling_without_budget_is_refused_with_the_file_to_change() {
+    let Some((bus, dir)) = setup("rt_group_budget") else {
+        return;
+    };
+    if !std::path::Path::new("/sys/fs/cgroup/cpu/cpu.rt_runtime_us").exists() {
+        lodger::privileged::skip(
+            "rt_group_budget",
+            "the kernel has no RT group scheduling (no v1 cpu.rt_runtime_us)",
+        );
+        return;
+    }
+    let d = Daemon::start(&bus, dir.path(), DaemonOptions::default());
+    let w = Workload::train(1);
+    // A v1 cpu cgroup has no RT budget until someone grants one.
+    let name = unique("no-rt-budget");
+    let cg = std::path::Path::new("/sys/fs/cgroup/cpu").join(&name);
+    std::fs::create_dir(&cg).expect("mkdir");
+    std::fs::write(cg.join("cgroup.procs"), w.pid().to_string()).expect("attach");
+    let out = d.ctl(&[
+        "register",
+        "training",
+        "--pid",
+        &w.pid().to_string(),
+        "--cores",
+        "1",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    std::fs::write("/sys/fs/cgroup/cpu/cgroup.procs", w.pid().to_string()).expect("move back");
+    std::fs::remove_dir(&cg).expect("rmdir");
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains(&format!("{name}/cpu.rt_runtime_us")), "{err}");
+    assert!(err.contains("grant_rt_budget_us"), "{err}");
+    // Refused means nothing changed: no job, no cgroup, still SCHED_OTHER on every CPU.
+    assert!(d
+        .ctl_json(&["list"])
+        .as_array()
+        .is_some_and(|a| a.is_empty()));
+    assert!(all_other(w.pid()));
+    assert_eq!(
+        cpus_allowed(w.pid(), w.pid()).as_deref(),
+        Some(online_cpus().as_str())
+    );
+}

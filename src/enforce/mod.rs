@@ -884,22 +884,20 @@ impl Enforcer {
         }
         members.sort_unstable_by_key(|(p, _)| *p);
 
-        // Track them, remembering what to restore; forget the dead.
+        // Track them, remembering what to restore; forget the dead. In place: on the steady path
+        // every member is already tracked and nothing is cloned.
         let want_mask = (rec.pinning == PinMethod::Affinity).then(|| CpuMask::from_cpuset(cpus));
-        let mut tracked: Vec<TrackedProcess> = Vec::with_capacity(members.len());
+        let mut keep = vec![false; rec.processes.len()];
+        let mut added: Vec<TrackedProcess> = Vec::new();
         for &(pid, st) in &members {
-            let old = rec
-                .processes
-                .binary_search_by_key(&pid, |p| p.pid)
-                .ok()
-                .map(|i| &rec.processes[i])
-                .filter(|p| p.start_time == st.start_time);
-            if let Some(old) = old {
-                tracked.push(old.clone());
-                continue;
+            if let Ok(i) = rec.processes.binary_search_by_key(&pid, |p| p.pid) {
+                if rec.processes[i].start_time == st.start_time {
+                    keep[i] = true;
+                    continue;
+                }
             }
-            let inherited = |tracked: &[TrackedProcess]| -> Option<TrackedProcess> {
-                tracked
+            let parent = |added: &[TrackedProcess]| -> Option<TrackedProcess> {
+                added
                     .iter()
                     .chain(rec.processes.iter())
                     .find(|p| p.pid == st.ppid)
@@ -917,7 +915,7 @@ impl Enforcer {
                     let now = h.cgroup_of(s.reader.root(), pid)?;
                     // Born inside lodger's cgroup: it belongs where its parent came from.
                     p.original_cgroup = if now.is_some() && now == job_cg {
-                        inherited(&tracked).and_then(|q| q.original_cgroup)
+                        parent(&added).and_then(|q| q.original_cgroup)
                     } else {
                         now
                     };
@@ -929,7 +927,7 @@ impl Enforcer {
                     let now = mask.to_cpuset();
                     // Forked after pinning: it inherited lodger's mask, not its own.
                     p.original_affinity = if &now == cpus {
-                        inherited(&tracked)
+                        parent(&added)
                             .and_then(|q| q.original_affinity)
                             .or(Some(now))
                     } else {
@@ -937,9 +935,14 @@ impl Enforcer {
                     };
                 }
             }
-            tracked.push(p);
+            added.push(p);
         }
-        rec.processes = tracked;
+        let mut keep = keep.into_iter();
+        rec.processes.retain(|_| keep.next().unwrap_or(false));
+        if !added.is_empty() {
+            rec.processes.extend(added);
+            rec.processes.sort_unstable_by_key(|p| p.pid);
+        }
         if rec.processes.is_empty() {
             out.alive = false;
             return Ok(());

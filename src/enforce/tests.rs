@@ -457,6 +457,44 @@ fn record_survives_serialization() {
     assert_eq!(empty, JobRecord::default());
 }
 
+#[test]
+fn errors_are_collected_once_each_and_capped() {
+    assert!(EnforceError::collect(Vec::new()).is_ok());
+    let budget = || -> EnforceError {
+        SchedError::RtGroupBudget {
+            file: PathBuf::from("/sys/fs/cgroup/cpu/x/cpu.rt_runtime_us"),
+        }
+        .into()
+    };
+    // The same problem on many threads is one error, returned as itself.
+    let one = EnforceError::collect(vec![budget(), budget(), budget()]).expect_err("one");
+    assert!(matches!(
+        one,
+        EnforceError::Sched(SchedError::RtGroupBudget { .. })
+    ));
+    let many: Vec<EnforceError> = (0..10)
+        .map(|tid| {
+            SchedError::SetScheduler {
+                tid,
+                priority: 7,
+                errno: nix::errno::Errno::EINVAL,
+                hint: "",
+            }
+            .into()
+        })
+        .collect();
+    match EnforceError::collect(many).expect_err("several") {
+        EnforceError::Several { errors, more } => {
+            assert_eq!(errors.len(), MAX_REPORTED);
+            assert_eq!(more, 10 - MAX_REPORTED);
+        }
+        other => panic!("unexpected {other}"),
+    }
+    assert_eq!(within(&set("0-3"), &set("0-7")), None);
+    assert_eq!(within(&set("0-3"), &set("2-7")), Some(set("2-3")));
+    assert_eq!(within(&set("0-1"), &set("4-5")), Some(set("4-5")));
+}
+
 // =============================================================================================
 // cgroup v2 fixture trees
 
@@ -502,6 +540,16 @@ fn v2_cgroup_job_sets_and_restores_cpuset_files() {
     e.release(&job(1), &target, &record).expect("release");
     assert_eq!(read_trim(step.join("cpuset.cpus")), "0-3");
     assert_eq!(read_trim(step.join("cpuset.mems")), "0");
+
+    // A cgroup that inherited its parent's CPUs (empty cpuset.cpus) inherits again after release.
+    let slurm = Target::Cgroup(format!("{STEP}/slurm"));
+    let mut record = JobRecord::default();
+    e.apply(&job(6), &slurm, &set("1"), &set("0"), &mut record)
+        .expect("apply");
+    assert_eq!(read_trim(step.join("slurm/cpuset.cpus")), "1");
+    e.release(&job(6), &slurm, &record).expect("release");
+    assert_eq!(read_trim(step.join("slurm/cpuset.cpus")), "");
+    assert_eq!(read_trim(step.join("slurm/cpuset.mems")), "");
 }
 
 #[test]
@@ -684,6 +732,9 @@ fn v1_pid_job_pinned_by_cgroup() {
     let mut w = Workload::start(3);
     let child = w.spawn_child();
     let original = cpuset_cgroup_of(w.pid);
+    // Shares the job's cgroup, is not the job.
+    let bystander = Workload::start(1);
+    assert_eq!(cpuset_cgroup_of(bystander.pid), original);
     let id = job(10);
     let target = Target::Pids(vec![w.pid]);
     let mut record = JobRecord::default();
@@ -698,6 +749,8 @@ fn v1_pid_job_pinned_by_cgroup() {
     assert_eq!(out.threads, thread_count(&want));
     assert_eq!(out.rr_threads, out.threads);
     assert_threads(&want, Some(7), "1");
+    assert_threads(&[bystander.pid], None, "0-1");
+    assert_eq!(cpuset_cgroup_of(bystander.pid), original);
     let job_dir = Path::new(CPUSET_V1).join(&parent).join("j10");
     assert_eq!(read_trim(job_dir.join("cpuset.cpus")), "1");
     assert_eq!(read_trim(job_dir.join("cpuset.mems")), "0");
@@ -759,6 +812,7 @@ fn v1_pid_job_pinned_by_affinity() {
     assert_eq!(e.mode().pid_pinning, PinMethod::Affinity);
     let mut w = Workload::start(3);
     let child = w.spawn_child();
+    let bystander = Workload::start(1);
     let id = job(11);
     let target = Target::Pids(vec![w.pid]);
     let mut record = JobRecord::default();
@@ -768,7 +822,9 @@ fn v1_pid_job_pinned_by_affinity() {
         .expect("apply");
     assert!(out.changed && out.alive);
     assert!(out.pids.contains(&child));
+    assert!(!out.pids.contains(&bystander.pid));
     assert_threads(&out.pids, Some(7), "1");
+    assert_threads(&[bystander.pid], None, "0-1");
     assert!(
         !Path::new(CPUSET_V1).join(&parent).exists(),
         "no cgroup with affinity pinning"

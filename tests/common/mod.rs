@@ -9,6 +9,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+#[allow(unused_imports)]
 pub use lodger::privileged::need_root;
 
 static SEQ: AtomicU32 = AtomicU32::new(0);
@@ -135,6 +136,12 @@ pub struct Daemon {
 
 pub struct DaemonOptions {
     pub reserved: &'static str,
+    pub interval_ms: u64,
+    /// `node.sysfs_root`: a fixture topology (with `sim`, since its CPUs are not this machine's).
+    pub sysfs_root: Option<PathBuf>,
+    /// `cgroup.pid_jobs`.
+    pub pid_jobs: &'static str,
+    /// More TOML tables (not `[node]`, `[agent]`, `[cgroup]` or `[log]`).
     pub extra: String,
     pub sim: bool,
 }
@@ -143,6 +150,9 @@ impl Default for DaemonOptions {
     fn default() -> Self {
         DaemonOptions {
             reserved: "0",
+            interval_ms: 100,
+            sysfs_root: None,
+            pid_jobs: "auto",
             extra: String::new(),
             sim: false,
         }
@@ -157,10 +167,16 @@ impl Daemon {
         std::fs::write(
             &config,
             format!(
-                "[node]\nreserved_cpus = \"{}\"\n\n[agent]\ninterval_ms = 100\nstate_dir = \"{}\"\n\n[cgroup]\nparent = \"{}\"\n\n[log]\nlevel = \"debug\"\n{}\n",
+                "[node]\nreserved_cpus = \"{}\"\n{}\n[agent]\ninterval_ms = {}\nstate_dir = \"{}\"\n\n[cgroup]\nparent = \"{}\"\npid_jobs = \"{}\"\n\n[log]\nlevel = \"debug\"\n{}\n",
                 opts.reserved,
+                opts.sysfs_root
+                    .as_ref()
+                    .map(|p| format!("sysfs_root = \"{}\"\n", p.display()))
+                    .unwrap_or_default(),
+                opts.interval_ms,
                 dir.join("state").display(),
                 parent,
+                opts.pid_jobs,
                 opts.extra
             ),
         )
@@ -231,6 +247,13 @@ impl Daemon {
         }
     }
 
+    pub fn pid(&self) -> u32 {
+        self.child
+            .as_ref()
+            .map(|c| c.id())
+            .expect("lodgerd is running")
+    }
+
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
@@ -291,8 +314,21 @@ impl Daemon {
 }
 
 impl Drop for Daemon {
+    /// Leaves nothing behind: a stopped lodgerd keeps its jobs enforced (by design), so the test
+    /// daemon unregisters them first, then removes its (by then empty) parent cgroup.
     fn drop(&mut self) {
+        if self.child.is_some() {
+            let out = self.ctl(&["--json", "list"]);
+            if let Ok(serde_json::Value::Array(jobs)) = serde_json::from_slice(&out.stdout) {
+                for job in jobs {
+                    if let Some(id) = job["id"].as_str() {
+                        let _ = self.ctl(&["unregister", id]);
+                    }
+                }
+            }
+        }
         self.stop();
+        let _ = std::fs::remove_dir(Path::new("/sys/fs/cgroup/cpuset").join(&self.parent));
     }
 }
 
