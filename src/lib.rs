@@ -11,5 +11,6 @@ pub mod enforce;
 pub mod job;
 pub mod policy;
 pub mod privileged;
+pub mod sense;
 pub mod store;
 pub mod topology;

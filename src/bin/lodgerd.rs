@@ -3,6 +3,7 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::{Duration, Instant};
 
 use clap::Parser;
 use tracing::{error, info, warn};
@@ -245,7 +246,13 @@ fn main() -> ExitCode {
             }
         };
         info!("serving {} on the {:?} bus", api::BUS_NAME, bus);
+        // READY only now: the bus name is owned and the state file's jobs are re-adopted.
+        notify(&[sd_notify::NotifyState::Ready]);
+        if let Some(period) = sd_notify::watchdog_enabled() {
+            tokio::spawn(watchdog(handle.clone(), period, config.interval()));
+        }
         wait_for_signal().await;
+        notify(&[sd_notify::NotifyState::Stopping]);
         info!("stopping");
         drop(conn);
         ExitCode::SUCCESS
@@ -256,6 +263,38 @@ fn main() -> ExitCode {
         return ExitCode::from(1);
     }
     code
+}
+
+/// Tells systemd (Type=notify) about our state; a no-op when not started by systemd.
+fn notify(state: &[sd_notify::NotifyState]) {
+    if let Err(e) = sd_notify::notify(state) {
+        warn!("cannot notify systemd: {e}");
+    }
+}
+
+/// Pings systemd's watchdog only while the agent loop makes progress: a wedged agent (stuck in a
+/// kernel call, deadlocked) stops the pings and systemd restarts lodgerd. Not a bare timer.
+async fn watchdog(agent: lodger::agent::AgentHandle, period: Duration, interval: Duration) {
+    let mut seen = agent.ticks();
+    let mut last_progress = Instant::now();
+    let mut every = tokio::time::interval(period / 2);
+    loop {
+        every.tick().await;
+        let now = agent.ticks();
+        if now != seen {
+            seen = now;
+            last_progress = Instant::now();
+        }
+        // A tick is due every `interval`; allow two to be late before going quiet.
+        if last_progress.elapsed() <= interval * 2 + period / 2 {
+            notify(&[sd_notify::NotifyState::Watchdog]);
+        } else {
+            warn!(
+                "agent loop made no progress for {:?}; not pinging the watchdog",
+                last_progress.elapsed()
+            );
+        }
+    }
 }
 
 async fn wait_for_signal() {

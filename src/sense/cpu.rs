@@ -1,0 +1,1 @@
+//! cpu sensing (being written)

@@ -1,0 +1,1 @@
+//! membw sensing (being written)

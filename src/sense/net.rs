@@ -1,0 +1,1 @@
+//! net sensing (being written)
