@@ -534,3 +534,48 @@ fn rt_group_scheduling_without_budget_is_refused_with_the_file_to_change() {
         Some(online_cpus().as_str())
     );
 }
+
+#[test]
+fn job_changed_signals_follow_the_job() {
+    use futures_util::StreamExt;
+    let Some((bus, dir)) = setup("job_changed_signals") else {
+        return;
+    };
+    let d = Daemon::start(&bus, dir.path(), DaemonOptions::default());
+    let mut w = Workload::train(1);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let seen: Vec<(String, String)> = rt.block_on(async {
+        let conn = zbus::connection::Builder::address(bus.address.as_str())
+            .expect("address")
+            .build()
+            .await
+            .expect("connect");
+        let proxy = lodger::api::proxy::ManagerProxy::new(&conn)
+            .await
+            .expect("proxy");
+        let mut changes = proxy.receive_job_changed().await.expect("subscribe");
+        let id = d.register_pid(w.pid(), 1);
+        w.kill();
+        let mut seen = Vec::new();
+        while seen.len() < 2 {
+            let next = tokio::time::timeout(WAIT, changes.next())
+                .await
+                .expect("a JobChanged signal in time")
+                .expect("signal stream");
+            let args = next.args().expect("args");
+            assert_eq!(args.id(), &id);
+            seen.push((args.id().to_string(), args.state().to_string()));
+        }
+        seen
+    });
+    assert_eq!(
+        seen,
+        vec![
+            ("j1".to_string(), "running".to_string()),
+            ("j1".to_string(), "exited".to_string())
+        ]
+    );
+}
