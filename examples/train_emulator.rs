@@ -20,6 +20,10 @@
 //!   final iterations=<k> elapsed_s=<x> iters/s=<x> mean_iter_ms=<x> gpu_busy=<x> workers=<w>
 //! With `--report PATH`, one JSON line per iteration is appended to PATH (truncated at start):
 //!   {"iter":1,"iter_ms":20.123,"gpu_busy":0.981}
+//! With `--publish-dir DIR` (or `LODGER_EMULATED_GPU_DIR=DIR` when the flag is absent), the
+//! emulated GPU is published for lodger's `gpu.source = "emulated"`: DIR/<pid>.json is replaced
+//! atomically every second and removed on exit (`lodger::sense::gpu::EmulatedGpuRecord`):
+//!   {"pid":4242,"gpu":0,"busy":0.981,"iters_per_s":48.7,"updated_unix_ms":1764000000123}
 //!
 //! Build with `--release` for numbers worth comparing; a debug build does ~10x more CPU work
 //! per unit.
@@ -37,6 +41,9 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use lodger::sense::gpu::{
+    remove_emulated_record, write_emulated_record, EmulatedGpuRecord, EMULATED_GPU_DIR_ENV,
+};
 use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
 
 /// Side of the square "image" one unit of work processes.
@@ -78,6 +85,63 @@ struct Args {
     /// Append one JSON line per iteration to this file (truncated at start).
     #[arg(long, value_name = "PATH")]
     report: Option<PathBuf>,
+    /// Publish the emulated GPU's busy fraction to DIR/<pid>.json every second for lodger's
+    /// emulated GPU source (default: $LODGER_EMULATED_GPU_DIR, if set).
+    #[arg(long, value_name = "DIR")]
+    publish_dir: Option<PathBuf>,
+    /// Index of the emulated GPU, as published.
+    #[arg(long, default_value_t = 0)]
+    gpu: u32,
+}
+
+/// Publishes the emulated GPU for lodger (`--publish-dir`); removes the record when dropped.
+struct Publisher {
+    dir: PathBuf,
+    pid: u32,
+    gpu: u32,
+    warned: bool,
+}
+
+impl Publisher {
+    fn from_args(args: &Args) -> Option<Self> {
+        let dir = args.publish_dir.clone().or_else(|| {
+            std::env::var_os(EMULATED_GPU_DIR_ENV)
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        })?;
+        Some(Self {
+            dir,
+            pid: std::process::id(),
+            gpu: args.gpu,
+            warned: false,
+        })
+    }
+
+    fn publish(&mut self, busy: f64, iters_per_s: f64) {
+        let record = EmulatedGpuRecord::now(self.pid, self.gpu, busy, iters_per_s);
+        match write_emulated_record(&self.dir, &record) {
+            Ok(()) => self.warned = false,
+            Err(e) if !self.warned => {
+                eprintln!(
+                    "train_emulator: cannot publish to {}: {e}; retrying every second",
+                    self.dir.display()
+                );
+                self.warned = true;
+            }
+            Err(_) => {}
+        }
+    }
+}
+
+impl Drop for Publisher {
+    fn drop(&mut self) {
+        if let Err(e) = remove_emulated_record(&self.dir, self.pid) {
+            eprintln!(
+                "train_emulator: cannot remove its record in {}: {e}",
+                self.dir.display()
+            );
+        }
+    }
 }
 
 // Set from signal handlers, read by the main thread.
@@ -554,6 +618,7 @@ fn run(args: &Args) -> Result<(), String> {
     );
     flush_stdout();
 
+    let mut publisher = Publisher::from_args(args);
     let mut next_summary = Instant::now() + WINDOW;
     while !STOP.load(Ordering::SeqCst) && !done.load(Ordering::SeqCst) {
         thread::sleep(POLL);
@@ -582,6 +647,9 @@ fn run(args: &Args) -> Result<(), String> {
         if now >= next_summary {
             next_summary += WINDOW;
             let (rate, mean_ms, busy) = lock(&progress).recent(now);
+            if let Some(publisher) = &mut publisher {
+                publisher.publish(busy, rate);
+            }
             println!(
                 "t={:.1}s iters/s={rate:.1} mean_iter_ms={mean_ms:.2} gpu_busy={busy:.3} workers={}",
                 now.duration_since(started).as_secs_f64(),

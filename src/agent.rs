@@ -23,6 +23,7 @@ use crate::enforce::{EnforceError, JobRecord, Outcome};
 use crate::job::{Job, JobId, JobSpec, JobState, SpecError, Target};
 use crate::policy::consolidate::NoCapacity;
 use crate::policy::{self, Placement, Plan, TrainingJobView};
+use crate::sense::{Observations, SensedJob};
 use crate::store::{Loaded, State, Store, StoreError, StoredJob};
 use crate::topology::Topology;
 
@@ -149,6 +150,14 @@ pub struct NodeStatus {
     pub ticks: u64,
 }
 
+/// Everything the read-only views (`lodgerctl top`, Prometheus) show, taken at one instant.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    pub jobs: Vec<Job>,
+    pub observations: Observations,
+    pub status: NodeStatus,
+}
+
 /// The agent's own settings, taken from the config by lodgerd.
 #[derive(Debug, Clone)]
 pub struct AgentSettings {
@@ -176,6 +185,9 @@ enum Command {
     },
     Status {
         reply: oneshot::Sender<NodeStatus>,
+    },
+    Snapshot {
+        reply: oneshot::Sender<Snapshot>,
     },
     Stop,
 }
@@ -235,6 +247,12 @@ impl AgentHandle {
             .ok_or(AgentError::Stopped)
     }
 
+    pub async fn snapshot(&self) -> Result<Snapshot, AgentError> {
+        self.ask(|reply| Command::Snapshot { reply })
+            .await
+            .ok_or(AgentError::Stopped)
+    }
+
     pub fn subscribe(&self) -> broadcast::Receiver<Event> {
         self.events.subscribe()
     }
@@ -260,6 +278,18 @@ pub struct Agent {
     state: State,
     events: broadcast::Sender<Event>,
     ticks: Arc<AtomicU64>,
+    /// The sensor's latest pass, and the channels to it (absent in tests and `--sim` without
+    /// sensing).
+    observations: Observations,
+    sensor: Option<SensorLink>,
+}
+
+/// The agent's ends of the channels to the sensing thread.
+pub struct SensorLink {
+    /// Passes the sensor finished.
+    pub observations: mpsc::Receiver<Observations>,
+    /// The jobs to measure, sent whenever they change.
+    pub jobs: mpsc::Sender<Vec<SensedJob>>,
 }
 
 fn now_secs() -> u64 {
@@ -309,6 +339,8 @@ impl Agent {
             state,
             events,
             ticks: Arc::new(AtomicU64::new(0)),
+            observations: Observations::default(),
+            sensor: None,
         };
         let adopted = agent.state.jobs.len();
         agent.tick();
@@ -320,6 +352,43 @@ impl Agent {
             );
         }
         Ok(agent)
+    }
+
+    /// Connects the sensing thread: the agent tells it which jobs to measure and keeps its latest
+    /// observations.
+    pub fn with_sensor(mut self, link: SensorLink) -> Self {
+        self.sensor = Some(link);
+        self.send_jobs_to_sensor();
+        self
+    }
+
+    fn send_jobs_to_sensor(&self) {
+        if let Some(link) = &self.sensor {
+            let jobs = self
+                .state
+                .jobs
+                .values()
+                .map(|s| SensedJob {
+                    id: s.job.id.clone(),
+                    pids: s.job.pids.clone(),
+                    cgroup: match &s.job.spec.target {
+                        Target::Cgroup(c) => Some(c.clone()),
+                        Target::Pids(_) => s.record.pids.as_ref().and_then(|p| p.cgroup.clone()),
+                    },
+                    gpus: s.job.spec.gpus.clone(),
+                })
+                .collect();
+            let _ = link.jobs.send(jobs);
+        }
+    }
+
+    /// Keeps the newest of the passes the sensor finished since the last look.
+    fn take_observations(&mut self) {
+        if let Some(link) = &self.sensor {
+            while let Ok(obs) = link.observations.try_recv() {
+                self.observations = obs;
+            }
+        }
     }
 
     /// Starts the agent's thread. The handle is how everything else talks to it.
@@ -377,6 +446,14 @@ impl Agent {
             }
             Command::Status { reply } => {
                 let _ = reply.send(self.status());
+            }
+            Command::Snapshot { reply } => {
+                self.take_observations();
+                let _ = reply.send(Snapshot {
+                    jobs: self.state.jobs.values().map(|s| s.job.clone()).collect(),
+                    observations: self.observations.clone(),
+                    status: self.status(),
+                });
             }
             Command::Stop => {}
         }
@@ -545,6 +622,7 @@ impl Agent {
             return Err(e.into());
         }
         info!(job = %id, cpus = %job.cpus, pids = ?job.pids, threads = job.threads, "registered training job");
+        self.send_jobs_to_sensor();
         self.emit(Event::JobAdded(id));
         Ok(job)
     }
@@ -563,6 +641,7 @@ impl Agent {
         );
         self.store.save(&self.state)?;
         info!(job = %jid, cpus = %stored.job.cpus, "unregistered; cores freed");
+        self.send_jobs_to_sensor();
         self.emit(Event::JobChanged(jid.clone(), JobState::Exited));
         self.emit(Event::JobRemoved(jid));
         Ok(())
@@ -659,7 +738,9 @@ impl Agent {
                 dirty = true;
             }
         }
+        self.take_observations();
         if dirty {
+            self.send_jobs_to_sensor();
             self.state.plan = policy::decide(
                 &self.topology,
                 &self.reserved,

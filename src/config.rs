@@ -40,6 +40,12 @@ const CGROUP_NAME_MAX: usize = 255;
 /// kernel's MAX_NUMNODES is at most 1024.
 const GPU_INDEX_RANGE: RangeInclusive<i64> = 0..=255;
 const NUMA_NODE_RANGE: RangeInclusive<i64> = 0..=1023;
+/// Valid `sense.interval_ms`: NVML refreshes at most every 1/6 s, so faster is no use.
+pub const SENSE_INTERVAL_MS_RANGE: RangeInclusive<i64> = 200..=60_000;
+/// Valid `sense.perf_max_fds`.
+pub const PERF_MAX_FDS_RANGE: RangeInclusive<i64> = 0..=1_048_576;
+/// Valid `sense.history`.
+pub const HISTORY_RANGE: RangeInclusive<i64> = 1..=86_400;
 
 // ---------------------------------------------------------------------------------------------
 // The typed configuration.
@@ -54,6 +60,8 @@ pub struct Config {
     pub api: ApiConfig,
     pub cgroup: CgroupConfig,
     pub log: LogConfig,
+    pub sense: SenseConfig,
+    pub metrics: MetricsConfig,
     /// Where each value came from, so later checks can point at the line.
     #[serde(skip)]
     source: Source,
@@ -127,6 +135,45 @@ pub struct LogConfig {
     pub level: LogLevel,
 }
 
+/// `[sense]`: what lodger measures and how often.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SenseConfig {
+    /// How often the sensing thread samples, in milliseconds.
+    pub interval_ms: u64,
+    pub gpu: GpuSourceChoice,
+    /// Where the bundled training emulator publishes its emulated GPU's busy fraction.
+    pub emulated_gpu_dir: PathBuf,
+    /// Hardware counters (IPC, cache misses) per job.
+    pub perf: bool,
+    /// Most perf file descriptors lodger may hold; jobs beyond the budget go unmeasured.
+    pub perf_max_fds: u64,
+    pub resctrl_root: PathBuf,
+    /// Node memory-bandwidth peak in bytes/s; 0: unknown (use the highest seen).
+    pub membw_peak_bytes_per_s: u64,
+    /// Sensing passes kept in memory (per node; `lodgerctl top` and the API show the latest).
+    pub history: u64,
+}
+
+/// `[metrics]`: the Prometheus endpoint.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct MetricsConfig {
+    /// `host:port` to serve `/metrics` on; empty: off.
+    pub listen: String,
+}
+
+impl SenseConfig {
+    pub fn interval(&self) -> Duration {
+        Duration::from_millis(self.interval_ms)
+    }
+}
+
+impl MetricsConfig {
+    /// The address to listen on, when the endpoint is on (checked at load).
+    pub fn address(&self) -> Option<std::net::SocketAddr> {
+        self.listen.parse().ok()
+    }
+}
+
 /// Declares a config enum whose TOML spelling is given per variant, with `NAMES`, `as_str`,
 /// `from_name`, `Display` and serde in that spelling.
 macro_rules! named_enum {
@@ -191,6 +238,18 @@ named_enum! {
         Cgroup => "cgroup",
         /// Leave them where they are and set every thread's CPU affinity.
         Affinity => "affinity",
+    }
+}
+
+named_enum! {
+    /// `sense.gpu`: where GPU utilization comes from.
+    GpuSourceChoice {
+        /// NVML when the driver loads, else off (one log line says why).
+        Auto => "auto",
+        Nvml => "nvml",
+        /// The bundled training emulator's published busy fraction (no real GPU).
+        Emulated => "emulated",
+        Off => "off",
     }
 }
 
@@ -320,6 +379,21 @@ impl Default for CgroupConfig {
     }
 }
 
+impl Default for SenseConfig {
+    fn default() -> Self {
+        Self {
+            interval_ms: 1000,
+            gpu: GpuSourceChoice::Auto,
+            emulated_gpu_dir: PathBuf::from("/run/lodger/emulated-gpu"),
+            perf: true,
+            perf_max_fds: 65536,
+            resctrl_root: PathBuf::from("/sys/fs/resctrl"),
+            membw_peak_bytes_per_s: 0,
+            history: 300,
+        }
+    }
+}
+
 impl Default for LogConfig {
     fn default() -> Self {
         Self {
@@ -339,6 +413,8 @@ impl PartialEq for Config {
             api,
             cgroup,
             log,
+            sense,
+            metrics,
             source: _,
         } = self;
         *node == other.node
@@ -347,6 +423,8 @@ impl PartialEq for Config {
             && *api == other.api
             && *cgroup == other.cgroup
             && *log == other.log
+            && *sense == other.sense
+            && *metrics == other.metrics
     }
 }
 
@@ -597,6 +675,8 @@ struct RawConfig {
     api: Option<RawApi>,
     cgroup: Option<RawCgroup>,
     log: Option<RawLog>,
+    sense: Option<RawSense>,
+    metrics: Option<RawMetrics>,
 }
 
 #[derive(Deserialize)]
@@ -652,6 +732,25 @@ struct RawLog {
     level: Option<Spanned<String>>,
 }
 
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a table")]
+struct RawSense {
+    interval_ms: Option<Spanned<i64>>,
+    gpu: Option<Spanned<String>>,
+    emulated_gpu_dir: Option<Spanned<String>>,
+    perf: Option<Spanned<bool>>,
+    perf_max_fds: Option<Spanned<i64>>,
+    resctrl_root: Option<Spanned<String>>,
+    membw_peak_bytes_per_s: Option<Spanned<i64>>,
+    history: Option<Spanned<i64>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a table")]
+struct RawMetrics {
+    listen: Option<Spanned<String>>,
+}
+
 /// The file being checked.
 struct Cx<'a> {
     path: &'a Path,
@@ -704,6 +803,8 @@ impl Cx<'_> {
         let api = self.api(raw.api)?;
         let cgroup = self.cgroup(raw.cgroup)?;
         let log = self.log(raw.log)?;
+        let sense = self.sense(raw.sense)?;
+        let metrics = self.metrics(raw.metrics)?;
         Ok(Config {
             node,
             training,
@@ -711,6 +812,8 @@ impl Cx<'_> {
             api,
             cgroup,
             log,
+            sense,
+            metrics,
             source: Source {
                 path: Some(self.path.to_path_buf()),
                 lines: self.lines,
@@ -866,6 +969,63 @@ impl Cx<'_> {
         Ok(LogConfig {
             level: self.field("log.level", raw.level, d.level, |s| {
                 one_of(&s, LogLevel::from_name, LogLevel::NAMES)
+            })?,
+        })
+    }
+
+    fn sense(&mut self, raw: Option<RawSense>) -> Result<SenseConfig, ConfigError> {
+        let d = SenseConfig::default();
+        let Some(raw) = raw else { return Ok(d) };
+        Ok(SenseConfig {
+            interval_ms: self.field("sense.interval_ms", raw.interval_ms, d.interval_ms, |v| {
+                in_range(v, &SENSE_INTERVAL_MS_RANGE)
+            })?,
+            gpu: self.field("sense.gpu", raw.gpu, d.gpu, |s| {
+                one_of(&s, GpuSourceChoice::from_name, GpuSourceChoice::NAMES)
+            })?,
+            emulated_gpu_dir: self.field(
+                "sense.emulated_gpu_dir",
+                raw.emulated_gpu_dir,
+                d.emulated_gpu_dir,
+                absolute,
+            )?,
+            perf: self.field("sense.perf", raw.perf, d.perf, Ok)?,
+            perf_max_fds: self.field(
+                "sense.perf_max_fds",
+                raw.perf_max_fds,
+                d.perf_max_fds,
+                |v| in_range(v, &PERF_MAX_FDS_RANGE),
+            )?,
+            resctrl_root: self.field(
+                "sense.resctrl_root",
+                raw.resctrl_root,
+                d.resctrl_root,
+                absolute,
+            )?,
+            membw_peak_bytes_per_s: self.field(
+                "sense.membw_peak_bytes_per_s",
+                raw.membw_peak_bytes_per_s,
+                d.membw_peak_bytes_per_s,
+                |v| in_range(v, &(0..=i64::MAX)),
+            )?,
+            history: self.field("sense.history", raw.history, d.history, |v| {
+                in_range(v, &HISTORY_RANGE)
+            })?,
+        })
+    }
+
+    fn metrics(&mut self, raw: Option<RawMetrics>) -> Result<MetricsConfig, ConfigError> {
+        let d = MetricsConfig::default();
+        let Some(raw) = raw else { return Ok(d) };
+        Ok(MetricsConfig {
+            listen: self.field("metrics.listen", raw.listen, d.listen, |s| {
+                if s.is_empty() || s.parse::<std::net::SocketAddr>().is_ok() {
+                    Ok(s)
+                } else {
+                    Err(format!(
+                        "must be empty (off) or an address and port such as \"127.0.0.1:9464\" (got \"{s}\")"
+                    ))
+                }
             })?,
         })
     }
@@ -1200,6 +1360,19 @@ mod tests {
         assert_eq!(c.cgroup.parent, "lodger");
         assert_eq!(c.cgroup.pid_jobs, PidJobs::Auto);
         assert_eq!(c.log.level, LogLevel::Info);
+        assert_eq!(c.sense.interval(), Duration::from_secs(1));
+        assert_eq!(c.sense.gpu, GpuSourceChoice::Auto);
+        assert_eq!(
+            c.sense.emulated_gpu_dir,
+            Path::new("/run/lodger/emulated-gpu")
+        );
+        assert!(c.sense.perf);
+        assert_eq!(c.sense.perf_max_fds, 65536);
+        assert_eq!(c.sense.resctrl_root, Path::new("/sys/fs/resctrl"));
+        assert_eq!(c.sense.membw_peak_bytes_per_s, 0);
+        assert_eq!(c.sense.history, 300);
+        assert_eq!(c.metrics.listen, "");
+        assert_eq!(c.metrics.address(), None);
         assert_eq!(c.origin(), None);
     }
 
@@ -1343,16 +1516,28 @@ level = "trace"
     #[test]
     fn bad_input_names_file_line_and_key() {
         let cases: &[(&str, &str)] = &[
+            (
+                "[sense]\ninterval_ms = 50\n",
+                "/etc/lodger/lodger.toml:2: sense.interval_ms: must be between 200 and 60000 (got 50)",
+            ),
+            (
+                "[sense]\ngpu = \"cuda\"\n",
+                "/etc/lodger/lodger.toml:2: sense.gpu: must be one of auto, nvml, emulated, off (got \"cuda\")",
+            ),
+            (
+                "[metrics]\nlisten = \"localhost\"\n",
+                "/etc/lodger/lodger.toml:2: metrics.listen: must be empty (off) or an address and port such as \"127.0.0.1:9464\" (got \"localhost\")",
+            ),
             // Unknown keys, top level and nested.
             (
                 "foo = 1\n",
                 "/etc/lodger/lodger.toml:1: unknown key 'foo' at the top level; expected one of \
-                 node, training, agent, api, cgroup, log",
+                 node, training, agent, api, cgroup, log, sense, metrics",
             ),
             (
                 "[agent]\ninterval_ms = 100\n\n[agnet]\n",
                 "/etc/lodger/lodger.toml:4: unknown key 'agnet' at the top level; expected one \
-                 of node, training, agent, api, cgroup, log",
+                 of node, training, agent, api, cgroup, log, sense, metrics",
             ),
             (
                 "[agent]\nstate_dir = \"/x\"\nintervall = 5\n",

@@ -5,6 +5,7 @@
 
 pub mod agent;
 pub mod api;
+pub mod cli;
 pub mod config;
 pub mod cpuset;
 pub mod enforce;

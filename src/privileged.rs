@@ -32,3 +32,18 @@ pub fn need_root(test: &str) -> bool {
     skip(test, "needs root");
     false
 }
+
+/// The environment variable that turns a missing-hardware skip into a failure. Separate from
+/// [`REQUIRE_ENV`]: CI can demand root and kernel features, but not a PMU or a GPU its machine
+/// does not have.
+pub const REQUIRE_HARDWARE_ENV: &str = "LODGER_REQUIRE_HARDWARE";
+
+/// Call when the machine lacks hardware a test needs (a hardware PMU, a GPU). Prints why the
+/// test is skipped (`SKIP (hardware)`, so a log shows it plainly), and panics instead when
+/// `LODGER_REQUIRE_HARDWARE=1`, for runs on machines that have it.
+pub fn skip_hardware(test: &str, reason: &str) {
+    if std::env::var(REQUIRE_HARDWARE_ENV).is_ok_and(|v| v == "1") {
+        panic!("{test}: cannot run: {reason} ({REQUIRE_HARDWARE_ENV}=1 forbids skipping)");
+    }
+    eprintln!("SKIP (hardware) {test}: {reason}");
+}

@@ -4,6 +4,7 @@
 //! command channel and the bus.
 
 pub mod error;
+pub mod metrics;
 pub mod proxy;
 pub mod spec;
 
@@ -174,6 +175,44 @@ impl Manager {
         Ok(d)
     }
 
+    /// The latest measurements: the node (`a{sv}`), each job by id (`a{sa{sv}}`), and what each
+    /// signal source is doing (`a{ss}`: gpu, perf, cpu, membw, net). Keys appear only when
+    /// measured. `lodgerctl top` is built on this.
+    #[allow(clippy::type_complexity)]
+    async fn get_observations(
+        &self,
+    ) -> Result<
+        (
+            HashMap<String, Value<'static>>,
+            HashMap<String, HashMap<String, Value<'static>>>,
+            HashMap<String, String>,
+        ),
+        ApiError,
+    > {
+        let snap = self.agent.snapshot().await?;
+        let obs = &snap.observations;
+        let jobs = snap
+            .jobs
+            .iter()
+            .map(|j| {
+                let m = obs.jobs.get(&j.id).cloned().unwrap_or_default();
+                (j.id.to_string(), spec::job_metrics_to_dict(&m))
+            })
+            .collect();
+        let s = &obs.sources;
+        let sources = [
+            ("gpu", &s.gpu),
+            ("perf", &s.perf),
+            ("cpu", &s.cpu),
+            ("membw", &s.membw),
+            ("net", &s.net),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.clone()))
+        .collect();
+        Ok((spec::node_metrics_to_dict(&obs.node), jobs, sources))
+    }
+
     #[zbus(property)]
     async fn version(&self) -> String {
         env!("CARGO_PKG_VERSION").to_string()
@@ -282,6 +321,23 @@ impl JobObject {
     #[zbus(property)]
     async fn last_error(&self) -> zbus::fdo::Result<String> {
         Ok(self.job().await?.last_error.unwrap_or_default())
+    }
+    /// The job's latest measurements (cpu_percent, ipc, cache_miss_percent, gpu_percent,
+    /// gpu_source, membw_bytes_per_s); a key is present only when measured.
+    #[zbus(property)]
+    async fn metrics(&self) -> zbus::fdo::Result<HashMap<String, Value<'static>>> {
+        let snap = self
+            .agent
+            .snapshot()
+            .await
+            .map_err(|e| zbus::fdo::Error::Failed(e.to_string()))?;
+        let m = snap
+            .observations
+            .jobs
+            .get(&self.id)
+            .cloned()
+            .unwrap_or_default();
+        Ok(spec::job_metrics_to_dict(&m))
     }
 }
 

@@ -19,6 +19,14 @@ pub trait Manager {
     fn list_jobs(&self) -> zbus::Result<Vec<(String, String, String, OwnedObjectPath)>>;
     fn get_job(&self, id: &str) -> zbus::Result<HashMap<String, OwnedValue>>;
     fn get_status(&self) -> zbus::Result<HashMap<String, OwnedValue>>;
+    #[allow(clippy::type_complexity)]
+    fn get_observations(
+        &self,
+    ) -> zbus::Result<(
+        HashMap<String, OwnedValue>,
+        HashMap<String, HashMap<String, OwnedValue>>,
+        HashMap<String, String>,
+    )>;
     #[zbus(property)]
     fn version(&self) -> zbus::Result<String>;
     #[zbus(property)]

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use zbus::zvariant::{OwnedValue, Value};
 
 use crate::job::{Category, Job, JobKind, JobSpec, Target};
+use crate::sense::{JobMetrics, NodeMetrics};
 
 /// Keys accepted in a `RegisterJob` spec.
 pub const SPEC_KEYS: &[&str] = &[
@@ -180,6 +181,82 @@ pub fn job_to_dict(job: &Job, rt_priority: i32) -> HashMap<String, Value<'static
     );
     put("owner_uid", Value::from(job.owner_uid));
     put("registered_at", Value::from(job.registered_at));
+    d
+}
+
+/// A job's measurements as a D-Bus dictionary: a key is present only when measured.
+pub fn job_metrics_to_dict(m: &JobMetrics) -> HashMap<String, Value<'static>> {
+    let mut d: HashMap<String, Value<'static>> = HashMap::new();
+    let mut put = |k: &str, v: Option<f64>| {
+        if let Some(v) = v.filter(|v| v.is_finite()) {
+            d.insert(k.to_string(), Value::from(v));
+        }
+    };
+    put("cpu_percent", m.cpu_percent);
+    put("ipc", m.ipc);
+    put("cache_miss_percent", m.cache_miss_percent);
+    put("gpu_percent", m.gpu_percent);
+    put("membw_bytes_per_s", m.membw_bytes_per_s);
+    if let Some(src) = &m.gpu_source {
+        d.insert("gpu_source".into(), Value::from(src.clone()));
+    }
+    d
+}
+
+/// The node's measurements as a D-Bus dictionary: scalars when measured, GPUs and interfaces
+/// as `a{sv}` per index or name.
+pub fn node_metrics_to_dict(n: &NodeMetrics) -> HashMap<String, Value<'static>> {
+    let mut d: HashMap<String, Value<'static>> = HashMap::new();
+    let mut put = |k: &str, v: Option<f64>| {
+        if let Some(v) = v.filter(|v| v.is_finite()) {
+            d.insert(k.to_string(), Value::from(v));
+        }
+    };
+    put("cpu_percent", n.cpu_percent);
+    put("cpu_pressure_percent", n.cpu_pressure_percent);
+    put("membw_bytes_per_s", n.membw_bytes_per_s);
+    put("membw_fraction_of_peak", n.membw_fraction_of_peak);
+    let per_cpu: HashMap<u32, f64> = n.per_cpu_percent.iter().map(|(k, v)| (*k, *v)).collect();
+    d.insert("per_cpu_percent".into(), Value::from(per_cpu));
+    let gpus: Vec<HashMap<String, Value<'static>>> = n
+        .gpus
+        .iter()
+        .map(|g| {
+            let mut m: HashMap<String, Value<'static>> = HashMap::new();
+            m.insert("index".into(), Value::from(g.index));
+            m.insert("source".into(), Value::from(g.source.clone()));
+            let mut f = |k: &str, v: Option<f64>| {
+                if let Some(v) = v.filter(|v| v.is_finite()) {
+                    m.insert(k.to_string(), Value::from(v));
+                }
+            };
+            f("util_percent", g.util_percent);
+            f("mem_util_percent", g.mem_util_percent);
+            f("power_watts", g.power_watts);
+            f("pcie_tx_bytes_per_s", g.pcie_tx_bytes_per_s);
+            f("pcie_rx_bytes_per_s", g.pcie_rx_bytes_per_s);
+            f("sm_clock_mhz", g.sm_clock_mhz.map(f64::from));
+            f("mem_used_bytes", g.mem_used_bytes.map(|b| b as f64));
+            f("mem_total_bytes", g.mem_total_bytes.map(|b| b as f64));
+            m
+        })
+        .collect();
+    d.insert("gpus".into(), Value::from(gpus));
+    let net: Vec<HashMap<String, Value<'static>>> = n
+        .net
+        .iter()
+        .map(|i| {
+            let mut m: HashMap<String, Value<'static>> = HashMap::new();
+            m.insert("interface".into(), Value::from(i.interface.clone()));
+            m.insert("rx_bytes_per_s".into(), Value::from(i.rx_bytes_per_s));
+            m.insert("tx_bytes_per_s".into(), Value::from(i.tx_bytes_per_s));
+            if let Some(s) = i.speed_mbps {
+                m.insert("speed_mbps".into(), Value::from(s));
+            }
+            m
+        })
+        .collect();
+    d.insert("net".into(), Value::from(net));
     d
 }
 

@@ -3,89 +3,11 @@
 use std::collections::HashMap;
 use std::process::ExitCode;
 
-use clap::{Args, Parser, Subcommand};
+use clap::Parser;
 use zbus::zvariant::{OwnedValue, Value};
 
 use lodger::api::proxy::ManagerProxy;
-
-const AFTER_HELP: &str = "\
-Exit status:
-  0  the request succeeded
-  1  lodgerd refused or failed the request (the message says why)
-  2  bad command line, or lodgerd could not be reached
-
-The bus is the system bus; DBUS_SYSTEM_BUS_ADDRESS selects another one (tests, the demo).";
-
-/// Control lodgerd, the colocation agent that gives training jobs dedicated cores and lends the
-/// rest to CPU work.
-#[derive(Parser)]
-#[command(name = "lodgerctl", version, after_help = AFTER_HELP)]
-struct Cli {
-    /// Print JSON instead of tables (for scripts).
-    #[arg(long, global = true)]
-    json: bool,
-    /// Talk to a lodgerd on the session bus instead of the system bus.
-    #[arg(long, global = true)]
-    session: bool,
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Subcommand)]
-enum Command {
-    /// Register a job with lodgerd.
-    #[command(subcommand)]
-    Register(Register),
-    /// Release a job: its threads return to SCHED_OTHER, its cgroups are restored, its CPUs freed.
-    Unregister {
-        /// The job's id, as `lodgerctl list` shows it (e.g. j3).
-        id: String,
-    },
-    /// List registered jobs.
-    List,
-    /// Show one job in detail.
-    Show {
-        /// The job's id (e.g. j3).
-        id: String,
-    },
-    /// Show the node: CPUs, reserved, free, training CPUs, enforcement mode.
-    Status,
-}
-
-#[derive(Subcommand)]
-enum Register {
-    /// A GPU training job: pinned to whole cores local to its GPUs, every thread SCHED_RR.
-    Training(TrainingArgs),
-}
-
-#[derive(Args)]
-#[command(group(clap::ArgGroup::new("target").required(true).args(["pid", "cgroup"])))]
-struct TrainingArgs {
-    /// The job's process(es); their children are included. Repeat or separate with commas.
-    #[arg(long, value_delimiter = ',', num_args = 1..)]
-    pid: Vec<u32>,
-    /// The job's existing cgroup (e.g. a Slurm step), relative to the cgroup hierarchy root.
-    #[arg(long)]
-    cgroup: Option<String>,
-    /// GPU indices the job uses (nvidia-smi order), e.g. 0,1.
-    #[arg(long, value_delimiter = ',')]
-    gpus: Vec<u32>,
-    /// How many CPUs the job needs (SMT siblings count separately).
-    #[arg(long)]
-    cores: u32,
-    /// A name to recognise the job by.
-    #[arg(long)]
-    name: Option<String>,
-    /// Model category (cv, nlp, speech, other); used by right-sizing.
-    #[arg(long)]
-    category: Option<String>,
-    /// The input pipeline is pipelined (prefetching loader).
-    #[arg(long)]
-    pipeline: bool,
-    /// The job spans several nodes (its network traffic gets a guaranteed share).
-    #[arg(long)]
-    multi_node: bool,
-}
+use lodger::cli::lodgerctl::{Cli, Command, Register, TopArgs, UnregisterArgs};
 
 /// A failure, with the exit code it maps to.
 struct Failure {
@@ -150,6 +72,7 @@ async fn connect(session: bool) -> Result<ManagerProxy<'static>, Failure> {
 /// Renders an `a{sv}` value for people: strings bare, lists comma-separated.
 fn show_value(v: &Value<'_>) -> String {
     match v {
+        Value::F64(x) => format!("{x:.2}"),
         Value::Str(s) => s.to_string(),
         Value::Array(a) => a.iter().map(show_value).collect::<Vec<_>>().join(","),
         Value::Bool(b) => if *b { "yes" } else { "no" }.to_string(),
@@ -164,6 +87,12 @@ fn show_value(v: &Value<'_>) -> String {
 
 fn to_json(v: &Value<'_>) -> serde_json::Value {
     match v {
+        Value::F64(x) => serde_json::Number::from_f64(*x)
+            .map(serde_json::Value::Number)
+            .unwrap_or(serde_json::Value::Null),
+        Value::Dict(d) => {
+            serde_json::Value::Object(d.iter().map(|(k, v)| (show_value(k), to_json(v))).collect())
+        }
         Value::Str(s) => serde_json::Value::from(s.as_str()),
         Value::Array(a) => serde_json::Value::Array(a.iter().map(to_json).collect()),
         Value::Bool(b) => serde_json::Value::from(*b),
@@ -186,6 +115,11 @@ fn get(d: &HashMap<String, OwnedValue>, k: &str) -> String {
 
 /// Prints rows as aligned columns, like `kubectl get`.
 fn print_table(header: &[&str], rows: &[Vec<String>]) {
+    print!("{}", render_table(header, rows));
+}
+
+/// Rows as aligned columns, one line each, the header first.
+fn render_table(header: &[&str], rows: &[Vec<String>]) -> String {
     let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
     for row in rows {
         for (w, cell) in widths.iter_mut().zip(row) {
@@ -201,12 +135,13 @@ fn print_table(header: &[&str], rows: &[Vec<String>]) {
                 out.push_str(&format!("{cell:<w$}  "));
             }
         }
-        println!("{}", out.trim_end());
+        format!("{}\n", out.trim_end())
     };
-    line(header.iter().map(|h| h.to_string()).collect());
+    let mut text = line(header.iter().map(|h| h.to_string()).collect());
     for row in rows {
-        line(row.clone());
+        text.push_str(&line(row.clone()));
     }
+    text
 }
 
 async fn run(cli: Cli) -> Result<(), Failure> {
@@ -254,7 +189,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 );
             }
         }
-        Command::Unregister { id } => {
+        Command::Unregister(UnregisterArgs { id: Some(id), .. }) => {
             proxy
                 .unregister_job(&id)
                 .await
@@ -263,6 +198,31 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 println!("{}", serde_json::json!({ "unregistered": id }));
             } else {
                 println!("unregistered {id}");
+            }
+        }
+        Command::Unregister(UnregisterArgs { id: None, .. }) => {
+            let jobs = proxy
+                .list_jobs()
+                .await
+                .map_err(|e| from_zbus("unregister --all", e))?;
+            let mut released = Vec::new();
+            for (id, ..) in jobs {
+                match proxy.unregister_job(&id).await {
+                    Ok(()) => released.push(id),
+                    // It ended between the two calls: nothing left to release.
+                    Err(zbus::Error::MethodError(name, ..))
+                        if name.as_str() == "org.lodger1.Error.NotFound" => {}
+                    Err(e) => return Err(from_zbus(&format!("unregister {id}"), e)),
+                }
+            }
+            if cli.json {
+                println!("{}", serde_json::json!({ "unregistered": released }));
+            } else if released.is_empty() {
+                println!("No jobs registered.");
+            } else {
+                for id in released {
+                    println!("unregistered {id}");
+                }
             }
         }
         Command::List => {
@@ -358,6 +318,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 }
             }
         }
+        Command::Top(args) => top(&proxy, cli.json, args).await?,
         Command::Status => {
             let s = proxy
                 .get_status()
@@ -387,6 +348,138 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         }
     }
     Ok(())
+}
+
+fn fmt_opt(v: Option<f64>, digits: usize) -> String {
+    v.map(|v| format!("{v:.digits$}"))
+        .unwrap_or_else(|| "-".into())
+}
+
+fn fmt_bytes_per_s(v: Option<f64>) -> String {
+    match v {
+        None => "-".into(),
+        Some(b) if b >= 1e9 => format!("{:.1}G/s", b / 1e9),
+        Some(b) if b >= 1e6 => format!("{:.1}M/s", b / 1e6),
+        Some(b) if b >= 1e3 => format!("{:.1}k/s", b / 1e3),
+        Some(b) => format!("{b:.0}B/s"),
+    }
+}
+
+fn num(d: &HashMap<String, OwnedValue>, k: &str) -> Option<f64> {
+    match d.get(k).map(|v| &**v) {
+        Some(Value::F64(x)) => Some(*x),
+        _ => None,
+    }
+}
+
+/// One `top` screen (or JSON document).
+async fn top_once(proxy: &ManagerProxy<'_>, json: bool) -> Result<String, Failure> {
+    let (node, metrics, sources) = proxy
+        .get_observations()
+        .await
+        .map_err(|e| from_zbus("top", e))?;
+    let jobs = proxy.list_jobs().await.map_err(|e| from_zbus("top", e))?;
+    let mut details = Vec::new();
+    for (id, ..) in &jobs {
+        if let Ok(d) = proxy.get_job(id).await {
+            details.push(d);
+        }
+    }
+    if json {
+        let jobs: Vec<serde_json::Value> = details
+            .iter()
+            .map(|d| {
+                let id = get(d, "id");
+                let mut v = serde_json::json!({
+                    "id": id,
+                    "name": get(d, "name"),
+                    "state": get(d, "state"),
+                    "cpus": get(d, "cpus"),
+                    "threads": d.get("threads").map(|v| to_json(v)),
+                });
+                if let (serde_json::Value::Object(o), Some(m)) = (&mut v, metrics.get(&id)) {
+                    o.insert("metrics".into(), dict_to_json(m));
+                }
+                v
+            })
+            .collect();
+        let v = serde_json::json!({
+            "node": dict_to_json(&node),
+            "sources": sources,
+            "jobs": jobs,
+        });
+        return Ok(v.to_string());
+    }
+    let mut out = String::new();
+    let src = |k: &str| sources.get(k).cloned().unwrap_or_else(|| "-".into());
+    out.push_str(&format!(
+        "node: cpu {}%  pressure {}%  membw {}\n",
+        fmt_opt(num(&node, "cpu_percent"), 1),
+        fmt_opt(num(&node, "cpu_pressure_percent"), 1),
+        fmt_bytes_per_s(num(&node, "membw_bytes_per_s")),
+    ));
+    for k in ["gpu", "perf", "membw"] {
+        out.push_str(&format!("{k:>5}: {}\n", src(k)));
+    }
+    out.push('\n');
+    let header = [
+        "ID", "NAME", "STATE", "CPUS", "CPU%", "IPC", "MISS%", "GPU%", "MEMBW",
+    ];
+    let rows: Vec<Vec<String>> = details
+        .iter()
+        .map(|d| {
+            let id = get(d, "id");
+            let empty = HashMap::new();
+            let m = metrics.get(&id).unwrap_or(&empty);
+            let gpu = match (
+                num(m, "gpu_percent"),
+                m.get("gpu_source").map(|v| show_value(v)),
+            ) {
+                (Some(g), Some(s)) if s == "emulated" => format!("{g:.1} (emulated)"),
+                (g, _) => fmt_opt(g, 1),
+            };
+            vec![
+                id,
+                get(d, "name"),
+                get(d, "state"),
+                get(d, "cpus"),
+                fmt_opt(num(m, "cpu_percent"), 1),
+                fmt_opt(num(m, "ipc"), 2),
+                fmt_opt(num(m, "cache_miss_percent"), 1),
+                gpu,
+                fmt_bytes_per_s(num(m, "membw_bytes_per_s")),
+            ]
+        })
+        .collect();
+    out.push_str(&render_table(&header, &rows));
+    if rows.is_empty() {
+        out.push_str("No jobs registered.\n");
+    }
+    Ok(out)
+}
+
+async fn top(proxy: &ManagerProxy<'_>, json: bool, args: TopArgs) -> Result<(), Failure> {
+    use std::io::IsTerminal;
+    if args.once || json {
+        print!("{}", top_once(proxy, json).await?);
+        if json {
+            println!();
+        }
+        return Ok(());
+    }
+    let clear = std::io::stdout().is_terminal();
+    loop {
+        let screen = top_once(proxy, false).await?;
+        if clear {
+            // Home the cursor and clear the screen, like top(1).
+            print!("\x1b[H\x1b[2J");
+        }
+        print!("{screen}");
+        if !clear {
+            println!();
+        }
+        tokio::time::sleep(std::time::Duration::from_secs_f64(args.refresh)).await;
+    }
 }
 
 fn main() -> ExitCode {

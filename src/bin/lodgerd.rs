@@ -10,29 +10,14 @@ use tracing::{error, info, warn};
 
 use lodger::agent::{Agent, AgentSettings, Enforce};
 use lodger::api::{self, Authority, Bus};
+use lodger::cli::lodgerd::Cli;
 use lodger::config::{self, Config};
 use lodger::cpuset::CpuSet;
 use lodger::enforce::sim::SimulatedEnforcer;
 use lodger::enforce::{CgroupDriver, EnforceSettings, Enforcer, PidPinning};
+use lodger::sense::sampler::{GpuChoice, Sampler, SamplerSettings};
 use lodger::store::Store;
 use lodger::topology::Topology;
-
-/// The lodger daemon: consolidates GPU training jobs onto dedicated cores with SCHED_RR and
-/// serves the org.lodger1 D-Bus API. Usually started by systemd (lodgerd.service).
-#[derive(Parser)]
-#[command(name = "lodgerd", version)]
-struct Cli {
-    /// Configuration file (default /etc/lodger/lodger.toml; built-in defaults when that is absent).
-    #[arg(long, value_name = "PATH")]
-    config: Option<PathBuf>,
-    /// Check the configuration against this node, print the result and exit.
-    #[arg(long)]
-    check_config: bool,
-    /// Simulate enforcement: decide and report placements, but change no cgroup and no
-    /// scheduling policy (for trying lodger out and for benchmarks on fixture topologies).
-    #[arg(long)]
-    sim: bool,
-}
 
 fn init_logging(level: &str) {
     use tracing_subscriber::EnvFilter;
@@ -206,6 +191,29 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    let sampler = Sampler::open(SamplerSettings {
+        interval: config.sense.interval(),
+        proc_root: config.node.proc_root.clone(),
+        sysfs_root: config.node.sysfs_root.clone(),
+        gpu: match config.sense.gpu {
+            config::GpuSourceChoice::Auto => GpuChoice::Auto,
+            config::GpuSourceChoice::Nvml => GpuChoice::Nvml,
+            config::GpuSourceChoice::Emulated => GpuChoice::Emulated,
+            config::GpuSourceChoice::Off => GpuChoice::Off,
+        },
+        emulated_gpu_dir: config.sense.emulated_gpu_dir.clone(),
+        perf: config.sense.perf,
+        perf_max_fds: usize::try_from(config.sense.perf_max_fds).unwrap_or(usize::MAX),
+        resctrl_root: config.sense.resctrl_root.clone(),
+        membw_peak_bytes_per_s: config.sense.membw_peak_bytes_per_s,
+    });
+    let agent = match sampler.spawn() {
+        Ok((link, _sense_thread)) => agent.with_sensor(link),
+        Err(e) => {
+            warn!("cannot start the sensing thread: {e}; running without measurements");
+            agent
+        }
+    };
     let (handle, join) = match agent.spawn() {
         Ok(x) => x,
         Err(e) => {
@@ -248,6 +256,14 @@ fn main() -> ExitCode {
         info!("serving {} on the {:?} bus", api::BUS_NAME, bus);
         // READY only now: the bus name is owned and the state file's jobs are re-adopted.
         notify(&[sd_notify::NotifyState::Ready]);
+        if let Some(listen) = config.metrics.address() {
+            let agent = handle.clone();
+            tokio::spawn(async move {
+                if let Err(e) = api::metrics::serve(listen, agent).await {
+                    error!("cannot serve Prometheus metrics on {listen}: {e}");
+                }
+            });
+        }
         if let Some(period) = sd_notify::watchdog_enabled() {
             tokio::spawn(watchdog(handle.clone(), period, config.interval()));
         }

@@ -1,1 +1,1149 @@
-//! gpu sensing (being written)
+//! GPU sensing: per-GPU and per-process utilization from one of two sources behind
+//! [`GpuSource`]: NVML (`libnvidia-ml.so.1`, loaded at run time through `nvml-wrapper`), or the
+//! bundled training emulator's published busy fraction ([`EmulatedSource`]), which lets a host
+//! without GPUs drive the same code path. Every snapshot names its source, and the emulated one
+//! says "emulated" wherever it is shown, so the two cannot be mistaken for each other.
+//!
+//! May touch libnvidia-ml (read-only queries), the emulator's publish directory and
+//! `<proc_root>/<pid>` (read). The only writes are [`write_emulated_record`] and
+//! [`remove_emulated_record`], which the emulator (not lodgerd) calls.
+//!
+//! SODA §V-B right-sizes a training job's cores from its GPU utilization; [`job_utilization`]
+//! attributes utilization to a job by the pids of its processes.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::ffi::OsStr;
+use std::fmt;
+use std::fs::{self, File};
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use nvml_wrapper::enum_wrappers::device::{Clock, PcieUtilCounter};
+use nvml_wrapper::enums::device::UsedGpuMemory;
+use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::Nvml;
+use serde::{Deserialize, Serialize};
+
+/// The library NVML lives in; the driver package installs it.
+pub const NVML_LIBRARY: &str = "libnvidia-ml.so.1";
+/// How often to sample by default.
+pub const DEFAULT_SAMPLE_INTERVAL: Duration = Duration::from_secs(1);
+/// NVML refreshes utilization every 1/6 s to 1 s depending on the GPU: sampling more often
+/// returns the same numbers, so [`NvmlSource`] hands back its previous snapshot when asked
+/// sooner than this. Per-process utilization is the stricter limit: a query covering less than
+/// the GPU's own sampling period may hold no sample for a busy process, which then reads 0;
+/// hence the 1 s default.
+pub const MIN_SAMPLE_INTERVAL: Duration = Duration::from_millis(167);
+/// Where the training emulator publishes, unless configured otherwise.
+pub const DEFAULT_EMULATED_GPU_DIR: &str = "/run/lodger/emulated-gpu";
+/// The environment variable the emulator reads for its publish directory when `--publish-dir`
+/// is not given.
+pub const EMULATED_GPU_DIR_ENV: &str = "LODGER_EMULATED_GPU_DIR";
+/// An emulator record older than this is ignored: its writer stopped or hangs. The emulator
+/// rewrites its record about once a second.
+pub const DEFAULT_EMULATED_STALE_AFTER: Duration = Duration::from_secs(5);
+/// Longest record file read; a real one is under 150 bytes.
+const EMULATED_RECORD_MAX_BYTES: u64 = 4096;
+/// How an emulated device names itself in status output.
+pub const EMULATED_DEVICE_NAME: &str = "emulated GPU (train_emulator)";
+
+#[derive(Debug, thiserror::Error)]
+pub enum GpuError {
+    /// NVML cannot be used on this host; lodgerd logs `GPU sensing off: <this error>` once.
+    #[error("NVML unavailable ({library}): {reason}")]
+    NvmlUnavailable { library: String, reason: String },
+    #[error("NVML {call}{} failed: {source}", gpu_suffix(*.gpu))]
+    Nvml {
+        gpu: Option<u32>,
+        call: &'static str,
+        source: NvmlError,
+    },
+    #[error("cannot read emulated GPU directory {path}: {source}")]
+    EmulatedDir { path: PathBuf, source: io::Error },
+    #[error("'{value}' is not a GPU source (expected \"nvml\" or \"emulated\")")]
+    UnknownSource { value: String },
+}
+
+fn gpu_suffix(gpu: Option<u32>) -> String {
+    gpu.map(|i| format!(" on GPU {i}")).unwrap_or_default()
+}
+
+/// Which source a snapshot came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GpuSourceKind {
+    /// Real GPUs, through NVML.
+    Nvml,
+    /// The training emulator's published busy fraction: no GPU is involved.
+    Emulated,
+}
+
+impl GpuSourceKind {
+    /// The word used in config (`gpu.source`), status output and metric labels (`source=`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GpuSourceKind::Nvml => "nvml",
+            GpuSourceKind::Emulated => "emulated",
+        }
+    }
+
+    pub fn parse(value: &str) -> Result<Self, GpuError> {
+        match value {
+            "nvml" => Ok(GpuSourceKind::Nvml),
+            "emulated" => Ok(GpuSourceKind::Emulated),
+            _ => Err(GpuError::UnknownSource {
+                value: value.to_string(),
+            }),
+        }
+    }
+}
+
+impl fmt::Display for GpuSourceKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A source of GPU snapshots. `sample` may block (NVML's PCIe counters take 20 ms each per
+/// GPU): call it off the agent loop's critical path and hand the snapshot over.
+pub trait GpuSource: Send {
+    fn kind(&self) -> GpuSourceKind;
+    fn sample(&mut self) -> Result<GpuSnapshot, GpuError>;
+}
+
+/// Opens the configured source: NVML from its default library, or the emulator's directory.
+pub fn open_source(
+    kind: GpuSourceKind,
+    emulated_dir: &Path,
+    proc_root: &Path,
+) -> Result<Box<dyn GpuSource>, GpuError> {
+    Ok(match kind {
+        GpuSourceKind::Nvml => Box::new(NvmlSource::open()?),
+        GpuSourceKind::Emulated => Box::new(EmulatedSource::new(emulated_dir, proc_root)),
+    })
+}
+
+/// Every GPU and every GPU process at one time, from one source. Utilizations are fractions
+/// (0 to 1); a field is `None` when the source does not report it (the emulator reports only
+/// utilization; NVML answers NotSupported for some fields on some GPUs).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GpuSnapshot {
+    pub source: GpuSourceKind,
+    pub taken_unix_ms: u64,
+    pub devices: Vec<GpuDevice>,
+    pub processes: Vec<GpuProcess>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GpuDevice {
+    pub index: u32,
+    pub name: Option<String>,
+    pub uuid: Option<String>,
+    /// Fraction of the last sample period in which a kernel ran (the emulator: in which its
+    /// emulated GPU step ran).
+    pub util_gpu: Option<f64>,
+    /// Fraction of the last sample period in which device memory was read or written.
+    pub util_memory: Option<f64>,
+    pub sm_clock_mhz: Option<u32>,
+    pub memory_used_bytes: Option<u64>,
+    pub memory_total_bytes: Option<u64>,
+    pub power_mw: Option<u32>,
+    /// PCIe throughput as NVML gives it: KB/s over a 20 ms window.
+    pub pcie_tx_kb_per_s: Option<u32>,
+    pub pcie_rx_kb_per_s: Option<u32>,
+}
+
+impl GpuDevice {
+    /// PCIe transmit in bytes/s (NVML's KB are 1024 bytes).
+    pub fn pcie_tx_bytes_per_s(&self) -> Option<f64> {
+        self.pcie_tx_kb_per_s.map(|kb| f64::from(kb) * 1024.0)
+    }
+
+    pub fn pcie_rx_bytes_per_s(&self) -> Option<f64> {
+        self.pcie_rx_kb_per_s.map(|kb| f64::from(kb) * 1024.0)
+    }
+
+    pub fn power_watts(&self) -> Option<f64> {
+        self.power_mw.map(|mw| f64::from(mw) / 1000.0)
+    }
+
+    fn bare(index: u32) -> Self {
+        Self {
+            index,
+            name: None,
+            uuid: None,
+            util_gpu: None,
+            util_memory: None,
+            sm_clock_mhz: None,
+            memory_used_bytes: None,
+            memory_total_bytes: None,
+            power_mw: None,
+            pcie_tx_kb_per_s: None,
+            pcie_rx_kb_per_s: None,
+        }
+    }
+}
+
+/// One process on one GPU.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GpuProcess {
+    pub pid: u32,
+    pub gpu: u32,
+    /// Share of the GPU's SM time this process had over the sample period. `Some(0.0)` for a
+    /// compute process with no utilization sample (NVML only reports processes that were busy);
+    /// `None` when the GPU cannot report per-process utilization at all.
+    pub sm_util: Option<f64>,
+    pub mem_util: Option<f64>,
+    pub used_memory_bytes: Option<u64>,
+    /// Training iterations per second (emulated source only).
+    pub iters_per_s: Option<f64>,
+}
+
+impl GpuSnapshot {
+    pub fn status(&self) -> GpuStatus {
+        GpuStatus::On {
+            source: self.source,
+            devices: self.devices.len(),
+        }
+    }
+}
+
+/// GPU sensing as shown in `lodgerctl status`/`top` and on D-Bus.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase", tag = "state")]
+pub enum GpuStatus {
+    /// No source: NVML absent (or the configured source failed to open).
+    Unavailable { reason: String },
+    On {
+        source: GpuSourceKind,
+        devices: usize,
+    },
+}
+
+impl GpuStatus {
+    pub fn unavailable(error: &GpuError) -> Self {
+        GpuStatus::Unavailable {
+            reason: error.to_string(),
+        }
+    }
+}
+
+impl fmt::Display for GpuStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            GpuStatus::Unavailable { reason } => write!(f, "unavailable: {reason}"),
+            GpuStatus::On {
+                source: GpuSourceKind::Nvml,
+                devices,
+            } => write!(f, "nvml: {devices} GPU(s)"),
+            GpuStatus::On {
+                source: GpuSourceKind::Emulated,
+                devices,
+            } => write!(
+                f,
+                "emulated (train_emulator, no real GPU): {devices} emulated GPU(s)"
+            ),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Attribution.
+
+/// A job's share of the GPUs, from the processes it owns.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct JobGpuUtilization {
+    pub source: GpuSourceKind,
+    /// Per GPU the job has a process on: the sum of its processes' SM shares, at most 1.
+    pub per_gpu: BTreeMap<u32, f64>,
+    /// Mean of `per_gpu`; `None` when nothing could be attributed.
+    pub mean: Option<f64>,
+    /// GPUs the job has processes on whose utilization cannot be attributed to it: no
+    /// per-process utilization, and other jobs' processes share the GPU.
+    pub unattributed: Vec<u32>,
+    /// Sum of the job's processes' iteration rates (emulated source only).
+    pub iters_per_s: Option<f64>,
+}
+
+/// Attributes GPU utilization to the job whose processes are `pids`. Pure.
+///
+/// Per GPU, the job's share is the sum of its processes' SM shares. Where the GPU cannot report
+/// per-process utilization, the device's utilization counts as the job's only if every process
+/// on that GPU is the job's (the usual one-training-job-per-GPU case); otherwise the GPU is
+/// listed as unattributed rather than guessed at.
+pub fn job_utilization(snapshot: &GpuSnapshot, pids: &BTreeSet<u32>) -> JobGpuUtilization {
+    let mut on_gpu: BTreeMap<u32, Vec<&GpuProcess>> = BTreeMap::new();
+    for p in snapshot.processes.iter().filter(|p| pids.contains(&p.pid)) {
+        on_gpu.entry(p.gpu).or_default().push(p);
+    }
+    let mut per_gpu = BTreeMap::new();
+    let mut unattributed = Vec::new();
+    for (&gpu, procs) in &on_gpu {
+        let shares: Option<Vec<f64>> = procs.iter().map(|p| p.sm_util).collect();
+        let share = match shares {
+            Some(shares) => Some(shares.iter().sum::<f64>()),
+            None => {
+                let sole_owner = snapshot
+                    .processes
+                    .iter()
+                    .filter(|p| p.gpu == gpu)
+                    .all(|p| pids.contains(&p.pid));
+                let device = snapshot.devices.iter().find(|d| d.index == gpu);
+                device.and_then(|d| d.util_gpu).filter(|_| sole_owner)
+            }
+        };
+        match share {
+            Some(share) => {
+                per_gpu.insert(gpu, share.clamp(0.0, 1.0));
+            }
+            None => unattributed.push(gpu),
+        }
+    }
+    let mean = (!per_gpu.is_empty()).then(|| per_gpu.values().sum::<f64>() / per_gpu.len() as f64);
+    let rates: Vec<f64> = on_gpu
+        .values()
+        .flatten()
+        .filter_map(|p| p.iters_per_s)
+        .collect();
+    JobGpuUtilization {
+        source: snapshot.source,
+        per_gpu,
+        mean,
+        unattributed,
+        iters_per_s: (!rates.is_empty()).then(|| rates.iter().sum()),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// NVML.
+
+/// Real GPUs through NVML.
+pub struct NvmlSource {
+    nvml: Nvml,
+    library: String,
+    /// Per GPU, the newest process-utilization sample timestamp seen (µs), so each query
+    /// returns only samples taken since the previous one.
+    last_seen_us: BTreeMap<u32, u64>,
+    pcie: bool,
+    last: Option<(Instant, GpuSnapshot)>,
+}
+
+impl fmt::Debug for NvmlSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NvmlSource")
+            .field("library", &self.library)
+            .field("pcie", &self.pcie)
+            .finish_non_exhaustive()
+    }
+}
+
+impl NvmlSource {
+    /// Loads [`NVML_LIBRARY`] and initializes NVML. Without the driver this is
+    /// [`GpuError::NvmlUnavailable`] with the reason, never a panic.
+    pub fn open() -> Result<Self, GpuError> {
+        Self::open_library(NVML_LIBRARY)
+    }
+
+    /// As [`NvmlSource::open`], from a library path (a non-default install, or a test).
+    pub fn open_library(library: impl AsRef<OsStr>) -> Result<Self, GpuError> {
+        let library = library.as_ref();
+        let name = library.to_string_lossy().into_owned();
+        let nvml = Nvml::builder()
+            .lib_path(library)
+            .init()
+            .map_err(|e| nvml_unavailable(&name, e))?;
+        Ok(Self {
+            nvml,
+            library: name,
+            last_seen_us: BTreeMap::new(),
+            pcie: true,
+            last: None,
+        })
+    }
+
+    /// Turns the PCIe counters on or off (on by default). Each takes NVML 20 ms per GPU and
+    /// direction, which dominates a sample's cost on an 8-GPU host.
+    pub fn with_pcie(mut self, pcie: bool) -> Self {
+        self.pcie = pcie;
+        self
+    }
+
+    fn read(&mut self) -> Result<GpuSnapshot, GpuError> {
+        let count = self
+            .nvml
+            .device_count()
+            .map_err(nvml_err(None, "nvmlDeviceGetCount"))?;
+        let mut devices = Vec::new();
+        let mut processes = Vec::new();
+        for index in 0..count {
+            let dev = self
+                .nvml
+                .device_by_index(index)
+                .map_err(nvml_err(Some(index), "nvmlDeviceGetHandleByIndex"))?;
+            let at = |call| move |e| nvml_err(Some(index), call)(e);
+            let util = optional(dev.utilization_rates()).map_err(at("utilization_rates"))?;
+            let memory = optional(dev.memory_info()).map_err(at("memory_info"))?;
+            let (tx, rx) = if self.pcie {
+                (
+                    optional(dev.pcie_throughput(PcieUtilCounter::Send))
+                        .map_err(at("pcie_throughput"))?,
+                    optional(dev.pcie_throughput(PcieUtilCounter::Receive))
+                        .map_err(at("pcie_throughput"))?,
+                )
+            } else {
+                (None, None)
+            };
+            devices.push(GpuDevice {
+                index,
+                name: optional(dev.name()).map_err(at("name"))?,
+                uuid: optional(dev.uuid()).map_err(at("uuid"))?,
+                util_gpu: util.as_ref().map(|u| percent(u.gpu)),
+                util_memory: util.as_ref().map(|u| percent(u.memory)),
+                sm_clock_mhz: optional(dev.clock_info(Clock::SM)).map_err(at("clock_info"))?,
+                memory_used_bytes: memory.as_ref().map(|m| m.used),
+                memory_total_bytes: memory.as_ref().map(|m| m.total),
+                power_mw: optional(dev.power_usage()).map_err(at("power_usage"))?,
+                pcie_tx_kb_per_s: tx,
+                pcie_rx_kb_per_s: rx,
+            });
+
+            let running = optional(dev.running_compute_processes())
+                .map_err(at("running_compute_processes"))?
+                .unwrap_or_default();
+            let since = self.last_seen_us.get(&index).copied();
+            // NotFound means "no samples in the period": an empty answer, not a failure.
+            let samples = match dev.process_utilization_stats(since) {
+                Ok(samples) => Some(samples),
+                Err(NvmlError::NotFound) => Some(Vec::new()),
+                Err(e) if not_reported(&e) => None,
+                Err(e) => return Err(at("process_utilization_stats")(e)),
+            };
+            if let Some(newest) = samples
+                .as_ref()
+                .and_then(|s| s.iter().map(|s| s.timestamp).max())
+            {
+                self.last_seen_us.insert(index, newest);
+            }
+            let used: Vec<(u32, Option<u64>)> = running
+                .iter()
+                .map(|p| {
+                    let bytes = match p.used_gpu_memory {
+                        UsedGpuMemory::Used(bytes) => Some(bytes),
+                        UsedGpuMemory::Unavailable => None,
+                    };
+                    (p.pid, bytes)
+                })
+                .collect();
+            let util: Option<Vec<UtilSample>> = samples.map(|s| {
+                s.iter()
+                    .map(|s| UtilSample {
+                        pid: s.pid,
+                        sm_percent: s.sm_util,
+                        mem_percent: s.mem_util,
+                    })
+                    .collect()
+            });
+            processes.extend(merge_processes(index, &used, util.as_deref()));
+        }
+        Ok(GpuSnapshot {
+            source: GpuSourceKind::Nvml,
+            taken_unix_ms: unix_ms(SystemTime::now()),
+            devices,
+            processes,
+        })
+    }
+}
+
+impl GpuSource for NvmlSource {
+    fn kind(&self) -> GpuSourceKind {
+        GpuSourceKind::Nvml
+    }
+
+    fn sample(&mut self) -> Result<GpuSnapshot, GpuError> {
+        if let Some((at, snapshot)) = &self.last {
+            if at.elapsed() < MIN_SAMPLE_INTERVAL {
+                return Ok(snapshot.clone());
+            }
+        }
+        let snapshot = self.read()?;
+        self.last = Some((Instant::now(), snapshot.clone()));
+        Ok(snapshot)
+    }
+}
+
+/// One process-utilization sample as NVML gives it: percentages over one sampling interval.
+#[derive(Debug, Clone, Copy)]
+struct UtilSample {
+    pid: u32,
+    sm_percent: u32,
+    mem_percent: u32,
+}
+
+/// What NVML said about one pid on one GPU during a query.
+#[derive(Debug, Default)]
+struct PidSeen {
+    used_memory_bytes: Option<u64>,
+    sm_percent: Vec<u32>,
+    mem_percent: Vec<u32>,
+}
+
+/// Joins NVML's two per-process answers for one GPU: the running compute processes (pid, memory)
+/// and the utilization samples since the last query (several per pid when the period spans
+/// several of NVML's sampling intervals: they are averaged). `util` is `None` when the GPU
+/// cannot report per-process utilization. Pure.
+fn merge_processes(
+    gpu: u32,
+    running: &[(u32, Option<u64>)],
+    util: Option<&[UtilSample]>,
+) -> Vec<GpuProcess> {
+    let mut by_pid: BTreeMap<u32, PidSeen> = BTreeMap::new();
+    for &(pid, bytes) in running {
+        by_pid.entry(pid).or_default().used_memory_bytes = bytes;
+    }
+    for sample in util.unwrap_or_default() {
+        let seen = by_pid.entry(sample.pid).or_default();
+        seen.sm_percent.push(sample.sm_percent);
+        seen.mem_percent.push(sample.mem_percent);
+    }
+    let mean = |v: &[u32]| -> f64 {
+        if v.is_empty() {
+            return 0.0;
+        }
+        let sum: u64 = v.iter().map(|&x| u64::from(x)).sum();
+        (sum as f64 / v.len() as f64 / 100.0).min(1.0)
+    };
+    by_pid
+        .into_iter()
+        .map(|(pid, seen)| GpuProcess {
+            pid,
+            gpu,
+            sm_util: util.map(|_| mean(&seen.sm_percent)),
+            mem_util: util.map(|_| mean(&seen.mem_percent)),
+            used_memory_bytes: seen.used_memory_bytes,
+            iters_per_s: None,
+        })
+        .collect()
+}
+
+/// NVML percent → fraction, clamped (some drivers briefly report more than 100).
+fn percent(value: u32) -> f64 {
+    (f64::from(value) / 100.0).min(1.0)
+}
+
+/// Errors that mean "this GPU or driver does not report that": the field becomes `None`.
+fn not_reported(e: &NvmlError) -> bool {
+    matches!(
+        e,
+        NvmlError::NotSupported
+            | NvmlError::NoPermission
+            | NvmlError::NotFound
+            | NvmlError::FunctionNotFound
+            | NvmlError::FailedToLoadSymbol(_)
+    )
+}
+
+fn optional<T>(result: Result<T, NvmlError>) -> Result<Option<T>, NvmlError> {
+    match result {
+        Ok(value) => Ok(Some(value)),
+        Err(e) if not_reported(&e) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+fn nvml_err(gpu: Option<u32>, call: &'static str) -> impl FnOnce(NvmlError) -> GpuError {
+    move |source| GpuError::Nvml { gpu, call, source }
+}
+
+fn nvml_unavailable(library: &str, e: NvmlError) -> GpuError {
+    let reason = match e {
+        NvmlError::LibloadingError(e) => {
+            format!("cannot load the NVML library ({e}); the NVIDIA driver is not installed")
+        }
+        NvmlError::FailedToLoadSymbol(e) => {
+            format!("the NVML library lacks a function lodger needs ({e}); the driver is too old")
+        }
+        NvmlError::DriverNotLoaded => "the NVIDIA kernel driver is not loaded".to_string(),
+        NvmlError::NoPermission => {
+            "no permission to talk to the NVIDIA driver (/dev/nvidia*)".to_string()
+        }
+        other => format!("initialization failed: {other}"),
+    };
+    GpuError::NvmlUnavailable {
+        library: library.to_string(),
+        reason,
+    }
+}
+
+fn unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+// ---------------------------------------------------------------------------------------------
+// The emulated source.
+
+/// What the training emulator publishes, one JSON object per process in `<dir>/<pid>.json`:
+///
+/// ```json
+/// {"pid":4242,"gpu":0,"busy":0.873,"iters_per_s":41.5,"updated_unix_ms":1764000000123}
+/// ```
+///
+/// `busy` is the fraction of the last second the emulated GPU step ran (0 to 1); the file is
+/// replaced atomically (written to `.<pid>.json.tmp`, then renamed) about once a second and
+/// removed when the emulator exits. Readers ignore unknown fields.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EmulatedGpuRecord {
+    pub pid: u32,
+    pub gpu: u32,
+    pub busy: f64,
+    pub iters_per_s: f64,
+    pub updated_unix_ms: u64,
+}
+
+impl EmulatedGpuRecord {
+    /// A record stamped now.
+    pub fn now(pid: u32, gpu: u32, busy: f64, iters_per_s: f64) -> Self {
+        Self {
+            pid,
+            gpu,
+            busy,
+            iters_per_s,
+            updated_unix_ms: unix_ms(SystemTime::now()),
+        }
+    }
+
+    fn check(&self, file_pid: u32) -> Result<(), String> {
+        if self.pid != file_pid {
+            return Err(format!("pid {} does not match the file name", self.pid));
+        }
+        if self.pid == 0 {
+            return Err("pid 0".to_string());
+        }
+        if !(self.busy.is_finite() && (0.0..=1.0).contains(&self.busy)) {
+            return Err(format!(
+                "busy {} is not a fraction between 0 and 1",
+                self.busy
+            ));
+        }
+        if !(self.iters_per_s.is_finite() && self.iters_per_s >= 0.0) {
+            return Err(format!("iters_per_s {} is not a rate", self.iters_per_s));
+        }
+        Ok(())
+    }
+}
+
+/// `<dir>/<pid>.json`.
+pub fn emulated_record_path(dir: &Path, pid: u32) -> PathBuf {
+    dir.join(format!("{pid}.json"))
+}
+
+/// Replaces `<dir>/<pid>.json` atomically (temporary file, then rename), creating `dir` if
+/// needed. Called by the emulator.
+pub fn write_emulated_record(dir: &Path, record: &EmulatedGpuRecord) -> io::Result<()> {
+    fs::create_dir_all(dir)?;
+    let tmp = dir.join(format!(".{}.json.tmp", record.pid));
+    let json = serde_json::to_vec(record).map_err(io::Error::other)?;
+    let mut file = File::create(&tmp)?;
+    file.write_all(&json)?;
+    file.write_all(b"\n")?;
+    drop(file);
+    fs::rename(&tmp, emulated_record_path(dir, record.pid))
+}
+
+/// Removes `<dir>/<pid>.json`; a record already gone is fine.
+pub fn remove_emulated_record(dir: &Path, pid: u32) -> io::Result<()> {
+    match fs::remove_file(emulated_record_path(dir, pid)) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// Why a file in the emulator directory was not used.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Ignored {
+    /// Not rewritten for longer than the staleness limit: its writer stopped or hangs.
+    Stale { age: Duration },
+    /// Its process no longer exists (an emulator killed before it could clean up).
+    ProcessGone { pid: u32 },
+    /// Not a record: unreadable, not JSON of the right shape, or values out of range.
+    Malformed { reason: String },
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct IgnoredRecord {
+    pub path: PathBuf,
+    pub why: Ignored,
+}
+
+/// The training emulator's emulated GPUs, read from the directory it publishes into.
+#[derive(Debug, Clone)]
+pub struct EmulatedSource {
+    dir: PathBuf,
+    proc_root: PathBuf,
+    stale_after: Duration,
+    ignored: Vec<IgnoredRecord>,
+}
+
+impl EmulatedSource {
+    /// `dir` is where emulators publish (config, default [`DEFAULT_EMULATED_GPU_DIR`]);
+    /// `proc_root` (`/proc`) tells live pids from dead ones.
+    pub fn new(dir: impl Into<PathBuf>, proc_root: impl Into<PathBuf>) -> Self {
+        Self {
+            dir: dir.into(),
+            proc_root: proc_root.into(),
+            stale_after: DEFAULT_EMULATED_STALE_AFTER,
+            ignored: Vec::new(),
+        }
+    }
+
+    pub fn with_stale_after(mut self, stale_after: Duration) -> Self {
+        self.stale_after = stale_after;
+        self
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The files the last sample passed over, and why. For the caller to log when they change;
+    /// sampling itself does not log.
+    pub fn ignored(&self) -> &[IgnoredRecord] {
+        &self.ignored
+    }
+
+    fn read(&mut self) -> Result<GpuSnapshot, GpuError> {
+        self.ignored.clear();
+        let now_ms = unix_ms(SystemTime::now());
+        let mut records = Vec::new();
+        let entries = match fs::read_dir(&self.dir) {
+            Ok(entries) => entries,
+            // No emulator has published yet.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return Ok(emulated_snapshot(now_ms, Vec::new()))
+            }
+            Err(source) => {
+                return Err(GpuError::EmulatedDir {
+                    path: self.dir.clone(),
+                    source,
+                })
+            }
+        };
+        for entry in entries {
+            let entry = entry.map_err(|source| GpuError::EmulatedDir {
+                path: self.dir.clone(),
+                source,
+            })?;
+            let name = entry.file_name();
+            let Some(name) = name.to_str() else { continue };
+            // Hidden files are the emulator's temporaries; other names are not records.
+            let Some(stem) = name
+                .strip_suffix(".json")
+                .filter(|_| !name.starts_with('.'))
+            else {
+                continue;
+            };
+            let path = entry.path();
+            match self.record(&path, stem, now_ms) {
+                Ok(Some(record)) => records.push(record),
+                Ok(None) => {}
+                Err(why) => self.ignored.push(IgnoredRecord { path, why }),
+            }
+        }
+        Ok(emulated_snapshot(now_ms, records))
+    }
+
+    /// One file: `Ok(None)` when it vanished while being read (its emulator just exited).
+    fn record(
+        &self,
+        path: &Path,
+        stem: &str,
+        now_ms: u64,
+    ) -> Result<Option<EmulatedGpuRecord>, Ignored> {
+        let malformed = |reason: String| Ignored::Malformed { reason };
+        let file_pid: u32 = stem
+            .parse()
+            .map_err(|_| malformed(format!("'{stem}' is not a pid")))?;
+        let mut text = String::new();
+        match File::open(path)
+            .and_then(|f| f.take(EMULATED_RECORD_MAX_BYTES).read_to_string(&mut text))
+        {
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(malformed(format!("cannot read: {e}"))),
+        }
+        let record: EmulatedGpuRecord =
+            serde_json::from_str(&text).map_err(|e| malformed(e.to_string()))?;
+        record.check(file_pid).map_err(malformed)?;
+        let age = Duration::from_millis(now_ms.saturating_sub(record.updated_unix_ms));
+        if age > self.stale_after {
+            return Err(Ignored::Stale { age });
+        }
+        if !self.proc_root.join(record.pid.to_string()).exists() {
+            return Err(Ignored::ProcessGone { pid: record.pid });
+        }
+        Ok(Some(record))
+    }
+}
+
+impl GpuSource for EmulatedSource {
+    fn kind(&self) -> GpuSourceKind {
+        GpuSourceKind::Emulated
+    }
+
+    fn sample(&mut self) -> Result<GpuSnapshot, GpuError> {
+        self.read()
+    }
+}
+
+/// One emulated device per GPU index any record names; its utilization is the sum of its
+/// processes' busy fractions, at most 1.
+fn emulated_snapshot(now_ms: u64, mut records: Vec<EmulatedGpuRecord>) -> GpuSnapshot {
+    records.sort_by_key(|r| (r.gpu, r.pid));
+    let mut busy: BTreeMap<u32, f64> = BTreeMap::new();
+    for r in &records {
+        *busy.entry(r.gpu).or_default() += r.busy;
+    }
+    let devices = busy
+        .into_iter()
+        .map(|(index, busy)| GpuDevice {
+            name: Some(EMULATED_DEVICE_NAME.to_string()),
+            util_gpu: Some(busy.min(1.0)),
+            ..GpuDevice::bare(index)
+        })
+        .collect();
+    let processes = records
+        .iter()
+        .map(|r| GpuProcess {
+            pid: r.pid,
+            gpu: r.gpu,
+            sm_util: Some(r.busy),
+            mem_util: None,
+            used_memory_bytes: None,
+            iters_per_s: Some(r.iters_per_s),
+        })
+        .collect();
+    GpuSnapshot {
+        source: GpuSourceKind::Emulated,
+        taken_unix_ms: now_ms,
+        devices,
+        processes,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn proc_with(pids: &[u32]) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().expect("tempdir");
+        for pid in pids {
+            fs::create_dir(dir.path().join(pid.to_string())).expect("fake /proc/<pid>");
+        }
+        dir
+    }
+
+    fn process(pid: u32, gpu: u32, sm_util: Option<f64>) -> GpuProcess {
+        GpuProcess {
+            pid,
+            gpu,
+            sm_util,
+            mem_util: None,
+            used_memory_bytes: None,
+            iters_per_s: None,
+        }
+    }
+
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() < 1e-9
+    }
+
+    fn device(index: u32, util: f64) -> GpuDevice {
+        GpuDevice {
+            util_gpu: Some(util),
+            ..GpuDevice::bare(index)
+        }
+    }
+
+    fn snapshot(devices: Vec<GpuDevice>, processes: Vec<GpuProcess>) -> GpuSnapshot {
+        GpuSnapshot {
+            source: GpuSourceKind::Nvml,
+            taken_unix_ms: 0,
+            devices,
+            processes,
+        }
+    }
+
+    #[test]
+    fn nvml_absent_library_is_a_clear_error_not_a_panic() {
+        let err = NvmlSource::open_library("/nonexistent/libnvidia-ml.so.1")
+            .expect_err("no such library");
+        let msg = err.to_string();
+        assert!(matches!(err, GpuError::NvmlUnavailable { .. }), "{msg}");
+        assert!(
+            msg.starts_with("NVML unavailable (/nonexistent/libnvidia-ml.so.1)"),
+            "{msg}"
+        );
+        assert!(msg.contains("NVIDIA driver is not installed"), "{msg}");
+        assert_eq!(
+            GpuStatus::unavailable(&err).to_string(),
+            format!("unavailable: {msg}")
+        );
+    }
+
+    #[test]
+    fn nvml_default_open_fails_cleanly_or_samples() {
+        // Without the driver (this build machine) open fails with the reason; with it, a
+        // sample comes back marked nvml.
+        match NvmlSource::open() {
+            Err(e) => {
+                // What lodgerd logs once at start.
+                eprintln!("GPU sensing off: {e}");
+                assert!(matches!(e, GpuError::NvmlUnavailable { .. }), "{e}");
+                assert!(e.to_string().contains(NVML_LIBRARY), "{e}");
+            }
+            Ok(mut nvml) => {
+                let s = nvml.sample().expect("sample real GPUs");
+                assert_eq!(s.source, GpuSourceKind::Nvml);
+                assert_eq!(nvml.kind(), GpuSourceKind::Nvml);
+            }
+        }
+        match open_source(
+            GpuSourceKind::Nvml,
+            Path::new("/nonexistent"),
+            Path::new("/proc"),
+        ) {
+            Err(e) => assert!(e.to_string().starts_with("NVML unavailable"), "{e}"),
+            Ok(source) => assert_eq!(source.kind(), GpuSourceKind::Nvml),
+        }
+    }
+
+    #[test]
+    fn source_kinds_parse_and_say_what_they_are() {
+        assert_eq!(GpuSourceKind::parse("nvml").ok(), Some(GpuSourceKind::Nvml));
+        assert_eq!(
+            GpuSourceKind::parse("emulated").ok(),
+            Some(GpuSourceKind::Emulated)
+        );
+        assert!(GpuSourceKind::parse("NVML").is_err());
+        let nvml = GpuStatus::On {
+            source: GpuSourceKind::Nvml,
+            devices: 8,
+        };
+        assert_eq!(nvml.to_string(), "nvml: 8 GPU(s)");
+        let emulated = GpuStatus::On {
+            source: GpuSourceKind::Emulated,
+            devices: 1,
+        };
+        assert!(emulated.to_string().starts_with("emulated"), "{emulated}");
+        assert!(emulated.to_string().contains("no real GPU"), "{emulated}");
+        let json = serde_json::to_string(&emulated).expect("json");
+        assert!(json.contains("\"source\":\"emulated\""), "{json}");
+    }
+
+    #[test]
+    fn merge_averages_samples_and_marks_idle_processes() {
+        let running = [(10, Some(1 << 30)), (11, None)];
+        let util = [(10, 80, 20), (10, 60, 40), (12, 30, 0)].map(|(pid, sm, mem)| UtilSample {
+            pid,
+            sm_percent: sm,
+            mem_percent: mem,
+        });
+        let procs = merge_processes(3, &running, Some(&util));
+        let find = |pid| procs.iter().find(|p| p.pid == pid).expect("pid present");
+        assert_eq!(find(10).sm_util, Some(0.7));
+        assert_eq!(find(10).mem_util, Some(0.3));
+        assert_eq!(find(10).used_memory_bytes, Some(1 << 30));
+        // Running but no sample: NVML reports only busy processes.
+        assert_eq!(find(11).sm_util, Some(0.0));
+        // A sample for a process not in the compute list (a graphics client) still counts.
+        assert_eq!(find(12).sm_util, Some(0.3));
+        assert!(procs.iter().all(|p| p.gpu == 3));
+        // No per-process utilization on this GPU: shares unknown, not zero.
+        let procs = merge_processes(0, &running, None);
+        assert!(procs.iter().all(|p| p.sm_util.is_none()));
+    }
+
+    #[test]
+    fn attribution_sums_a_jobs_processes_per_gpu() {
+        let s = snapshot(
+            vec![device(0, 0.9), device(1, 0.5)],
+            vec![
+                process(100, 0, Some(0.6)),
+                process(101, 0, Some(0.3)),
+                process(200, 0, Some(0.1)),
+                process(102, 1, Some(0.4)),
+            ],
+        );
+        let job = job_utilization(&s, &BTreeSet::from([100, 101, 102]));
+        assert_eq!(job.source, GpuSourceKind::Nvml);
+        assert_eq!(job.per_gpu.keys().copied().collect::<Vec<_>>(), [0, 1]);
+        assert!(close(job.per_gpu[&0], 0.9), "{job:?}");
+        assert!(close(job.per_gpu[&1], 0.4), "{job:?}");
+        assert!(job.mean.is_some_and(|m| close(m, 0.65)), "{job:?}");
+        assert!(job.unattributed.is_empty());
+        let other = job_utilization(&s, &BTreeSet::from([200]));
+        assert_eq!(other.per_gpu, BTreeMap::from([(0, 0.1)]));
+        let none = job_utilization(&s, &BTreeSet::from([999]));
+        assert!(none.per_gpu.is_empty());
+        assert_eq!(none.mean, None);
+    }
+
+    #[test]
+    fn attribution_without_per_process_util_uses_the_device_only_for_a_sole_owner() {
+        let s = snapshot(
+            vec![device(0, 0.8), device(1, 0.7)],
+            vec![
+                process(100, 0, None),
+                process(100, 1, None),
+                process(300, 1, None),
+            ],
+        );
+        let job = job_utilization(&s, &BTreeSet::from([100]));
+        assert_eq!(job.per_gpu, BTreeMap::from([(0, 0.8)]));
+        assert_eq!(job.unattributed, [1]);
+    }
+
+    #[test]
+    fn attribution_clamps_to_one_and_sums_iteration_rates() {
+        let mut a = process(1, 0, Some(0.7));
+        a.iters_per_s = Some(10.0);
+        let mut b = process(2, 0, Some(0.6));
+        b.iters_per_s = Some(5.0);
+        let s = snapshot(vec![device(0, 1.0)], vec![a, b]);
+        let job = job_utilization(&s, &BTreeSet::from([1, 2]));
+        assert_eq!(job.per_gpu[&0], 1.0);
+        assert_eq!(job.iters_per_s, Some(15.0));
+    }
+
+    fn publish(dir: &Path, pid: u32, gpu: u32, busy: f64, age: Duration) {
+        let mut record = EmulatedGpuRecord::now(pid, gpu, busy, 20.0);
+        record.updated_unix_ms -= u64::try_from(age.as_millis()).expect("small age");
+        write_emulated_record(dir, &record).expect("publish");
+    }
+
+    #[test]
+    fn emulated_reads_fresh_records_and_ignores_the_rest() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let procs = proc_with(&[100, 101, 102, 103]);
+        publish(dir.path(), 100, 0, 0.8, Duration::ZERO);
+        publish(dir.path(), 101, 1, 0.25, Duration::from_secs(1));
+        publish(dir.path(), 102, 0, 0.9, Duration::from_secs(60)); // stale
+        publish(dir.path(), 104, 0, 0.9, Duration::ZERO); // pid gone
+        fs::write(dir.path().join("103.json"), "{\"pid\":103,").expect("truncated");
+        fs::write(dir.path().join("abc.json"), "{}").expect("bad name");
+        fs::write(dir.path().join(".105.json.tmp"), "half").expect("temporary");
+        fs::write(dir.path().join("notes.txt"), "not a record").expect("other file");
+        let mut source = EmulatedSource::new(dir.path(), procs.path());
+        let s = source.sample().expect("sample");
+        assert_eq!(s.source, GpuSourceKind::Emulated);
+        assert_eq!(source.kind(), GpuSourceKind::Emulated);
+        let pids: Vec<u32> = s.processes.iter().map(|p| p.pid).collect();
+        assert_eq!(pids, [100, 101]);
+        assert_eq!(s.devices.len(), 2);
+        assert_eq!(s.devices[0].util_gpu, Some(0.8));
+        assert_eq!(s.devices[0].name.as_deref(), Some(EMULATED_DEVICE_NAME));
+        assert_eq!(s.devices[1].util_gpu, Some(0.25));
+        assert_eq!(s.processes[0].iters_per_s, Some(20.0));
+        assert!(s.status().to_string().contains("emulated"));
+
+        let why = |name: &str| {
+            source
+                .ignored()
+                .iter()
+                .find(|i| i.path.ends_with(name))
+                .map(|i| i.why.clone())
+        };
+        let stale = why("102.json");
+        assert!(
+            matches!(stale, Some(Ignored::Stale { age }) if age >= Duration::from_secs(59)),
+            "{stale:?}"
+        );
+        assert_eq!(why("104.json"), Some(Ignored::ProcessGone { pid: 104 }));
+        assert!(matches!(why("103.json"), Some(Ignored::Malformed { .. })));
+        let bad_name = why("abc.json");
+        assert!(
+            matches!(&bad_name, Some(Ignored::Malformed { reason: r }) if r.ends_with("not a pid")),
+            "{bad_name:?}"
+        );
+        assert_eq!(source.ignored().len(), 4, "{:?}", source.ignored());
+    }
+
+    #[test]
+    fn emulated_rejects_out_of_range_and_mismatched_records() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let procs = proc_with(&[7, 8, 9]);
+        let now = unix_ms(SystemTime::now());
+        let write = |name: &str, body: String| {
+            fs::write(dir.path().join(name), body).expect("write record");
+        };
+        write(
+            "7.json",
+            format!(r#"{{"pid":7,"gpu":0,"busy":1.5,"iters_per_s":1,"updated_unix_ms":{now}}}"#),
+        );
+        write(
+            "8.json",
+            format!(r#"{{"pid":9,"gpu":0,"busy":0.5,"iters_per_s":1,"updated_unix_ms":{now}}}"#),
+        );
+        write("9.json", String::new());
+        let mut source = EmulatedSource::new(dir.path(), procs.path());
+        let s = source.sample().expect("sample");
+        assert!(s.processes.is_empty());
+        assert!(s.devices.is_empty());
+        assert_eq!(source.ignored().len(), 3);
+        assert!(source
+            .ignored()
+            .iter()
+            .all(|i| matches!(i.why, Ignored::Malformed { .. })));
+    }
+
+    #[test]
+    fn emulated_missing_dir_is_empty_and_unreadable_dir_is_an_error() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let mut source = EmulatedSource::new(tmp.path().join("absent"), "/proc");
+        let s = source.sample().expect("no directory yet");
+        assert!(s.devices.is_empty());
+        // A file where the directory should be.
+        let file = tmp.path().join("file");
+        fs::write(&file, "").expect("file");
+        let err = EmulatedSource::new(&file, "/proc")
+            .sample()
+            .expect_err("not a directory");
+        assert!(
+            err.to_string().contains(&file.display().to_string()),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn emulated_record_round_trip_and_removal() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let pub_dir = dir.path().join("nested/emulated");
+        let record = EmulatedGpuRecord::now(4242, 3, 0.5, 12.5);
+        write_emulated_record(&pub_dir, &record).expect("write creates the directory");
+        let text = fs::read_to_string(emulated_record_path(&pub_dir, 4242)).expect("read");
+        let back: EmulatedGpuRecord = serde_json::from_str(&text).expect("parse");
+        assert_eq!(back, record);
+        assert!(text.contains("\"busy\":0.5"), "{text}");
+        remove_emulated_record(&pub_dir, 4242).expect("remove");
+        remove_emulated_record(&pub_dir, 4242).expect("remove again is fine");
+        assert!(fs::read_dir(&pub_dir).expect("dir").next().is_none());
+    }
+
+    #[test]
+    fn emulated_two_processes_on_one_gpu_sum_and_attribute() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let procs = proc_with(&[1, 2]);
+        publish(dir.path(), 1, 0, 0.7, Duration::ZERO);
+        publish(dir.path(), 2, 0, 0.6, Duration::ZERO);
+        let s = EmulatedSource::new(dir.path(), procs.path())
+            .sample()
+            .expect("sample");
+        assert_eq!(s.devices[0].util_gpu, Some(1.0));
+        let job = job_utilization(&s, &BTreeSet::from([2]));
+        assert_eq!(job.source, GpuSourceKind::Emulated);
+        assert_eq!(job.per_gpu, BTreeMap::from([(0, 0.6)]));
+        assert_eq!(job.iters_per_s, Some(20.0));
+    }
+}

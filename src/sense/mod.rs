@@ -8,3 +8,164 @@ pub mod gpu;
 pub mod membw;
 pub mod net;
 pub mod perf;
+pub mod sampler;
+
+use std::collections::{BTreeMap, VecDeque};
+
+use serde::{Deserialize, Serialize};
+
+use crate::job::JobId;
+
+/// One job's derived signals over the last sensing window. `None`: not measured (source absent,
+/// metric unsupported by the PMU, no sample yet).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct JobMetrics {
+    /// CPU time used, in percent of one CPU (200 = two CPUs busy).
+    pub cpu_percent: Option<f64>,
+    /// Instructions per cycle.
+    pub ipc: Option<f64>,
+    /// Cache misses per cache reference, in percent.
+    pub cache_miss_percent: Option<f64>,
+    /// The job's GPU utilization, in percent (NVML per-process SM utilization, or the emulator's
+    /// busy fraction when `gpu_source` is `emulated`).
+    pub gpu_percent: Option<f64>,
+    /// Where `gpu_percent` came from: `nvml` or `emulated`.
+    pub gpu_source: Option<String>,
+    /// Memory bandwidth, bytes/s (resctrl MBM).
+    pub membw_bytes_per_s: Option<f64>,
+}
+
+/// One GPU's signals.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct GpuMetrics {
+    pub index: u32,
+    /// `nvml` or `emulated`.
+    pub source: String,
+    pub util_percent: Option<f64>,
+    pub mem_util_percent: Option<f64>,
+    pub sm_clock_mhz: Option<u32>,
+    pub mem_used_bytes: Option<u64>,
+    pub mem_total_bytes: Option<u64>,
+    pub power_watts: Option<f64>,
+    pub pcie_tx_bytes_per_s: Option<f64>,
+    pub pcie_rx_bytes_per_s: Option<f64>,
+}
+
+/// One network interface's traffic.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct NetMetrics {
+    pub interface: String,
+    pub rx_bytes_per_s: f64,
+    pub tx_bytes_per_s: f64,
+    /// Link speed in Mbit/s, when the device reports one.
+    pub speed_mbps: Option<u64>,
+}
+
+/// The node's signals.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct NodeMetrics {
+    /// Busy percent of all online CPUs together (100 = every CPU busy).
+    pub cpu_percent: Option<f64>,
+    /// Busy percent per CPU.
+    pub per_cpu_percent: BTreeMap<u32, f64>,
+    /// PSI `some avg10` of `/proc/pressure/cpu`: percent of time some task waited for a CPU.
+    pub cpu_pressure_percent: Option<f64>,
+    /// Memory bandwidth of the whole node, bytes/s, and as a fraction of the peak.
+    pub membw_bytes_per_s: Option<f64>,
+    pub membw_fraction_of_peak: Option<f64>,
+    pub gpus: Vec<GpuMetrics>,
+    pub net: Vec<NetMetrics>,
+}
+
+/// What each source is doing, in words, for status output: `nvml`, `emulated (...)`,
+/// `unavailable: <why>`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SourceStatus {
+    pub gpu: String,
+    pub perf: String,
+    pub cpu: String,
+    pub membw: String,
+    pub net: String,
+}
+
+/// One sensing pass: everything lodger measured, derived into rates.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Observations {
+    /// Milliseconds since the epoch when the pass ended.
+    pub unix_ms: u64,
+    pub node: NodeMetrics,
+    pub jobs: BTreeMap<JobId, JobMetrics>,
+    pub sources: SourceStatus,
+}
+
+/// What the sensor needs to know about a job to measure it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SensedJob {
+    pub id: JobId,
+    /// Its processes as last seen by enforcement.
+    pub pids: Vec<u32>,
+    /// Its cgroup (the registered one, or lodger's own for a pid job pinned by cgroup), relative
+    /// to the hierarchy root.
+    pub cgroup: Option<String>,
+    pub gpus: Vec<u32>,
+}
+
+/// A bounded history of samples, oldest first.
+#[derive(Debug, Clone)]
+pub struct History<T> {
+    cap: usize,
+    items: VecDeque<T>,
+}
+
+impl<T> History<T> {
+    pub fn new(cap: usize) -> Self {
+        Self {
+            cap: cap.max(1),
+            items: VecDeque::with_capacity(cap.max(1)),
+        }
+    }
+
+    pub fn push(&mut self, item: T) {
+        if self.items.len() == self.cap {
+            self.items.pop_front();
+        }
+        self.items.push_back(item);
+    }
+
+    pub fn latest(&self) -> Option<&T> {
+        self.items.back()
+    }
+
+    pub fn iter(&self) -> impl DoubleEndedIterator<Item = &T> {
+        self.items.iter()
+    }
+
+    pub fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn history_is_bounded_and_ordered() {
+        let mut h = History::new(3);
+        assert!(h.is_empty());
+        for i in 0..5 {
+            h.push(i);
+        }
+        assert_eq!(h.iter().copied().collect::<Vec<_>>(), vec![2, 3, 4]);
+        assert_eq!(h.latest(), Some(&4));
+        assert_eq!(h.len(), 3);
+        let mut zero = History::new(0);
+        zero.push(1);
+        zero.push(2);
+        assert_eq!(zero.iter().copied().collect::<Vec<_>>(), vec![2]);
+    }
+}

@@ -1,1 +1,461 @@
-//! net sensing (being written)
+//! Network sensing: per-interface byte counters and link speed from sysfs
+//! (`class/net/<if>/statistics/{rx_bytes,tx_bytes}`, `class/net/<if>/speed`), under a sysfs root
+//! given by the caller. Reads only; rates come from two samples ([`rates`]).
+//!
+//! Per-job traffic is not measured here: the interface counters cannot tell one process's bytes
+//! from another's. Attributing traffic to a job needs a cgroup-aware classifier on the
+//! interface (net_cls classids on cgroup v1; on v2 an nftables `socket cgroupv2` mark or an eBPF
+//! program counting per cgroup), which arrives with tc shaping (`enforce::tc`, SODA §V-E). Until
+//! then, only per-interface rates exist.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+/// Where interfaces live under the sysfs root.
+const CLASS_NET: &str = "class/net";
+const RX_BYTES: &str = "statistics/rx_bytes";
+const TX_BYTES: &str = "statistics/tx_bytes";
+const SPEED: &str = "speed";
+const IFINDEX: &str = "ifindex";
+/// Present (a symlink to the bus device) only for interfaces backed by hardware.
+const DEVICE_LINK: &str = "device";
+
+#[derive(Debug, thiserror::Error)]
+pub enum NetError {
+    #[error("cannot read {path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
+    #[error("{path}: '{value}' {reason}")]
+    Parse {
+        path: PathBuf,
+        value: String,
+        reason: String,
+    },
+}
+
+/// One interface's counters at one instant.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct InterfaceSample {
+    /// Bytes received since the interface was created (or its driver last reset them).
+    pub rx_bytes: u64,
+    pub tx_bytes: u64,
+    /// Negotiated link speed in Mbit/s; `None` for virtual devices (the kernel answers EINVAL),
+    /// a link that is down, or an unknown speed (-1).
+    pub speed_mbps: Option<u64>,
+    /// The kernel's interface index: a change means the interface was deleted and recreated
+    /// under the same name, so its counters started again.
+    pub ifindex: Option<u64>,
+    /// Backed by a hardware device (has a `device` link), as opposed to lo, veth, bridges,
+    /// ifb and other virtual interfaces.
+    pub physical: bool,
+}
+
+/// Every interface's counters, read at `at`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NetSample {
+    pub at: Instant,
+    pub interfaces: BTreeMap<String, InterfaceSample>,
+}
+
+/// One interface's rates between two samples. A rate is `None` when it cannot be derived
+/// honestly: the interface is new, was recreated, or its counter went backwards.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct InterfaceRate {
+    pub rx_bytes_per_s: Option<f64>,
+    pub tx_bytes_per_s: Option<f64>,
+    /// Line rate in bytes/s from the newer sample's speed, when known.
+    pub line_bytes_per_s: Option<f64>,
+    pub physical: bool,
+}
+
+impl InterfaceRate {
+    /// The busier direction as a fraction of the line rate (links are full duplex), when
+    /// both are known.
+    pub fn utilization(&self) -> Option<f64> {
+        let line = self.line_bytes_per_s.filter(|l| *l > 0.0)?;
+        let busiest = match (self.rx_bytes_per_s, self.tx_bytes_per_s) {
+            (Some(rx), Some(tx)) => rx.max(tx),
+            (Some(one), None) | (None, Some(one)) => one,
+            (None, None) => return None,
+        };
+        Some(busiest / line)
+    }
+}
+
+/// Rates for every interface present in the newer sample.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct NetRates {
+    pub interval: Duration,
+    pub interfaces: BTreeMap<String, InterfaceRate>,
+}
+
+/// A source of interface samples: [`NetReader`], or a fake in the agent's tests.
+pub trait NetSource: Send {
+    fn sample(&mut self) -> Result<NetSample, NetError>;
+}
+
+impl NetSource for NetReader {
+    fn sample(&mut self) -> Result<NetSample, NetError> {
+        NetReader::sample(self)
+    }
+}
+
+/// Reads network interface counters from a sysfs tree.
+#[derive(Debug, Clone)]
+pub struct NetReader {
+    sysfs_root: PathBuf,
+}
+
+impl NetReader {
+    /// `sysfs_root` is the directory mounted at `/sys` (`topology::DEFAULT_SYSFS`) or a fixture.
+    pub fn new(sysfs_root: impl Into<PathBuf>) -> Self {
+        Self {
+            sysfs_root: sysfs_root.into(),
+        }
+    }
+
+    /// Reads every interface. An interface that disappears while being read is left out.
+    pub fn sample(&self) -> Result<NetSample, NetError> {
+        let dir = self.sysfs_root.join(CLASS_NET);
+        let entries = fs::read_dir(&dir).map_err(|source| NetError::Io {
+            path: dir.clone(),
+            source,
+        })?;
+        let mut interfaces = BTreeMap::new();
+        for entry in entries {
+            let entry = entry.map_err(|source| NetError::Io {
+                path: dir.clone(),
+                source,
+            })?;
+            let Ok(name) = entry.file_name().into_string() else {
+                // Interface names are ASCII; anything else is not an interface we can report.
+                continue;
+            };
+            if let Some(sample) = read_interface(&entry.path())? {
+                interfaces.insert(name, sample);
+            }
+        }
+        Ok(NetSample {
+            at: Instant::now(),
+            interfaces,
+        })
+    }
+}
+
+/// `None` when the interface vanished between listing and reading.
+fn read_interface(dir: &Path) -> Result<Option<InterfaceSample>, NetError> {
+    let Some(rx_bytes) = read_counter(&dir.join(RX_BYTES))? else {
+        return Ok(None);
+    };
+    let Some(tx_bytes) = read_counter(&dir.join(TX_BYTES))? else {
+        return Ok(None);
+    };
+    let ifindex = read_counter(&dir.join(IFINDEX))?;
+    Ok(Some(InterfaceSample {
+        rx_bytes,
+        tx_bytes,
+        speed_mbps: read_speed(&dir.join(SPEED))?,
+        ifindex,
+        physical: dir.join(DEVICE_LINK).exists(),
+    }))
+}
+
+/// A decimal counter; `None` when the file does not exist (the interface went away).
+fn read_counter(path: &Path) -> Result<Option<u64>, NetError> {
+    let text = match fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => {
+            return Err(NetError::Io {
+                path: path.to_path_buf(),
+                source,
+            })
+        }
+    };
+    let value = text.trim();
+    value.parse().map(Some).map_err(|_| NetError::Parse {
+        path: path.to_path_buf(),
+        value: value.to_string(),
+        reason: "is not a non-negative integer".to_string(),
+    })
+}
+
+/// Link speed in Mbit/s. Virtual devices and down links answer EINVAL (or EOPNOTSUPP) on read;
+/// a driver that does not know prints -1 (older kernels: 4294967295 or 65535 for SPEED_UNKNOWN).
+fn read_speed(path: &Path) -> Result<Option<u64>, NetError> {
+    let text = match fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if speed_not_reported(&e) => return Ok(None),
+        Err(source) => {
+            return Err(NetError::Io {
+                path: path.to_path_buf(),
+                source,
+            })
+        }
+    };
+    let value = text.trim();
+    let speed: i64 = value.parse().map_err(|_| NetError::Parse {
+        path: path.to_path_buf(),
+        value: value.to_string(),
+        reason: "is not an integer speed in Mbit/s".to_string(),
+    })?;
+    const SPEED_UNKNOWN_U32: i64 = 4_294_967_295;
+    const SPEED_UNKNOWN_U16: i64 = 65_535;
+    if speed <= 0 || speed == SPEED_UNKNOWN_U32 || speed == SPEED_UNKNOWN_U16 {
+        return Ok(None);
+    }
+    Ok(u64::try_from(speed).ok())
+}
+
+fn speed_not_reported(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::NotFound
+        || matches!(
+            e.raw_os_error(),
+            Some(libc::EINVAL) | Some(libc::EOPNOTSUPP) | Some(libc::ENODEV)
+        )
+}
+
+/// Rates between two samples, for every interface of `cur`. Pure: depends only on its
+/// arguments. A delta is dropped (rate `None`) when the interface is new, its ifindex changed
+/// (deleted and recreated), or a counter went backwards (driver reset, e.g. on some NICs when
+/// the link flaps); a zero or negative interval yields no rates at all.
+pub fn rates(prev: &NetSample, cur: &NetSample) -> NetRates {
+    let interval = cur.at.saturating_duration_since(prev.at);
+    let secs = interval.as_secs_f64();
+    let interfaces = cur
+        .interfaces
+        .iter()
+        .map(|(name, now)| {
+            let before = prev
+                .interfaces
+                .get(name)
+                .filter(|before| before.ifindex == now.ifindex && secs > 0.0);
+            let rate = |old: u64, new: u64| counter_rate(old, new, secs);
+            let rate = InterfaceRate {
+                rx_bytes_per_s: before.and_then(|b| rate(b.rx_bytes, now.rx_bytes)),
+                tx_bytes_per_s: before.and_then(|b| rate(b.tx_bytes, now.tx_bytes)),
+                // Mbit/s → bytes/s.
+                line_bytes_per_s: now.speed_mbps.map(|mbps| mbps as f64 * 1e6 / 8.0),
+                physical: now.physical,
+            };
+            (name.clone(), rate)
+        })
+        .collect();
+    NetRates {
+        interval,
+        interfaces,
+    }
+}
+
+/// `(new - old) / secs`, or `None` when the counter went backwards.
+fn counter_rate(old: u64, new: u64, secs: f64) -> Option<f64> {
+    new.checked_sub(old).map(|delta| delta as f64 / secs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Builds `class/net/<name>` with the given files under a tempdir sysfs root.
+    fn interface(root: &Path, name: &str, files: &[(&str, &str)]) {
+        let dir = root.join(CLASS_NET).join(name);
+        fs::create_dir_all(dir.join("statistics")).expect("create fixture dirs");
+        for (file, content) in files {
+            fs::write(dir.join(file), content).expect("write fixture file");
+        }
+    }
+
+    fn eth(rx: &str, tx: &str, speed: &str) -> Vec<(&'static str, String)> {
+        vec![
+            (RX_BYTES, rx.to_string()),
+            (TX_BYTES, tx.to_string()),
+            (SPEED, speed.to_string()),
+            (IFINDEX, "2\n".to_string()),
+        ]
+    }
+
+    fn write_eth(root: &Path, name: &str, rx: &str, tx: &str, speed: &str) {
+        let files = eth(rx, tx, speed);
+        let borrowed: Vec<(&str, &str)> = files.iter().map(|(f, c)| (*f, c.as_str())).collect();
+        interface(root, name, &borrowed);
+    }
+
+    fn sample_at(at: Instant, entries: &[(&str, u64, u64, Option<u64>)]) -> NetSample {
+        NetSample {
+            at,
+            interfaces: entries
+                .iter()
+                .map(|&(name, rx, tx, ifindex)| {
+                    let s = InterfaceSample {
+                        rx_bytes: rx,
+                        tx_bytes: tx,
+                        speed_mbps: Some(10_000),
+                        ifindex,
+                        physical: true,
+                    };
+                    (name.to_string(), s)
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn reads_counters_speed_and_kind() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        write_eth(tmp.path(), "eth0", "1000\n", "2000\n", "25000\n");
+        fs::create_dir_all(tmp.path().join("devices/pci0000:00/0000:00:03.0")).expect("device dir");
+        std::os::unix::fs::symlink(
+            tmp.path().join("devices/pci0000:00/0000:00:03.0"),
+            tmp.path().join(CLASS_NET).join("eth0").join(DEVICE_LINK),
+        )
+        .expect("device link");
+        // A virtual device: no speed file content the kernel would give (EINVAL cannot be
+        // faked on a plain file), so model it with -1 and no device link.
+        interface(
+            tmp.path(),
+            "veth1",
+            &[(RX_BYTES, "5\n"), (TX_BYTES, "6\n"), (SPEED, "-1\n")],
+        );
+        let s = NetReader::new(tmp.path()).sample().expect("sample");
+        let eth0 = &s.interfaces["eth0"];
+        assert_eq!((eth0.rx_bytes, eth0.tx_bytes), (1000, 2000));
+        assert_eq!(eth0.speed_mbps, Some(25_000));
+        assert_eq!(eth0.ifindex, Some(2));
+        assert!(eth0.physical);
+        let veth = &s.interfaces["veth1"];
+        assert_eq!(veth.speed_mbps, None);
+        assert_eq!(veth.ifindex, None);
+        assert!(!veth.physical);
+    }
+
+    #[test]
+    fn speed_unknown_values_and_missing_file_are_none() {
+        for value in ["-1\n", "0\n", "4294967295\n", "65535\n"] {
+            let tmp = tempfile::tempdir().expect("tempdir");
+            write_eth(tmp.path(), "eth0", "1", "1", value);
+            let s = NetReader::new(tmp.path()).sample().expect("sample");
+            assert_eq!(s.interfaces["eth0"].speed_mbps, None, "speed {value:?}");
+        }
+        let tmp = tempfile::tempdir().expect("tempdir");
+        interface(tmp.path(), "lo", &[(RX_BYTES, "1\n"), (TX_BYTES, "1\n")]);
+        let s = NetReader::new(tmp.path()).sample().expect("sample");
+        assert_eq!(s.interfaces["lo"].speed_mbps, None);
+    }
+
+    #[test]
+    fn garbage_counter_names_path_and_value() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        write_eth(tmp.path(), "eth0", "lots\n", "1\n", "1000\n");
+        let err = NetReader::new(tmp.path()).sample().expect_err("garbage");
+        let msg = err.to_string();
+        assert!(msg.contains("eth0/statistics/rx_bytes"), "{msg}");
+        assert!(msg.contains("'lots'"), "{msg}");
+    }
+
+    #[test]
+    fn empty_counter_file_is_a_parse_error() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        write_eth(tmp.path(), "eth0", "1\n", "", "1000\n");
+        let err = NetReader::new(tmp.path()).sample().expect_err("empty");
+        assert!(matches!(err, NetError::Parse { ref path, .. } if path.ends_with(TX_BYTES)));
+    }
+
+    #[test]
+    fn garbage_speed_is_a_parse_error() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        write_eth(tmp.path(), "eth0", "1\n", "1\n", "fast\n");
+        let err = NetReader::new(tmp.path())
+            .sample()
+            .expect_err("garbage speed");
+        assert!(err.to_string().contains("'fast'"), "{err}");
+    }
+
+    #[test]
+    fn missing_class_net_is_an_error_with_the_path() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let err = NetReader::new(tmp.path())
+            .sample()
+            .expect_err("no class/net");
+        assert!(err.to_string().contains("class/net"), "{err}");
+    }
+
+    #[test]
+    fn interface_without_counters_is_left_out() {
+        // As when an interface is deleted between read_dir and reading its statistics.
+        let tmp = tempfile::tempdir().expect("tempdir");
+        fs::create_dir_all(tmp.path().join(CLASS_NET).join("gone")).expect("dir");
+        write_eth(tmp.path(), "eth0", "1\n", "1\n", "1000\n");
+        let s = NetReader::new(tmp.path()).sample().expect("sample");
+        assert_eq!(s.interfaces.keys().collect::<Vec<_>>(), ["eth0"]);
+    }
+
+    #[test]
+    fn rates_from_two_samples() {
+        let t0 = Instant::now();
+        let prev = sample_at(t0, &[("eth0", 1_000, 5_000, Some(2))]);
+        let cur = sample_at(
+            t0 + Duration::from_secs(2),
+            &[("eth0", 3_000, 5_000, Some(2))],
+        );
+        let r = rates(&prev, &cur);
+        assert_eq!(r.interval, Duration::from_secs(2));
+        let eth0 = &r.interfaces["eth0"];
+        assert_eq!(eth0.rx_bytes_per_s, Some(1_000.0));
+        assert_eq!(eth0.tx_bytes_per_s, Some(0.0));
+        assert_eq!(eth0.line_bytes_per_s, Some(1.25e9));
+        assert_eq!(eth0.utilization(), Some(1_000.0 / 1.25e9));
+    }
+
+    #[test]
+    fn counter_reset_drops_only_that_delta() {
+        let t0 = Instant::now();
+        let prev = sample_at(t0, &[("eth0", 9_000, 100, Some(2))]);
+        let cur = sample_at(t0 + Duration::from_secs(1), &[("eth0", 10, 300, Some(2))]);
+        let eth0 = &rates(&prev, &cur).interfaces["eth0"];
+        assert_eq!(eth0.rx_bytes_per_s, None);
+        assert_eq!(eth0.tx_bytes_per_s, Some(200.0));
+    }
+
+    #[test]
+    fn recreated_or_new_interface_has_no_rate() {
+        let t0 = Instant::now();
+        let prev = sample_at(t0, &[("veth0", 10, 10, Some(7))]);
+        let cur = sample_at(
+            t0 + Duration::from_secs(1),
+            &[("veth0", 500, 500, Some(9)), ("veth1", 1, 1, Some(10))],
+        );
+        let r = rates(&prev, &cur);
+        for name in ["veth0", "veth1"] {
+            assert_eq!(r.interfaces[name].rx_bytes_per_s, None, "{name}");
+            assert_eq!(r.interfaces[name].tx_bytes_per_s, None, "{name}");
+        }
+    }
+
+    #[test]
+    fn zero_interval_yields_no_rates() {
+        let t0 = Instant::now();
+        let prev = sample_at(t0, &[("eth0", 1, 1, Some(2))]);
+        let cur = sample_at(t0, &[("eth0", 2, 2, Some(2))]);
+        assert_eq!(rates(&prev, &cur).interfaces["eth0"].rx_bytes_per_s, None);
+        // Samples handed over in the wrong order behave the same.
+        assert_eq!(rates(&cur, &prev).interfaces["eth0"].rx_bytes_per_s, None);
+    }
+
+    #[test]
+    fn reads_this_machines_sysfs() {
+        // Read-only and unprivileged: every Linux host has class/net with at least lo.
+        let root = Path::new(crate::topology::DEFAULT_SYSFS);
+        if !root.join(CLASS_NET).join("lo").exists() {
+            crate::privileged::skip("reads_this_machines_sysfs", "no /sys/class/net/lo here");
+            return;
+        }
+        let s = NetReader::new(root).sample().expect("sample /sys");
+        let lo = &s.interfaces["lo"];
+        assert!(!lo.physical);
+        assert_eq!(lo.speed_mbps, None, "lo has no link speed");
+    }
+}

@@ -339,8 +339,14 @@ pub struct Workload {
 
 impl Workload {
     pub fn train(workers: u32) -> Workload {
+        Self::train_with(workers, &[])
+    }
+
+    /// The emulator with more arguments (e.g. `--publish-dir DIR`).
+    pub fn train_with(workers: u32, extra: &[&str]) -> Workload {
         let mut child = Command::new(example("train_emulator"))
             .args(["--workers", &workers.to_string(), "--gpu-step-ms", "20"])
+            .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()

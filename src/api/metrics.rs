@@ -1,0 +1,269 @@
+//! The Prometheus text endpoint (`metrics.listen`, off by default): `GET /metrics` renders the
+//! agent's latest observations with `prometheus-client`. Metric names are documented in
+//! `docs/metrics.md`. Touches only the agent's command channel and its listening socket.
+
+use std::net::SocketAddr;
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tracing::{debug, warn};
+
+use crate::agent::{AgentHandle, Snapshot};
+
+type Labels = Vec<(&'static str, String)>;
+type FloatGauge = Gauge<f64, AtomicU64>;
+
+/// Adds a gauge family, sets one value per label set, and registers it.
+struct Builder {
+    registry: Registry,
+}
+
+impl Builder {
+    fn family(&mut self, name: &str, help: &str, values: Vec<(Labels, f64)>) {
+        let family = Family::<Labels, FloatGauge>::default();
+        for (labels, v) in values {
+            if v.is_finite() {
+                family.get_or_create(&labels).set(v);
+            }
+        }
+        self.registry.register(name, help, family);
+    }
+}
+
+/// Renders a snapshot in the Prometheus text format (OpenMetrics flavour).
+pub fn render(snap: &Snapshot) -> String {
+    let mut b = Builder {
+        registry: Registry::with_prefix("lodger"),
+    };
+    let job_labels = |id: &str, name: &Option<String>| -> Labels {
+        vec![
+            ("job", id.to_string()),
+            ("name", name.clone().unwrap_or_default()),
+        ]
+    };
+    let jobs = &snap.jobs;
+    b.family(
+        "job_cpus",
+        "CPUs held by the job (its cpuset)",
+        jobs.iter()
+            .map(|j| (job_labels(j.id.as_str(), &j.spec.name), j.cpus.len() as f64))
+            .collect(),
+    );
+    b.family(
+        "job_threads",
+        "Threads of the job's processes",
+        jobs.iter()
+            .map(|j| {
+                (
+                    job_labels(j.id.as_str(), &j.spec.name),
+                    f64::from(j.threads),
+                )
+            })
+            .collect(),
+    );
+    b.family(
+        "job_rr_threads",
+        "Threads of the job running SCHED_RR at the configured priority",
+        jobs.iter()
+            .map(|j| {
+                (
+                    job_labels(j.id.as_str(), &j.spec.name),
+                    f64::from(j.rr_threads),
+                )
+            })
+            .collect(),
+    );
+    let per_job = |f: fn(&crate::sense::JobMetrics) -> Option<f64>| -> Vec<(Labels, f64)> {
+        jobs.iter()
+            .filter_map(|j| {
+                let m = snap.observations.jobs.get(&j.id)?;
+                Some((job_labels(j.id.as_str(), &j.spec.name), f(m)?))
+            })
+            .collect()
+    };
+    b.family(
+        "job_cpu_percent",
+        "CPU time used by the job, percent of one CPU",
+        per_job(|m| m.cpu_percent),
+    );
+    b.family("job_ipc", "Instructions per cycle", per_job(|m| m.ipc));
+    b.family(
+        "job_cache_miss_percent",
+        "Cache misses per cache reference, percent",
+        per_job(|m| m.cache_miss_percent),
+    );
+    b.family(
+        "job_gpu_percent",
+        "The job's GPU utilization, percent (see lodger_source_info for nvml vs emulated)",
+        per_job(|m| m.gpu_percent),
+    );
+    b.family(
+        "job_membw_bytes_per_second",
+        "The job's memory bandwidth (resctrl MBM)",
+        per_job(|m| m.membw_bytes_per_s),
+    );
+
+    let node = &snap.observations.node;
+    let scalar = |v: Option<f64>| v.map(|v| vec![(Labels::new(), v)]).unwrap_or_default();
+    b.family(
+        "node_cpu_percent",
+        "Busy percent of all online CPUs together",
+        scalar(node.cpu_percent),
+    );
+    b.family(
+        "cpu_busy_percent",
+        "Busy percent per CPU",
+        node.per_cpu_percent
+            .iter()
+            .map(|(cpu, v)| (vec![("cpu", cpu.to_string())], *v))
+            .collect(),
+    );
+    b.family(
+        "node_cpu_pressure_percent",
+        "PSI cpu some avg10: percent of time some task waited for a CPU",
+        scalar(node.cpu_pressure_percent),
+    );
+    b.family(
+        "node_membw_bytes_per_second",
+        "Memory bandwidth of the node (resctrl MBM)",
+        scalar(node.membw_bytes_per_s),
+    );
+    let gpu = |f: fn(&crate::sense::GpuMetrics) -> Option<f64>| -> Vec<(Labels, f64)> {
+        node.gpus
+            .iter()
+            .filter_map(|g| {
+                Some((
+                    vec![("gpu", g.index.to_string()), ("source", g.source.clone())],
+                    f(g)?,
+                ))
+            })
+            .collect()
+    };
+    b.family(
+        "gpu_util_percent",
+        "GPU utilization",
+        gpu(|g| g.util_percent),
+    );
+    b.family(
+        "gpu_memory_util_percent",
+        "GPU memory controller utilization",
+        gpu(|g| g.mem_util_percent),
+    );
+    b.family(
+        "gpu_memory_used_bytes",
+        "GPU memory in use",
+        gpu(|g| g.mem_used_bytes.map(|v| v as f64)),
+    );
+    b.family("gpu_power_watts", "GPU power draw", gpu(|g| g.power_watts));
+    b.family(
+        "gpu_sm_clock_mhz",
+        "GPU SM clock",
+        gpu(|g| g.sm_clock_mhz.map(f64::from)),
+    );
+    b.family(
+        "gpu_pcie_tx_bytes_per_second",
+        "PCIe transmit throughput",
+        gpu(|g| g.pcie_tx_bytes_per_s),
+    );
+    b.family(
+        "gpu_pcie_rx_bytes_per_second",
+        "PCIe receive throughput",
+        gpu(|g| g.pcie_rx_bytes_per_s),
+    );
+    b.family(
+        "net_rx_bytes_per_second",
+        "Bytes received per second, per interface",
+        node.net
+            .iter()
+            .map(|n| (vec![("interface", n.interface.clone())], n.rx_bytes_per_s))
+            .collect(),
+    );
+    b.family(
+        "net_tx_bytes_per_second",
+        "Bytes sent per second, per interface",
+        node.net
+            .iter()
+            .map(|n| (vec![("interface", n.interface.clone())], n.tx_bytes_per_s))
+            .collect(),
+    );
+    let s = &snap.observations.sources;
+    b.family(
+        "source_info",
+        "1 for each signal source, labelled with what it is doing (nvml, emulated, unavailable: ...)",
+        [
+            ("gpu", &s.gpu),
+            ("perf", &s.perf),
+            ("cpu", &s.cpu),
+            ("membw", &s.membw),
+            ("net", &s.net),
+        ]
+        .into_iter()
+        .map(|(k, v)| (vec![("source", k.to_string()), ("state", v.clone())], 1.0))
+        .collect(),
+    );
+    let ticks = Counter::<u64>::default();
+    ticks.inc_by(snap.status.ticks);
+    b.registry
+        .register("agent_ticks", "Agent loop passes completed", ticks);
+
+    let mut out = String::new();
+    if encode(&mut out, &b.registry).is_err() {
+        // Encoding into a String cannot fail; keep the endpoint answering regardless.
+        out = "# encoding failed\n".into();
+    }
+    out
+}
+
+/// Serves `GET /metrics` on `listen` until the process ends. Minimal HTTP/1.0: the endpoint is
+/// meant for a local scraper, and a full HTTP stack for one read-only page is not worth its
+/// weight in the daemon.
+pub async fn serve(listen: SocketAddr, agent: AgentHandle) -> std::io::Result<()> {
+    let listener = TcpListener::bind(listen).await?;
+    tracing::info!("Prometheus metrics on http://{listen}/metrics");
+    loop {
+        let (mut sock, peer) = match listener.accept().await {
+            Ok(x) => x,
+            Err(e) => {
+                warn!("metrics: accept failed: {e}");
+                continue;
+            }
+        };
+        let agent = agent.clone();
+        tokio::spawn(async move {
+            let mut buf = [0u8; 2048];
+            let n =
+                match tokio::time::timeout(std::time::Duration::from_secs(5), sock.read(&mut buf))
+                    .await
+                {
+                    Ok(Ok(n)) => n,
+                    _ => return,
+                };
+            let request = String::from_utf8_lossy(&buf[..n]);
+            let path = request.split_whitespace().nth(1).unwrap_or("");
+            debug!(%peer, path, "metrics request");
+            let (status, body) = if !request.starts_with("GET ") {
+                ("405 Method Not Allowed", "only GET\n".to_string())
+            } else if path != "/metrics" {
+                ("404 Not Found", "try /metrics\n".to_string())
+            } else {
+                match agent.snapshot().await {
+                    Ok(snap) => ("200 OK", render(&snap)),
+                    Err(e) => ("503 Service Unavailable", format!("{e}\n")),
+                }
+            };
+            let head = format!(
+                "HTTP/1.0 {status}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                body.len()
+            );
+            let _ = sock.write_all(head.as_bytes()).await;
+            let _ = sock.write_all(body.as_bytes()).await;
+            let _ = sock.shutdown().await;
+        });
+    }
+}

@@ -1,0 +1,133 @@
+//! `lodgerctl`'s command line.
+
+use clap::{Args, Parser, Subcommand};
+
+const AFTER_HELP: &str = "\
+Exit status:
+  0  the request succeeded
+  1  lodgerd refused or failed the request (the message says why)
+  2  bad command line, or lodgerd could not be reached
+
+The bus is the system bus; DBUS_SYSTEM_BUS_ADDRESS selects another one (tests, the demo).";
+
+/// Control lodgerd, the colocation agent that gives training jobs dedicated cores and lends the
+/// rest to CPU work.
+#[derive(Parser, Debug)]
+#[command(name = "lodgerctl", version, after_help = AFTER_HELP)]
+pub struct Cli {
+    /// Print JSON instead of tables (for scripts).
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// Talk to a lodgerd on the session bus instead of the system bus.
+    #[arg(long, global = true)]
+    pub session: bool,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Register a job with lodgerd.
+    #[command(subcommand)]
+    Register(Register),
+    /// Release a job: its threads return to SCHED_OTHER, its cgroups are restored, its CPUs freed.
+    Unregister(UnregisterArgs),
+    /// List registered jobs.
+    List,
+    /// Show one job in detail.
+    Show {
+        /// The job's id (e.g. j3).
+        id: String,
+    },
+    /// Show the node: CPUs, reserved, free, training CPUs, enforcement mode.
+    Status,
+    /// Live measurements per job (CPU %, IPC, cache-miss %, GPU %, memory bandwidth), refreshed
+    /// like top; `--once` or `--json` print one sample for scripts.
+    Top(TopArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct TopArgs {
+    /// Print one sample and exit.
+    #[arg(long)]
+    pub once: bool,
+    /// Seconds between refreshes.
+    #[arg(long, default_value_t = 1.0, value_parser = parse_refresh)]
+    pub refresh: f64,
+}
+
+fn parse_refresh(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if (0.1..=3600.0).contains(&v) => Ok(v),
+        _ => Err(format!(
+            "'{s}' is not a number of seconds between 0.1 and 3600"
+        )),
+    }
+}
+
+#[derive(Args, Debug)]
+#[command(group(clap::ArgGroup::new("which").required(true).args(["id", "all"])))]
+pub struct UnregisterArgs {
+    /// The job's id, as `lodgerctl list` shows it (e.g. j3).
+    pub id: Option<String>,
+    /// Release every registered job (the packages' removal scripts use it before stopping
+    /// lodgerd, which otherwise leaves its jobs pinned on purpose).
+    #[arg(long)]
+    pub all: bool,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Register {
+    /// A GPU training job: pinned to whole cores local to its GPUs, every thread SCHED_RR.
+    Training(TrainingArgs),
+}
+
+#[derive(Args, Debug)]
+#[command(group(clap::ArgGroup::new("target").required(true).args(["pid", "cgroup"])))]
+pub struct TrainingArgs {
+    /// The job's process(es); their children are included. Repeat or separate with commas.
+    #[arg(long, value_delimiter = ',', num_args = 1..)]
+    pub pid: Vec<u32>,
+    /// The job's existing cgroup (e.g. a Slurm step), relative to the cgroup hierarchy root.
+    #[arg(long)]
+    pub cgroup: Option<String>,
+    /// GPU indices the job uses (nvidia-smi order), e.g. 0,1.
+    #[arg(long, value_delimiter = ',')]
+    pub gpus: Vec<u32>,
+    /// How many CPUs the job needs (SMT siblings count separately).
+    #[arg(long)]
+    pub cores: u32,
+    /// A name to recognise the job by.
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Model category (cv, nlp, speech, other); used by right-sizing.
+    #[arg(long)]
+    pub category: Option<String>,
+    /// The input pipeline is pipelined (prefetching loader).
+    #[arg(long)]
+    pub pipeline: bool,
+    /// The job spans several nodes (its network traffic gets a guaranteed share).
+    #[arg(long)]
+    pub multi_node: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn definitions_are_consistent() {
+        Cli::command().debug_assert();
+        crate::cli::lodgerd::Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn unregister_takes_an_id_or_all_but_not_both() {
+        let parse = |args: &[&str]| Cli::try_parse_from(args);
+        assert!(parse(&["lodgerctl", "unregister", "j1"]).is_ok());
+        assert!(parse(&["lodgerctl", "unregister", "--all"]).is_ok());
+        assert!(parse(&["lodgerctl", "unregister"]).is_err());
+        assert!(parse(&["lodgerctl", "unregister", "j1", "--all"]).is_err());
+    }
+}

@@ -1,0 +1,461 @@
+//! The sensing thread: owns every signal source, samples them all once per `sense.interval_ms`,
+//! derives rates from consecutive samples and hands each pass to the agent as [`Observations`].
+//! It runs beside the agent's loop, not in it: NVML calls and perf reads on many fds can block,
+//! and a slow source must never delay enforcement (STYLE §7).
+//!
+//! Each missing feature (no NVML, no PMU, no resctrl, no PSI) is said once, at start, with the
+//! reason; afterwards it is reported as `unavailable: <why>` in [`SourceStatus`].
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use tracing::{info, warn};
+
+use crate::agent::SensorLink;
+use crate::job::JobId;
+use crate::sense::cpu::{
+    CpuReader, JobCpuRate, JobCpuSample, NodeCpuRates, PressureSample, StallRates, StatSample,
+};
+use crate::sense::gpu::{self, GpuSource, GpuSourceKind, GpuStatus};
+use crate::sense::membw::{self, MbmReader, MbmSample, ObservedPeak};
+use crate::sense::net::{self, NetReader, NetSample};
+use crate::sense::perf::{Counters, PerfCounters, PerfRates, PerfSample, PerfSettings, PerfTarget};
+use crate::sense::{
+    GpuMetrics, JobMetrics, NetMetrics, NodeMetrics, Observations, SensedJob, SourceStatus,
+};
+
+/// Where GPU utilization comes from (`sense.gpu`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GpuChoice {
+    Auto,
+    Nvml,
+    Emulated,
+    Off,
+}
+
+#[derive(Debug, Clone)]
+pub struct SamplerSettings {
+    pub interval: Duration,
+    pub proc_root: PathBuf,
+    pub sysfs_root: PathBuf,
+    pub gpu: GpuChoice,
+    pub emulated_gpu_dir: PathBuf,
+    pub perf: bool,
+    pub perf_max_fds: usize,
+    pub resctrl_root: PathBuf,
+    /// 0: unknown, use the highest seen.
+    pub membw_peak_bytes_per_s: u64,
+}
+
+/// A job as the sampler tracks it.
+struct Tracked {
+    job: SensedJob,
+    cpu: Option<JobCpuSample>,
+    perf: Option<PerfSample>,
+    /// The pids the perf counters were opened on (inherit follows their children).
+    perf_pids: Vec<u32>,
+}
+
+pub struct Sampler {
+    settings: SamplerSettings,
+    cpu: CpuReader,
+    stat: Option<StatSample>,
+    pressure: Option<PressureSample>,
+    psi_available: bool,
+    gpu: Result<Box<dyn GpuSource>, String>,
+    perf: Result<PerfCounters, String>,
+    membw: Result<MbmReader, String>,
+    mbm: Option<MbmSample>,
+    peak: ObservedPeak,
+    net: NetReader,
+    net_sample: Option<NetSample>,
+    jobs: BTreeMap<JobId, Tracked>,
+    sources: SourceStatus,
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+impl Sampler {
+    /// Opens every source, saying once for each one that is missing why it is.
+    pub fn open(settings: SamplerSettings) -> Sampler {
+        let gpu: Result<Box<dyn GpuSource>, String> = match settings.gpu {
+            GpuChoice::Off => Err("off (sense.gpu = \"off\")".into()),
+            GpuChoice::Emulated => gpu::open_source(
+                GpuSourceKind::Emulated,
+                &settings.emulated_gpu_dir,
+                &settings.proc_root,
+            )
+            .map_err(|e| e.to_string()),
+            GpuChoice::Nvml | GpuChoice::Auto => gpu::open_source(
+                GpuSourceKind::Nvml,
+                &settings.emulated_gpu_dir,
+                &settings.proc_root,
+            )
+            .map_err(|e| e.to_string()),
+        };
+        match (&gpu, settings.gpu) {
+            (Ok(g), _) if g.kind() == GpuSourceKind::Emulated => info!(
+                "GPU sensing: emulated, from {} (the bundled training emulator; no real GPU is measured)",
+                settings.emulated_gpu_dir.display()
+            ),
+            (Ok(_), _) => info!("GPU sensing: NVML"),
+            (Err(e), GpuChoice::Nvml) => warn!("GPU sensing off: {e}"),
+            (Err(e), _) => info!("GPU sensing off: {e}"),
+        }
+
+        let perf = if settings.perf {
+            let mut ps = PerfSettings::new(&settings.proc_root);
+            ps.fd_cap = Some(settings.perf_max_fds);
+            match PerfCounters::new(ps) {
+                Ok(p) if p.status().available() => {
+                    let st = p.status();
+                    let off: Vec<String> = st
+                        .events
+                        .iter()
+                        .filter_map(|e| Some(format!("{}: {}", e.event, e.unavailable.as_ref()?)))
+                        .collect();
+                    if !off.is_empty() {
+                        info!("perf: some events unavailable ({})", off.join("; "));
+                    }
+                    Ok(p)
+                }
+                Ok(p) => {
+                    let why = p
+                        .status()
+                        .events
+                        .iter()
+                        .filter_map(|e| e.unavailable.clone())
+                        .next()
+                        .unwrap_or_else(|| "no event can be counted".into());
+                    let why = format!(
+                        "no hardware counters: the PMU counts none of instructions, cycles, cache \
+                         references, cache misses ({why}); VMs often expose none"
+                    );
+                    info!("perf sensing off (IPC and cache misses unavailable): {why}");
+                    Err(why)
+                }
+                Err(e) => {
+                    info!("perf sensing off (IPC and cache misses unavailable): {e}");
+                    Err(e.to_string())
+                }
+            }
+        } else {
+            Err("off (sense.perf = false)".into())
+        };
+
+        let membw = MbmReader::open(&settings.resctrl_root).map_err(|e| e.to_string());
+        if let Err(e) = &membw {
+            info!("memory-bandwidth sensing off: {e}");
+        }
+        let mut cpu = CpuReader::new(&settings.proc_root);
+        let psi_available = matches!(cpu.pressure(), Ok(Some(_)));
+        if !psi_available {
+            info!(
+                "CPU pressure (PSI) unavailable: no {}/pressure/cpu (kernel without CONFIG_PSI or booted with psi=0)",
+                settings.proc_root.display()
+            );
+        }
+        let net = NetReader::new(&settings.sysfs_root);
+        let mut s = Sampler {
+            cpu,
+            stat: None,
+            pressure: None,
+            psi_available,
+            gpu,
+            perf,
+            membw,
+            mbm: None,
+            peak: ObservedPeak::default(),
+            net,
+            net_sample: None,
+            jobs: BTreeMap::new(),
+            sources: SourceStatus::default(),
+            settings,
+        };
+        s.sources = s.source_status(None);
+        s
+    }
+
+    fn source_status(&self, gpu: Option<&GpuStatus>) -> SourceStatus {
+        let unavailable = |e: &String| format!("unavailable: {e}");
+        SourceStatus {
+            gpu: match (&self.gpu, gpu) {
+                (Err(e), _) => unavailable(e),
+                (Ok(_), Some(st)) => st.to_string(),
+                (Ok(g), None) => g.kind().to_string(),
+            },
+            perf: match &self.perf {
+                Err(e) => unavailable(e),
+                Ok(p) => {
+                    let st = p.status();
+                    let on: Vec<&str> = st
+                        .events
+                        .iter()
+                        .filter(|e| e.unavailable.is_none())
+                        .map(|e| e.event.name())
+                        .collect();
+                    format!(
+                        "{}: {} ({} of {} fds)",
+                        if st.software {
+                            "software events"
+                        } else {
+                            "hardware counters"
+                        },
+                        on.join(", "),
+                        st.budget.used,
+                        st.budget.cap
+                    )
+                }
+            },
+            cpu: if self.psi_available {
+                "procfs, PSI".into()
+            } else {
+                "procfs (no PSI)".into()
+            },
+            membw: match &self.membw {
+                Err(e) => unavailable(e),
+                Ok(_) => "resctrl MBM".into(),
+            },
+            net: "sysfs".into(),
+        }
+    }
+
+    /// Takes the agent's current job list: new jobs get counters, gone ones lose theirs.
+    pub fn set_jobs(&mut self, jobs: Vec<SensedJob>) {
+        let wanted: BTreeSet<JobId> = jobs.iter().map(|j| j.id.clone()).collect();
+        let gone: Vec<JobId> = self
+            .jobs
+            .keys()
+            .filter(|id| !wanted.contains(*id))
+            .cloned()
+            .collect();
+        for id in gone {
+            self.jobs.remove(&id);
+            if let Ok(p) = &mut self.perf {
+                p.detach(&id);
+            }
+        }
+        for job in jobs {
+            let entry = self.jobs.entry(job.id.clone()).or_insert_with(|| Tracked {
+                job: job.clone(),
+                cpu: None,
+                perf: None,
+                perf_pids: Vec::new(),
+            });
+            entry.job = job;
+            // Counters opened with inherit follow children and new threads; reopen only when
+            // every process they were opened on is gone (or none was yet).
+            let still_counted = entry.perf_pids.iter().any(|p| entry.job.pids.contains(p));
+            if !still_counted && !entry.job.pids.is_empty() {
+                if let Ok(p) = &mut self.perf {
+                    match p.attach(
+                        &entry.job.id,
+                        &PerfTarget::Processes(entry.job.pids.clone()),
+                    ) {
+                        Ok(_) => {
+                            entry.perf_pids = entry.job.pids.clone();
+                            entry.perf = None;
+                        }
+                        Err(e) => warn!(job = %entry.job.id, "perf counters not opened: {e}"),
+                    }
+                }
+            }
+        }
+    }
+
+    /// One pass over every source.
+    pub fn pass(&mut self) -> Observations {
+        let mut node = NodeMetrics::default();
+        let mut jobs: BTreeMap<JobId, JobMetrics> = BTreeMap::new();
+
+        // CPU, node and per job.
+        if let Ok(stat) = self.cpu.stat() {
+            if let Some(r) = self
+                .stat
+                .as_ref()
+                .and_then(|prev| NodeCpuRates::between(prev, &stat))
+            {
+                node.cpu_percent = r.all.map(|u| u.busy * 100.0);
+                node.per_cpu_percent = r
+                    .cpus
+                    .iter()
+                    .filter_map(|(id, u)| Some((*id, u.as_ref()?.busy * 100.0)))
+                    .collect();
+            }
+            self.stat = Some(stat);
+        }
+        if self.psi_available {
+            if let Ok(Some(p)) = self.cpu.pressure() {
+                if let Some(r) = self
+                    .pressure
+                    .as_ref()
+                    .and_then(|prev| StallRates::between(prev, &p))
+                {
+                    node.cpu_pressure_percent = Some(r.some * 100.0);
+                }
+                self.pressure = Some(p);
+            }
+        }
+        for t in self.jobs.values_mut() {
+            let m = jobs.entry(t.job.id.clone()).or_default();
+            if let Ok(sample) = self.cpu.processes(&t.job.pids) {
+                if let Some(r) = t
+                    .cpu
+                    .as_ref()
+                    .and_then(|prev| JobCpuRate::between(prev, &sample))
+                {
+                    m.cpu_percent = Some(r.cores * 100.0);
+                }
+                t.cpu = Some(sample);
+            }
+        }
+
+        // perf.
+        if let Ok(p) = &mut self.perf {
+            for (id, sample) in p.read() {
+                let Some(t) = self.jobs.get_mut(&id) else {
+                    continue;
+                };
+                if let Some(r) = t
+                    .perf
+                    .as_ref()
+                    .and_then(|prev| PerfRates::between(prev, &sample))
+                {
+                    let m = jobs.entry(id.clone()).or_default();
+                    m.ipc = r.ipc;
+                    m.cache_miss_percent = r.cache_miss_ratio.map(|x| x * 100.0);
+                }
+                t.perf = Some(sample);
+            }
+        }
+
+        // GPU.
+        let mut gpu_status = None;
+        if let Ok(g) = &mut self.gpu {
+            match g.sample() {
+                Ok(snap) => {
+                    let source = snap.source.to_string();
+                    node.gpus = snap
+                        .devices
+                        .iter()
+                        .map(|d| GpuMetrics {
+                            index: d.index,
+                            source: source.clone(),
+                            util_percent: d.util_gpu.map(|u| u * 100.0),
+                            mem_util_percent: d.util_memory.map(|u| u * 100.0),
+                            sm_clock_mhz: d.sm_clock_mhz,
+                            mem_used_bytes: d.memory_used_bytes,
+                            mem_total_bytes: d.memory_total_bytes,
+                            power_watts: d.power_watts(),
+                            pcie_tx_bytes_per_s: d.pcie_tx_bytes_per_s(),
+                            pcie_rx_bytes_per_s: d.pcie_rx_bytes_per_s(),
+                        })
+                        .collect();
+                    for t in self.jobs.values() {
+                        let pids: BTreeSet<u32> = t.job.pids.iter().copied().collect();
+                        let u = gpu::job_utilization(&snap, &pids);
+                        if let Some(mean) = u.mean {
+                            let m = jobs.entry(t.job.id.clone()).or_default();
+                            m.gpu_percent = Some(mean * 100.0);
+                            m.gpu_source = Some(source.clone());
+                        }
+                    }
+                    gpu_status = Some(snap.status());
+                }
+                Err(e) => {
+                    gpu_status = Some(GpuStatus::unavailable(&e));
+                }
+            }
+        }
+
+        // Memory bandwidth.
+        if let Ok(r) = &self.membw {
+            if let Ok(sample) = r.sample() {
+                if let Some(prev) = &self.mbm {
+                    let rates = membw::rates(prev, &sample);
+                    self.peak.observe(&rates);
+                    node.membw_bytes_per_s = Some(rates.node.bytes_per_s);
+                    let peak = if self.settings.membw_peak_bytes_per_s > 0 {
+                        self.settings.membw_peak_bytes_per_s as f64
+                    } else {
+                        self.peak.bytes_per_s
+                    };
+                    node.membw_fraction_of_peak = rates.node_fraction(peak);
+                }
+                self.mbm = Some(sample);
+            }
+        }
+
+        // Network.
+        if let Ok(sample) = self.net.sample() {
+            if let Some(prev) = &self.net_sample {
+                let rates = net::rates(prev, &sample);
+                node.net = rates
+                    .interfaces
+                    .iter()
+                    .filter(|(name, _)| name.as_str() != "lo")
+                    .filter_map(|(name, r)| {
+                        Some(NetMetrics {
+                            interface: name.clone(),
+                            rx_bytes_per_s: r.rx_bytes_per_s?,
+                            tx_bytes_per_s: r.tx_bytes_per_s?,
+                            speed_mbps: r.line_bytes_per_s.map(|b| (b * 8.0 / 1e6).round() as u64),
+                        })
+                    })
+                    .collect();
+            }
+            self.net_sample = Some(sample);
+        }
+
+        self.sources = self.source_status(gpu_status.as_ref());
+        Observations {
+            unix_ms: unix_ms(),
+            node,
+            jobs,
+            sources: self.sources.clone(),
+        }
+    }
+
+    /// Starts the sensing thread. The returned link goes to the agent ([`crate::agent::Agent::with_sensor`]).
+    pub fn spawn(mut self) -> std::io::Result<(SensorLink, thread::JoinHandle<()>)> {
+        let (obs_tx, obs_rx) = mpsc::channel();
+        let (jobs_tx, jobs_rx) = mpsc::channel::<Vec<SensedJob>>();
+        let join = thread::Builder::new()
+            .name("lodger-sense".into())
+            .spawn(move || {
+                let interval = self.settings.interval;
+                let mut next = Instant::now();
+                loop {
+                    let now = Instant::now();
+                    if now >= next {
+                        let obs = self.pass();
+                        if obs_tx.send(obs).is_err() {
+                            return;
+                        }
+                        next = Instant::now() + interval;
+                        continue;
+                    }
+                    match jobs_rx.recv_timeout(next - now) {
+                        Ok(jobs) => self.set_jobs(jobs),
+                        Err(mpsc::RecvTimeoutError::Timeout) => {}
+                        Err(mpsc::RecvTimeoutError::Disconnected) => return,
+                    }
+                }
+            })?;
+        Ok((
+            SensorLink {
+                observations: obs_rx,
+                jobs: jobs_tx,
+            },
+            join,
+        ))
+    }
+}

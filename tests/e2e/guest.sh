@@ -1,0 +1,271 @@
+#!/bin/bash
+# The checks inside the e2e VM (run by the guest's lodger-e2e.service as root; see run-vm.sh).
+# /mnt/e2e is shared with the host: it holds the packages, the training emulator and this
+# script, and receives results.txt: one PASS/FAIL line per check, notes indented, and
+# `N passed, N failed` at the end. The VM powers off when this script exits.
+set -u
+share=/mnt/e2e
+out=$share/results.txt
+: >"$out"
+touch "$share/booted"
+export DEBIAN_FRONTEND=noninteractive
+
+passed=0 failed=0
+pass() { echo "PASS $*" | tee -a "$out"; passed=$((passed + 1)); }
+fail() { echo "FAIL $*" | tee -a "$out"; failed=$((failed + 1)); }
+note() { sed 's/^/     /' | tee -a "$out"; }
+check() { # name command...
+    local name=$1
+    shift
+    if "$@" >"$share/last.log" 2>&1; then pass "$name"; else
+        fail "$name"
+        tail -n 15 "$share/last.log" | note
+    fi
+}
+finish() {
+    echo "$passed passed, $failed failed" | tee -a "$out"
+    sync
+    exit 0
+}
+
+# --- helpers ---
+# "2-5,8" -> "2 3 4 5 8"
+expand() {
+    local part out=() a b i
+    IFS=, read -ra parts <<<"$1"
+    for part in "${parts[@]}"; do
+        [ -n "$part" ] || continue
+        a=${part%-*} b=${part#*-}
+        for ((i = a; i <= b; i++)); do out+=("$i"); done
+    done
+    echo "${out[@]}"
+}
+# A string field of lodgerctl's one-line JSON.
+field() { sed -n "s/.*\"$2\":\"\\([^\"]*\\)\".*/\\1/p" <<<"$1"; }
+# "policy rt_priority" of a thread, from /proc/PID/task/TID/stat (fields 41 and 40).
+sched_of() {
+    local stat
+    stat=$(cat "$1/stat" 2>/dev/null) || return 1
+    stat=${stat##*) }
+    # shellcheck disable=SC2086
+    set -- $stat
+    echo "${39} ${38}"
+}
+# Every thread of $1 is SCHED_RR (policy 2) at priority $2 and allowed exactly CPUs $3.
+all_rr_on() {
+    local pid=$1 prio=$2 cpus=$3 t n=0
+    for t in /proc/"$pid"/task/*; do
+        n=$((n + 1))
+        [ "$(sched_of "$t")" = "2 $prio" ] || { echo "thread ${t##*/}: policy/prio $(sched_of "$t")"; return 1; }
+        grep -q "^Cpus_allowed_list:[[:space:]]*$cpus\$" "$t/status" ||
+            { echo "thread ${t##*/}: $(grep Cpus_allowed_list "$t/status")"; return 1; }
+    done
+    echo "$n threads SCHED_RR/$prio on $cpus"
+    [ "$n" -ge 4 ]
+}
+# Every thread of $1 is SCHED_OTHER and allowed every online CPU.
+all_other_everywhere() {
+    local pid=$1 t online
+    online=$(cat /sys/devices/system/cpu/online)
+    for t in /proc/"$pid"/task/*; do
+        [ "$(sched_of "$t" | cut -d' ' -f1)" = 0 ] || { echo "thread ${t##*/}: $(sched_of "$t")"; return 1; }
+        grep -q "^Cpus_allowed_list:[[:space:]]*$online\$" "$t/status" ||
+            { echo "thread ${t##*/}: $(grep Cpus_allowed_list "$t/status")"; return 1; }
+    done
+}
+# CPUs $1 all belong to NUMA node $2 and are whole cores (every SMT sibling included).
+numa_local_whole_cores() {
+    local cpus=$1 node=$2 c s
+    local -A in_set=()
+    for c in $(expand "$cpus"); do in_set[$c]=1; done
+    for c in $(expand "$(cat /sys/devices/system/node/node"$node"/cpulist)"); do
+        unset "in_set[$c]" 2>/dev/null || true
+    done
+    [ ${#in_set[@]} = 0 ] || { echo "CPUs ${!in_set[*]} are not on node $node"; return 1; }
+    for c in $(expand "$cpus"); do
+        for s in $(expand "$(cat /sys/devices/system/cpu/cpu"$c"/topology/thread_siblings_list)"); do
+            [[ " $(expand "$cpus") " == *" $s "* ]] || { echo "CPU $c without its sibling $s"; return 1; }
+        done
+    done
+    echo "$cpus: node $node, whole cores"
+}
+count() { expand "$1" | wc -w; }
+disjoint() {
+    local c
+    for c in $(expand "$1"); do [[ " $(expand "$2") " != *" $c "* ]] || return 1; done
+}
+# Starts the training emulator in a unit of its own, as a launcher would; prints its pid.
+start_training() { # unit gpu
+    systemd-run --quiet --unit="$1" -p Type=exec /usr/local/bin/train_emulator \
+        --workers 3 --batch-cpu-ms 2 --gpu-step-ms 20 \
+        --publish-dir /run/lodger/emulated-gpu --gpu "$2"
+    local pid="" i
+    for i in $(seq 100); do
+        pid=$(systemctl show -p MainPID --value "$1")
+        [ "${pid:-0}" != 0 ] && [ "$(ls /proc/"$pid"/task 2>/dev/null | wc -l)" -ge 5 ] && break
+        sleep 0.2
+    done
+    echo "$pid"
+}
+wait_active() {
+    local i
+    for i in $(seq 150); do
+        systemctl -q is-active lodgerd && return 0
+        sleep 0.2
+    done
+    return 1
+}
+# No user-space thread on the node is SCHED_RR or SCHED_FIFO (kernel threads are children of
+# kthreadd, pid 2, and are left out).
+no_rt_user_threads() {
+    local rt
+    rt=$(ps -eLo cls=,ppid=,pid=,tid=,comm= | awk '($1 == "RR" || $1 == "FF") && $2 != 2 && $3 != 2')
+    [ -z "$rt" ] || { echo "$rt"; return 1; }
+}
+
+echo "guest up: $(cut -d' ' -f1 /proc/uptime) s since the kernel started" | note
+
+# --- the node ---
+check "systemd is PID 1" test "$(cat /proc/1/comm)" = systemd
+check "cgroup v2 unified at /sys/fs/cgroup" test "$(stat -fc %T /sys/fs/cgroup)" = cgroup2fs
+check "16 CPUs online (2 sockets x 4 cores x 2 threads)" \
+    test "$(cat /sys/devices/system/cpu/online)" = 0-15
+check "2 NUMA nodes: node0 = 0-7, node1 = 8-15" \
+    test "$(cat /sys/devices/system/node/node0/cpulist) $(cat /sys/devices/system/node/node1/cpulist)" = "0-7 8-15"
+check "SMT siblings: CPU 8 pairs with CPU 9" \
+    test "$(cat /sys/devices/system/cpu/cpu8/topology/thread_siblings_list)" = 8-9
+
+# --- install ---
+cp "$share/train_emulator" /usr/local/bin/
+mkdir -p /run/lodger/emulated-gpu
+cd "$share" || exit 1
+deb=$(ls lodger_*.deb)
+check "apt install ./$deb" apt-get install -y ./"$deb"
+check "lodgerd.service enabled on install" test "$(systemctl is-enabled lodgerd)" = enabled
+check "lodgerd.service not started on install" test "$(systemctl is-active lodgerd)" = inactive
+check "group lodger created" getent group lodger
+check "systemd-analyze verify lodgerd.service: clean" \
+    sh -c '! systemd-analyze verify lodgerd.service 2>&1 | grep .'
+check "man pages, completions and D-Bus policy installed" test -f /usr/share/man/man8/lodgerd.8.gz \
+    -a -f /usr/share/man/man1/lodgerctl.1.gz -a -f /usr/share/bash-completion/completions/lodgerctl \
+    -a -f /usr/share/dbus-1/system.d/org.lodger1.conf
+
+# The site's declarations: GPU 0 sits on NUMA node 1, GPU 1 on node 0 (sysfs in a VM cannot
+# tell), and GPU utilization comes from the training emulator.
+cat >>/etc/lodger/lodger.toml <<'EOF'
+
+[[node.gpu]]
+index = 0
+numa_node = 1
+
+[[node.gpu]]
+index = 1
+numa_node = 0
+EOF
+sed -i 's/^gpu = "auto"$/gpu = "emulated"/' /etc/lodger/lodger.toml
+check "lodgerd --check-config accepts the GPU overrides" lodgerd --check-config
+lodgerd --check-config 2>&1 | note
+
+# --- start ---
+t0=$(date +%s.%N)
+check "systemctl enable --now lodgerd: active (READY=1)" sh -c 'systemctl enable --now lodgerd && systemctl -q is-active lodgerd'
+echo "ready after $(awk -v s="$t0" -v e="$(date +%s.%N)" 'BEGIN { printf "%.2f", e - s }') s" | note
+lodgerd_pid=$(systemctl show -p MainPID --value lodgerd)
+check "lodgerd's threads stay on the reserved CPUs 0-1" sh -c \
+    "! grep -h Cpus_allowed_list: /proc/$lodgerd_pid/task/*/status | grep -v '[[:space:]]0-1\$'"
+expected_caps=$(printf '%016x' $(((1 << 5) | (1 << 12) | (1 << 21) | (1 << 23) | (1 << 38))))
+check "capabilities: bounding set is SYS_NICE SYS_ADMIN PERFMON NET_ADMIN KILL only" \
+    grep -q "^CapBnd:[[:space:]]*$expected_caps\$" /proc/"$lodgerd_pid"/status
+check "NoNewPrivs set" grep -q '^NoNewPrivs:[[:space:]]*1$' /proc/"$lodgerd_pid"/status
+check "watchdog armed (WatchdogSec=30s)" test "$(systemctl show -p WatchdogUSec --value lodgerd)" = 30s
+lodgerctl status 2>&1 | note
+
+# --- a training job registered with lodgerctl: GPU 0, so NUMA node 1 ---
+pid_a=$(start_training train-a 0)
+cgroup_a=$(cat /proc/"$pid_a"/cgroup)
+check "register training (lodgerctl, GPU 0, 4 CPUs)" \
+    lodgerctl register training --pid "$pid_a" --gpus 0 --cores 4 --name bert
+job_a=$(lodgerctl --json list | sed -n 's/.*"id":"\(j[0-9]*\)".*/\1/p' | head -n 1)
+json_a=$(lodgerctl --json show "$job_a")
+cpus_a=$(field "$json_a" cpus)
+echo "$job_a: $json_a" | note
+check "$job_a: 4 CPUs" test "$(count "$cpus_a")" = 4
+check "$job_a: NUMA-local to GPU 0 (node 1), whole cores" numa_local_whole_cores "$cpus_a" 1
+check "$job_a: memory on node 1" test "$(field "$json_a" mems)" = 1
+check "$job_a: every thread SCHED_RR/10 on its CPUs" all_rr_on "$pid_a" 10 "$cpus_a"
+check "$job_a: process left in its own unit's cgroup (v2: pinned by affinity)" \
+    test "$(cat /proc/"$pid_a"/cgroup)" = "$cgroup_a"
+ps -L -o tid,cls,rtprio,psr,comm -p "$pid_a" | note
+
+# --- a second one registered with busctl: GPU 1, so NUMA node 0 less the reserved CPUs ---
+pid_b=$(start_training train-b 1)
+reply=$(busctl call org.lodger1 /org/lodger1 org.lodger1.Manager RegisterJob 'a{sv}' 4 \
+    kind s training pids au 1 "$pid_b" gpus au 1 1 cores u 4 2>&1)
+job_b=$(sed -n 's/^so "\(j[0-9]*\)".*/\1/p' <<<"$reply")
+check "register training (busctl RegisterJob, GPU 1, 4 CPUs): $reply" test -n "$job_b"
+json_b=$(lodgerctl --json show "$job_b")
+cpus_b=$(field "$json_b" cpus)
+echo "$job_b: $json_b" | note
+check "$job_b: 4 CPUs, none reserved (0-1)" sh -c "test $(count "$cpus_b") = 4 && \
+    test -z \"\$(echo ' $(expand "$cpus_b") ' | grep -E ' (0|1) ')\""
+check "$job_b: NUMA-local to GPU 1 (node 0), whole cores" numa_local_whole_cores "$cpus_b" 0
+check "$job_b: every thread SCHED_RR/10 on its CPUs" all_rr_on "$pid_b" 10 "$cpus_b"
+check "the two jobs share no CPU" disjoint "$cpus_a" "$cpus_b"
+
+# --- who may change jobs ---
+useradd --no-create-home --shell /usr/sbin/nologin e2e-user
+useradd --no-create-home --shell /usr/sbin/nologin --groups lodger e2e-member
+pid_c=$(start_training train-c 0)
+check "non-root user may list jobs" runuser -u e2e-user -- lodgerctl list
+runuser -u e2e-user -- lodgerctl register training --pid "$pid_c" --cores 2 >"$share/nonroot.log" 2>&1
+status=$?
+check "non-root user refused by the system bus's policy (lodgerctl register, exit $status)" \
+    sh -c "test $status = 1 && grep -q 'the bus refused the call' '$share/nonroot.log'"
+note <"$share/nonroot.log"
+check "non-root user refused (busctl UnregisterJob $job_a)" sh -c "! runuser -u e2e-user -- \
+    busctl call org.lodger1 /org/lodger1 org.lodger1.Manager UnregisterJob s $job_a"
+check "$job_a still registered" lodgerctl show "$job_a"
+out_c=$(runuser -u e2e-member -- lodgerctl --json register training --pid "$pid_c" --cores 2 2>&1)
+job_c=$(field "$out_c" id)
+check "member of group lodger may register ($out_c)" test -n "$job_c"
+check "member of group lodger may unregister $job_c" runuser -u e2e-member -- lodgerctl unregister "$job_c"
+check "$job_c's threads back to SCHED_OTHER on every CPU" all_other_everywhere "$pid_c"
+
+# --- restart and upgrade keep the jobs ---
+jobs_before=$(lodgerctl list | awk 'NR > 1 { print $1, $5 }')
+check "systemctl restart lodgerd" sh -c 'systemctl restart lodgerd && systemctl -q is-active lodgerd'
+check "after restart: same jobs on the same CPUs" test "$(lodgerctl list | awk 'NR > 1 { print $1, $5 }')" = "$jobs_before"
+check "after restart: $job_a threads still SCHED_RR/10 on $cpus_a" all_rr_on "$pid_a" 10 "$cpus_a"
+check "after restart: $job_b threads still SCHED_RR/10 on $cpus_b" all_rr_on "$pid_b" 10 "$cpus_b"
+echo "$jobs_before" | note
+
+pid_before=$(systemctl show -p MainPID --value lodgerd)
+upgrade=$(ls upgrade/lodger_*.deb)
+check "upgrade: apt install ./$upgrade" \
+    apt-get install -y -o Dpkg::Options::=--force-confold ./"$upgrade"
+check "upgrade: lodgerd restarted" sh -c "systemctl -q is-active lodgerd && \
+    test \"\$(systemctl show -p MainPID --value lodgerd)\" != $pid_before"
+check "upgrade: still enabled" test "$(systemctl is-enabled lodgerd)" = enabled
+check "upgrade: same jobs on the same CPUs" test "$(lodgerctl list | awk 'NR > 1 { print $1, $5 }')" = "$jobs_before"
+check "upgrade: $job_a threads still SCHED_RR/10" all_rr_on "$pid_a" 10 "$cpus_a"
+check "no watchdog or failure restarts (NRestarts=0)" test "$(systemctl show -p NRestarts --value lodgerd)" = 0
+lodgerctl --json status 2>&1 | note
+
+# --- purge leaves nothing behind ---
+userdel e2e-user
+userdel e2e-member
+check "apt purge lodger" apt-get purge -y lodger
+check "purge: no lodgerd process" sh -c '! pidof lodgerd'
+check "purge: no lodgerd unit" sh -c '! systemctl cat lodgerd.service && \
+    test -z "$(ls /etc/systemd/system/*.wants/lodgerd.service 2>/dev/null)"'
+check "purge: no lodger cgroup" test -z "$(find /sys/fs/cgroup -name '*lodger*')"
+check "purge: no real-time user thread on the node" no_rt_user_threads
+check "purge: $job_a back to SCHED_OTHER on every CPU" all_other_everywhere "$pid_a"
+check "purge: $job_b back to SCHED_OTHER on every CPU" all_other_everywhere "$pid_b"
+check "purge: the training processes still run" kill -0 "$pid_a" "$pid_b"
+check "purge: no /var/lib/lodger, /etc/lodger, group lodger, D-Bus policy" sh -c \
+    '! test -e /var/lib/lodger && ! test -e /etc/lodger && ! getent group lodger && \
+     ! test -e /usr/share/dbus-1/system.d/org.lodger1.conf'
+check "purge: dpkg knows no lodger" sh -c '! dpkg-query -W -f="\${Status}" lodger 2>/dev/null | grep -q installed'
+
+finish

@@ -1,0 +1,210 @@
+#!/usr/bin/env bash
+# End-to-end test of the packaged lodger on a real systemd host: a Debian VM (qemu + KVM) with
+# systemd as PID 1, cgroup v2 unified and a GPU server's CPU shape (2 sockets x 4 cores x 2
+# threads, two NUMA nodes), GPUs declared in the config. The guest installs the .deb with apt,
+# enables lodgerd, registers multi-threaded training processes with lodgerctl and busctl and
+# checks placement, SCHED_RR, authorization, restart, upgrade and purge (tests/e2e/guest.sh).
+#
+#   sudo tests/e2e/run-vm.sh                the whole test
+#   sudo tests/e2e/run-vm.sh --image-only   only build (or find) the cached guest image
+#
+# Needs root (debootstrap, mkfs from a root-owned tree), /dev/kvm and network access to a Debian
+# mirror the first time. Missing tools (qemu-system-x86, debootstrap, e2fsprogs) are installed
+# with apt-get. The root filesystem, kernel and initrd are cached (LODGER_E2E_CACHE, default
+# $XDG_CACHE_HOME/lodger-e2e or ~/.cache/lodger-e2e), keyed by a hash of their recipe; the VM
+# runs on a throw-away overlay (-snapshot), so the cache never changes after it is built.
+#
+# Environment:
+#   LODGER_E2E_CACHE    cache directory (see above)
+#   LODGER_E2E_MIRROR   Debian mirror URL; default: the one this host's apt sources use for
+#                       the suite (so nothing here names a mirror)
+#   LODGER_E2E_SUITE    Debian suite of the guest (default bookworm); its glibc must be at least
+#                       the build host's, since the packaged binaries are built here
+#   LODGER_E2E_TIMEOUT  seconds the VM may run (default 1200)
+#   LODGER_E2E_KEEP=1   keep the run directory (serial log, results) under target/e2e-run
+#
+# Prints one PASS/FAIL line per check and ends with `N passed, N failed`; exits 1 if any check
+# failed or the VM did not finish, 2 if it could not run at all.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+repo=$(pwd)
+
+suite=${LODGER_E2E_SUITE:-bookworm}
+cache=${LODGER_E2E_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/lodger-e2e}
+vm_timeout=${LODGER_E2E_TIMEOUT:-1200}
+start=$(date +%s)
+
+say() { echo "== $*" >&2; }
+die() { echo "run-vm: $*" >&2; exit 2; }
+elapsed() { echo $(($(date +%s) - ${1:-$start})); }
+
+[ "$(id -u)" = 0 ] || die "run as root (debootstrap, and a root-owned tree for the image): sudo $0"
+[ -w /dev/kvm ] || die "/dev/kvm is missing or not writable: this test needs KVM"
+
+# --- tools ---
+need=()
+command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
+command -v debootstrap >/dev/null || need+=(debootstrap)
+command -v mkfs.ext4 >/dev/null || need+=(e2fsprogs)
+if [ ${#need[@]} -gt 0 ]; then
+    command -v apt-get >/dev/null || die "install ${need[*]} (no apt-get here)"
+    say "installing ${need[*]}"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >&2 ||
+        { apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+            --no-install-recommends "${need[@]}" >&2; } || die "cannot install ${need[*]}"
+fi
+
+# --- the mirror: whatever this host's apt uses for the suite ---
+mirror_from_apt_sources() {
+    local f
+    for f in /etc/apt/sources.list.d/*.sources; do
+        [ -r "$f" ] || continue
+        # deb822 stanzas: the first whose Types has `deb` and whose Suites has the suite.
+        awk -v suite="$suite" 'BEGIN { RS = "" } {
+            types = ""; suites = ""; uris = ""
+            n = split($0, line, "\n")
+            for (i = 1; i <= n; i++) {
+                if (line[i] ~ /^Types:/) types = line[i]
+                if (line[i] ~ /^Suites:/) suites = line[i]
+                if (line[i] ~ /^URIs:/) uris = line[i]
+            }
+            if ((types " ") ~ /[ \t]deb[ \t]/ && (suites " ") ~ ("[ \t]" suite "[ \t]")) {
+                sub(/^URIs:[ \t]*/, "", uris); split(uris, u, /[ \t]+/); print u[1]; exit
+            }
+        }' "$f"
+    done
+    # One-line format: deb [options] URI SUITE COMPONENTS...
+    cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null |
+        sed -e 's/#.*//' -e 's/\[[^]]*\]//' |
+        awk -v suite="$suite" '$1 == "deb" && $3 == suite { print $2 }' || true
+}
+mirror=${LODGER_E2E_MIRROR:-$(mirror_from_apt_sources | head -n 1 || true)}
+
+# --- the guest's root filesystem, kernel and initrd (cached) ---
+packages=systemd,systemd-sysv,dbus,udev,kmod,linux-image-amd64,initramfs-tools,procps,iproute2
+runner_unit='[Unit]
+Description=lodger end-to-end test (driven by tests/e2e/run-vm.sh on the host)
+After=multi-user.target
+
+[Service]
+Type=oneshot
+StandardOutput=journal+console
+StandardError=journal+console
+ExecStart=/bin/sh -c "mkdir -p /mnt/e2e && mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144 e2e /mnt/e2e && exec /bin/bash /mnt/e2e/guest.sh"
+SuccessAction=poweroff-force
+FailureAction=poweroff-force
+
+[Install]
+WantedBy=multi-user.target'
+recipe="v1 $suite $packages $runner_unit"
+key=$(printf '%s' "$recipe" | sha256sum | cut -c1-16)
+base="$cache/$suite-$key"
+
+build_base() {
+    [ -n "$mirror" ] || die "no apt source for '$suite' on this host: set LODGER_E2E_MIRROR to a Debian mirror URL"
+    local tmp="$cache/building-$suite-$key" root
+    rm -rf "$tmp"
+    mkdir -p "$tmp" "$cache/debs"
+    root="$tmp/root"
+    say "debootstrap $suite (once; cached in $base)"
+    debootstrap --variant=minbase --include="$packages" --cache-dir="$cache/debs" \
+        "$suite" "$root" "$mirror" >"$tmp/debootstrap.log" 2>&1 ||
+        { tail -n 30 "$tmp/debootstrap.log" >&2; die "debootstrap failed (log: $tmp/debootstrap.log)"; }
+    echo lodger-e2e >"$root/etc/hostname"
+    echo "/dev/vda / ext4 rw,errors=remount-ro 0 1" >"$root/etc/fstab"
+    : >"$root/etc/machine-id"
+    printf '%s\n' "$runner_unit" >"$root/etc/systemd/system/lodger-e2e.service"
+    ln -sf /etc/systemd/system/lodger-e2e.service \
+        "$root/etc/systemd/system/multi-user.target.wants/lodger-e2e.service"
+    # Nothing periodic or interactive competing with the test.
+    for unit in apt-daily.timer apt-daily-upgrade.timer e2scrub_all.timer e2scrub_reap.service \
+        fstrim.timer getty@tty1.service serial-getty@ttyS0.service; do
+        ln -sf /dev/null "$root/etc/systemd/system/$unit"
+    done
+    rm -f "$root"/var/cache/apt/archives/*.deb
+    cp "$root"/boot/vmlinuz-* "$tmp/vmlinuz"
+    cp "$root"/boot/initrd.img-* "$tmp/initrd.img"
+    mkfs.ext4 -q -F -L lodger-e2e -d "$root" "$tmp/rootfs.img" 2G >/dev/null
+    rm -rf "$root" "$tmp/debootstrap.log"
+    rm -rf "$base"
+    mv "$tmp" "$base"
+    # Older recipes' images are dead weight.
+    find "$cache" -mindepth 1 -maxdepth 1 -name "$suite-*" ! -name "$suite-$key" -exec rm -rf {} +
+}
+
+if [ -f "$base/rootfs.img" ]; then
+    say "guest image: cached ($base)"
+    image_state=warm
+else
+    t=$(date +%s)
+    build_base
+    say "guest image built in $(elapsed "$t") s"
+    image_state=cold
+fi
+if [ "${1:-}" = --image-only ]; then
+    ls -l "$base"
+    exit 0
+fi
+
+# --- what the guest gets: the packages, the workload, the checks ---
+say "building the packages and the training emulator"
+mapfile -t built < <(scripts/package)
+deb=${built[0]}
+target=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
+cargo build --release --locked --quiet --example train_emulator
+run="$target/e2e-run"
+rm -rf "$run"
+mkdir -p "$run/share/upgrade"
+cp "$deb" "$run/share/"
+# The same build as revision +1, for the upgrade check (restart on upgrade, jobs kept).
+cargo deb --no-build --locked --quiet --deb-revision 99 --output "$run/share/upgrade/" >/dev/null
+cp "$target/release/examples/train_emulator" tests/e2e/guest.sh "$run/share/"
+[ "${LODGER_E2E_KEEP:-}" = 1 ] || trap 'rm -rf "$run/share"' EXIT
+
+# --- boot ---
+say "booting the VM (16 vCPUs: 2 sockets x 4 cores x 2 threads, NUMA nodes 0-7 / 8-15)"
+serial="$run/serial.log"
+boot_start=$(date +%s.%N)
+timeout --foreground "$vm_timeout" qemu-system-x86_64 \
+    -machine q35,accel=kvm -cpu host -m 2048 \
+    -smp 16,sockets=2,cores=4,threads=2 \
+    -object memory-backend-ram,id=mem0,size=1024M \
+    -object memory-backend-ram,id=mem1,size=1024M \
+    -numa node,nodeid=0,cpus=0-7,memdev=mem0 \
+    -numa node,nodeid=1,cpus=8-15,memdev=mem1 \
+    -kernel "$base/vmlinuz" -initrd "$base/initrd.img" \
+    -append "root=/dev/vda rw console=ttyS0 quiet systemd.unified_cgroup_hierarchy=1 systemd.show_status=0 panic=-1" \
+    -drive "file=$base/rootfs.img,format=raw,if=virtio,snapshot=on" \
+    -virtfs "local,path=$run/share,mount_tag=e2e,security_model=none,id=e2e" \
+    -nic none -display none -monitor none -serial "file:$serial" -no-reboot &
+qemu=$!
+# Follow the guest's checks as they happen.
+booted=""
+while kill -0 "$qemu" 2>/dev/null; do
+    if [ -z "$booted" ] && [ -f "$run/share/booted" ]; then
+        booted=$(awk -v s="$boot_start" -v e="$(date +%s.%N)" 'BEGIN { printf "%.1f", e - s }')
+        say "guest up after ${booted} s (from qemu start to the test unit running)"
+    fi
+    sleep 1
+done
+vm_status=0
+wait "$qemu" || vm_status=$?
+vm_seconds=$(awk -v s="$boot_start" -v e="$(date +%s.%N)" 'BEGIN { printf "%.0f", e - s }')
+
+results="$run/share/results.txt"
+# The guest's lines, less its own summary: the one below also counts the host's checks.
+grep -Ev '^[0-9]+ passed, [0-9]+ failed$' "$results" 2>/dev/null || true
+summary=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$results" 2>/dev/null | tail -n 1 || true)
+passed=$(grep -c '^PASS' "$results" 2>/dev/null || true)
+failed=$(grep -c '^FAIL' "$results" 2>/dev/null || true)
+passed=${passed:-0} failed=${failed:-0}
+if [ -z "$summary" ] || [ "$vm_status" != 0 ]; then
+    echo "FAIL the VM finished its checks (qemu exit $vm_status; serial log: $serial)"
+    failed=$((failed + 1))
+    echo "--- last lines of the serial console ---"
+    tail -n 40 "$serial" 2>/dev/null || true
+fi
+[ "${LODGER_E2E_KEEP:-}" = 1 ] || cp "$results" "$run/results.txt" 2>/dev/null || true
+echo "timing: image $image_state, VM boot ${booted:-?} s, VM run ${vm_seconds} s, total $(elapsed) s"
+echo "$passed passed, $failed failed"
+[ "$failed" = 0 ]
