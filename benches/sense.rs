@@ -393,6 +393,53 @@ fn cpu_readers(cgroup_root: &Path, rows: &mut Vec<Row>) {
     }
 }
 
+/// A whole sensing pass of lodgerd's sampler (every source this host has) for N jobs of
+/// one real process each: what one tick of the sensing thread costs.
+fn sampler_pass(rows: &mut Vec<Row>) {
+    use lodger::sense::sampler::{GpuChoice, Sampler, SamplerSettings};
+    use lodger::sense::SensedJob;
+    for jobs in JOB_COUNTS {
+        let mut children: Vec<Child> = (0..jobs).map(|_| spawn_sleeper()).collect();
+        let mut sampler = Sampler::open(SamplerSettings {
+            interval: Duration::from_secs(1),
+            proc_root: PathBuf::from("/proc"),
+            sysfs_root: PathBuf::from("/sys"),
+            gpu: GpuChoice::Auto,
+            emulated_gpu_dir: PathBuf::from("/nonexistent"),
+            perf: true,
+            perf_max_fds: 65536,
+            resctrl_root: PathBuf::from("/sys/fs/resctrl"),
+            membw_peak_bytes_per_s: 0,
+        });
+        sampler.set_jobs(
+            children
+                .iter()
+                .enumerate()
+                .map(|(i, c)| SensedJob {
+                    id: JobId::from_seq(i as u64 + 1),
+                    pids: vec![c.id()],
+                    cgroup: None,
+                    gpus: vec![],
+                })
+                .collect(),
+        );
+        let tick = per_tick(|| {
+            std::hint::black_box(sampler.pass());
+        });
+        rows.push(Row {
+            what: "lodgerd sampler pass (all sources this host has)".into(),
+            jobs,
+            groups: jobs,
+            fds: 0,
+            tick,
+        });
+        for c in &mut children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
 fn main() {
     let cpus = CpuSet::parse(&online_cpus()).expect("online cpus");
     let root = lodger::privileged::is_root();
@@ -441,6 +488,7 @@ fn main() {
         .unwrap_or(cgroup_root)
         .to_path_buf();
     cpu_readers(&v2_or_v1, &mut rows);
+    sampler_pass(&mut rows);
     println!();
     print_rows(&rows);
 

@@ -374,6 +374,7 @@ impl Agent {
                     cgroup: match &s.job.spec.target {
                         Target::Cgroup(c) => Some(c.clone()),
                         Target::Pids(_) => s.record.pids.as_ref().and_then(|p| p.cgroup.clone()),
+                        Target::Instances => None,
                     },
                     gpus: s.job.spec.gpus.clone(),
                 })
@@ -554,6 +555,7 @@ impl Agent {
                     )));
                 }
             }
+            Target::Instances => {}
         }
         Ok(())
     }
@@ -804,7 +806,7 @@ mod tests {
                     .copied()
                     .filter(|p| node.alive.contains(p))
                     .collect(),
-                Target::Cgroup(_) => vec![1],
+                Target::Cgroup(_) | Target::Instances => vec![1],
             };
             node.applied.insert(id.clone(), placement.cpus.clone());
             Ok(Outcome {
@@ -843,6 +845,7 @@ mod tests {
             category: Category::Other,
             pipeline: false,
             multi_node: false,
+            inference: None,
         }
     }
 

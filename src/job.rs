@@ -47,20 +47,34 @@ impl fmt::Display for JobId {
 pub enum JobKind {
     /// A GPU training job: the owner of the node's CPUs it is given.
     Training,
+    /// Online CPU inference: instances on exclusive leftover cores, held to a latency SLO
+    /// (Cloud Reamer §III-B).
+    Online,
+    /// Offline CPU inference: many single-thread instances on every core, training's included,
+    /// pre-empted by training's SCHED_RR (Cloud Reamer §III-A).
+    Offline,
 }
 
 impl JobKind {
     pub fn as_str(self) -> &'static str {
         match self {
             JobKind::Training => "training",
+            JobKind::Online => "online",
+            JobKind::Offline => "offline",
         }
     }
 
     pub fn parse(s: &str) -> Option<Self> {
         match s {
             "training" => Some(JobKind::Training),
+            "online" => Some(JobKind::Online),
+            "offline" => Some(JobKind::Offline),
             _ => None,
         }
+    }
+
+    pub fn is_inference(self) -> bool {
+        matches!(self, JobKind::Online | JobKind::Offline)
     }
 }
 
@@ -74,7 +88,28 @@ pub enum Target {
     /// Every process in this existing cgroup (a Slurm step, a container), given relative to the
     /// cgroup hierarchy root (e.g. `/slurm/uid_1000/job_42/step_0`).
     Cgroup(String),
+    /// Processes lodger starts itself: the instances of an inference job.
+    Instances,
 }
+
+/// What an inference job runs and what it must meet.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InferenceSpec {
+    /// argv template of one instance, with placeholders `{threads}`, `{batch}`, `{cpus}`,
+    /// `{instance}`, `{job}` (see docs/instance-protocol.md).
+    pub command: Vec<String>,
+    /// Online: the p99 latency an instance must stay under, in milliseconds.
+    pub slo_ms: Option<f64>,
+    /// Online: the expected request rate of the whole job, per second.
+    pub rate_per_s: Option<f64>,
+    /// Largest batch an instance may be given.
+    pub max_batch: u32,
+    /// Most instances the job may run (none: as many as fit).
+    pub max_instances: Option<u32>,
+}
+
+/// Default `max_batch` when the caller gives none.
+pub const DEFAULT_MAX_BATCH: u32 = 64;
 
 /// SODA §III-B categories, recorded now so right-sizing history can use them later.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -108,8 +143,8 @@ impl Category {
     }
 }
 
-/// What a caller asks for when registering a training job.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// What a caller asks for when registering a job.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct JobSpec {
     pub kind: JobKind,
     pub name: Option<String>,
@@ -124,13 +159,16 @@ pub struct JobSpec {
     pub pipeline: bool,
     #[serde(default)]
     pub multi_node: bool,
+    /// Inference jobs only: what to run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inference: Option<InferenceSpec>,
 }
 
 /// Largest `pids` list accepted in one registration.
 pub const MAX_PIDS: usize = 4096;
 pub const MAX_NAME_LEN: usize = 64;
 
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum SpecError {
     #[error("give either pids or a cgroup, not both")]
     BothTargets,
@@ -150,12 +188,32 @@ pub enum SpecError {
     BadName(String),
     #[error("GPU index {0} is listed twice")]
     DuplicateGpu(u32),
+    #[error("an inference job needs a command (the argv of one instance), e.g. -- python3 serve.py --threads {{threads}}")]
+    NoCommand,
+    #[error("an online job needs a latency SLO in milliseconds greater than 0 (slo_ms), got {0}")]
+    BadSlo(f64),
+    #[error("rate_per_s must be a number greater than 0, got {0}")]
+    BadRate(f64),
+    #[error("max_batch must be between 1 and 65536, got {0}")]
+    BadBatch(u32),
+    #[error("max_instances must be at least 1")]
+    BadMaxInstances,
+    #[error("{kind} jobs are started by lodger from their command: give no pids or cgroup")]
+    TargetForInference { kind: &'static str },
+    #[error("a training job is not started by lodger: give its pids or cgroup, not a command")]
+    CommandForTraining,
 }
 
 impl JobSpec {
     /// Checks what can be checked without looking at the node (GPU existence and capacity are
     /// checked against the topology by the agent).
     pub fn validate(&self) -> Result<(), SpecError> {
+        if self.kind.is_inference() {
+            return self.validate_inference();
+        }
+        if self.inference.is_some() || self.target == Target::Instances {
+            return Err(SpecError::CommandForTraining);
+        }
         match &self.target {
             Target::Pids(pids) => {
                 if pids.is_empty() {
@@ -177,6 +235,7 @@ impl JobSpec {
                     return Err(SpecError::BadCgroup(path.clone()));
                 }
             }
+            Target::Instances => return Err(SpecError::CommandForTraining),
         }
         if self.cores == 0 {
             return Err(SpecError::ZeroCores(self.cores));
@@ -195,6 +254,50 @@ impl JobSpec {
         for &g in &self.gpus {
             if !seen.insert(g) {
                 return Err(SpecError::DuplicateGpu(g));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl JobSpec {
+    fn validate_inference(&self) -> Result<(), SpecError> {
+        if self.target != Target::Instances {
+            return Err(SpecError::TargetForInference {
+                kind: self.kind.as_str(),
+            });
+        }
+        let Some(inf) = &self.inference else {
+            return Err(SpecError::NoCommand);
+        };
+        if inf.command.is_empty() || inf.command[0].is_empty() {
+            return Err(SpecError::NoCommand);
+        }
+        if self.kind == JobKind::Online {
+            match inf.slo_ms {
+                Some(slo) if slo.is_finite() && slo > 0.0 => {}
+                other => return Err(SpecError::BadSlo(other.unwrap_or(0.0))),
+            }
+        }
+        if let Some(rate) = inf.rate_per_s {
+            if !(rate.is_finite() && rate > 0.0) {
+                return Err(SpecError::BadRate(rate));
+            }
+        }
+        if inf.max_batch == 0 || inf.max_batch > 65536 {
+            return Err(SpecError::BadBatch(inf.max_batch));
+        }
+        if inf.max_instances == Some(0) {
+            return Err(SpecError::BadMaxInstances);
+        }
+        if let Some(name) = &self.name {
+            let ok = !name.is_empty()
+                && name.len() <= MAX_NAME_LEN
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+            if !ok {
+                return Err(SpecError::BadName(name.clone()));
             }
         }
         Ok(())
@@ -227,7 +330,7 @@ impl JobState {
 }
 
 /// A registered job as lodger tracks it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Job {
     pub id: JobId,
     pub spec: JobSpec,
@@ -262,6 +365,7 @@ mod tests {
             category: Category::Other,
             pipeline: false,
             multi_node: false,
+            inference: None,
         }
     }
 
@@ -283,6 +387,47 @@ mod tests {
         ] {
             assert_eq!(JobId::parse(bad), None, "{bad}");
         }
+    }
+
+    #[test]
+    fn inference_spec_validation() {
+        let online = |slo: Option<f64>| JobSpec {
+            kind: JobKind::Online,
+            target: Target::Instances,
+            gpus: vec![],
+            cores: 0,
+            inference: Some(InferenceSpec {
+                command: vec!["worker".into(), "--threads".into(), "{threads}".into()],
+                slo_ms: slo,
+                rate_per_s: Some(100.0),
+                max_batch: 32,
+                max_instances: None,
+            }),
+            ..spec(Target::Instances)
+        };
+        assert_eq!(online(Some(50.0)).validate(), Ok(()));
+        assert_eq!(online(None).validate(), Err(SpecError::BadSlo(0.0)));
+        assert_eq!(online(Some(-1.0)).validate(), Err(SpecError::BadSlo(-1.0)));
+        let mut s = online(Some(50.0));
+        s.kind = JobKind::Offline;
+        s.inference.as_mut().unwrap().slo_ms = None;
+        assert_eq!(s.validate(), Ok(()), "offline needs no SLO");
+        s.inference.as_mut().unwrap().command.clear();
+        assert_eq!(s.validate(), Err(SpecError::NoCommand));
+        let mut s = online(Some(50.0));
+        s.target = Target::Pids(vec![1]);
+        assert!(matches!(
+            s.validate(),
+            Err(SpecError::TargetForInference { .. })
+        ));
+        let mut s = online(Some(50.0));
+        s.inference.as_mut().unwrap().max_batch = 0;
+        assert_eq!(s.validate(), Err(SpecError::BadBatch(0)));
+        let mut t = spec(Target::Instances);
+        assert_eq!(t.validate(), Err(SpecError::CommandForTraining));
+        t.target = Target::Pids(vec![1]);
+        t.inference = online(Some(1.0)).inference;
+        assert_eq!(t.validate(), Err(SpecError::CommandForTraining));
     }
 
     #[test]

@@ -136,6 +136,7 @@ pub fn spec_from_dict(dict: &HashMap<String, OwnedValue>) -> Result<JobSpec, Str
             .map(|v| boolean("multi_node", v))
             .transpose()?
             .unwrap_or(false),
+        inference: None,
     })
 }
 
@@ -160,6 +161,7 @@ pub fn job_to_dict(job: &Job, rt_priority: i32) -> HashMap<String, Value<'static
     match &job.spec.target {
         Target::Pids(p) => put("registered_pids", Value::from(p.clone())),
         Target::Cgroup(c) => put("cgroup", Value::from(c.clone())),
+        Target::Instances => {}
     }
     put("pids", Value::from(job.pids.clone()));
     put("cpus", Value::from(job.cpus.to_string()));

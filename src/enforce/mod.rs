@@ -234,6 +234,8 @@ pub enum EnforceError {
     RtGroup(#[from] RtGroupError),
     #[error("the placement has no CPU")]
     EmptyPlacement,
+    #[error("inference instances are run by the instance runner, not pinned like a training job")]
+    NotPinned,
     #[error("CPUs {cpus} are not all on this node (it has {node})")]
     CpusOutsideNode { cpus: CpuSet, node: CpuSet },
     #[error("'{0}' cannot be a job's cgroup: give a cgroup below the hierarchy root")]
@@ -429,6 +431,7 @@ impl Enforcer {
                 }
                 self.apply_cgroup(path, cpus, mems, cgroup_rec, s, &mut rr, &mut out)
             }
+            Target::Instances => return Err(EnforceError::NotPinned),
             Target::Pids(roots) => {
                 if cgroup_rec.is_some() {
                     return Err(mismatch(id, "cgroup", "pids"));
