@@ -19,12 +19,17 @@ use tokio::sync::{broadcast, oneshot};
 use tracing::{debug, info, warn};
 
 use crate::cpuset::CpuSet;
+use crate::enforce::instances::{InstanceSpec, InstanceState, InstanceStats, Instances};
 use crate::enforce::{EnforceError, JobRecord, Outcome};
-use crate::job::{Job, JobId, JobSpec, JobState, SpecError, Target};
+use crate::job::{InstanceView, Job, JobId, JobKind, JobSpec, JobState, SpecError, Target};
 use crate::policy::consolidate::NoCapacity;
+use crate::policy::inference::{
+    self, LayoutConfig, LayoutSearch, OfflineJobView, OnlineJobView, ProbeResult, SearchStart,
+    SearchStep,
+};
 use crate::policy::{self, Placement, Plan, TrainingJobView};
 use crate::sense::{Observations, SensedJob};
-use crate::store::{Loaded, State, Store, StoreError, StoredJob};
+use crate::store::{Loaded, Lodging, State, Store, StoreError, StoredJob};
 use crate::topology::Topology;
 
 /// What the agent needs from enforcement. [`crate::enforce::Enforcer`] is the real one;
@@ -47,6 +52,8 @@ pub trait Enforce: Send {
     ) -> Result<(), EnforceError>;
     /// One line for status: which cgroup mode and pinning method are in use.
     fn describe(&self) -> String;
+    /// Removes what enforcement left that no job needs any more (lodger's empty parent cgroup).
+    fn tidy(&mut self) {}
 }
 
 impl Enforce for crate::enforce::Enforcer {
@@ -71,6 +78,10 @@ impl Enforce for crate::enforce::Enforcer {
 
     fn describe(&self) -> String {
         self.mode().to_string()
+    }
+
+    fn tidy(&mut self) {
+        crate::enforce::Enforcer::tidy(self)
     }
 }
 
@@ -125,11 +136,18 @@ impl From<SpecError> for AgentError {
 }
 
 /// A change other parts of lodgerd (the D-Bus signals) want to hear about.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Event {
     JobAdded(JobId),
     JobChanged(JobId, JobState),
     JobRemoved(JobId),
+    /// An online job's measured demand (or expected rate) passed what its layout serves
+    /// (Cloud Reamer §III-C: the cluster scheduler may move it).
+    CapacityExceeded {
+        id: JobId,
+        demand_per_s: f64,
+        capacity_per_s: f64,
+    },
 }
 
 /// The node as `lodgerctl status` shows it.
@@ -282,6 +300,20 @@ pub struct Agent {
     /// sensing).
     observations: Observations,
     sensor: Option<SensorLink>,
+    /// Runs inference instances; absent in `--sim` and unit tests (inference jobs are refused).
+    runner: Option<Instances>,
+    /// How long one layout probe of an online job is measured.
+    probe_window: Duration,
+    /// Layout searches under way, by online job.
+    searches: BTreeMap<JobId, SearchRun>,
+}
+
+/// An online job's layout search between two probes.
+struct SearchRun {
+    search: LayoutSearch,
+    probe: LayoutConfig,
+    since: Instant,
+    free_cores: u32,
 }
 
 /// The agent's ends of the channels to the sensing thread.
@@ -341,6 +373,9 @@ impl Agent {
             ticks: Arc::new(AtomicU64::new(0)),
             observations: Observations::default(),
             sensor: None,
+            runner: None,
+            probe_window: Duration::from_secs(10),
+            searches: BTreeMap::new(),
         };
         let adopted = agent.state.jobs.len();
         agent.tick();
@@ -352,6 +387,24 @@ impl Agent {
             );
         }
         Ok(agent)
+    }
+
+    /// Gives the agent the inference instance runner. `probe_window` is how long each layout probe
+    /// of an online job is measured. Instances left behind by a previous lodgerd (killed before it
+    /// could stop them) are swept first.
+    pub fn with_runner(mut self, mut runner: Instances, probe_window: Duration) -> Self {
+        match runner.sweep_leftovers() {
+            Ok(swept) if !swept.killed.is_empty() || !swept.removed_cgroups.is_empty() => info!(
+                "removed leftover inference instances: killed {:?}, cgroups {:?}",
+                swept.killed, swept.removed_cgroups
+            ),
+            Ok(_) => {}
+            Err(e) => warn!("cannot sweep leftover inference instances: {e}"),
+        }
+        self.runner = Some(runner);
+        self.probe_window = probe_window;
+        self.tick();
+        self
     }
 
     /// Connects the sensing thread: the agent tells it which jobs to measure and keeps its latest
@@ -470,6 +523,7 @@ impl Agent {
         self.state
             .jobs
             .values()
+            .filter(|s| s.job.spec.kind == JobKind::Training)
             .map(|s| TrainingJobView {
                 id: s.job.id.clone(),
                 cores: s.job.spec.cores,
@@ -563,6 +617,9 @@ impl Agent {
     fn register(&mut self, spec: JobSpec, caller_uid: u32) -> Result<Job, AgentError> {
         self.check_spec(&spec)?;
         let id = JobId::from_seq(self.state.next_seq);
+        if spec.kind.is_inference() {
+            return self.register_inference(id, spec, caller_uid);
+        }
         let mut views = self.views();
         views.push(TrainingJobView {
             id: id.clone(),
@@ -605,6 +662,8 @@ impl Agent {
             rr_threads: outcome.rr_threads,
             last_error: None,
             registered_at: now_secs(),
+            instances: Vec::new(),
+            layout: None,
             spec,
         };
         let before = self.state.clone();
@@ -615,6 +674,7 @@ impl Agent {
             StoredJob {
                 job: job.clone(),
                 record: record.clone(),
+                lodging: Lodging::default(),
             },
         );
         if let Err(e) = self.store.save(&self.state) {
@@ -634,7 +694,11 @@ impl Agent {
         let Some(stored) = self.state.jobs.remove(&jid) else {
             return Err(AgentError::NotFound(id.to_string()));
         };
-        self.release_quietly(&jid, &stored.job.spec.target, &stored.record);
+        if stored.job.spec.kind.is_inference() {
+            self.stop_instances(&jid);
+        } else {
+            self.release_quietly(&jid, &stored.job.spec.target, &stored.record);
+        }
         self.state.plan = policy::decide(
             &self.topology,
             &self.reserved,
@@ -642,6 +706,9 @@ impl Agent {
             &self.state.plan,
         );
         self.store.save(&self.state)?;
+        if self.state.jobs.is_empty() {
+            self.enforcer.tidy();
+        }
         info!(job = %jid, cpus = %stored.job.cpus, "unregistered; cores freed");
         self.send_jobs_to_sensor();
         self.emit(Event::JobChanged(jid.clone(), JobState::Exited));
@@ -674,6 +741,9 @@ impl Agent {
             let Some(stored) = self.state.jobs.get_mut(&id) else {
                 continue;
             };
+            if stored.job.spec.kind.is_inference() {
+                continue;
+            }
             let before = stored.clone();
             let result = match &placement {
                 Some(p) => {
@@ -731,6 +801,7 @@ impl Agent {
         for event in changed {
             self.emit(event);
         }
+        dirty |= self.tick_inference();
         for (id, why) in gone {
             if let Some(stored) = self.state.jobs.remove(&id) {
                 self.release_quietly(&id, &stored.job.spec.target, &stored.record);
@@ -756,6 +827,374 @@ impl Agent {
         self.ticks.fetch_add(1, Ordering::Relaxed);
     }
 
+    fn register_inference(
+        &mut self,
+        id: JobId,
+        spec: JobSpec,
+        caller_uid: u32,
+    ) -> Result<Job, AgentError> {
+        if self.runner.is_none() {
+            return Err(AgentError::InvalidSpec(
+                "this lodgerd runs no inference instances (simulated enforcement, or the instance \
+                 runner could not start: see its log)"
+                    .into(),
+            ));
+        }
+        let command = spec
+            .inference
+            .as_ref()
+            .map(|i| i.command.clone())
+            .unwrap_or_default();
+        crate::enforce::instances::validate_template(&id, &command)
+            .map_err(|e| AgentError::InvalidSpec(e.to_string()))?;
+        let job = Job {
+            id: id.clone(),
+            owner_uid: caller_uid,
+            state: JobState::Pending,
+            cpus: CpuSet::new(),
+            mems: CpuSet::new(),
+            pids: Vec::new(),
+            threads: 0,
+            rr_threads: 0,
+            last_error: None,
+            registered_at: now_secs(),
+            instances: Vec::new(),
+            layout: None,
+            spec,
+        };
+        let before = self.state.clone();
+        self.state.next_seq += 1;
+        self.state.jobs.insert(
+            id.clone(),
+            StoredJob {
+                job: job.clone(),
+                record: JobRecord::default(),
+                lodging: Lodging::default(),
+            },
+        );
+        if let Err(e) = self.store.save(&self.state) {
+            self.state = before;
+            return Err(e.into());
+        }
+        info!(job = %id, kind = job.spec.kind.as_str(), "registered inference job");
+        self.emit(Event::JobAdded(id.clone()));
+        // Place and start its instances now rather than at the next tick.
+        self.tick();
+        Ok(self
+            .state
+            .jobs
+            .get(&id)
+            .map(|s| s.job.clone())
+            .unwrap_or(job))
+    }
+
+    fn stop_instances(&mut self, id: &JobId) {
+        if let Some(runner) = &mut self.runner {
+            let out = runner.stop_job(id);
+            for e in out.errors {
+                warn!(job = %id, "stopping instances: {e}");
+            }
+        }
+        self.searches.remove(id);
+        self.state.inference.online.remove(id);
+        self.state.inference.offline.remove(id);
+    }
+
+    /// The layout an online job runs now: a probe of its search, the search's outcome for this
+    /// many free cores, or a cached one (Cloud Reamer §III-B).
+    fn online_layout(
+        &mut self,
+        id: &JobId,
+        free_cores: u32,
+        stats: &[InstanceStats],
+    ) -> Option<LayoutConfig> {
+        let stored = self.state.jobs.get_mut(id)?;
+        let inf = stored.job.spec.inference.as_ref()?;
+        let slo = inf.slo_ms.unwrap_or(f64::MAX);
+        let max_batch = inf.max_batch;
+        let max_instances = inf.max_instances.unwrap_or(free_cores.max(1));
+        let now = Instant::now();
+        if let Some(run) = self.searches.get_mut(id) {
+            if run.free_cores == free_cores {
+                let measured = probe_result(
+                    id,
+                    run.probe,
+                    stats,
+                    self.observations.jobs.get(id),
+                    self.probe_window,
+                );
+                let overdue = now.duration_since(run.since) > self.probe_window * 3;
+                if measured.is_none() && !overdue {
+                    return Some(run.probe);
+                }
+                match run.search.next(measured) {
+                    SearchStep::Probe(cfg) => {
+                        debug!(job = %id, probe = %cfg, probes = run.search.probes_used(), "layout probe");
+                        run.probe = cfg;
+                        run.since = now;
+                        return Some(cfg);
+                    }
+                    SearchStep::Done(outcome) => {
+                        info!(
+                            job = %id,
+                            layout = %outcome.config,
+                            probes = outcome.probes,
+                            meets_slo = outcome.meets_slo,
+                            "layout search done"
+                        );
+                        self.searches.remove(id);
+                        stored.lodging.cache.insert(outcome.clone());
+                        let cfg = outcome.config;
+                        stored.lodging.outcome = Some(outcome);
+                        return Some(cfg);
+                    }
+                }
+            }
+            // The free cores changed under the search: start again for the new count.
+            self.searches.remove(id);
+        }
+        if let Some(o) = &stored.lodging.outcome {
+            if o.free_cores == free_cores {
+                return Some(o.config);
+            }
+        }
+        match stored
+            .lodging
+            .cache
+            .begin(free_cores, slo, max_batch, max_instances)
+        {
+            SearchStart::Cached(outcome) => {
+                let cfg = outcome.config;
+                stored.lodging.outcome = Some(outcome);
+                Some(cfg)
+            }
+            SearchStart::Search(mut search) => match search.next(None) {
+                SearchStep::Probe(cfg) => {
+                    info!(job = %id, free_cores, "searching for the best layout");
+                    self.searches.insert(
+                        id.clone(),
+                        SearchRun {
+                            search,
+                            probe: cfg,
+                            since: now,
+                            free_cores,
+                        },
+                    );
+                    Some(cfg)
+                }
+                SearchStep::Done(outcome) => {
+                    let cfg = outcome.config;
+                    stored.lodging.outcome = Some(outcome);
+                    Some(cfg)
+                }
+            },
+        }
+    }
+
+    /// Places, starts and supervises inference instances (Cloud Reamer §III-A/B): online
+    /// instances on exclusive leftover cores, offline ones on every non-reserved core, training's
+    /// included. Returns whether anything persisted changed.
+    fn tick_inference(&mut self) -> bool {
+        if self.runner.is_none() {
+            return false;
+        }
+        let training = inference::training_cpus(&self.state.plan);
+        let usable = self
+            .topology
+            .online()
+            .difference(&self.reserved)
+            .difference(&training);
+        let stats = self.runner.as_ref().map(|r| r.stats()).unwrap_or_default();
+        let ids: Vec<(JobId, JobKind)> = self
+            .state
+            .jobs
+            .values()
+            .filter(|s| s.job.spec.kind.is_inference())
+            .map(|s| (s.job.id.clone(), s.job.spec.kind))
+            .collect();
+        let mut online = Vec::new();
+        let mut offline = Vec::new();
+        let mut free = u32::try_from(usable.len()).unwrap_or(u32::MAX);
+        for (id, kind) in &ids {
+            if *kind == JobKind::Online {
+                if let Some(layout) = self.online_layout(id, free, &stats) {
+                    free = free.saturating_sub(layout.cpus());
+                    online.push(OnlineJobView {
+                        id: id.clone(),
+                        layout,
+                    });
+                }
+            } else if let Some(inf) = self
+                .state
+                .jobs
+                .get(id)
+                .and_then(|s| s.job.spec.inference.as_ref())
+            {
+                offline.push(OfflineJobView {
+                    id: id.clone(),
+                    batch: inf.max_batch,
+                    max_instances: inf.max_instances,
+                });
+            }
+        }
+        let plan = inference::place(
+            &self.topology,
+            &self.reserved,
+            &training,
+            &online,
+            &offline,
+            &self.state.inference,
+        );
+        let mut desired = Vec::new();
+        for (id, instances) in plan.online.iter().chain(plan.offline.iter()) {
+            let Some(inf) = self
+                .state
+                .jobs
+                .get(id)
+                .and_then(|s| s.job.spec.inference.as_ref())
+            else {
+                continue;
+            };
+            for (index, inst) in instances {
+                desired.push(InstanceSpec {
+                    job: id.clone(),
+                    index: *index,
+                    argv: inf.command.clone(),
+                    cpus: inst.cpus.clone(),
+                    mems: inst.mems.clone(),
+                    threads: inst.threads,
+                    batch: inst.batch,
+                });
+            }
+        }
+        let mut dirty = plan != self.state.inference;
+        self.state.inference = plan;
+        let Some(runner) = self.runner.as_mut() else {
+            return dirty;
+        };
+        match runner.reconcile(&desired) {
+            Ok(out) => {
+                for e in out.errors {
+                    warn!("inference instances: {e}");
+                }
+            }
+            Err(e) => warn!("inference instances not reconciled: {e}"),
+        }
+        let polled = runner.poll();
+        for (key, how) in &polled.exited {
+            warn!(instance = %key, "inference instance exited ({how}); restarting with back-off");
+        }
+        let stats = runner.stats();
+
+        // Per job: its instances, pids and state; online capacity.
+        let mut events = Vec::new();
+        for (id, _) in &ids {
+            let Some(stored) = self.state.jobs.get_mut(id) else {
+                continue;
+            };
+            let before = stored.clone();
+            let mine: Vec<&InstanceStats> = stats.iter().filter(|s| s.job == *id).collect();
+            stored.job.instances = mine
+                .iter()
+                .map(|s| InstanceView {
+                    index: s.index,
+                    pid: s.pid,
+                    cpus: s.cpus.clone(),
+                    threads: s.threads,
+                    batch: s.batch,
+                    state: s.state.as_str().to_string(),
+                    restarts: s.restarts,
+                    items_per_s: s.items_per_s,
+                    p50_ms: s.latency_p50_ms,
+                    p99_ms: s.latency_p99_ms,
+                })
+                .collect();
+            stored.job.pids = mine.iter().filter_map(|s| s.pid).collect();
+            stored.job.threads = mine.iter().map(|s| s.threads).sum();
+            stored.job.cpus = mine.iter().fold(CpuSet::new(), |acc, s| acc.union(&s.cpus));
+            let running = mine
+                .iter()
+                .filter(|s| matches!(s.state, InstanceState::Running))
+                .count();
+            stored.job.state = if running > 0 {
+                JobState::Running
+            } else if mine
+                .iter()
+                .any(|s| s.last_error.is_some() || s.restarts > 0)
+            {
+                JobState::Error
+            } else {
+                JobState::Pending
+            };
+            stored.job.last_error = mine.iter().find_map(|s| {
+                s.last_error
+                    .clone()
+                    .or_else(|| s.last_exit.clone().filter(|_| s.restarts > 0))
+            });
+            let searching = self.searches.get(id);
+            stored.job.layout = match (searching, &stored.lodging.outcome) {
+                (Some(run), _) => Some(format!(
+                    "searching: probe {} of at most {} ({})",
+                    run.search.probes_used() + 1,
+                    inference::DEFAULT_PROBE_BUDGET,
+                    run.probe
+                )),
+                (None, Some(o)) => Some(format!(
+                    "{}{}",
+                    o.config,
+                    if o.meets_slo {
+                        ""
+                    } else {
+                        " (no layout meets the SLO)"
+                    }
+                )),
+                (None, None) if stored.job.spec.kind == JobKind::Offline => {
+                    Some(format!("{} single-thread instance(s)", mine.len()))
+                }
+                (None, None) => None,
+            };
+            if let (Some(inf), Some(outcome)) =
+                (&stored.job.spec.inference, &stored.lodging.outcome)
+            {
+                if let (Some(rate), Some(measured)) = (inf.rate_per_s, &outcome.measured) {
+                    let check = inference::check_capacity(
+                        &outcome.config,
+                        measured.throughput_per_s,
+                        u32::try_from(mine.len()).unwrap_or(u32::MAX),
+                        rate,
+                        None,
+                    );
+                    let was = stored.lodging.capacity.map(|c| c.exceeded).unwrap_or(false);
+                    if check.exceeded && !was {
+                        warn!(
+                            job = %id,
+                            demand = check.demand_per_s,
+                            capacity = check.capacity_per_s,
+                            "online job's demand exceeds what this node serves"
+                        );
+                        events.push(Event::CapacityExceeded {
+                            id: id.clone(),
+                            demand_per_s: check.demand_per_s,
+                            capacity_per_s: check.capacity_per_s,
+                        });
+                    }
+                    stored.lodging.capacity = Some(check);
+                }
+            }
+            if stored.job.state != before.job.state {
+                events.push(Event::JobChanged(id.clone(), stored.job.state));
+            }
+            // Rates change every tick; persist only what matters across a restart.
+            if stored.lodging != before.lodging || stored.job.state != before.job.state {
+                dirty = true;
+            }
+        }
+        for e in events {
+            self.emit(e);
+        }
+        dirty
+    }
+
     /// The jobs, for tests and the simulator.
     pub fn jobs(&self) -> BTreeMap<JobId, Job> {
         self.state
@@ -768,6 +1207,40 @@ impl Agent {
     pub fn plan(&self) -> &Plan {
         &self.state.plan
     }
+}
+
+/// The measurement of one layout probe of an online job: throughput summed over its instances,
+/// the worst instance's p99, IPC and cache misses from the sensor. `None` until every instance of
+/// the probed layout has run for most of a window.
+fn probe_result(
+    id: &JobId,
+    probe: LayoutConfig,
+    stats: &[InstanceStats],
+    sensed: Option<&crate::sense::JobMetrics>,
+    window: Duration,
+) -> Option<ProbeResult> {
+    let mine: Vec<&InstanceStats> = stats.iter().filter(|s| s.job == *id).collect();
+    let ready = u32::try_from(mine.len()).unwrap_or(0) == probe.instances
+        && mine.iter().all(|s| {
+            matches!(s.state, InstanceState::Running)
+                && s.threads == probe.cores_per_instance
+                && s.batch == probe.batch
+                && s.span * 5 >= window * 4
+        });
+    if !ready || probe.instances == 0 {
+        return None;
+    }
+    let p99 = mine
+        .iter()
+        .map(|s| s.latency_p99_ms)
+        .try_fold(0.0f64, |acc, p| p.map(|p| acc.max(p)))?;
+    Some(ProbeResult {
+        config: probe,
+        throughput_per_s: mine.iter().map(|s| s.items_per_s).sum(),
+        p99_latency_ms: p99,
+        ipc: sensed.and_then(|m| m.ipc),
+        cache_miss_ratio: sensed.and_then(|m| m.cache_miss_percent).map(|p| p / 100.0),
+    })
 }
 
 #[cfg(test)]

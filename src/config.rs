@@ -62,6 +62,7 @@ pub struct Config {
     pub log: LogConfig,
     pub sense: SenseConfig,
     pub metrics: MetricsConfig,
+    pub inference: InferenceConfig,
     /// Where each value came from, so later checks can point at the line.
     #[serde(skip)]
     source: Source,
@@ -152,6 +153,24 @@ pub struct SenseConfig {
     pub membw_peak_bytes_per_s: u64,
     /// Sensing passes kept in memory (per node; `lodgerctl top` and the API show the latest).
     pub history: u64,
+}
+
+/// `[inference]`: how lodger runs inference instances.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct InferenceConfig {
+    /// How long each layout probe of an online job is measured, in seconds.
+    pub probe_seconds: u64,
+    /// Between SIGTERM and SIGKILL when an instance is stopped, in seconds.
+    pub stop_grace_seconds: u64,
+}
+
+impl Default for InferenceConfig {
+    fn default() -> Self {
+        Self {
+            probe_seconds: 10,
+            stop_grace_seconds: 10,
+        }
+    }
 }
 
 /// `[metrics]`: the Prometheus endpoint.
@@ -415,6 +434,7 @@ impl PartialEq for Config {
             log,
             sense,
             metrics,
+            inference,
             source: _,
         } = self;
         *node == other.node
@@ -425,6 +445,7 @@ impl PartialEq for Config {
             && *log == other.log
             && *sense == other.sense
             && *metrics == other.metrics
+            && *inference == other.inference
     }
 }
 
@@ -677,6 +698,14 @@ struct RawConfig {
     log: Option<RawLog>,
     sense: Option<RawSense>,
     metrics: Option<RawMetrics>,
+    inference: Option<RawInference>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a table")]
+struct RawInference {
+    probe_seconds: Option<Spanned<i64>>,
+    stop_grace_seconds: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize)]
@@ -805,6 +834,7 @@ impl Cx<'_> {
         let log = self.log(raw.log)?;
         let sense = self.sense(raw.sense)?;
         let metrics = self.metrics(raw.metrics)?;
+        let inference = self.inference(raw.inference)?;
         Ok(Config {
             node,
             training,
@@ -814,6 +844,7 @@ impl Cx<'_> {
             log,
             sense,
             metrics,
+            inference,
             source: Source {
                 path: Some(self.path.to_path_buf()),
                 lines: self.lines,
@@ -1011,6 +1042,25 @@ impl Cx<'_> {
             history: self.field("sense.history", raw.history, d.history, |v| {
                 in_range(v, &HISTORY_RANGE)
             })?,
+        })
+    }
+
+    fn inference(&mut self, raw: Option<RawInference>) -> Result<InferenceConfig, ConfigError> {
+        let d = InferenceConfig::default();
+        let Some(raw) = raw else { return Ok(d) };
+        Ok(InferenceConfig {
+            probe_seconds: self.field(
+                "inference.probe_seconds",
+                raw.probe_seconds,
+                d.probe_seconds,
+                |v| in_range(v, &(1..=600)),
+            )?,
+            stop_grace_seconds: self.field(
+                "inference.stop_grace_seconds",
+                raw.stop_grace_seconds,
+                d.stop_grace_seconds,
+                |v| in_range(v, &(1..=300)),
+            )?,
         })
     }
 
@@ -1532,12 +1582,12 @@ level = "trace"
             (
                 "foo = 1\n",
                 "/etc/lodger/lodger.toml:1: unknown key 'foo' at the top level; expected one of \
-                 node, training, agent, api, cgroup, log, sense, metrics",
+                 node, training, agent, api, cgroup, log, sense, metrics, inference",
             ),
             (
                 "[agent]\ninterval_ms = 100\n\n[agnet]\n",
                 "/etc/lodger/lodger.toml:4: unknown key 'agnet' at the top level; expected one \
-                 of node, training, agent, api, cgroup, log, sense, metrics",
+                 of node, training, agent, api, cgroup, log, sense, metrics, inference",
             ),
             (
                 "[agent]\nstate_dir = \"/x\"\nintervall = 5\n",

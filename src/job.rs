@@ -349,6 +349,29 @@ pub struct Job {
     pub last_error: Option<String>,
     /// Seconds since the epoch at registration.
     pub registered_at: u64,
+    /// Inference jobs: their instances as last seen.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub instances: Vec<InstanceView>,
+    /// Inference jobs: the layout in use or being measured, in words.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layout: Option<String>,
+}
+
+/// One inference instance as `lodgerctl show` displays it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct InstanceView {
+    pub index: u32,
+    pub pid: Option<u32>,
+    pub cpus: CpuSet,
+    pub threads: u32,
+    pub batch: u32,
+    /// running, backing-off, stopping.
+    pub state: String,
+    pub restarts: u32,
+    /// Requests served per second over the last window.
+    pub items_per_s: f64,
+    pub p50_ms: Option<f64>,
+    pub p99_ms: Option<f64>,
 }
 
 #[cfg(test)]

@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::enforce::JobRecord;
 use crate::job::{Job, JobId};
+use crate::policy::inference::{CapacityCheck, InferencePlan, SearchCache, SearchOutcome};
 use crate::policy::Plan;
 
 pub const STATE_FILE: &str = "state.json";
@@ -35,6 +36,21 @@ pub enum StoreError {
 pub struct StoredJob {
     pub job: Job,
     pub record: JobRecord,
+    /// Inference jobs: the layouts measured for them and the one in use.
+    #[serde(default)]
+    pub lodging: Lodging,
+}
+
+/// What lodger learnt about an inference job (Cloud Reamer §III-B), kept across restarts so a
+/// layout is not searched for again.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Lodging {
+    /// Search outcomes by free-core count.
+    pub cache: SearchCache,
+    /// The outcome in use.
+    pub outcome: Option<SearchOutcome>,
+    /// The last capacity check of an online job with an expected rate.
+    pub capacity: Option<CapacityCheck>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -44,6 +60,9 @@ pub struct State {
     pub next_seq: u64,
     pub jobs: BTreeMap<JobId, StoredJob>,
     pub plan: Plan,
+    /// Where the inference instances run.
+    #[serde(default)]
+    pub inference: InferencePlan,
 }
 
 impl Default for State {
@@ -53,6 +72,7 @@ impl Default for State {
             next_seq: 1,
             jobs: BTreeMap::new(),
             plan: Plan::default(),
+            inference: InferencePlan::default(),
         }
     }
 }

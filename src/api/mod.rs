@@ -241,6 +241,16 @@ impl Manager {
     /// Emitted when a job is registered, changes state, or ends (`exited`).
     #[zbus(signal)]
     async fn job_changed(emitter: &SignalEmitter<'_>, id: &str, state: &str) -> zbus::Result<()>;
+
+    /// Emitted when an online job's demand (requests/s) passes what its layout on this node
+    /// serves, so a cluster scheduler can move it (Cloud Reamer §III-C).
+    #[zbus(signal)]
+    async fn capacity_exceeded(
+        emitter: &SignalEmitter<'_>,
+        id: &str,
+        demand_per_s: f64,
+        capacity_per_s: f64,
+    ) -> zbus::Result<()>;
 }
 
 impl Manager {
@@ -424,6 +434,14 @@ async fn forward_events(
                         .await;
                 }
                 r
+            }
+            Event::CapacityExceeded {
+                id,
+                demand_per_s,
+                capacity_per_s,
+            } => {
+                Manager::capacity_exceeded(&emitter, id.as_str(), *demand_per_s, *capacity_per_s)
+                    .await
             }
             Event::JobRemoved(id) => conn
                 .object_server()

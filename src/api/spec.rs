@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use zbus::zvariant::{OwnedValue, Value};
 
-use crate::job::{Category, Job, JobKind, JobSpec, Target};
+use crate::job::{Category, InferenceSpec, Job, JobKind, JobSpec, Target, DEFAULT_MAX_BATCH};
 use crate::sense::{JobMetrics, NodeMetrics};
 
 /// Keys accepted in a `RegisterJob` spec.
@@ -19,6 +19,11 @@ pub const SPEC_KEYS: &[&str] = &[
     "category",
     "pipeline",
     "multi_node",
+    "command",
+    "slo_ms",
+    "rate_per_s",
+    "max_batch",
+    "max_instances",
 ];
 
 fn unsigned(key: &str, v: &Value<'_>) -> Result<u32, String> {
@@ -63,6 +68,30 @@ fn boolean(key: &str, v: &Value<'_>) -> Result<bool, String> {
     }
 }
 
+fn float(key: &str, v: &Value<'_>) -> Result<f64, String> {
+    match v {
+        Value::F64(x) => Ok(*x),
+        Value::Value(inner) => float(key, inner),
+        other => unsigned(key, other).map(f64::from).map_err(|_| {
+            format!(
+                "key '{key}' must be a number (d), not '{}'",
+                other.value_signature()
+            )
+        }),
+    }
+}
+
+fn string_list(key: &str, v: &Value<'_>) -> Result<Vec<String>, String> {
+    match v {
+        Value::Array(items) => items.iter().map(|i| string(key, i)).collect(),
+        Value::Value(inner) => string_list(key, inner),
+        other => Err(format!(
+            "key '{key}' must be an array of strings (as), not '{}'",
+            other.value_signature()
+        )),
+    }
+}
+
 fn unsigned_list(key: &str, v: &Value<'_>) -> Result<Vec<u32>, String> {
     match v {
         Value::Array(items) => items.iter().map(|i| unsigned(key, i)).collect(),
@@ -88,11 +117,26 @@ pub fn spec_from_dict(dict: &HashMap<String, OwnedValue>) -> Result<JobSpec, Str
         None => return Err("the spec needs a 'kind' (s), e.g. \"training\"".into()),
         Some(v) => {
             let s = string("kind", v)?;
-            JobKind::parse(&s).ok_or_else(|| {
-                format!("kind '{s}' is not supported; this lodgerd registers 'training' jobs")
-            })?
+            JobKind::parse(&s)
+                .ok_or_else(|| format!("kind '{s}' is not one of training, online, offline"))?
         }
     };
+    if kind.is_inference() {
+        return inference_spec_from_dict(kind, dict);
+    }
+    for key in [
+        "command",
+        "slo_ms",
+        "rate_per_s",
+        "max_batch",
+        "max_instances",
+    ] {
+        if dict.contains_key(key) {
+            return Err(format!(
+                "key '{key}' is for online and offline inference jobs, not training jobs"
+            ));
+        }
+    }
     let pids = get("pids").map(|v| unsigned_list("pids", v)).transpose()?;
     let cgroup = get("cgroup").map(|v| string("cgroup", v)).transpose()?;
     let target = match (pids, cgroup) {
@@ -140,6 +184,64 @@ pub fn spec_from_dict(dict: &HashMap<String, OwnedValue>) -> Result<JobSpec, Str
     })
 }
 
+/// The inference part of `spec_from_dict`: `command` (as), `slo_ms` (d, online), `rate_per_s`
+/// (d), `max_batch` (u), `max_instances` (u), `name` (s).
+fn inference_spec_from_dict(
+    kind: JobKind,
+    dict: &HashMap<String, OwnedValue>,
+) -> Result<JobSpec, String> {
+    let get = |k: &str| dict.get(k).map(|v| &**v);
+    for key in [
+        "pids",
+        "cgroup",
+        "gpus",
+        "cores",
+        "category",
+        "pipeline",
+        "multi_node",
+    ] {
+        if dict.contains_key(key) {
+            return Err(format!(
+                "key '{key}' is for training jobs; {} jobs are started by lodger from 'command'",
+                kind.as_str()
+            ));
+        }
+    }
+    let command = match get("command") {
+        Some(v) => string_list("command", v)?,
+        None => {
+            return Err(format!(
+                "a {} job needs 'command' (as): the argv of one instance",
+                kind.as_str()
+            ))
+        }
+    };
+    Ok(JobSpec {
+        kind,
+        name: get("name").map(|v| string("name", v)).transpose()?,
+        target: Target::Instances,
+        gpus: Vec::new(),
+        cores: 0,
+        category: Category::Other,
+        pipeline: false,
+        multi_node: false,
+        inference: Some(InferenceSpec {
+            command,
+            slo_ms: get("slo_ms").map(|v| float("slo_ms", v)).transpose()?,
+            rate_per_s: get("rate_per_s")
+                .map(|v| float("rate_per_s", v))
+                .transpose()?,
+            max_batch: get("max_batch")
+                .map(|v| unsigned("max_batch", v))
+                .transpose()?
+                .unwrap_or(DEFAULT_MAX_BATCH),
+            max_instances: get("max_instances")
+                .map(|v| unsigned("max_instances", v))
+                .transpose()?,
+        }),
+    })
+}
+
 /// The scheduling policy lodger keeps a job's threads in, as shown to people.
 pub fn sched_policy(rt_priority: i32) -> String {
     format!("SCHED_RR/{rt_priority}")
@@ -176,13 +278,57 @@ pub fn job_to_dict(job: &Job, rt_priority: i32) -> HashMap<String, Value<'static
     put("multi_node", Value::from(job.spec.multi_node));
     put("threads", Value::from(job.threads));
     put("rr_threads", Value::from(job.rr_threads));
-    put("sched_policy", Value::from(sched_policy(rt_priority)));
+    put(
+        "sched_policy",
+        Value::from(if job.spec.kind.is_inference() {
+            "SCHED_OTHER".to_string()
+        } else {
+            sched_policy(rt_priority)
+        }),
+    );
     put(
         "last_error",
         Value::from(job.last_error.clone().unwrap_or_default()),
     );
     put("owner_uid", Value::from(job.owner_uid));
     put("registered_at", Value::from(job.registered_at));
+    if let Some(inf) = &job.spec.inference {
+        put("command", Value::from(inf.command.clone()));
+        if let Some(slo) = inf.slo_ms {
+            put("slo_ms", Value::from(slo));
+        }
+        if let Some(rate) = inf.rate_per_s {
+            put("rate_per_s", Value::from(rate));
+        }
+        put("max_batch", Value::from(inf.max_batch));
+        put(
+            "layout",
+            Value::from(job.layout.clone().unwrap_or_default()),
+        );
+        let instances: Vec<HashMap<String, Value<'static>>> = job
+            .instances
+            .iter()
+            .map(|i| {
+                let mut m: HashMap<String, Value<'static>> = HashMap::new();
+                m.insert("index".into(), Value::from(i.index));
+                m.insert("pid".into(), Value::from(i.pid.unwrap_or(0)));
+                m.insert("cpus".into(), Value::from(i.cpus.to_string()));
+                m.insert("threads".into(), Value::from(i.threads));
+                m.insert("batch".into(), Value::from(i.batch));
+                m.insert("state".into(), Value::from(i.state.clone()));
+                m.insert("restarts".into(), Value::from(i.restarts));
+                m.insert("items_per_s".into(), Value::from(i.items_per_s));
+                if let Some(p) = i.p50_ms {
+                    m.insert("p50_ms".into(), Value::from(p));
+                }
+                if let Some(p) = i.p99_ms {
+                    m.insert("p99_ms".into(), Value::from(p));
+                }
+                m
+            })
+            .collect();
+        put("instances", Value::from(instances));
+    }
     d
 }
 

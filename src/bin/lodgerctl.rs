@@ -7,7 +7,7 @@ use clap::Parser;
 use zbus::zvariant::{OwnedValue, Value};
 
 use lodger::api::proxy::ManagerProxy;
-use lodger::cli::lodgerctl::{Cli, Command, Register, TopArgs, UnregisterArgs};
+use lodger::cli::lodgerctl::{Cli, Command, InferenceArgs, Register, TopArgs, UnregisterArgs};
 
 /// A failure, with the exit code it maps to.
 struct Failure {
@@ -110,7 +110,13 @@ fn dict_to_json(d: &HashMap<String, OwnedValue>) -> serde_json::Value {
 }
 
 fn get(d: &HashMap<String, OwnedValue>, k: &str) -> String {
-    d.get(k).map(|v| show_value(v)).unwrap_or_default()
+    match (k, d.get(k).map(|v| &**v)) {
+        // A command reads as the shell line it is.
+        ("command", Some(Value::Array(a))) => {
+            a.iter().map(show_value).collect::<Vec<_>>().join(" ")
+        }
+        (_, v) => v.map(show_value).unwrap_or_default(),
+    }
 }
 
 /// Prints rows as aligned columns, like `kubectl get`.
@@ -147,6 +153,18 @@ fn render_table(header: &[&str], rows: &[Vec<String>]) -> String {
 async fn run(cli: Cli) -> Result<(), Failure> {
     let proxy = connect(cli.session).await?;
     match cli.command {
+        Command::Register(Register::Online(a)) => {
+            let mut spec = inference_spec("online", &a.common);
+            spec.insert("slo_ms", Value::from(a.slo_ms));
+            if let Some(rate) = a.rate {
+                spec.insert("rate_per_s", Value::from(rate));
+            }
+            register_and_show(&proxy, spec, cli.json).await?;
+        }
+        Command::Register(Register::Offline(a)) => {
+            let spec = inference_spec("offline", &a.common);
+            register_and_show(&proxy, spec, cli.json).await?;
+        }
         Command::Register(Register::Training(a)) => {
             let mut spec: HashMap<&str, Value<'_>> = HashMap::new();
             spec.insert("kind", Value::from("training"));
@@ -309,12 +327,67 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                     ("Owner uid", "owner_uid"),
                     ("Last error", "last_error"),
                 ]);
+                if d.contains_key("command") {
+                    keys.retain(|(_, k)| {
+                        !matches!(
+                            *k,
+                            "gpus" | "cores" | "category" | "registered_pids" | "mems"
+                        )
+                    });
+                    keys.extend([
+                        ("Command", "command"),
+                        ("SLO ms", "slo_ms"),
+                        ("Rate /s", "rate_per_s"),
+                        ("Max batch", "max_batch"),
+                        ("Layout", "layout"),
+                    ]);
+                }
                 for (label, key) in keys {
                     let v = get(&d, key);
-                    if key == "last_error" && v.is_empty() {
+                    if (key == "last_error" || key == "slo_ms" || key == "rate_per_s")
+                        && v.is_empty()
+                    {
                         continue;
                     }
                     println!("  {label:>12}: {v}");
+                }
+                if let Some(Value::Array(instances)) = d.get("instances").map(|v| &**v) {
+                    let rows: Vec<Vec<String>> = instances
+                        .iter()
+                        .filter_map(|i| match i {
+                            Value::Dict(dict) => {
+                                let f = |k: &str| -> String {
+                                    dict.iter()
+                                        .find(|(key, _)| show_value(key) == k)
+                                        .map(|(_, v)| show_value(v))
+                                        .unwrap_or_else(|| "-".into())
+                                };
+                                Some(vec![
+                                    f("index"),
+                                    f("pid"),
+                                    f("state"),
+                                    f("cpus"),
+                                    f("threads"),
+                                    f("batch"),
+                                    f("items_per_s"),
+                                    f("p99_ms"),
+                                    f("restarts"),
+                                ])
+                            }
+                            _ => None,
+                        })
+                        .collect();
+                    println!();
+                    print!(
+                        "{}",
+                        render_table(
+                            &[
+                                "INSTANCE", "PID", "STATE", "CPUS", "THREADS", "BATCH", "ITEMS/S",
+                                "P99 MS", "RESTARTS"
+                            ],
+                            &rows
+                        )
+                    );
                 }
             }
         }
@@ -346,6 +419,57 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 }
             }
         }
+    }
+    Ok(())
+}
+
+/// The common keys of an online or offline job's spec.
+fn inference_spec<'a>(kind: &'a str, a: &'a InferenceArgs) -> HashMap<&'a str, Value<'a>> {
+    let mut spec: HashMap<&str, Value<'_>> = HashMap::new();
+    spec.insert("kind", Value::from(kind));
+    spec.insert("command", Value::from(a.command.clone()));
+    spec.insert("max_batch", Value::from(a.max_batch));
+    if let Some(n) = a.max_instances {
+        spec.insert("max_instances", Value::from(n));
+    }
+    if let Some(n) = &a.name {
+        spec.insert("name", Value::from(n.as_str()));
+    }
+    spec
+}
+
+async fn register_and_show(
+    proxy: &ManagerProxy<'_>,
+    spec: HashMap<&str, Value<'_>>,
+    json: bool,
+) -> Result<(), Failure> {
+    let (id, path) = proxy
+        .register_job(spec)
+        .await
+        .map_err(|e| from_zbus("register", e))?;
+    let job = proxy
+        .get_job(&id)
+        .await
+        .map_err(|e| from_zbus("register", e))?;
+    if json {
+        let mut v = dict_to_json(&job);
+        if let serde_json::Value::Object(m) = &mut v {
+            m.insert("path".into(), path.as_str().into());
+        }
+        println!("{v}");
+    } else {
+        println!(
+            "registered {id}: {} job, {} instance(s) on cpus {}; layout: {}",
+            get(&job, "kind"),
+            job.get("instances")
+                .map(|v| match &**v {
+                    Value::Array(a) => a.len(),
+                    _ => 0,
+                })
+                .unwrap_or(0),
+            get(&job, "cpus"),
+            get(&job, "layout"),
+        );
     }
     Ok(())
 }

@@ -13,6 +13,7 @@ use lodger::api::{self, Authority, Bus};
 use lodger::cli::lodgerd::Cli;
 use lodger::config::{self, Config};
 use lodger::cpuset::CpuSet;
+use lodger::enforce::instances::{InstanceSettings, Instances};
 use lodger::enforce::sim::SimulatedEnforcer;
 use lodger::enforce::{CgroupDriver, EnforceSettings, Enforcer, PidPinning};
 use lodger::sense::sampler::{GpuChoice, Sampler, SamplerSettings};
@@ -134,6 +135,7 @@ fn main() -> ExitCode {
     init_logging(&config.log.level.to_string());
     pin_self(&reserved);
 
+    let mut runner = None;
     let enforcer: Box<dyn Enforce> = if cli.sim {
         info!("simulated enforcement: no cgroup or scheduling policy will be changed");
         Box::new(SimulatedEnforcer::new(config.node.proc_root.clone()))
@@ -156,6 +158,16 @@ fn main() -> ExitCode {
             allow_unthrottled_rt: config.training.allow_unthrottled_rt,
             grant_rt_budget_us: config.training.grant_rt_budget_us(),
         };
+        let probe = Duration::from_secs(config.inference.probe_seconds);
+        let instance_settings = InstanceSettings {
+            stop_grace: Duration::from_secs(config.inference.stop_grace_seconds),
+            window: probe,
+            ..InstanceSettings::with_enforce(&settings)
+        };
+        match Instances::new(instance_settings) {
+            Ok(r) => runner = Some((r, probe)),
+            Err(e) => warn!("inference instances unavailable: {e}"),
+        }
         match Enforcer::new(settings) {
             Ok(e) => Box::new(e),
             Err(e) => {
@@ -190,6 +202,10 @@ fn main() -> ExitCode {
             error!("{e}");
             return ExitCode::from(1);
         }
+    };
+    let agent = match runner {
+        Some((r, probe)) => agent.with_runner(r, probe),
+        None => agent,
     };
     let sampler = Sampler::open(SamplerSettings {
         interval: config.sense.interval(),

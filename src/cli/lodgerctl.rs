@@ -80,6 +80,49 @@ pub struct UnregisterArgs {
 pub enum Register {
     /// A GPU training job: pinned to whole cores local to its GPUs, every thread SCHED_RR.
     Training(TrainingArgs),
+    /// Online CPU inference: lodger runs instances of COMMAND on exclusive leftover cores and
+    /// searches for the layout (cores per instance, instances, batch) with the best throughput
+    /// within the latency SLO.
+    Online(OnlineArgs),
+    /// Offline CPU inference: lodger runs single-thread instances of COMMAND on every core,
+    /// training's included (training pre-empts them).
+    Offline(OfflineArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct OnlineArgs {
+    /// The p99 latency an instance must stay under, in milliseconds.
+    #[arg(long, value_name = "MS")]
+    pub slo_ms: f64,
+    /// The job's expected request rate, per second (lodger signals CapacityExceeded when the
+    /// node cannot serve it).
+    #[arg(long, value_name = "PER_S")]
+    pub rate: Option<f64>,
+    #[command(flatten)]
+    pub common: InferenceArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct OfflineArgs {
+    #[command(flatten)]
+    pub common: InferenceArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct InferenceArgs {
+    /// Largest batch an instance may be given.
+    #[arg(long, default_value_t = 64)]
+    pub max_batch: u32,
+    /// Most instances to run.
+    #[arg(long)]
+    pub max_instances: Option<u32>,
+    /// A name to recognise the job by.
+    #[arg(long)]
+    pub name: Option<String>,
+    /// One instance's command, after `--`. Placeholders: {threads}, {batch}, {cpus},
+    /// {instance}, {job} (docs/instance-protocol.md).
+    #[arg(last = true, required = true, value_name = "COMMAND")]
+    pub command: Vec<String>,
 }
 
 #[derive(Args, Debug)]

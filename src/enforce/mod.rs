@@ -11,10 +11,13 @@
 //! the move stays outside). Timing `apply` on an enforced job times the sweep.
 
 pub mod cgroup;
+pub mod instances;
 pub mod procs;
+pub mod resctrl;
 pub mod rtgroup;
 pub mod sched;
 pub mod sim;
+pub mod tc;
 
 #[cfg(test)]
 mod tests;
@@ -450,6 +453,14 @@ impl Enforcer {
         }
         EnforceError::collect(errors)?;
         Ok(out)
+    }
+
+    /// Removes lodger's parent cgroup when nothing is left in it (the last job's release may
+    /// have found it still holding the instances' cgroup). Harmless when it is in use or gone.
+    pub fn tidy(&self) {
+        if let Err(e) = self.cpusets.remove_if_unused(&self.parent) {
+            tracing::debug!("lodger's parent cgroup {} not removed: {e}", self.parent);
+        }
     }
 
     /// Undoes what `apply` did, for whatever still exists: threads back to SCHED_OTHER, cpusets to

@@ -2,6 +2,9 @@
 //! arguments.
 
 pub mod consolidate;
+pub mod contention;
+pub mod inference;
+pub mod rightsize;
 
 use std::collections::BTreeMap;
 

@@ -90,6 +90,13 @@ numa_local_whole_cores() {
     echo "$cpus: node $node, whole cores"
 }
 count() { expand "$1" | wc -w; }
+# "cpus id" of every job, from lodgerctl's JSON (keys come sorted).
+placements() { lodgerctl --json list | grep -o '"cpus":"[^"]*"\|"id":"[^"]*"' | paste -sd' '; }
+# Cgroups of lodger's (not this test's own lodger-e2e.service).
+lodger_cgroups() {
+    find /sys/fs/cgroup -name '*lodger*' ! -name lodger-e2e.service
+    [ -z "$(find /sys/fs/cgroup -name '*lodger*' ! -name lodger-e2e.service)" ]
+}
 disjoint() {
     local c
     for c in $(expand "$1"); do [[ " $(expand "$2") " != *" $c "* ]] || return 1; done
@@ -97,7 +104,7 @@ disjoint() {
 # Starts the training emulator in a unit of its own, as a launcher would; prints its pid.
 start_training() { # unit gpu
     systemd-run --quiet --unit="$1" -p Type=exec /usr/local/bin/train_emulator \
-        --workers 3 --batch-cpu-ms 2 --gpu-step-ms 20 \
+        --workers 3 --batch-cpu-ms 1 --gpu-step-ms 50 \
         --publish-dir /run/lodger/emulated-gpu --gpu "$2"
     local pid="" i
     for i in $(seq 100); do
@@ -232,9 +239,9 @@ check "member of group lodger may unregister $job_c" runuser -u e2e-member -- lo
 check "$job_c's threads back to SCHED_OTHER on every CPU" all_other_everywhere "$pid_c"
 
 # --- restart and upgrade keep the jobs ---
-jobs_before=$(lodgerctl list | awk 'NR > 1 { print $1, $5 }')
+jobs_before=$(placements)
 check "systemctl restart lodgerd" sh -c 'systemctl restart lodgerd && systemctl -q is-active lodgerd'
-check "after restart: same jobs on the same CPUs" test "$(lodgerctl list | awk 'NR > 1 { print $1, $5 }')" = "$jobs_before"
+check "after restart: same jobs on the same CPUs" test "$(placements)" = "$jobs_before"
 check "after restart: $job_a threads still SCHED_RR/10 on $cpus_a" all_rr_on "$pid_a" 10 "$cpus_a"
 check "after restart: $job_b threads still SCHED_RR/10 on $cpus_b" all_rr_on "$pid_b" 10 "$cpus_b"
 echo "$jobs_before" | note
@@ -246,10 +253,12 @@ check "upgrade: apt install ./$upgrade" \
 check "upgrade: lodgerd restarted" sh -c "systemctl -q is-active lodgerd && \
     test \"\$(systemctl show -p MainPID --value lodgerd)\" != $pid_before"
 check "upgrade: still enabled" test "$(systemctl is-enabled lodgerd)" = enabled
-check "upgrade: same jobs on the same CPUs" test "$(lodgerctl list | awk 'NR > 1 { print $1, $5 }')" = "$jobs_before"
+check "upgrade: same jobs on the same CPUs" test "$(placements)" = "$jobs_before"
 check "upgrade: $job_a threads still SCHED_RR/10" all_rr_on "$pid_a" 10 "$cpus_a"
 check "no watchdog or failure restarts (NRestarts=0)" test "$(systemctl show -p NRestarts --value lodgerd)" = 0
 lodgerctl --json status 2>&1 | note
+echo "lodgerd's log about GPUs:" | note
+journalctl -b -u lodgerd -o cat | grep -i gpu | tail -n 5 | note
 
 # --- purge leaves nothing behind ---
 userdel e2e-user
@@ -258,7 +267,7 @@ check "apt purge lodger" apt-get purge -y lodger
 check "purge: no lodgerd process" sh -c '! pidof lodgerd'
 check "purge: no lodgerd unit" sh -c '! systemctl cat lodgerd.service && \
     test -z "$(ls /etc/systemd/system/*.wants/lodgerd.service 2>/dev/null)"'
-check "purge: no lodger cgroup" test -z "$(find /sys/fs/cgroup -name '*lodger*')"
+check "purge: no lodger cgroup" lodger_cgroups
 check "purge: no real-time user thread on the node" no_rt_user_threads
 check "purge: $job_a back to SCHED_OTHER on every CPU" all_other_everywhere "$pid_a"
 check "purge: $job_b back to SCHED_OTHER on every CPU" all_other_everywhere "$pid_b"

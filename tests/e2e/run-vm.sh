@@ -8,7 +8,8 @@
 #   sudo tests/e2e/run-vm.sh                the whole test
 #   sudo tests/e2e/run-vm.sh --image-only   only build (or find) the cached guest image
 #
-# Needs root (debootstrap, mkfs from a root-owned tree), /dev/kvm and network access to a Debian
+# Needs root (debootstrap, mkfs from a root-owned tree), /dev/kvm (else qemu emulates, slower;
+# see `accel` below) and network access to a Debian
 # mirror the first time. Missing tools (qemu-system-x86, debootstrap, e2fsprogs) are installed
 # with apt-get. The root filesystem, kernel and initrd are cached (LODGER_E2E_CACHE, default
 # $XDG_CACHE_HOME/lodger-e2e or ~/.cache/lodger-e2e), keyed by a hash of their recipe; the VM
@@ -21,6 +22,7 @@
 #   LODGER_E2E_SUITE    Debian suite of the guest (default bookworm); its glibc must be at least
 #                       the build host's, since the packaged binaries are built here
 #   LODGER_E2E_TIMEOUT  seconds the VM may run (default 1200)
+#   LODGER_E2E_ACCEL    kvm, tcg or auto (default: kvm when /dev/kvm can boot a stock kernel)
 #   LODGER_E2E_KEEP=1   keep the run directory (serial log, results) under target/e2e-run
 #
 # Prints one PASS/FAIL line per check and ends with `N passed, N failed`; exits 1 if any check
@@ -39,7 +41,21 @@ die() { echo "run-vm: $*" >&2; exit 2; }
 elapsed() { echo $(($(date +%s) - ${1:-$start})); }
 
 [ "$(id -u)" = 0 ] || die "run as root (debootstrap, and a root-owned tree for the image): sudo $0"
-[ -w /dev/kvm ] || die "/dev/kvm is missing or not writable: this test needs KVM"
+
+# KVM when it can run a stock kernel. A PVM host (kvm_pvm: KVM without VMX, as in some nested
+# sandboxes) runs only guests built for PVM, and Debian's kernel is not, so there, and without
+# /dev/kvm, qemu emulates (TCG, one host thread per vCPU): slower, the same checks.
+accel=${LODGER_E2E_ACCEL:-auto}
+if [ "$accel" = auto ]; then
+    if [ -w /dev/kvm ] && [ ! -d /sys/module/kvm_pvm ]; then accel=kvm; else accel=tcg; fi
+fi
+case $accel in
+kvm) accel_args=(-machine q35,accel=kvm -cpu host) ;;
+# Intel's CPUID topology leaves, which TCG implements, carry the SMT siblings (AMD's need
+# topoext, which it does not).
+tcg) accel_args=(-machine q35 -accel tcg,thread=multi -cpu max,vendor=GenuineIntel) ;;
+*) die "LODGER_E2E_ACCEL must be auto, kvm or tcg" ;;
+esac
 
 # --- tools ---
 need=()
@@ -81,18 +97,19 @@ mirror_from_apt_sources() {
 mirror=${LODGER_E2E_MIRROR:-$(mirror_from_apt_sources | head -n 1 || true)}
 
 # --- the guest's root filesystem, kernel and initrd (cached) ---
-packages=systemd,systemd-sysv,dbus,udev,kmod,linux-image-amd64,initramfs-tools,procps,iproute2
+# man-db: so that `systemd-analyze verify` checks the unit's Documentation= pages too.
+packages=systemd,systemd-sysv,dbus,udev,kmod,linux-image-amd64,initramfs-tools,procps,iproute2,man-db
 runner_unit='[Unit]
 Description=lodger end-to-end test (driven by tests/e2e/run-vm.sh on the host)
 After=multi-user.target
+SuccessAction=poweroff-force
+FailureAction=poweroff-force
 
 [Service]
 Type=oneshot
 StandardOutput=journal+console
 StandardError=journal+console
 ExecStart=/bin/sh -c "mkdir -p /mnt/e2e && mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144 e2e /mnt/e2e && exec /bin/bash /mnt/e2e/guest.sh"
-SuccessAction=poweroff-force
-FailureAction=poweroff-force
 
 [Install]
 WantedBy=multi-user.target'
@@ -162,18 +179,18 @@ cp "$target/release/examples/train_emulator" tests/e2e/guest.sh "$run/share/"
 [ "${LODGER_E2E_KEEP:-}" = 1 ] || trap 'rm -rf "$run/share"' EXIT
 
 # --- boot ---
-say "booting the VM (16 vCPUs: 2 sockets x 4 cores x 2 threads, NUMA nodes 0-7 / 8-15)"
+say "booting the VM ($accel; 16 vCPUs: 2 sockets x 4 cores x 2 threads, NUMA nodes 0-7 / 8-15)"
 serial="$run/serial.log"
 boot_start=$(date +%s.%N)
 timeout --foreground "$vm_timeout" qemu-system-x86_64 \
-    -machine q35,accel=kvm -cpu host -m 2048 \
+    "${accel_args[@]}" -m 2048 \
     -smp 16,sockets=2,cores=4,threads=2 \
     -object memory-backend-ram,id=mem0,size=1024M \
     -object memory-backend-ram,id=mem1,size=1024M \
     -numa node,nodeid=0,cpus=0-7,memdev=mem0 \
     -numa node,nodeid=1,cpus=8-15,memdev=mem1 \
     -kernel "$base/vmlinuz" -initrd "$base/initrd.img" \
-    -append "root=/dev/vda rw console=ttyS0 quiet systemd.unified_cgroup_hierarchy=1 systemd.show_status=0 panic=-1" \
+    -append "root=/dev/vda rw console=ttyS0 quiet systemd.unified_cgroup_hierarchy=1 systemd.show_status=0 panic=-1 mitigations=off" \
     -drive "file=$base/rootfs.img,format=raw,if=virtio,snapshot=on" \
     -virtfs "local,path=$run/share,mount_tag=e2e,security_model=none,id=e2e" \
     -nic none -display none -monitor none -serial "file:$serial" -no-reboot &
@@ -205,6 +222,6 @@ if [ -z "$summary" ] || [ "$vm_status" != 0 ]; then
     tail -n 40 "$serial" 2>/dev/null || true
 fi
 [ "${LODGER_E2E_KEEP:-}" = 1 ] || cp "$results" "$run/results.txt" 2>/dev/null || true
-echo "timing: image $image_state, VM boot ${booted:-?} s, VM run ${vm_seconds} s, total $(elapsed) s"
+echo "timing: image $image_state, $accel, VM boot ${booted:-?} s, VM run ${vm_seconds} s, total $(elapsed) s"
 echo "$passed passed, $failed failed"
 [ "$failed" = 0 ]

@@ -1,0 +1,198 @@
+//! Inference lodgers end to end, as root: lodgerd runs online and offline instances of the
+//! bundled CPU inference worker beside a training job, on a private bus.
+
+mod common;
+
+use common::*;
+
+fn worker() -> String {
+    example("infer_worker").display().to_string()
+}
+
+fn daemon(bus: &PrivateBus, dir: &std::path::Path) -> Daemon {
+    Daemon::start(
+        bus,
+        dir,
+        DaemonOptions {
+            reserved: "",
+            extra: "[inference]\nprobe_seconds = 1\nstop_grace_seconds = 2\n".into(),
+            ..DaemonOptions::default()
+        },
+    )
+}
+
+fn instances(job: &serde_json::Value) -> Vec<serde_json::Value> {
+    job["instances"].as_array().cloned().unwrap_or_default()
+}
+
+fn running_pids(job: &serde_json::Value) -> Vec<u32> {
+    instances(job)
+        .iter()
+        .filter(|i| i["state"] == "running")
+        .filter_map(|i| i["pid"].as_u64().and_then(|p| u32::try_from(p).ok()))
+        .filter(|p| *p > 0)
+        .collect()
+}
+
+#[test]
+fn online_never_on_training_cpus_offline_shares_them_and_nothing_is_left_behind() {
+    if !need_root("lodgers_end_to_end") {
+        return;
+    }
+    let bus = PrivateBus::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = daemon(&bus, dir.path());
+    let w = Workload::train(1);
+    let train = d.register_pid(w.pid(), 1);
+    let training_cpus = d.job(&train)["cpus"].as_str().expect("cpus").to_string();
+
+    // Offline: single-thread instances on every CPU, the training CPU included, SCHED_OTHER.
+    let off = d.ctl_json(&[
+        "register",
+        "offline",
+        "--max-batch",
+        "2",
+        "--",
+        &worker(),
+        "--quiet",
+        "--model-mib",
+        "1",
+    ]);
+    let off_id = off["id"].as_str().expect("id").to_string();
+    let mut job = serde_json::Value::Null;
+    wait_until(WAIT, "two offline instances running", || {
+        job = d.job(&off_id);
+        running_pids(&job).len() == 2
+    });
+    let mut on_training = false;
+    for i in instances(&job) {
+        let pid = i["pid"].as_u64().expect("pid") as u32;
+        let cpus = i["cpus"].as_str().expect("cpus");
+        assert_eq!(cpus_allowed(pid, pid).as_deref(), Some(cpus), "{i}");
+        assert_eq!(sched_of(pid).map(|(p, _)| p), Some(libc::SCHED_OTHER));
+        assert_eq!(i["threads"], 1);
+        let environ = std::fs::read(format!("/proc/{pid}/environ")).expect("environ");
+        assert!(
+            environ
+                .split(|b| *b == 0)
+                .any(|v| v == b"OMP_NUM_THREADS=1"),
+            "OMP_NUM_THREADS not set"
+        );
+        on_training |= cpus == training_cpus;
+    }
+    assert!(
+        on_training,
+        "an offline instance shares the training CPU: {job}"
+    );
+    // Training is still SCHED_RR on its CPU, above the lodger.
+    assert!(all_rr_on(w.pid(), 10, &training_cpus));
+
+    // A killed instance is restarted.
+    let victim = running_pids(&job)[0];
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(victim as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("kill");
+    wait_until(WAIT, "the killed instance to be restarted", || {
+        let j = d.job(&off_id);
+        let pids = running_pids(&j);
+        pids.len() == 2 && !pids.contains(&victim)
+    });
+
+    // Online: only on the CPU training does not hold; offline moves off it.
+    let on = d.ctl_json(&[
+        "register",
+        "online",
+        "--slo-ms",
+        "1000",
+        "--max-batch",
+        "4",
+        "--",
+        &worker(),
+        "--quiet",
+        "--model-mib",
+        "1",
+    ]);
+    let on_id = on["id"].as_str().expect("id").to_string();
+    wait_until(WAIT, "an online instance running", || {
+        running_pids(&d.job(&on_id)).len() == 1
+    });
+    for _ in 0..10 {
+        // Through the probes of its layout search, never on the training CPU.
+        for i in instances(&d.job(&on_id)) {
+            let cpus = i["cpus"].as_str().unwrap_or("");
+            assert!(
+                lodger::cpuset::CpuSet::parse(cpus)
+                    .expect("cpus")
+                    .is_disjoint(&lodger::cpuset::CpuSet::parse(&training_cpus).expect("cpus")),
+                "online instance on training CPU {training_cpus}: {i}"
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    wait_until(WAIT, "offline to leave the online CPU", || {
+        let j = d.job(&off_id);
+        let i = instances(&j);
+        i.len() == 1 && i[0]["cpus"] == training_cpus.as_str()
+    });
+
+    // Unregistering leaves no instance process and no instance cgroup.
+    let pids: Vec<u32> = running_pids(&d.job(&off_id))
+        .into_iter()
+        .chain(running_pids(&d.job(&on_id)))
+        .collect();
+    d.ctl_ok(&["unregister", &on_id]);
+    d.ctl_ok(&["unregister", &off_id]);
+    for pid in pids {
+        wait_until(WAIT, "instances to be gone", || {
+            !std::path::Path::new(&format!("/proc/{pid}")).exists()
+                || std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                    .map(|s| s.contains(") Z "))
+                    .unwrap_or(true)
+        });
+    }
+    let lodgers = std::path::Path::new("/sys/fs/cgroup/cpuset")
+        .join(&d.parent)
+        .join("lodgers");
+    let left: Vec<_> = std::fs::read_dir(&lodgers)
+        .map(|rd| {
+            rd.filter_map(|e| e.ok())
+                .filter(|e| e.path().is_dir())
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(left.is_empty(), "instance cgroups left: {left:?}");
+    assert!(all_rr_on(w.pid(), 10, &training_cpus));
+}
+
+#[test]
+fn a_bad_command_template_is_refused() {
+    if !need_root("bad_command_template") {
+        return;
+    }
+    let bus = PrivateBus::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = daemon(&bus, dir.path());
+    let out = d.ctl(&["register", "offline", "--", "/no/such/program", "{threads}"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("/no/such/program"), "{err}");
+    let out = d.ctl(&[
+        "register",
+        "offline",
+        "--",
+        &worker(),
+        "--threads",
+        "{thread}",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("{thread}"), "{err}");
+    let out = d.ctl(&["register", "online", "--slo-ms", "0", "--", &worker()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(d
+        .ctl_json(&["list"])
+        .as_array()
+        .is_some_and(|a| a.is_empty()));
+}

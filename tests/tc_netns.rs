@@ -1,0 +1,585 @@
+//! Network shaping for real (SODA §V-E, §IV-C-2), in network namespaces of its own:
+//!
+//! ```text
+//!  node (ns a)                    wire (ns r)                       peer (ns b)
+//!  lt0a 10.77.0.1 ── veth ── lt0r 10.77.0.2 | lt1r 10.77.1.1 ── veth ── lt1b 10.77.1.2
+//!  senders; lodger's HTB           tbf 100 Mbit/s on lt1r            receiver (this process)
+//! ```
+//!
+//! A "training" flow (one TCP connection) and a "CPU job" (four connections, from a process in
+//! a v1 `net_cls` cgroup with lodger's class id) saturate the 100 Mbit/s wire. Before shaping
+//! the CPU job takes most of it (SODA §IV-C-2 measures a CPU job at 80% of the network);
+//! after `NetworkShaping::apply` on `lt0a` with a 100 Mbit/s line rate, the split must be
+//! 75/25 within 10%. Then shaping is removed and everything made here is taken down: the
+//! namespaces, the cgroup, and the `net_cls` mount if the test made it. Traffic stays inside
+//! the namespaces, on addresses created there.
+//!
+//! Needs root, iproute2 (`ip`, `tc`), nftables (`nft`) where the kernel lacks the `cgroup`
+//! classifier, bash (its `/dev/tcp`), coreutils, and the kernel's `net_cls` controller.
+
+use std::fs::File;
+use std::io::{ErrorKind, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use lodger::enforce::tc::{
+    find_net_cls_mount, CommandRunner, CpuJobs, Link, NetClsGroup, NetworkShaping, ShapingConfig,
+    Steering, TcRunner,
+};
+use lodger::privileged::{need_root, skip};
+
+const TEST: &str = "tc_netns";
+const LINK_MBIT: u64 = 100;
+const TRAINING_PORT: u16 = 5201;
+const CPU_JOB_PORT: u16 = 5202;
+const PEER: &str = "10.77.1.2";
+const WARMUP: Duration = Duration::from_millis(1000);
+const WINDOW: Duration = Duration::from_millis(2000);
+/// How long each sender runs: warm-up, two windows, the apply and settling, and a margin.
+/// Senders stop by themselves (`timeout`), so their shells reap every child.
+const SEND_SECONDS: u32 = 8;
+
+fn run(program: &str, args: &[&str]) {
+    let out = Command::new(program)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("{program}: {e}"));
+    assert!(
+        out.status.success(),
+        "{program} {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn output(program: &str, args: &[&str]) -> String {
+    let out = Command::new(program)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("{program}: {e}"));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn have(program: &str, arg: &str) -> bool {
+    Command::new(program)
+        .arg(arg)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Three namespaces and two veth pairs; deleted on drop (which also deletes the veths).
+struct Namespaces {
+    a: String,
+    r: String,
+    b: String,
+}
+
+impl Namespaces {
+    fn create() -> Namespaces {
+        let base = format!("lodger-tc-{}", std::process::id());
+        let ns = Namespaces {
+            a: format!("{base}-a"),
+            r: format!("{base}-r"),
+            b: format!("{base}-b"),
+        };
+        for n in [&ns.a, &ns.r, &ns.b] {
+            run("ip", &["netns", "add", n]);
+        }
+        let (a, r, b) = (ns.a.as_str(), ns.r.as_str(), ns.b.as_str());
+        run(
+            "ip",
+            &[
+                "link", "add", "lt0a", "netns", a, "type", "veth", "peer", "name", "lt0r", "netns",
+                r,
+            ],
+        );
+        run(
+            "ip",
+            &[
+                "link", "add", "lt1r", "netns", r, "type", "veth", "peer", "name", "lt1b", "netns",
+                b,
+            ],
+        );
+        for (n, dev, addr) in [
+            (a, "lt0a", "10.77.0.1/24"),
+            (r, "lt0r", "10.77.0.2/24"),
+            (r, "lt1r", "10.77.1.1/24"),
+            (b, "lt1b", "10.77.1.2/24"),
+        ] {
+            run("ip", &["-n", n, "addr", "add", addr, "dev", dev]);
+            run("ip", &["-n", n, "link", "set", dev, "up"]);
+        }
+        for n in [a, r, b] {
+            run("ip", &["-n", n, "link", "set", "lo", "up"]);
+        }
+        run(
+            "ip",
+            &["-n", a, "route", "add", "10.77.1.0/24", "via", "10.77.0.2"],
+        );
+        run(
+            "ip",
+            &["-n", b, "route", "add", "10.77.0.0/24", "via", "10.77.1.1"],
+        );
+        run(
+            "ip",
+            &[
+                "netns",
+                "exec",
+                r,
+                "sh",
+                "-c",
+                "echo 1 > /proc/sys/net/ipv4/ip_forward",
+            ],
+        );
+        // The wire: 100 Mbit/s towards the peer.
+        let rate = format!("{LINK_MBIT}mbit");
+        run(
+            "tc",
+            &[
+                "-n", r, "qdisc", "add", "dev", "lt1r", "root", "tbf", "rate", &rate, "burst",
+                "64kb", "latency", "50ms",
+            ],
+        );
+        ns
+    }
+}
+
+impl Drop for Namespaces {
+    fn drop(&mut self) {
+        for n in [&self.a, &self.r, &self.b] {
+            let _ = Command::new("ip").args(["netns", "del", n]).status();
+        }
+    }
+}
+
+/// The v1 net_cls hierarchy: the mounted one, or one mounted here (and unmounted on drop).
+struct NetClsMount {
+    path: PathBuf,
+    ours: Option<tempfile::TempDir>,
+}
+
+impl NetClsMount {
+    fn find_or_mount() -> Result<NetClsMount, String> {
+        let mountinfo =
+            std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| e.to_string())?;
+        if let Some(path) = find_net_cls_mount(&mountinfo) {
+            return Ok(NetClsMount { path, ours: None });
+        }
+        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let path = dir.path().to_path_buf();
+        let out = Command::new("mount")
+            .args(["-t", "cgroup", "-o", "net_cls", "lodger-test-net_cls"])
+            .arg(&path)
+            .output()
+            .map_err(|e| format!("mount: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "cannot mount the net_cls hierarchy: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        Ok(NetClsMount {
+            path,
+            ours: Some(dir),
+        })
+    }
+}
+
+/// Cgroups of the net_cls hierarchy, live and dying, from /proc/cgroups.
+fn net_cls_cgroups() -> Option<u32> {
+    let text = std::fs::read_to_string("/proc/cgroups").ok()?;
+    text.lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|f| f.first() == Some(&"net_cls"))
+        .and_then(|f| f.get(2)?.parse().ok())
+}
+
+impl Drop for NetClsMount {
+    fn drop(&mut self) {
+        if self.ours.is_none() {
+            return;
+        }
+        // A v1 hierarchy unmounted while a removed cgroup is still dying outlives the mount,
+        // unseen: wait for the kernel to finish with it first.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while net_cls_cgroups().is_some_and(|n| n > 1) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = Command::new("umount").arg(&self.path).status();
+    }
+}
+
+/// Counts bytes received per port in namespace `ns`, on threads of this process.
+struct Receiver {
+    training: Arc<AtomicU64>,
+    cpu_job: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Receiver {
+    fn start(ns: &str) -> Receiver {
+        let training = Arc::new(AtomicU64::new(0));
+        let cpu_job = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut threads = Vec::new();
+        for (port, counter) in [(TRAINING_PORT, &training), (CPU_JOB_PORT, &cpu_job)] {
+            let (ready_tx, ready_rx) = mpsc::channel();
+            let counter = Arc::clone(counter);
+            let stop = Arc::clone(&stop);
+            let netns = File::open(Path::new("/run/netns").join(ns)).expect("open netns");
+            threads.push(std::thread::spawn(move || {
+                // This thread, and the ones it starts, live in the peer's namespace.
+                nix::sched::setns(&netns, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+                let listener = TcpListener::bind((PEER, port)).expect("bind");
+                listener.set_nonblocking(true).expect("nonblocking");
+                ready_tx.send(()).expect("ready");
+                let mut readers = Vec::new();
+                while !stop.load(Ordering::Relaxed) {
+                    match listener.accept() {
+                        Ok((conn, _)) => {
+                            let counter = Arc::clone(&counter);
+                            let stop = Arc::clone(&stop);
+                            readers.push(std::thread::spawn(move || drain(conn, &counter, &stop)));
+                        }
+                        Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                            std::thread::sleep(Duration::from_millis(10));
+                        }
+                        Err(e) => panic!("accept: {e}"),
+                    }
+                }
+                for r in readers {
+                    r.join().expect("reader");
+                }
+            }));
+            ready_rx
+                .recv_timeout(Duration::from_secs(10))
+                .expect("receiver listening");
+        }
+        Receiver {
+            training,
+            cpu_job,
+            stop,
+            threads,
+        }
+    }
+
+    fn counts(&self) -> (u64, u64) {
+        (
+            self.training.load(Ordering::Relaxed),
+            self.cpu_job.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Goodput of both flows over `window`, Mbit/s.
+    fn measure(&self, window: Duration) -> Split {
+        let (t0, c0) = self.counts();
+        let start = Instant::now();
+        std::thread::sleep(window);
+        let secs = start.elapsed().as_secs_f64();
+        let (t1, c1) = self.counts();
+        let mbit = |bytes: u64| bytes as f64 * 8.0 / secs / 1e6;
+        Split {
+            training: mbit(t1 - t0),
+            cpu_job: mbit(c1 - c0),
+        }
+    }
+
+    fn stop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in std::mem::take(&mut self.threads) {
+            t.join().expect("receiver thread");
+        }
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        // On a failed test too: threads in the peer's namespace would keep it alive.
+        self.stop.store(true, Ordering::Relaxed);
+        for t in std::mem::take(&mut self.threads) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Removes the test's net_cls cgroups on drop (also when the test fails).
+struct CgroupGuard {
+    group: Option<NetClsGroup>,
+    parent: PathBuf,
+}
+
+impl Drop for CgroupGuard {
+    fn drop(&mut self) {
+        if let Some(group) = self.group.take() {
+            let _ = group.remove();
+        }
+        let _ = std::fs::remove_dir(&self.parent);
+    }
+}
+
+fn drain(mut conn: TcpStream, counter: &AtomicU64, stop: &AtomicBool) {
+    conn.set_read_timeout(Some(Duration::from_millis(100)))
+        .expect("read timeout");
+    let mut buf = vec![0u8; 1 << 16];
+    while !stop.load(Ordering::Relaxed) {
+        match conn.read(&mut buf) {
+            Ok(0) => return,
+            Ok(n) => {
+                counter.fetch_add(n as u64, Ordering::Relaxed);
+            }
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+            Err(_) => return,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Split {
+    training: f64,
+    cpu_job: f64,
+}
+
+impl Split {
+    fn total(&self) -> f64 {
+        self.training + self.cpu_job
+    }
+
+    fn training_share(&self) -> f64 {
+        self.training / self.total()
+    }
+}
+
+impl std::fmt::Display for Split {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "training {:.1} Mbit/s ({:.1}%), CPU job {:.1} Mbit/s ({:.1}%)",
+            self.training,
+            100.0 * self.training_share(),
+            self.cpu_job,
+            100.0 * (1.0 - self.training_share())
+        )
+    }
+}
+
+/// A sender in the node's namespace: `connections` TCP streams of zeros to `port` for
+/// `SEND_SECONDS`. It waits for a line on stdin before connecting, so the test can place it in
+/// a cgroup first (sockets take their class id when created).
+struct Sender {
+    child: Child,
+}
+
+impl Sender {
+    fn spawn(ns: &str, port: u16, connections: u32) -> Sender {
+        let script = format!(
+            "read go; for i in $(seq {connections}); do \
+             timeout {SEND_SECONDS} cat /dev/zero > /dev/tcp/{PEER}/{port} & done; wait"
+        );
+        let child = Command::new("ip")
+            .args(["netns", "exec", ns, "bash", "-c", &script])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            // Its own process group, so a failed test can stop it and its children by id.
+            .process_group(0)
+            .spawn()
+            .expect("spawn sender");
+        Sender { child }
+    }
+
+    /// `ip netns exec` execs the command: this is the shell's pid.
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn go(&mut self) {
+        let stdin = self.child.stdin.as_mut().expect("stdin");
+        stdin.write_all(b"go\n").expect("start sender");
+    }
+
+    fn wait(mut self) {
+        let deadline = Instant::now() + Duration::from_secs(u64::from(SEND_SECONDS) + 10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("sender {} did not stop by itself", self.child.id());
+    }
+}
+
+impl Drop for Sender {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            if let Ok(pgid) = i32::try_from(self.child.id()) {
+                let _ = nix::sys::signal::killpg(
+                    nix::unistd::Pid::from_raw(pgid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+            let _ = self.child.wait();
+        }
+    }
+}
+
+#[test]
+fn tc_shapes_training_and_cpu_job_traffic_75_25() {
+    if !need_root(TEST) {
+        return;
+    }
+    for (tool, arg) in [
+        ("ip", "-V"),
+        ("tc", "-V"),
+        ("nft", "--version"),
+        ("bash", "--version"),
+    ] {
+        if !have(tool, arg) {
+            skip(
+                TEST,
+                &format!("{tool} is missing (install iproute2, nftables and bash)"),
+            );
+            return;
+        }
+    }
+    if net_cls_cgroups().is_none() {
+        skip(TEST, "the kernel has no net_cls cgroup controller");
+        return;
+    }
+    let mount = match NetClsMount::find_or_mount() {
+        Ok(m) => m,
+        Err(why) => {
+            skip(TEST, &why);
+            return;
+        }
+    };
+    let ns = Namespaces::create();
+
+    let config = ShapingConfig {
+        links: vec![Link {
+            interface: "lt0a".to_string(),
+            line_rate_mbit: LINK_MBIT,
+        }],
+        ..ShapingConfig::default()
+    };
+    let mut shaping = NetworkShaping::new(&config, Steering::Auto).expect("shaping config");
+    let mut runner = CommandRunner::in_netns(&ns.a);
+    let group_path = format!("lodger-test-{}/cpu-job", std::process::id());
+    let (group, _) = NetClsGroup::create(&mount.path, &group_path, shaping.net_cls_classid())
+        .expect("net_cls cgroup");
+    assert_eq!(group.classid().expect("classid"), 0x4c44_0020);
+
+    let mut guard = CgroupGuard {
+        group: Some(group.clone()),
+        parent: mount
+            .path
+            .join(format!("lodger-test-{}", std::process::id())),
+    };
+    let mut receiver = Receiver::start(&ns.b);
+    let mut training = Sender::spawn(&ns.a, TRAINING_PORT, 1);
+    let mut cpu_job = Sender::spawn(&ns.a, CPU_JOB_PORT, 4);
+    group
+        .add_process(cpu_job.pid())
+        .expect("CPU job into net_cls");
+    assert_eq!(group.procs().expect("procs"), [cpu_job.pid()]);
+    training.go();
+    cpu_job.go();
+
+    std::thread::sleep(WARMUP);
+    let before = receiver.measure(WINDOW);
+    eprintln!("{TEST}: before shaping: {before}");
+
+    let applied = shaping
+        .apply(&mut runner, &CpuJobs::NetCls)
+        .expect("apply shaping");
+    assert!(applied.changed);
+    eprintln!("{TEST}: shaping applied, steering {:?}", applied.steering);
+    // Idempotent on the real kernel: the second apply only reads.
+    let again = shaping
+        .apply(&mut runner, &CpuJobs::NetCls)
+        .expect("apply again");
+    assert!(!again.changed, "second apply changed something");
+    let classes = runner
+        .run(&["tc", "class", "show", "dev", "lt0a"].map(String::from))
+        .expect("tc class show");
+    eprintln!("{TEST}: classes:\n{}", classes.trim_end());
+
+    std::thread::sleep(WARMUP);
+    let after = receiver.measure(WINDOW);
+    eprintln!("{TEST}: after shaping: {after}");
+
+    let removed = shaping
+        .reconcile(&mut runner, false, &CpuJobs::NetCls)
+        .expect("remove shaping");
+    assert!(removed.changed);
+    let qdiscs = runner
+        .run(&["tc", "qdisc", "show", "dev", "lt0a"].map(String::from))
+        .expect("tc qdisc show");
+    let nft_left = runner.run(&["nft", "list", "table", "inet", "lodger"].map(String::from));
+
+    training.wait();
+    cpu_job.wait();
+    receiver.stop();
+    guard.group = None;
+    assert!(group.remove().expect("remove the net_cls cgroup"));
+    let parent = guard.parent.clone();
+    std::fs::remove_dir(&parent).expect("remove the test's parent cgroup");
+    drop(guard);
+    let ns_names = [ns.a.clone(), ns.r.clone(), ns.b.clone()];
+    drop(ns);
+    let mount_path = mount.path.clone();
+    let mounted_here = mount.ours.is_some();
+    drop(mount);
+
+    // Unshaped, four connections against one take most of the wire: the contention SODA
+    // §IV-C-2 measures.
+    assert!(
+        before.total() > 0.8 * LINK_MBIT as f64,
+        "the wire was not saturated before shaping: {before}"
+    );
+    assert!(
+        before.training_share() < 0.5,
+        "no contention to shape: {before}"
+    );
+    // Shaped: 75/25 within 10%, and the line still full.
+    let share = after.training_share();
+    assert!(
+        (share - 0.75).abs() <= 0.075,
+        "training share {:.1}% is not 75% within 10%: {after}",
+        100.0 * share
+    );
+    assert!(
+        after.total() > 0.8 * LINK_MBIT as f64,
+        "shaping left the line idle: {after}"
+    );
+    // Nothing of lodger's is left.
+    assert!(
+        !qdiscs.contains("htb"),
+        "an HTB qdisc is left on lt0a: {qdiscs}"
+    );
+    assert!(nft_left.is_err(), "lodger's nftables table is left");
+    let listed = output("ip", &["netns", "list"]);
+    for n in &ns_names {
+        assert!(
+            !listed.contains(n.as_str()),
+            "namespace {n} is left: {listed}"
+        );
+    }
+    assert!(!parent.exists(), "the net_cls cgroup is left");
+    if mounted_here {
+        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+        assert!(
+            !mountinfo.contains(&mount_path.display().to_string()),
+            "the net_cls mount is left"
+        );
+    }
+}
