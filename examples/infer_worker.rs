@@ -9,7 +9,7 @@
 //!            items, so a larger batch reuses weights from cache: IPC rises with the batch, misses
 //!            stay flat (the kind for which one large instance is best).
 //!   memory   `--layers` token-wise layers (small C×C weights) over per-item activations of
-//!            `--act-kib` (default 256 KiB). A layer runs over the whole batch before the next
+//!            `--act-kib` (default 512 KiB). A layer runs over the whole batch before the next
 //!            one, so the batch's activations (2 × batch × act-kib) fall out of the cache as the
 //!            batch grows: misses rise and IPC falls with the batch (the kind for which many
 //!            small instances are best).
@@ -49,7 +49,8 @@ use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal
 
 const MIB: u64 = 1 << 20;
 const KIB: u64 = 1 << 10;
-/// Channels per token of the memory model: its weights are C×C (4 KiB at 32).
+/// Channels per token of the memory model: its weights are C×C (256 bytes), its work per byte of
+/// activation is small, so where the activations live (cache or DRAM) decides its speed.
 const CHANNELS: usize = 8;
 /// Online: requests beyond this many waiting are dropped (and counted), so an overloaded worker
 /// does not grow without bound.
@@ -89,7 +90,7 @@ struct Args {
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=256))]
     layers: u32,
     /// memory: KiB of activations per item.
-    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(4..=1_048_576))]
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u64).range(4..=1_048_576))]
     act_kib: u64,
     /// Threads per layer [default: LODGER_THREADS, else OMP_NUM_THREADS, else 1].
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024))]

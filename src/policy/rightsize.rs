@@ -31,6 +31,12 @@ pub const MIN_WINDOW_SAMPLES: usize = 6;
 /// correlated over an iteration (a Wavenet iteration takes about 3 s, §VI-H), and treating
 /// correlated samples as independent would understate the noise.
 const NOISE_BATCHES: usize = 10;
+/// Least proportional change of a starved job's utilization with its cores, for sizing steps
+/// (see `Tuner::gallop`): Amdahl's law with a parallel fraction of 0.85 gives 0.5 up to 5 cores
+/// per GPU and less above, where the curve is flatter and a missed knee costs less.
+const STARVED_ELASTICITY: f64 = 0.5;
+/// A galloping step is long enough for a starved job to change by this many noise thresholds.
+const POWER_MARGIN: f64 = 2.0;
 /// Settled counts remembered per (owner, category): the start is the largest of the recent ones,
 /// so one odd job does not raise every later start for ever.
 const HISTORY_PER_KEY: usize = 8;
@@ -347,10 +353,12 @@ impl fmt::Display for Decision {
 /// at its maximum, one window at a time.
 ///
 /// From the start count it first probes a smaller count. If utilization does not drop, it keeps
-/// shrinking (halving the distance to the floor) until it drops, then steps back by bisection
-/// between the last count that was enough and the first that was not. If it drops, it probes
-/// larger counts (doubling) until utilization stops rising, then bisects back the same way. It
-/// settles when fewer cores would starve the job and more would not help, to within
+/// shrinking until it drops, then steps back by bisection between the last count that was
+/// enough and the first that was not. If it drops, it probes larger counts until utilization
+/// stops rising, then bisects back the same way. Steps away from the start double (galloping:
+/// `max(tolerance + 1, start / 8)`, then twice that, ...), so a start near the best count, as
+/// the owner's history gives (§V-B-1), costs few probes and a start far from it not many more.
+/// It settles when fewer cores would starve the job and more would not help, to within
 /// `tolerance` cores.
 ///
 /// A change counts only when it exceeds the noise measured in the two windows compared (see
@@ -416,6 +424,9 @@ struct Search {
     /// Whether `hi` is known to be enough: fewer cores did as well, or more did no better, or
     /// it is the most the job can have.
     confirmed: bool,
+    /// The last step taken away from the start while galloping (0: none yet in this
+    /// direction); the next is at least twice as long.
+    stride: u32,
 }
 
 impl Tuner {
@@ -440,6 +451,7 @@ impl Tuner {
                 lo: None,
                 hi: start,
                 confirmed: false,
+                stride: 0,
             },
             settings,
             measured: Vec::new(),
@@ -557,17 +569,18 @@ impl Tuner {
         let c = stats.cores;
         let decision = match purpose {
             Purpose::Baseline => {
-                self.search = Search {
-                    lo: None,
-                    hi: c,
-                    confirmed: c >= self.settings.max,
-                };
+                self.search.hi = c;
+                self.search.confirmed = c >= self.settings.max;
                 Decision::Baseline
             }
             Purpose::Below { reference } => {
                 let r = self.stats_at(reference);
                 let threshold = stats.change_threshold(&r);
                 if stats.mean < r.mean - threshold {
+                    if self.search.lo.is_none() {
+                        // Galloping turns round: growth starts with a short step again.
+                        self.search.stride = 0;
+                    }
                     self.search.lo = Some(c);
                     Decision::Starved {
                         than: reference,
@@ -626,64 +639,66 @@ impl Tuner {
 
     /// The next probe, or the end.
     fn next(&mut self, now: Duration) -> TunerAction {
-        let Search { lo, hi, confirmed } = self.search;
+        let Search {
+            lo, hi, confirmed, ..
+        } = self.search;
         let floor = self.settings.floor;
         // Below the floor counts as starved: the search never goes there.
         let lower = lo.map_or(i64::from(floor) - 1, i64::from);
         let width = i64::from(hi) - lower;
         let narrow = width <= i64::from(self.settings.tolerance) + 1;
-        if confirmed && narrow {
+        if narrow && confirmed {
             return self.settle(hi);
         }
-        let knob = |k: &str, d: u32| {
-            std::env::var(k)
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(d)
-        };
-        let tent = match knob("RS_TENT", 0) {
-            0 => false,
-            1 => hi > self.settings.start,
-            _ => true,
-        };
-        if !narrow && (confirmed || lo.is_none() || tent) {
-            // §V-B-2: smaller first; then step back between the last count that was enough
-            // and the first that was not.
-            let mut below = i64::from(hi) - width / 2;
-            let start = i64::from(self.settings.start);
-            let first = i64::from(knob("RS_FIRST", 4));
-            if knob("RS_GALLOP", 0) == 1 && lo.is_none() {
-                // distance from start doubles: first step max(tol+1, start/first)
-                let d0 = (start / first).max(i64::from(self.settings.tolerance) + 1);
-                let dist = start - i64::from(hi);
-                let next = if dist == 0 { d0 } else { dist * 2 + d0 };
-                below = (start - next).max(i64::from(floor));
-            } else if lo.is_none() && !confirmed {
-                match knob("RS_DOWN", 0) {
-                    1 => below = i64::from(hi) - (width / 4).max(1),
-                    2 => below = i64::from(hi) - 1,
-                    _ => {}
-                }
-            }
+        if !narrow && lo.is_none() {
+            // §V-B-2: smaller first, and on while utilization does not drop. Each probe is
+            // compared with the start, not with the previous probe, so that drops too small to
+            // see one at a time cannot add up unseen.
+            let start = self.settings.start;
+            let below = hi.saturating_sub(self.gallop(start)).max(floor);
+            return self.probe(below, Purpose::Below { reference: start }, now);
+        }
+        if !narrow && confirmed {
+            // Step back: bisect between the last count that was enough and the first that
+            // was not.
+            let below = i64::from(hi) - width / 2;
             let below = u32::try_from(below).unwrap_or(floor).max(floor);
             return self.probe(below, Purpose::Below { reference: hi }, now);
         }
-        // §V-B-2: a smaller count starved the job, so try larger ones until utilization stops
-        // rising.
-        let g = knob("RS_GROW", 20);
-        let mut step = (hi * (g - 10) / 10).max(self.settings.tolerance + 1);
-        if knob("RS_GALLOP", 0) == 1 {
-            let start = self.settings.start;
-            let first = knob("RS_FIRST", 4);
-            let d0 = (start / first).max(self.settings.tolerance + 1);
-            let dist = hi.saturating_sub(start);
-            step = if dist == 0 { d0 } else { dist + d0 };
-        }
-        let above = hi.saturating_add(step).min(self.settings.max);
+        // §V-B-2: fewer cores starved the job and `hi` is not shown to be enough: try more
+        // until utilization stops rising.
+        let above = hi.saturating_add(self.gallop(hi)).min(self.settings.max);
         if above <= hi {
             return self.settle(hi);
         }
         self.probe(above, Purpose::Above { from: hi }, now)
+    }
+
+    /// The next step away from the start, in either direction, judged against the window at
+    /// `reference`. Steps double (galloping): short near the start, which the owner's history
+    /// makes a good guess (§V-B-1), and few to reach a best count far from it. And each is long
+    /// enough for its outcome to mean something: if the job were starved, the step would change
+    /// its utilization by twice the noise threshold, taking a starved job's utilization to
+    /// change at least half in proportion to its cores (a multithreaded job's, §IV-B-1, with a
+    /// parallel fraction of 0.85 or more up to a few cores per GPU). Without this, a small
+    /// step in a noisy window would show no significant change and a starved job would be
+    /// taken to have enough.
+    fn gallop(&mut self, reference: u32) -> u32 {
+        let r = self.stats_at(reference);
+        let first = (self.settings.start / 8).max(self.settings.tolerance.saturating_add(1));
+        let threshold = r.change_threshold(&r);
+        let visible = if r.mean > 0.0 {
+            let cores =
+                POWER_MARGIN * threshold / (STARVED_ELASTICITY * r.mean) * f64::from(r.cores);
+            // Saturating float-to-int conversion; a NaN becomes 0.
+            cores.ceil().min(f64::from(u32::MAX)) as u32
+        } else {
+            // No utilization at all: no step is too large.
+            u32::MAX
+        };
+        let step = first.max(self.search.stride.saturating_mul(2)).max(visible);
+        self.search.stride = step;
+        step
     }
 
     fn probe(&mut self, cores: u32, purpose: Purpose, now: Duration) -> TunerAction {

@@ -1,0 +1,994 @@
+//! Lodgers benchmark: Cloud Reamer's §IV comparisons (`../shared/papers/cloud-reamer.txt`) on
+//! this machine, with the bundled workloads and a real lodgerd on a private bus. Run as root:
+//! `cargo bench --bench lodgers` (it builds the release examples itself first).
+//!
+//! Every figure is measured in this run and every ratio is between figures of this run. Each
+//! arrangement is measured `LODGER_BENCH_ROUNDS` times (default 2), arrangements interleaved
+//! within a round, each for a `LODGER_BENCH_WINDOW_S` window (default 6 s) after 1 s of warm-up.
+//!
+//! (a) Training slowdown (paper Fig. 11: default scheduling +81 %, Cloud Reamer +3.2 %): the
+//!     training emulator's mean iteration time on CPU 1 alone (SCHED_OTHER, and SCHED_RR as a
+//!     reference for what other tenants of this machine cost), then with an offline inference
+//!     instance (single-thread) on the same CPU under default scheduling (both SCHED_OTHER,
+//!     pinned with taskset), then under lodger: lodgerd (`reserved_cpus = "0"`) places the
+//!     training job on CPU 1 with SCHED_RR and runs the offline job's single-thread instance there.
+//! (b) Online latency (paper Figs. 4 and 8: Shared vs No Consolidation vs Cloud Reamer): an online
+//!     worker (open-loop Poisson arrivals, batch 1, so each report line is one request) alone on
+//!     CPU 0; "shared" on CPU 1 with the training emulator (both SCHED_OTHER); "no consolidation"
+//!     with both free to use both CPUs; "lodger" with training placed by lodgerd on CPU 1
+//!     (SCHED_RR) and the online worker on CPU 0, the CPU lodger leaves free (pinned by the
+//!     benchmark: lodgerd's own online instances report to lodgerd, not to us).
+//! (c) Straggler effect (paper Figs. 6 and 10): offline throughput beside the training emulator
+//!     (placed by lodgerd, SCHED_RR on its CPU): lodger's layout (one single-thread instance per
+//!     CPU, as lodgerd runs it and by hand with the same counting as the rest) vs one large
+//!     instance with 2 threads on both CPUs (batch B and 2B).
+//! (d) Layout search: lodgerd searches an online job's layout for real (`probe_seconds = 1`,
+//!     2 free CPUs); then every layout (cores per instance {1, 2} × instances using both CPUs ×
+//!     batch {1, 2, 4, ..., 64}) is measured under saturating load, and the search's layout is
+//!     compared with the best one within the SLO (both re-measured back to back).
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// Training emulator: one loader thread whose batch costs ~15 ms of CPU per 20 ms GPU step, so
+/// the training job keeps its one CPU ~75 % busy (calibrated once, then fixed for every run).
+const TRAIN_WORKERS: u32 = 1;
+const GPU_STEP_MS: u64 = 20;
+const BATCH_CPU_MS: u64 = 15;
+/// Inference worker model: the compute model with 8 MiB of weights (the worker's default).
+const MODEL_MIB: u32 = 8;
+/// Offline instances' batch (lodgerd runs offline instances at the job's `--max-batch`).
+const OFFLINE_BATCH: u32 = 8;
+/// Online load in (b): Poisson arrivals per second, batch 1.
+const ONLINE_RATE: f64 = 250.0;
+/// (d): the online job's p99 SLO and largest batch.
+const SLO_MS: f64 = 4.0;
+const MAX_BATCH: u32 = 64;
+/// (d): window per layout of the exhaustive sweep, after a short warm-up.
+const SWEEP_WINDOW: Duration = Duration::from_secs(2);
+const SWEEP_WARMUP: Duration = Duration::from_millis(500);
+const WARMUP: Duration = Duration::from_secs(1);
+const TRAIN_CPU: &str = "1";
+const OTHER_CPU: &str = "0";
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .filter(|&v| v > 0)
+        .unwrap_or(default)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Processes
+
+/// A workload process, stopped with SIGTERM (then SIGKILL) when dropped.
+struct Proc {
+    child: Child,
+    /// Its stdout (report lines) when redirected to a file.
+    out: Option<PathBuf>,
+}
+
+impl Proc {
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// SIGTERM, then waits (SIGKILL after 5 s).
+    fn stop(&mut self) {
+        if let Ok(Some(_)) = self.child.try_wait() {
+            return;
+        }
+        if let Ok(pid) = i32::try_from(self.child.id()) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Complete lines of its stdout file so far.
+    fn lines(&self) -> Vec<String> {
+        self.out.as_deref().map(complete_lines).unwrap_or_default()
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// The complete (newline-terminated) lines of a file.
+fn complete_lines(path: &Path) -> Vec<String> {
+    let mut text = String::new();
+    if let Ok(mut f) = File::open(path) {
+        let _ = f.read_to_string(&mut text);
+    }
+    let end = text.rfind('\n').map_or(0, |i| i + 1);
+    text[..end].lines().map(str::to_string).collect()
+}
+
+/// `cmd` on `cpus` (taskset) and optionally SCHED_RR 10 (chrt); both exec, so the child's pid is
+/// the workload's.
+fn command(program: &Path, cpus: Option<&str>, rr: bool) -> Command {
+    let mut argv: Vec<String> = Vec::new();
+    if rr {
+        argv.extend(["chrt", "-r", "10"].map(String::from));
+    }
+    if let Some(cpus) = cpus {
+        argv.extend(["taskset".to_string(), "-c".to_string(), cpus.to_string()]);
+    }
+    argv.push(program.display().to_string());
+    let mut cmd = Command::new(&argv[0]);
+    cmd.args(&argv[1..]);
+    cmd
+}
+
+struct Bench {
+    dir: tempfile::TempDir,
+    seq: u32,
+    /// `--work-per-batch` for the emulator, calibrated once.
+    work_units: u32,
+    window: Duration,
+    rounds: u32,
+}
+
+impl Bench {
+    fn path(&mut self, what: &str) -> PathBuf {
+        self.seq += 1;
+        self.dir.path().join(format!("{what}-{}", self.seq))
+    }
+
+    /// The training emulator, running until stopped; its per-iteration report in a file.
+    fn train(&mut self, cpus: Option<&str>, rr: bool) -> Proc {
+        let report = self.path("train.jsonl");
+        let mut child = command(&example("train_emulator"), cpus, rr)
+            .args(["--workers", &TRAIN_WORKERS.to_string()])
+            .args(["--gpu-step-ms", &GPU_STEP_MS.to_string()])
+            .args(["--work-per-batch", &self.work_units.to_string()])
+            .arg("--report")
+            .arg(&report)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn train_emulator");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut reader = BufReader::new(stdout);
+        let mut line = String::new();
+        loop {
+            line.clear();
+            let n = reader.read_line(&mut line).expect("read emulator output");
+            assert!(n > 0, "train_emulator exited before it was ready");
+            if line.starts_with("ready") {
+                break;
+            }
+        }
+        std::thread::spawn(move || {
+            let mut sink = Vec::new();
+            let _ = reader.read_to_end(&mut sink);
+        });
+        Proc {
+            child,
+            out: Some(report),
+        }
+    }
+
+    /// An inference worker; its report lines (stdout) and summary (stderr) in files.
+    fn worker(&mut self, cpus: Option<&str>, args: &[String]) -> Proc {
+        let out = self.path("worker.jsonl");
+        let err = self.path("worker.err");
+        let child = command(&example("infer_worker"), cpus, false)
+            .args(["--quiet", "--model-mib", &MODEL_MIB.to_string()])
+            .args(args)
+            .stdout(File::create(&out).expect("worker out"))
+            .stderr(File::create(&err).expect("worker err"))
+            .spawn()
+            .expect("spawn infer_worker");
+        Proc {
+            child,
+            out: Some(out),
+        }
+    }
+
+    fn offline_worker(&mut self, cpus: Option<&str>, threads: u32, batch: u32) -> Proc {
+        self.worker(
+            cpus,
+            &[
+                "--mode".into(),
+                "offline".into(),
+                "--threads".into(),
+                threads.to_string(),
+                "--batch".into(),
+                batch.to_string(),
+            ],
+        )
+    }
+
+    fn online_worker(&mut self, cpus: Option<&str>) -> Proc {
+        self.worker(
+            cpus,
+            &[
+                "--mode".into(),
+                "online".into(),
+                "--rate".into(),
+                ONLINE_RATE.to_string(),
+                "--batch".into(),
+                "1".into(),
+                "--threads".into(),
+                "1".into(),
+            ],
+        )
+    }
+}
+
+/// Report lines of several processes between two marks.
+struct Marks(Vec<usize>);
+
+fn mark(procs: &[&Proc]) -> Marks {
+    Marks(procs.iter().map(|p| p.lines().len()).collect())
+}
+
+/// Each process's report lines after `from` (up to `to`).
+fn between(procs: &[&Proc], from: &Marks, to: &Marks) -> Vec<Vec<String>> {
+    procs
+        .iter()
+        .zip(from.0.iter().zip(&to.0))
+        .map(|(p, (&a, &b))| {
+            let lines = p.lines();
+            lines[a.min(lines.len())..b.min(lines.len())].to_vec()
+        })
+        .collect()
+}
+
+fn field(line: &str, key: &str) -> Option<f64> {
+    let v: serde_json::Value = serde_json::from_str(line).ok()?;
+    v[key].as_f64()
+}
+
+fn mean(xs: &[f64]) -> f64 {
+    if xs.is_empty() {
+        return f64::NAN;
+    }
+    xs.iter().sum::<f64>() / xs.len() as f64
+}
+
+fn stddev(xs: &[f64]) -> f64 {
+    if xs.len() < 2 {
+        return f64::NAN;
+    }
+    let m = mean(xs);
+    (xs.iter().map(|x| (x - m) * (x - m)).sum::<f64>() / (xs.len() - 1) as f64).sqrt()
+}
+
+/// Nearest-rank percentile of unsorted values, `p` in [0, 1].
+fn percentile(xs: &[f64], p: f64) -> f64 {
+    if xs.is_empty() {
+        return f64::NAN;
+    }
+    let mut s = xs.to_vec();
+    s.sort_by(f64::total_cmp);
+    let rank = ((s.len() as f64 * p).ceil() as usize).clamp(1, s.len());
+    s[rank - 1]
+}
+
+/// Mean iteration time (ms) from the emulator's report lines.
+fn iter_ms(lines: &[String]) -> f64 {
+    mean(
+        &lines
+            .iter()
+            .filter_map(|l| field(l, "iter_ms"))
+            .collect::<Vec<_>>(),
+    )
+}
+
+/// Items served over a window, per second.
+fn items_per_s(lines: &[String], window: Duration) -> f64 {
+    lines.iter().filter_map(|l| field(l, "items")).sum::<f64>() / window.as_secs_f64()
+}
+
+fn latencies(lines: &[String]) -> Vec<f64> {
+    lines
+        .iter()
+        .filter_map(|l| field(l, "latency_ms"))
+        .collect()
+}
+
+/// Runs for a window after warm-up; returns the report lines of `procs` in the window.
+fn window(procs: &[&Proc], warmup: Duration, window: Duration) -> Vec<Vec<String>> {
+    std::thread::sleep(warmup);
+    let a = mark(procs);
+    std::thread::sleep(window);
+    let b = mark(procs);
+    between(procs, &a, &b)
+}
+
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+// ---------------------------------------------------------------------------------------------
+// lodgerd
+
+fn lodgerd(bus: &PrivateBus, dir: &Path, reserved: &'static str) -> Daemon {
+    Daemon::start(
+        bus,
+        dir,
+        DaemonOptions {
+            reserved,
+            extra: "[inference]\nprobe_seconds = 1\nstop_grace_seconds = 2\n".into(),
+            ..DaemonOptions::default()
+        },
+    )
+}
+
+fn instances(job: &serde_json::Value) -> Vec<serde_json::Value> {
+    job["instances"].as_array().cloned().unwrap_or_default()
+}
+
+fn running(job: &serde_json::Value) -> Vec<serde_json::Value> {
+    instances(job)
+        .into_iter()
+        .filter(|i| i["state"] == "running" && i["pid"].as_u64().is_some_and(|p| p > 0))
+        .collect()
+}
+
+/// Registers an offline job of the worker (single-thread instances at `OFFLINE_BATCH`) and waits
+/// for `n` running instances; returns its id.
+fn register_offline(d: &Daemon, n: usize) -> String {
+    let worker = example("infer_worker").display().to_string();
+    let v = d.ctl_json(&[
+        "register",
+        "offline",
+        "--max-batch",
+        &OFFLINE_BATCH.to_string(),
+        "--",
+        &worker,
+        "--quiet",
+        "--mode",
+        "offline",
+        "--model-mib",
+        &MODEL_MIB.to_string(),
+    ]);
+    let id = v["id"].as_str().expect("id").to_string();
+    wait_until(WAIT, "offline instances running", || {
+        running(&d.job(&id)).len() == n
+    });
+    id
+}
+
+/// lodgerd's own throughput figure for a job: the sum of its instances' `items_per_s` (each over
+/// the last 1 s window), sampled once a second over `window`.
+fn sampled_items_per_s(d: &Daemon, id: &str, window: Duration) -> f64 {
+    let start = Instant::now();
+    let mut samples = Vec::new();
+    while start.elapsed() + Duration::from_millis(500) < window {
+        std::thread::sleep(Duration::from_secs(1));
+        let job = d.job(id);
+        samples.push(
+            running(&job)
+                .iter()
+                .filter_map(|i| i["items_per_s"].as_f64())
+                .sum::<f64>(),
+        );
+    }
+    mean(&samples)
+}
+
+/// Registers the running emulator as a 1-CPU training job; waits until every thread is SCHED_RR
+/// on the CPU lodgerd chose, which it returns.
+fn register_training(d: &Daemon, train: &Proc) -> (String, String) {
+    let id = d.register_pid(train.pid(), 1);
+    let cpus = d.job(&id)["cpus"].as_str().expect("cpus").to_string();
+    wait_until(WAIT, "training SCHED_RR on its CPU", || {
+        all_rr_on(train.pid(), 10, &cpus)
+    });
+    (id, cpus)
+}
+
+// ---------------------------------------------------------------------------------------------
+// (a) training slowdown
+
+fn scenario_a(b: &mut Bench, d: &Daemon) -> Vec<(String, String)> {
+    #[derive(Clone, Copy, PartialEq)]
+    enum Arr {
+        Alone,
+        AloneRr,
+        Default,
+        Lodger,
+    }
+    let arrs = [
+        (Arr::Alone, "alone (SCHED_OTHER, CPU 1)"),
+        (Arr::AloneRr, "alone (SCHED_RR 10, CPU 1)"),
+        (
+            Arr::Default,
+            "+ offline instance, default scheduling (both SCHED_OTHER, CPU 1)",
+        ),
+        (
+            Arr::Lodger,
+            "+ offline instance, lodger (lodgerd: training SCHED_RR on CPU 1, instance SCHED_OTHER there)",
+        ),
+    ];
+    let mut iter: BTreeMap<usize, Vec<f64>> = BTreeMap::new();
+    let mut infer: BTreeMap<usize, Vec<f64>> = BTreeMap::new();
+    for round in 1..=b.rounds {
+        for (k, (arr, name)) in arrs.iter().enumerate() {
+            let (ms, tp) = match arr {
+                Arr::Alone | Arr::AloneRr => {
+                    let t = b.train(Some(TRAIN_CPU), *arr == Arr::AloneRr);
+                    let w = window(&[&t], WARMUP, b.window);
+                    (iter_ms(&w[0]), None)
+                }
+                Arr::Default => {
+                    let inf = b.offline_worker(Some(TRAIN_CPU), 1, OFFLINE_BATCH);
+                    let t = b.train(Some(TRAIN_CPU), false);
+                    let w = window(&[&t, &inf], WARMUP, b.window);
+                    (iter_ms(&w[0]), Some(items_per_s(&w[1], b.window)))
+                }
+                Arr::Lodger => {
+                    let t = b.train(None, false);
+                    let (train_id, cpus) = register_training(d, &t);
+                    assert_eq!(cpus, TRAIN_CPU, "lodgerd placed training elsewhere");
+                    let off = register_offline(d, 1);
+                    let job = d.job(&off);
+                    let placed = running(&job)[0]["cpus"].as_str().unwrap_or("").to_string();
+                    assert_eq!(
+                        placed, TRAIN_CPU,
+                        "offline instance not on the training CPU"
+                    );
+                    std::thread::sleep(WARMUP);
+                    let a = mark(&[&t]);
+                    let tp = sampled_items_per_s(d, &off, b.window);
+                    let z = mark(&[&t]);
+                    let w = between(&[&t], &a, &z);
+                    d.ctl_ok(&["unregister", &off]);
+                    d.ctl_ok(&["unregister", &train_id]);
+                    (iter_ms(&w[0]), Some(tp))
+                }
+            };
+            println!(
+                "(a) round {round}: {name}: mean iteration {ms:.2} ms{}",
+                tp.map(|t| format!(", offline instance {t:.0} items/s"))
+                    .unwrap_or_default()
+            );
+            iter.entry(k).or_default().push(ms);
+            if let Some(t) = tp {
+                infer.entry(k).or_default().push(t);
+            }
+        }
+    }
+    let alone = mean(&iter[&0]);
+    let alone_rr = mean(&iter[&1]);
+    let slow = |k: usize, base: f64| (mean(&iter[&k]) / base - 1.0) * 100.0;
+    let mut rows = Vec::new();
+    for (k, (_, name)) in arrs.iter().enumerate() {
+        let per_round: Vec<String> = iter[&k].iter().map(|v| format!("{v:.2}")).collect();
+        println!(
+            "(a) {name}: mean iteration {:.2} ms (rounds: {}), vs alone {:+.1}%, vs alone RR {:+.1}%{}",
+            mean(&iter[&k]),
+            per_round.join(", "),
+            slow(k, alone),
+            slow(k, alone_rr),
+            infer
+                .get(&k)
+                .map(|t| format!(", offline instance {:.0} items/s", mean(t)))
+                .unwrap_or_default()
+        );
+        rows.push((
+            format!("(a) training iteration: {name}"),
+            format!(
+                "{:.2} ms ({}); {:+.1}% vs alone{}",
+                mean(&iter[&k]),
+                per_round.join(" / "),
+                slow(k, alone),
+                infer
+                    .get(&k)
+                    .map(|t| format!("; offline {:.0} items/s", mean(t)))
+                    .unwrap_or_default()
+            ),
+        ));
+    }
+    let def = slow(2, alone);
+    let lod = slow(3, alone);
+    let line = format!(
+        "slowdown vs alone: default scheduling {def:+.1}%, lodger {lod:+.1}% (ratio {:.1}x; vs alone RR: {:+.1}% and {:+.1}%); paper Fig. 11: +81% vs +3.2%",
+        def / lod.max(0.01),
+        slow(2, alone_rr),
+        slow(3, alone_rr)
+    );
+    println!("(a) {line}");
+    rows.push(("(a) ratio".into(), line));
+    rows
+}
+
+// ---------------------------------------------------------------------------------------------
+// (b) online latency
+
+fn scenario_b(b: &mut Bench, d: &Daemon) -> Vec<(String, String)> {
+    let arrs = [
+        "alone (CPU 0)",
+        "shared (training and online on CPU 1, SCHED_OTHER)",
+        "no consolidation (both free on CPUs 0-1, SCHED_OTHER)",
+        "lodger (training SCHED_RR on CPU 1 by lodgerd, online on CPU 0)",
+    ];
+    let mut lat: BTreeMap<usize, Vec<f64>> = BTreeMap::new();
+    let mut p99s: BTreeMap<usize, Vec<f64>> = BTreeMap::new();
+    let mut train: BTreeMap<usize, Vec<f64>> = BTreeMap::new();
+    for round in 1..=b.rounds {
+        for (k, name) in arrs.iter().enumerate() {
+            let (l, t) = match k {
+                0 => {
+                    let on = b.online_worker(Some(OTHER_CPU));
+                    let w = window(&[&on], WARMUP, b.window);
+                    (latencies(&w[0]), None)
+                }
+                1 | 2 => {
+                    let cpus = (k == 1).then_some(TRAIN_CPU);
+                    let t = b.train(cpus, false);
+                    let on = b.online_worker(cpus);
+                    let w = window(&[&on, &t], WARMUP, b.window);
+                    (latencies(&w[0]), Some(iter_ms(&w[1])))
+                }
+                _ => {
+                    let t = b.train(None, false);
+                    let (train_id, cpus) = register_training(d, &t);
+                    assert_eq!(cpus, TRAIN_CPU, "lodgerd placed training elsewhere");
+                    let on = b.online_worker(Some(OTHER_CPU));
+                    let w = window(&[&on, &t], WARMUP, b.window);
+                    d.ctl_ok(&["unregister", &train_id]);
+                    (latencies(&w[0]), Some(iter_ms(&w[1])))
+                }
+            };
+            println!(
+                "(b) round {round}: {name}: {} requests, p50 {:.3} ms p99 {:.3} ms stddev {:.3} ms max {:.2} ms{}",
+                l.len(),
+                percentile(&l, 0.5),
+                percentile(&l, 0.99),
+                stddev(&l),
+                percentile(&l, 1.0),
+                t.map(|t| format!("; training iteration {t:.2} ms"))
+                    .unwrap_or_default()
+            );
+            p99s.entry(k).or_default().push(percentile(&l, 0.99));
+            lat.entry(k).or_default().extend(l);
+            if let Some(t) = t {
+                train.entry(k).or_default().push(t);
+            }
+        }
+    }
+    let sd_alone = stddev(&lat[&0]);
+    let mut rows = Vec::new();
+    for (k, name) in arrs.iter().enumerate() {
+        let l = &lat[&k];
+        let rounds: Vec<String> = p99s[&k].iter().map(|v| format!("{v:.2}")).collect();
+        let summary = format!(
+            "{} requests: p50 {:.3} ms, p99 {:.3} ms (rounds: {}), stddev {:.3} ms ({:.1}x alone), max {:.2} ms{}",
+            l.len(),
+            percentile(l, 0.5),
+            percentile(l, 0.99),
+            rounds.join(" / "),
+            stddev(l),
+            stddev(l) / sd_alone,
+            percentile(l, 1.0),
+            train
+                .get(&k)
+                .map(|t| format!("; training iteration {:.2} ms", mean(t)))
+                .unwrap_or_default()
+        );
+        println!("(b) {name}: {summary}");
+        rows.push((format!("(b) online latency: {name}"), summary));
+    }
+    let line = format!(
+        "stddev shared / lodger {:.1}x, no consolidation / lodger {:.1}x; p99 shared / lodger {:.1}x, no consolidation / lodger {:.1}x",
+        stddev(&lat[&1]) / stddev(&lat[&3]),
+        stddev(&lat[&2]) / stddev(&lat[&3]),
+        percentile(&lat[&1], 0.99) / percentile(&lat[&3], 0.99),
+        percentile(&lat[&2], 0.99) / percentile(&lat[&3], 0.99),
+    );
+    println!("(b) {line}");
+    rows.push(("(b) ratios".into(), line));
+    rows
+}
+
+// ---------------------------------------------------------------------------------------------
+// (c) offline throughput: many small instances vs one large one
+
+fn scenario_c(b: &mut Bench, d: &Daemon) -> Vec<(String, String)> {
+    let t = b.train(None, false);
+    let (train_id, tcpu) = register_training(d, &t);
+    println!("(c) training placed by lodgerd on CPU {tcpu}, SCHED_RR 10");
+    let arrs = [
+        format!("lodger's layout run by lodgerd (2 x 1 thread, batch {OFFLINE_BATCH}; lodgerd's sampled items/s)"),
+        format!("lodger's layout by hand (2 x 1 thread on CPUs 0 and 1, batch {OFFLINE_BATCH})"),
+        format!("one large instance (2 threads on CPUs 0-1, batch {OFFLINE_BATCH})"),
+        format!("one large instance (2 threads on CPUs 0-1, batch {})", 2 * OFFLINE_BATCH),
+    ];
+    let mut tp: BTreeMap<usize, Vec<f64>> = BTreeMap::new();
+    let mut train: BTreeMap<usize, Vec<f64>> = BTreeMap::new();
+    for round in 1..=b.rounds {
+        for (k, name) in arrs.iter().enumerate() {
+            let (items, ms) = match k {
+                0 => {
+                    let off = register_offline(d, 2);
+                    let job = d.job(&off);
+                    let on_training = running(&job)
+                        .iter()
+                        .filter(|i| i["cpus"] == tcpu.as_str() && i["threads"] == 1)
+                        .count();
+                    assert_eq!(
+                        on_training, 1,
+                        "no single-thread instance on the training CPU"
+                    );
+                    std::thread::sleep(WARMUP);
+                    let a = mark(&[&t]);
+                    let items = sampled_items_per_s(d, &off, b.window);
+                    let z = mark(&[&t]);
+                    let w = between(&[&t], &a, &z);
+                    d.ctl_ok(&["unregister", &off]);
+                    (items, iter_ms(&w[0]))
+                }
+                1 => {
+                    let i0 = b.offline_worker(Some("0"), 1, OFFLINE_BATCH);
+                    let i1 = b.offline_worker(Some("1"), 1, OFFLINE_BATCH);
+                    let w = window(&[&i0, &i1, &t], WARMUP, b.window);
+                    (
+                        items_per_s(&w[0], b.window) + items_per_s(&w[1], b.window),
+                        iter_ms(&w[2]),
+                    )
+                }
+                _ => {
+                    let batch = if k == 2 {
+                        OFFLINE_BATCH
+                    } else {
+                        2 * OFFLINE_BATCH
+                    };
+                    let big = b.offline_worker(Some("0-1"), 2, batch);
+                    let w = window(&[&big, &t], WARMUP, b.window);
+                    (items_per_s(&w[0], b.window), iter_ms(&w[1]))
+                }
+            };
+            println!(
+                "(c) round {round}: {name}: {items:.0} items/s; training iteration {ms:.2} ms"
+            );
+            tp.entry(k).or_default().push(items);
+            train.entry(k).or_default().push(ms);
+        }
+    }
+    d.ctl_ok(&["unregister", &train_id]);
+    drop(t);
+    let mut rows = Vec::new();
+    for (k, name) in arrs.iter().enumerate() {
+        let rounds: Vec<String> = tp[&k].iter().map(|v| format!("{v:.0}")).collect();
+        let summary = format!(
+            "{:.0} items/s ({}); training iteration {:.2} ms",
+            mean(&tp[&k]),
+            rounds.join(" / "),
+            mean(&train[&k])
+        );
+        println!("(c) {name}: {summary}");
+        rows.push((format!("(c) offline throughput: {name}"), summary));
+    }
+    let line = format!(
+        "lodger's layout / one large instance: {:.2}x (batch {OFFLINE_BATCH}), {:.2}x (large at batch {}); lodgerd-run layout / large: {:.2}x",
+        mean(&tp[&1]) / mean(&tp[&2]),
+        mean(&tp[&1]) / mean(&tp[&3]),
+        2 * OFFLINE_BATCH,
+        mean(&tp[&0]) / mean(&tp[&2]),
+    );
+    println!("(c) {line}");
+    rows.push(("(c) ratio".into(), line));
+    rows
+}
+
+// ---------------------------------------------------------------------------------------------
+// (d) layout search vs exhaustive
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Layout {
+    cores: u32,
+    instances: u32,
+    batch: u32,
+}
+
+impl std::fmt::Display for Layout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} x {} CPU{}, batch {}",
+            self.instances,
+            self.cores,
+            if self.cores == 1 { "" } else { "s" },
+            self.batch
+        )
+    }
+}
+
+/// Measures a layout under saturating load (offline mode): items/s summed over its instances and
+/// the worst instance's p99 batch latency, as lodgerd's probes do.
+fn measure_layout(b: &mut Bench, l: Layout, win: Duration) -> (f64, f64) {
+    let cpus: Vec<String> = match l.cores {
+        1 => (0..l.instances).map(|i| i.to_string()).collect(),
+        _ => vec![format!("0-{}", l.cores - 1)],
+    };
+    let procs: Vec<Proc> = cpus
+        .iter()
+        .map(|c| b.offline_worker(Some(c), l.cores, l.batch))
+        .collect();
+    let refs: Vec<&Proc> = procs.iter().collect();
+    let w = window(&refs, SWEEP_WARMUP, win);
+    let tp = w.iter().map(|lines| items_per_s(lines, win)).sum();
+    let p99 = w
+        .iter()
+        .map(|lines| percentile(&latencies(lines), 0.99))
+        .fold(0.0, f64::max);
+    (tp, p99)
+}
+
+fn scenario_d(b: &mut Bench, d: &Daemon) -> Vec<(String, String)> {
+    let mut rows = Vec::new();
+    // The search, for real.
+    let worker = example("infer_worker").display().to_string();
+    let log_before = d.log().len();
+    let started = Instant::now();
+    let v = d.ctl_json(&[
+        "register",
+        "online",
+        "--slo-ms",
+        &SLO_MS.to_string(),
+        "--max-batch",
+        &MAX_BATCH.to_string(),
+        "--",
+        &worker,
+        "--quiet",
+        "--mode",
+        "offline",
+        "--model-mib",
+        &MODEL_MIB.to_string(),
+    ]);
+    let id = v["id"].as_str().expect("id").to_string();
+    let mut job = serde_json::Value::Null;
+    wait_until(
+        Duration::from_secs(120),
+        "the layout search to finish",
+        || {
+            job = d.job(&id);
+            job["layout"]
+                .as_str()
+                .is_some_and(|l| !l.starts_with("searching"))
+                && d.log()[log_before..].contains("layout search done")
+        },
+    );
+    let search_secs = started.elapsed().as_secs_f64();
+    let log = d.log()[log_before..].to_string();
+    let probe_lines: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("layout probe") || l.contains("searching for the best layout"))
+        .collect();
+    let done = log
+        .lines()
+        .find(|l| l.contains("layout search done"))
+        .unwrap_or("")
+        .to_string();
+    let probes: u32 = done
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("probes="))
+        .and_then(|p| p.parse().ok())
+        .expect("probes= in the 'layout search done' line");
+    let layout_words = job["layout"].as_str().unwrap_or("").to_string();
+    wait_until(WAIT, "the chosen layout running", || {
+        job = d.job(&id);
+        let r = running(&job);
+        !r.is_empty()
+            && r.iter()
+                .all(|i| i["batch"] == r[0]["batch"] && i["threads"] == r[0]["threads"])
+    });
+    let r = running(&job);
+    let chosen = Layout {
+        cores: r[0]["threads"].as_u64().expect("threads") as u32,
+        instances: r.len() as u32,
+        batch: r[0]["batch"].as_u64().expect("batch") as u32,
+    };
+    let lodgerd_tp = sampled_items_per_s(d, &id, Duration::from_secs(3));
+    d.ctl_ok(&["unregister", &id]);
+    println!(
+        "(d) lodgerd's search log ({} probe lines):",
+        probe_lines.len()
+    );
+    for l in &probe_lines {
+        println!("    {}", l.trim());
+    }
+    println!("    {}", done.trim());
+    println!(
+        "(d) search: {probes} probes in {search_secs:.1} s, chose {chosen} (lodgerd: \"{layout_words}\"), lodgerd measured {lodgerd_tp:.0} items/s running it"
+    );
+    std::thread::sleep(Duration::from_secs(1));
+
+    // Exhaustive: every layout of the 2 free CPUs.
+    let mut grid: BTreeMap<Layout, (f64, f64)> = BTreeMap::new();
+    for cores in [1u32, 2] {
+        for batch in (0..7).map(|e| 1u32 << e) {
+            let l = Layout {
+                cores,
+                instances: 2 / cores,
+                batch,
+            };
+            let m = measure_layout(b, l, SWEEP_WINDOW);
+            println!(
+                "(d) exhaustive {l}: {:.0} items/s, p99 {:.2} ms{}",
+                m.0,
+                m.1,
+                if m.1 <= SLO_MS { "" } else { " (over the SLO)" }
+            );
+            grid.insert(l, m);
+        }
+    }
+    let best = grid
+        .iter()
+        .filter(|(_, (_, p99))| *p99 <= SLO_MS)
+        .max_by(|a, b| a.1 .0.total_cmp(&b.1 .0))
+        .map(|(l, m)| (*l, *m));
+    let Some((best, best_m)) = best else {
+        println!("(d) no layout met the {SLO_MS} ms SLO in the sweep");
+        rows.push((
+            "(d) exhaustive".into(),
+            format!("no layout met the {SLO_MS} ms SLO"),
+        ));
+        return rows;
+    };
+    let chosen_m = match grid.get(&chosen) {
+        Some(m) => *m,
+        None => measure_layout(b, chosen, SWEEP_WINDOW),
+    };
+    let within = grid.values().filter(|(_, p)| *p <= SLO_MS).count();
+    println!(
+        "(d) exhaustive: {} layouts measured, {within} within the {SLO_MS} ms SLO; best {best}: {:.0} items/s p99 {:.2} ms; search's {chosen}: {:.0} items/s p99 {:.2} ms in the sweep ({:.3}x)",
+        grid.len(),
+        best_m.0,
+        best_m.1,
+        chosen_m.0,
+        chosen_m.1,
+        chosen_m.0 / best_m.0
+    );
+    // Back to back, alternating, to take the sweep's drift out of the comparison.
+    let mut cb = (Vec::new(), Vec::new());
+    for _ in 0..2 {
+        let m = measure_layout(b, chosen, SWEEP_WINDOW);
+        cb.0.push(m.0);
+        let m = measure_layout(b, best, SWEEP_WINDOW);
+        cb.1.push(m.0);
+    }
+    let ratio = mean(&cb.0) / mean(&cb.1);
+    println!(
+        "(d) re-measured back to back (2 windows each): search's {chosen} {:.0} items/s, best {best} {:.0} items/s: {ratio:.3}x",
+        mean(&cb.0),
+        mean(&cb.1)
+    );
+    rows.push((
+        "(d) layout search (lodgerd, real probes)".into(),
+        format!(
+            "{probes} probes of 14 layouts in {search_secs:.0} s; chose {chosen} (lodgerd measured {lodgerd_tp:.0} items/s)"
+        ),
+    ));
+    rows.push((
+        "(d) exhaustive best within the SLO".into(),
+        format!(
+            "{best}: {:.0} items/s, p99 {:.2} ms ({within} of {} layouts within {SLO_MS} ms)",
+            best_m.0,
+            best_m.1,
+            grid.len()
+        ),
+    ));
+    rows.push((
+        "(d) search's layout / best".into(),
+        format!(
+            "{:.3}x in the sweep; {ratio:.3}x re-measured back to back",
+            chosen_m.0 / best_m.0
+        ),
+    ));
+    rows
+}
+
+// ---------------------------------------------------------------------------------------------
+
+/// Builds the release examples the benchmark runs (cargo bench builds only the benchmark and the
+/// binaries).
+fn build_examples() {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
+    let status = Command::new(cargo)
+        .args(["build", "--release", "--quiet", "--examples"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .status()
+        .expect("run cargo build --release --examples");
+    assert!(status.success(), "building the examples failed");
+}
+
+/// `--work-per-batch` that costs `BATCH_CPU_MS` of CPU here (the emulator's own calibration).
+fn calibrate() -> u32 {
+    let out = Command::new("taskset")
+        .args(["-c", TRAIN_CPU])
+        .arg(example("train_emulator"))
+        .args(["--workers", "1", "--iterations", "1", "--gpu-step-ms", "1"])
+        .args(["--batch-cpu-ms", &BATCH_CPU_MS.to_string()])
+        .output()
+        .expect("run train_emulator");
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.split_whitespace()
+        .find_map(|w| w.strip_prefix("work_per_batch="))
+        .and_then(|v| v.parse().ok())
+        .expect("calibrated work_per_batch= in the emulator's output")
+}
+
+fn main() {
+    if std::env::args().any(|a| a == "--list") {
+        return;
+    }
+    if !need_root("lodgers benchmark") {
+        return;
+    }
+    let cpus = online_cpus();
+    if cpus != "0-1" {
+        println!(
+            "note: written for CPUs 0-1; this machine has {cpus} (only CPUs 0 and 1 are used)"
+        );
+    }
+    build_examples();
+    let total = Instant::now();
+    let window = Duration::from_secs(env_u64("LODGER_BENCH_WINDOW_S", 6));
+    let rounds = u32::try_from(env_u64("LODGER_BENCH_ROUNDS", 2)).unwrap_or(2);
+    let work_units = calibrate();
+    let mut b = Bench {
+        dir: tempfile::tempdir().expect("tempdir"),
+        seq: 0,
+        work_units,
+        window,
+        rounds,
+    };
+    println!(
+        "lodgers benchmark: {rounds} rounds, {}-s windows after 1 s warm-up; training emulator --workers {TRAIN_WORKERS} --gpu-step-ms {GPU_STEP_MS} --work-per-batch {work_units} (~{BATCH_CPU_MS} ms CPU per batch); infer_worker compute model {MODEL_MIB} MiB; load average at start {}",
+        window.as_secs(),
+        load_average()
+    );
+    let mut rows = Vec::new();
+    let bus = PrivateBus::start();
+    {
+        // Training always on CPU 1: CPU 0 reserved, so lodgerd has nothing else to use.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let d = lodgerd(&bus, dir.path(), "0");
+        rows.extend(scenario_a(&mut b, &d));
+        rows.extend(scenario_b(&mut b, &d));
+    }
+    {
+        // Both CPUs for lodgers.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let d = lodgerd(&bus, dir.path(), "");
+        rows.extend(scenario_c(&mut b, &d));
+        rows.extend(scenario_d(&mut b, &d));
+    }
+    println!(
+        "\nsummary (load average at end {}, {:.0} s in all):",
+        load_average(),
+        total.elapsed().as_secs_f64()
+    );
+    for (what, value) in rows {
+        println!("| {what} | {value} |");
+    }
+}
