@@ -21,15 +21,18 @@ use tracing::{debug, info, warn};
 use crate::cpuset::CpuSet;
 use crate::enforce::instances::{InstanceSpec, InstanceState, InstanceStats, Instances};
 use crate::enforce::{EnforceError, JobRecord, Outcome};
-use crate::job::{InstanceView, Job, JobId, JobKind, JobSpec, JobState, SpecError, Target};
+use crate::job::{
+    InstanceView, Job, JobId, JobKind, JobSpec, JobState, SpecError, Target, TuningView,
+};
 use crate::policy::consolidate::NoCapacity;
 use crate::policy::inference::{
     self, LayoutConfig, LayoutSearch, OfflineJobView, OnlineJobView, ProbeResult, SearchStart,
     SearchStep,
 };
+use crate::policy::rightsize::{self, CoreLimits, StartHints, Tuner, TunerAction, TunerSettings};
 use crate::policy::{self, Placement, Plan, TrainingJobView};
 use crate::sense::{Observations, SensedJob};
-use crate::store::{Loaded, Lodging, State, Store, StoreError, StoredJob};
+use crate::store::{Loaded, Lodging, State, Store, StoreError, StoredJob, Tuning};
 use crate::topology::Topology;
 
 /// What the agent needs from enforcement. [`crate::enforce::Enforcer`] is the real one;
@@ -182,6 +185,30 @@ pub struct AgentSettings {
     pub interval: Duration,
     pub rt_priority: i32,
     pub proc_root: PathBuf,
+    pub rightsize: RightsizeSettings,
+}
+
+/// Right-sizing of training jobs (SODA §V-B), from `[rightsize]`.
+#[derive(Debug, Clone)]
+pub struct RightsizeSettings {
+    /// None: off. Some(true): resize; Some(false): advise only.
+    pub enforce: Option<bool>,
+    pub warmup: Duration,
+    pub window: Duration,
+    pub shrink: bool,
+    pub tolerance: u32,
+}
+
+impl Default for RightsizeSettings {
+    fn default() -> Self {
+        Self {
+            enforce: None,
+            warmup: Duration::from_secs(180),
+            window: Duration::from_secs(60),
+            shrink: true,
+            tolerance: 1,
+        }
+    }
 }
 
 enum Command {
@@ -322,6 +349,14 @@ pub struct SensorLink {
     pub observations: mpsc::Receiver<Observations>,
     /// The jobs to measure, sent whenever they change.
     pub jobs: mpsc::Sender<Vec<SensedJob>>,
+}
+
+/// Wall-clock time as a duration since the epoch: the right-sizing tuner's clock, which must
+/// survive a lodgerd restart (its state is persisted).
+fn wall_clock() -> Duration {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
 }
 
 fn now_secs() -> u64 {
@@ -526,7 +561,10 @@ impl Agent {
             .filter(|s| s.job.spec.kind == JobKind::Training)
             .map(|s| TrainingJobView {
                 id: s.job.id.clone(),
-                cores: s.job.spec.cores,
+                cores: match (&s.tuning, self.settings.rightsize.enforce) {
+                    (Some(t), Some(true)) => t.tuner.cores(),
+                    _ => s.job.spec.cores,
+                },
                 gpus: s.job.spec.gpus.clone(),
             })
             .collect()
@@ -664,6 +702,8 @@ impl Agent {
             registered_at: now_secs(),
             instances: Vec::new(),
             layout: None,
+            rightsize: None,
+            tuning: Vec::new(),
             spec,
         };
         let before = self.state.clone();
@@ -675,6 +715,7 @@ impl Agent {
                 job: job.clone(),
                 record: record.clone(),
                 lodging: Lodging::default(),
+                tuning: self.new_tuning(&id, &job),
             },
         );
         if let Err(e) = self.store.save(&self.state) {
@@ -725,13 +766,14 @@ impl Agent {
     /// One pass of the loop: decide, then make every job match the plan, then persist what
     /// changed.
     pub fn tick(&mut self) {
+        let tuned = self.step_tuners();
         let plan = policy::decide(
             &self.topology,
             &self.reserved,
             &self.views(),
             &self.state.plan,
         );
-        let mut dirty = plan != self.state.plan;
+        let mut dirty = tuned || plan != self.state.plan;
         self.state.plan = plan;
         let ids: Vec<JobId> = self.state.jobs.keys().cloned().collect();
         let mut gone = Vec::new();
@@ -827,6 +869,133 @@ impl Agent {
         self.ticks.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// A tuner for a new training job (SODA §V-B-1 start point), unless right-sizing is off or
+    /// the job opted out.
+    fn new_tuning(&self, id: &JobId, job: &Job) -> Option<Tuning> {
+        let rs = &self.settings.rightsize;
+        rs.enforce?;
+        if !job.spec.rightsize {
+            return None;
+        }
+        let others: CpuSet = self
+            .state
+            .plan
+            .training
+            .iter()
+            .filter(|(jid, _)| *jid != id)
+            .fold(CpuSet::new(), |acc, (_, p)| acc.union(&p.cpus));
+        let could_have = self
+            .topology
+            .online()
+            .difference(&self.reserved)
+            .difference(&others)
+            .len();
+        let gpus = u32::try_from(job.spec.gpus.len()).unwrap_or(u32::MAX);
+        let limits = CoreLimits {
+            floor: rightsize::default_floor(gpus, job.spec.cores, rs.shrink),
+            max: u32::try_from(could_have).unwrap_or(u32::MAX),
+        };
+        let start = rightsize::start_cores(
+            &self.state.owner_history,
+            job.owner_uid,
+            job.spec.category,
+            job.spec.cores,
+            gpus,
+            StartHints {
+                pipelined_loader: job.spec.pipeline,
+                ..StartHints::default()
+            },
+            limits,
+        );
+        let settings = TunerSettings {
+            warmup: rs.warmup,
+            window: rs.window,
+            tolerance: rs.tolerance,
+            ..TunerSettings::new(start, limits)
+        };
+        Some(Tuning {
+            tuner: Tuner::new(settings, wall_clock()),
+            last_sample_ms: 0,
+            recorded: false,
+        })
+    }
+
+    /// Feeds each right-sized training job's newest GPU utilization sample to its tuner
+    /// (SODA §V-B-2). Returns whether any tuner changed.
+    fn step_tuners(&mut self) -> bool {
+        self.take_observations();
+        let Some(enforce) = self.settings.rightsize.enforce else {
+            return false;
+        };
+        let now = wall_clock();
+        let obs = &self.observations;
+        let mut changed = false;
+        for stored in self.state.jobs.values_mut() {
+            let Some(tuning) = &mut stored.tuning else {
+                continue;
+            };
+            let before = tuning.clone();
+            let mut samples = Vec::new();
+            if obs.unix_ms > tuning.last_sample_ms {
+                if let Some(gpu) = obs.jobs.get(&stored.job.id).and_then(|m| m.gpu_percent) {
+                    samples.push(gpu);
+                }
+                tuning.last_sample_ms = obs.unix_ms;
+            }
+            let action = tuning.tuner.step(now, &samples, false);
+            if let TunerAction::Settle(n) = action {
+                if !tuning.recorded {
+                    let gpus = u32::try_from(stored.job.spec.gpus.len()).unwrap_or(u32::MAX);
+                    self.state.owner_history.record(
+                        stored.job.owner_uid,
+                        stored.job.spec.category,
+                        n,
+                        gpus,
+                    );
+                    tuning.recorded = true;
+                    info!(job = %stored.job.id, cores = n, probes = tuning.tuner.probes(), "right-sizing settled");
+                }
+            }
+            if let TunerAction::Resize(n) = action {
+                if Some(n) != before.tuner.settled() {
+                    debug!(job = %stored.job.id, cores = n, "right-sizing probe");
+                }
+            }
+            let cores = tuning.tuner.cores();
+            stored.job.rightsize = Some(match (tuning.tuner.settled(), action, enforce) {
+                (Some(n), _, true) => format!(
+                    "settled at {n} cores after {} probes",
+                    tuning.tuner.probes()
+                ),
+                (Some(n), _, false) => format!(
+                    "advise: {n} cores (settled after {} probes; not applied)",
+                    tuning.tuner.probes()
+                ),
+                (None, TunerAction::Hold(why), _) => {
+                    format!("at {cores} cores, not measuring: {why}")
+                }
+                (None, _, true) => format!(
+                    "tuning: at {cores} cores, {} probes so far",
+                    tuning.tuner.probes()
+                ),
+                (None, _, false) => format!("advise: tuning, would run {cores} cores"),
+            });
+            stored.job.tuning = tuning
+                .tuner
+                .history()
+                .iter()
+                .map(|p| TuningView {
+                    cores: p.cores,
+                    gpu_percent: p.mean_util,
+                    noise: p.noise,
+                    decision: p.decision.to_string(),
+                })
+                .collect();
+            changed |= *tuning != before;
+        }
+        changed
+    }
+
     fn register_inference(
         &mut self,
         id: JobId,
@@ -860,6 +1029,8 @@ impl Agent {
             registered_at: now_secs(),
             instances: Vec::new(),
             layout: None,
+            rightsize: None,
+            tuning: Vec::new(),
             spec,
         };
         let before = self.state.clone();
@@ -870,6 +1041,7 @@ impl Agent {
                 job: job.clone(),
                 record: JobRecord::default(),
                 lodging: Lodging::default(),
+                tuning: None,
             },
         );
         if let Err(e) = self.store.save(&self.state) {
@@ -1319,6 +1491,7 @@ mod tests {
             pipeline: false,
             multi_node: false,
             inference: None,
+            rightsize: true,
         }
     }
 
@@ -1354,6 +1527,7 @@ mod tests {
                 interval: Duration::from_millis(100),
                 rt_priority: 10,
                 proc_root: self.proc_root.path().to_path_buf(),
+                rightsize: RightsizeSettings::default(),
             };
             Agent::start(
                 settings,

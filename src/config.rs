@@ -63,6 +63,7 @@ pub struct Config {
     pub sense: SenseConfig,
     pub metrics: MetricsConfig,
     pub inference: InferenceConfig,
+    pub rightsize: RightsizeConfig,
     /// Where each value came from, so later checks can point at the line.
     #[serde(skip)]
     source: Source,
@@ -173,6 +174,32 @@ impl Default for InferenceConfig {
     }
 }
 
+/// `[rightsize]`: SODA §V-B, the core count of training jobs from their GPU utilization.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RightsizeConfig {
+    pub mode: RightsizeMode,
+    /// Left alone after registration before the first measurement window, in seconds.
+    pub warmup_seconds: u64,
+    /// One measurement window, in seconds.
+    pub window_seconds: u64,
+    /// May a job get fewer cores than it asked for (never fewer than one per GPU)?
+    pub shrink: bool,
+    /// Cores of error accepted: tuning stops once the best count is known within this many.
+    pub tolerance_cores: u32,
+}
+
+impl Default for RightsizeConfig {
+    fn default() -> Self {
+        Self {
+            mode: RightsizeMode::Enforce,
+            warmup_seconds: 180,
+            window_seconds: 60,
+            shrink: true,
+            tolerance_cores: 1,
+        }
+    }
+}
+
 /// `[metrics]`: the Prometheus endpoint.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct MetricsConfig {
@@ -268,6 +295,17 @@ named_enum! {
         Nvml => "nvml",
         /// The bundled training emulator's published busy fraction (no real GPU).
         Emulated => "emulated",
+        Off => "off",
+    }
+}
+
+named_enum! {
+    /// `rightsize.mode`.
+    RightsizeMode {
+        /// Resize training jobs' cpusets as the tuning decides.
+        Enforce => "enforce",
+        /// Compute and show the recommendation; change nothing.
+        Advise => "advise",
         Off => "off",
     }
 }
@@ -435,6 +473,7 @@ impl PartialEq for Config {
             sense,
             metrics,
             inference,
+            rightsize,
             source: _,
         } = self;
         *node == other.node
@@ -446,6 +485,7 @@ impl PartialEq for Config {
             && *sense == other.sense
             && *metrics == other.metrics
             && *inference == other.inference
+            && *rightsize == other.rightsize
     }
 }
 
@@ -699,6 +739,17 @@ struct RawConfig {
     sense: Option<RawSense>,
     metrics: Option<RawMetrics>,
     inference: Option<RawInference>,
+    rightsize: Option<RawRightsize>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a table")]
+struct RawRightsize {
+    mode: Option<Spanned<String>>,
+    warmup_seconds: Option<Spanned<i64>>,
+    window_seconds: Option<Spanned<i64>>,
+    shrink: Option<Spanned<bool>>,
+    tolerance_cores: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize)]
@@ -835,6 +886,7 @@ impl Cx<'_> {
         let sense = self.sense(raw.sense)?;
         let metrics = self.metrics(raw.metrics)?;
         let inference = self.inference(raw.inference)?;
+        let rightsize = self.rightsize(raw.rightsize)?;
         Ok(Config {
             node,
             training,
@@ -845,6 +897,7 @@ impl Cx<'_> {
             sense,
             metrics,
             inference,
+            rightsize,
             source: Source {
                 path: Some(self.path.to_path_buf()),
                 lines: self.lines,
@@ -1060,6 +1113,35 @@ impl Cx<'_> {
                 raw.stop_grace_seconds,
                 d.stop_grace_seconds,
                 |v| in_range(v, &(1..=300)),
+            )?,
+        })
+    }
+
+    fn rightsize(&mut self, raw: Option<RawRightsize>) -> Result<RightsizeConfig, ConfigError> {
+        let d = RightsizeConfig::default();
+        let Some(raw) = raw else { return Ok(d) };
+        Ok(RightsizeConfig {
+            mode: self.field("rightsize.mode", raw.mode, d.mode, |s| {
+                one_of(&s, RightsizeMode::from_name, RightsizeMode::NAMES)
+            })?,
+            warmup_seconds: self.field(
+                "rightsize.warmup_seconds",
+                raw.warmup_seconds,
+                d.warmup_seconds,
+                |v| in_range(v, &(0..=86_400)),
+            )?,
+            window_seconds: self.field(
+                "rightsize.window_seconds",
+                raw.window_seconds,
+                d.window_seconds,
+                |v| in_range(v, &(1..=3_600)),
+            )?,
+            shrink: self.field("rightsize.shrink", raw.shrink, d.shrink, Ok)?,
+            tolerance_cores: self.field(
+                "rightsize.tolerance_cores",
+                raw.tolerance_cores,
+                d.tolerance_cores,
+                |v| in_range(v, &(0..=64)),
             )?,
         })
     }
@@ -1582,12 +1664,12 @@ level = "trace"
             (
                 "foo = 1\n",
                 "/etc/lodger/lodger.toml:1: unknown key 'foo' at the top level; expected one of \
-                 node, training, agent, api, cgroup, log, sense, metrics, inference",
+                 node, training, agent, api, cgroup, log, sense, metrics, inference, rightsize",
             ),
             (
                 "[agent]\ninterval_ms = 100\n\n[agnet]\n",
                 "/etc/lodger/lodger.toml:4: unknown key 'agnet' at the top level; expected one \
-                 of node, training, agent, api, cgroup, log, sense, metrics, inference",
+                 of node, training, agent, api, cgroup, log, sense, metrics, inference, rightsize",
             ),
             (
                 "[agent]\nstate_dir = \"/x\"\nintervall = 5\n",

@@ -162,6 +162,13 @@ pub struct JobSpec {
     /// Inference jobs only: what to run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub inference: Option<InferenceSpec>,
+    /// Training jobs: lodger may right-size the core count from GPU utilization (SODA §V-B).
+    #[serde(default = "yes")]
+    pub rightsize: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// Largest `pids` list accepted in one registration.
@@ -355,6 +362,23 @@ pub struct Job {
     /// Inference jobs: the layout in use or being measured, in words.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub layout: Option<String>,
+    /// Training jobs: where right-sizing stands, in words.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rightsize: Option<String>,
+    /// Training jobs: the right-sizing windows so far (SODA §V-B-2).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tuning: Vec<TuningView>,
+}
+
+/// One right-sizing window as `lodgerctl show` displays it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TuningView {
+    pub cores: u32,
+    /// Mean GPU utilization over the window, percent.
+    pub gpu_percent: f64,
+    /// Its standard error, percent.
+    pub noise: f64,
+    pub decision: String,
 }
 
 /// One inference instance as `lodgerctl show` displays it.
@@ -389,6 +413,7 @@ mod tests {
             pipeline: false,
             multi_node: false,
             inference: None,
+            rightsize: true,
         }
     }
 

@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use crate::enforce::JobRecord;
 use crate::job::{Job, JobId};
 use crate::policy::inference::{CapacityCheck, InferencePlan, SearchCache, SearchOutcome};
+use crate::policy::rightsize::{OwnerHistory, Tuner};
 use crate::policy::Plan;
 
 pub const STATE_FILE: &str = "state.json";
@@ -39,6 +40,19 @@ pub struct StoredJob {
     /// Inference jobs: the layouts measured for them and the one in use.
     #[serde(default)]
     pub lodging: Lodging,
+    /// Training jobs being right-sized (SODA §V-B).
+    #[serde(default)]
+    pub tuning: Option<Tuning>,
+}
+
+/// A training job's right-sizing, kept across restarts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Tuning {
+    pub tuner: Tuner,
+    /// The sensing pass whose sample was taken last (its `unix_ms`).
+    pub last_sample_ms: u64,
+    /// The settled count was recorded in the owner's history.
+    pub recorded: bool,
 }
 
 /// What lodger learnt about an inference job (Cloud Reamer §III-B), kept across restarts so a
@@ -63,6 +77,9 @@ pub struct State {
     /// Where the inference instances run.
     #[serde(default)]
     pub inference: InferencePlan,
+    /// Core counts owners' training jobs settled on (SODA §V-B-1 start points).
+    #[serde(default)]
+    pub owner_history: OwnerHistory,
 }
 
 impl Default for State {
@@ -73,6 +90,7 @@ impl Default for State {
             jobs: BTreeMap::new(),
             plan: Plan::default(),
             inference: InferencePlan::default(),
+            owner_history: OwnerHistory::default(),
         }
     }
 }

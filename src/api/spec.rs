@@ -19,6 +19,7 @@ pub const SPEC_KEYS: &[&str] = &[
     "category",
     "pipeline",
     "multi_node",
+    "rightsize",
     "command",
     "slo_ms",
     "rate_per_s",
@@ -181,6 +182,10 @@ pub fn spec_from_dict(dict: &HashMap<String, OwnedValue>) -> Result<JobSpec, Str
             .transpose()?
             .unwrap_or(false),
         inference: None,
+        rightsize: get("rightsize")
+            .map(|v| boolean("rightsize", v))
+            .transpose()?
+            .unwrap_or(true),
     })
 }
 
@@ -225,6 +230,7 @@ fn inference_spec_from_dict(
         category: Category::Other,
         pipeline: false,
         multi_node: false,
+        rightsize: false,
         inference: Some(InferenceSpec {
             command,
             slo_ms: get("slo_ms").map(|v| float("slo_ms", v)).transpose()?,
@@ -292,6 +298,25 @@ pub fn job_to_dict(job: &Job, rt_priority: i32) -> HashMap<String, Value<'static
     );
     put("owner_uid", Value::from(job.owner_uid));
     put("registered_at", Value::from(job.registered_at));
+    put("rightsize_enabled", Value::from(job.spec.rightsize));
+    if let Some(r) = &job.rightsize {
+        put("rightsize", Value::from(r.clone()));
+    }
+    if !job.tuning.is_empty() {
+        let probes: Vec<HashMap<String, Value<'static>>> = job
+            .tuning
+            .iter()
+            .map(|p| {
+                let mut m: HashMap<String, Value<'static>> = HashMap::new();
+                m.insert("cores".into(), Value::from(p.cores));
+                m.insert("gpu_percent".into(), Value::from(p.gpu_percent));
+                m.insert("noise".into(), Value::from(p.noise));
+                m.insert("decision".into(), Value::from(p.decision.clone()));
+                m
+            })
+            .collect();
+        put("tuning", Value::from(probes));
+    }
     if let Some(inf) = &job.spec.inference {
         put("command", Value::from(inf.command.clone()));
         if let Some(slo) = inf.slo_ms {

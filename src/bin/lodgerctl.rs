@@ -183,6 +183,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             }
             spec.insert("pipeline", Value::from(a.pipeline));
             spec.insert("multi_node", Value::from(a.multi_node));
+            spec.insert("rightsize", Value::from(!a.no_rightsize));
             let (id, path) = proxy
                 .register_job(spec)
                 .await
@@ -350,6 +351,36 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                         continue;
                     }
                     println!("  {label:>12}: {v}");
+                }
+                if d.contains_key("rightsize") {
+                    println!("  {:>12}: {}", "Right-sizing", get(&d, "rightsize"));
+                }
+                if let Some(Value::Array(probes)) = d.get("tuning").map(|v| &**v) {
+                    let rows: Vec<Vec<String>> = probes
+                        .iter()
+                        .filter_map(|p| match p {
+                            Value::Dict(dict) => {
+                                let f = |k: &str| -> String {
+                                    dict.iter()
+                                        .find(|(key, _)| show_value(key) == k)
+                                        .map(|(_, v)| show_value(v))
+                                        .unwrap_or_else(|| "-".into())
+                                };
+                                Some(vec![
+                                    f("cores"),
+                                    f("gpu_percent"),
+                                    f("noise"),
+                                    f("decision"),
+                                ])
+                            }
+                            _ => None,
+                        })
+                        .collect();
+                    println!();
+                    print!(
+                        "{}",
+                        render_table(&["CORES", "GPU %", "NOISE", "DECISION"], &rows)
+                    );
                 }
                 if let Some(Value::Array(instances)) = d.get("instances").map(|v| &**v) {
                     let rows: Vec<Vec<String>> = instances

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use tracing::{error, info, warn};
 
-use lodger::agent::{Agent, AgentSettings, Enforce};
+use lodger::agent::{Agent, AgentSettings, Enforce, RightsizeSettings};
 use lodger::api::{self, Authority, Bus};
 use lodger::cli::lodgerd::Cli;
 use lodger::config::{self, Config};
@@ -194,6 +194,17 @@ fn main() -> ExitCode {
         interval: config.interval(),
         rt_priority: config.training.rt_priority,
         proc_root: config.node.proc_root.clone(),
+        rightsize: RightsizeSettings {
+            enforce: match config.rightsize.mode {
+                config::RightsizeMode::Enforce => Some(true),
+                config::RightsizeMode::Advise => Some(false),
+                config::RightsizeMode::Off => None,
+            },
+            warmup: Duration::from_secs(config.rightsize.warmup_seconds),
+            window: Duration::from_secs(config.rightsize.window_seconds),
+            shrink: config.rightsize.shrink,
+            tolerance: config.rightsize.tolerance_cores,
+        },
     };
     let store = Store::new(config.agent.state_dir.clone());
     let agent = match Agent::start(settings, topology, reserved, enforcer, store) {

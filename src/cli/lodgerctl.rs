@@ -152,6 +152,9 @@ pub struct TrainingArgs {
     /// The job spans several nodes (its network traffic gets a guaranteed share).
     #[arg(long)]
     pub multi_node: bool,
+    /// Keep exactly --cores: never right-size this job from its GPU utilization.
+    #[arg(long)]
+    pub no_rightsize: bool,
 }
 
 #[cfg(test)]

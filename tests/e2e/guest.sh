@@ -102,13 +102,15 @@ disjoint() {
     for c in $(expand "$1"); do [[ " $(expand "$2") " != *" $c "* ]] || return 1; done
 }
 # Starts the training emulator in a unit of its own, as a launcher would; prints its pid.
-start_training() { # unit gpu
-    systemd-run --quiet --unit="$1" -p Type=exec /usr/local/bin/train_emulator \
+start_training() { # unit gpu [systemd-run options...]
+    local unit=$1 gpu=$2
+    shift 2
+    systemd-run --quiet --unit="$unit" -p Type=exec "$@" /usr/local/bin/train_emulator \
         --workers 3 --batch-cpu-ms 1 --gpu-step-ms 50 \
-        --publish-dir /run/lodger/emulated-gpu --gpu "$2"
+        --publish-dir /run/lodger/emulated-gpu --gpu "$gpu"
     local pid="" i
     for i in $(seq 100); do
-        pid=$(systemctl show -p MainPID --value "$1")
+        pid=$(systemctl show -p MainPID --value "$unit")
         [ "${pid:-0}" != 0 ] && [ "$(ls /proc/"$pid"/task 2>/dev/null | wc -l)" -ge 5 ] && break
         sleep 0.2
     done
@@ -238,6 +240,23 @@ check "member of group lodger may register ($out_c)" test -n "$job_c"
 check "member of group lodger may unregister $job_c" runuser -u e2e-member -- lodgerctl unregister "$job_c"
 check "$job_c's threads back to SCHED_OTHER on every CPU" all_other_everywhere "$pid_c"
 
+# --- a job registered by cgroup: lodgerd writes the unit's cpuset.cpus, which the service's
+# ProtectSystem=strict + ProtectKernelTunables=yes would forbid but for ReadWritePaths= ---
+# AllowedCPUs= makes systemd enable the cpuset controller down to the unit, as a site that
+# hands units to lodger would.
+pid_d=$(start_training train-d 0 -p AllowedCPUs=0-15)
+cg_d=$(cut -d: -f3 /proc/"$pid_d"/cgroup)
+out_d=$(lodgerctl --json register training --cgroup "$cg_d" --cores 2 2>&1)
+job_d=$(field "$out_d" id)
+cpus_d=$(field "$out_d" cpus)
+check "register training --cgroup $cg_d ($out_d)" test -n "$job_d"
+check "$job_d: cpuset.cpus of $cg_d is $cpus_d" \
+    test "$(cat /sys/fs/cgroup"$cg_d"/cpuset.cpus.effective)" = "$cpus_d"
+check "$job_d: every thread SCHED_RR/10 on its CPUs" all_rr_on "$pid_d" 10 "$cpus_d"
+check "unregister $job_d" lodgerctl unregister "$job_d"
+check "$job_d: cpuset.cpus of $cg_d restored" test "$(cat /sys/fs/cgroup"$cg_d"/cpuset.cpus)" = 0-15
+check "$job_d: threads back to SCHED_OTHER on every CPU" all_other_everywhere "$pid_d"
+
 # --- restart and upgrade keep the jobs ---
 jobs_before=$(placements)
 check "systemctl restart lodgerd" sh -c 'systemctl restart lodgerd && systemctl -q is-active lodgerd'
@@ -257,8 +276,8 @@ check "upgrade: same jobs on the same CPUs" test "$(placements)" = "$jobs_before
 check "upgrade: $job_a threads still SCHED_RR/10" all_rr_on "$pid_a" 10 "$cpus_a"
 check "no watchdog or failure restarts (NRestarts=0)" test "$(systemctl show -p NRestarts --value lodgerd)" = 0
 lodgerctl --json status 2>&1 | note
-echo "lodgerd's log about GPUs:" | note
-journalctl -b -u lodgerd -o cat | grep -i gpu | tail -n 5 | note
+check "GPU utilization source: the training emulator's published records (gpu = \"emulated\")" \
+    sh -c 'journalctl -b -u lodgerd -o cat | grep "GPU sensing" | tail -n 1 | grep emulated'
 
 # --- purge leaves nothing behind ---
 userdel e2e-user

@@ -165,8 +165,8 @@ fi
 
 # --- what the guest gets: the packages, the workload, the checks ---
 say "building the packages and the training emulator"
-mapfile -t built < <(scripts/package)
-deb=${built[0]}
+packages=$(scripts/package)
+deb=$(head -n 1 <<<"$packages")
 target=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
 cargo build --release --locked --quiet --example train_emulator
 run="$target/e2e-run"

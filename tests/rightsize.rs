@@ -1,0 +1,143 @@
+//! Right-sizing end to end (SODA §V-B), as root: the training emulator publishes its emulated
+//! GPU's busy fraction, lodgerd reads it (`sense.gpu = "emulated"`) and resizes the job's
+//! consolidated cpuset toward the fewest cores at which that utilization is at its maximum.
+
+mod common;
+
+use common::*;
+
+fn daemon(bus: &PrivateBus, dir: &std::path::Path, gpu_dir: &std::path::Path) -> Daemon {
+    Daemon::start(
+        bus,
+        dir,
+        DaemonOptions {
+            reserved: "",
+            extra: format!(
+                "[sense]\ninterval_ms = 1000\ngpu = \"emulated\"\nemulated_gpu_dir = \"{}\"\n\n\
+                 [rightsize]\nwarmup_seconds = 2\nwindow_seconds = 6\ntolerance_cores = 0\n\n\
+                 [inference]\nprobe_seconds = 1\n",
+                gpu_dir.display()
+            ),
+            ..DaemonOptions::default()
+        },
+    )
+}
+
+const TUNING: std::time::Duration = std::time::Duration::from_secs(120);
+
+fn settled(d: &Daemon, id: &str) -> serde_json::Value {
+    let mut job = serde_json::Value::Null;
+    wait_until(TUNING, "right-sizing to settle", || {
+        job = d.job(id);
+        job["rightsize"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("settled"))
+    });
+    job
+}
+
+#[test]
+fn a_job_with_too_many_cores_is_shrunk_and_the_core_is_lent_to_inference() {
+    if !need_root("rightsize_shrinks") {
+        return;
+    }
+    let bus = PrivateBus::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let gpu_dir = dir.path().join("gpu");
+    let d = daemon(&bus, dir.path(), &gpu_dir);
+    // Light CPU side: one loader easily keeps the emulated GPU busy on one core.
+    let w = Workload::train_with(
+        1,
+        &[
+            "--batch-cpu-ms",
+            "4",
+            "--publish-dir",
+            gpu_dir.to_str().expect("utf-8"),
+        ],
+    );
+    let id = d.register_pid(w.pid(), 2);
+    assert_eq!(d.job(&id)["cpus"], "0-1");
+    let job = settled(&d, &id);
+    assert_eq!(job["cpus"].as_str().map(|c| c.len()), Some(1), "{job}");
+    let probes = job["tuning"].as_array().map(|a| a.len()).unwrap_or(0);
+    assert!((2..=6).contains(&probes), "windows: {job}");
+    let cpus = job["cpus"].as_str().expect("cpus").to_string();
+    assert!(
+        all_rr_on(w.pid(), 10, &cpus),
+        "still SCHED_RR on its new cpuset"
+    );
+    // The freed core goes to an online lodger.
+    let worker = example("infer_worker").display().to_string();
+    let on = d.ctl_json(&[
+        "register",
+        "online",
+        "--slo-ms",
+        "1000",
+        "--",
+        &worker,
+        "--quiet",
+        "--model-mib",
+        "1",
+    ]);
+    let on_id = on["id"].as_str().expect("id").to_string();
+    wait_until(WAIT, "an online instance on the freed core", || {
+        let j = d.job(&on_id);
+        j["instances"][0]["state"] == "running" && j["instances"][0]["cpus"] != cpus.as_str()
+    });
+    // lodgerctl show displays the tuning history.
+    let text = d.ctl_ok(&["show", &id]);
+    assert!(text.contains("Right-sizing: settled at 1 cores"), "{text}");
+    assert!(text.contains("DECISION"), "{text}");
+}
+
+#[test]
+fn a_job_with_too_few_cores_is_grown() {
+    if !need_root("rightsize_grows") {
+        return;
+    }
+    let bus = PrivateBus::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let gpu_dir = dir.path().join("gpu");
+    let d = daemon(&bus, dir.path(), &gpu_dir);
+    // Heavy CPU side: two loaders of 30 ms CPU per batch feed a 10 ms GPU step; one core
+    // starves the emulated GPU, two keep it busier.
+    let w = Workload::train_with(
+        2,
+        &[
+            "--batch-cpu-ms",
+            "30",
+            "--publish-dir",
+            gpu_dir.to_str().expect("utf-8"),
+        ],
+    );
+    let id = d.register_pid(w.pid(), 1);
+    assert_eq!(d.job(&id)["cpus"].as_str().map(|c| c.len()), Some(1));
+    let job = settled(&d, &id);
+    assert_eq!(job["cpus"], "0-1", "{job}");
+}
+
+#[test]
+fn no_rightsize_keeps_the_requested_cores() {
+    if !need_root("no_rightsize") {
+        return;
+    }
+    let bus = PrivateBus::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let gpu_dir = dir.path().join("gpu");
+    let d = daemon(&bus, dir.path(), &gpu_dir);
+    let w = Workload::train_with(1, &["--publish-dir", gpu_dir.to_str().expect("utf-8")]);
+    let v = d.ctl_json(&[
+        "register",
+        "training",
+        "--pid",
+        &w.pid().to_string(),
+        "--cores",
+        "2",
+        "--no-rightsize",
+    ]);
+    let id = v["id"].as_str().expect("id").to_string();
+    std::thread::sleep(std::time::Duration::from_secs(4));
+    let job = d.job(&id);
+    assert_eq!(job["cpus"], "0-1");
+    assert!(job.get("rightsize").is_none(), "{job}");
+}
