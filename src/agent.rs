@@ -971,6 +971,13 @@ impl Agent {
                     "advise: {n} cores (settled after {} probes; not applied)",
                     tuning.tuner.probes()
                 ),
+                (None, TunerAction::Hold(why), _) if obs.sources.gpu.starts_with("unavailable") => {
+                    format!(
+                        "not tuned, at {cores} cores: no GPU utilization can be attributed to \
+                         this job (GPU sensing {}); {why}",
+                        obs.sources.gpu
+                    )
+                }
                 (None, TunerAction::Hold(why), _) => {
                     format!("at {cores} cores, not measuring: {why}")
                 }

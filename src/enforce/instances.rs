@@ -40,7 +40,7 @@ use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use nix::sys::signal::{kill, killpg, Signal};
-use nix::sys::wait::{waitpid, WaitPidFlag};
+use nix::sys::wait::{waitid, waitpid, Id, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
 use tracing::{debug, info, warn};
@@ -185,6 +185,14 @@ impl InstanceSpec {
             job: self.job.clone(),
             index: self.index,
         }
+    }
+
+    fn same_instance(&self, other: &InstanceSpec) -> bool {
+        self.index == other.index && self.job == other.job
+    }
+
+    fn cmp_instance(&self, other: &InstanceSpec) -> std::cmp::Ordering {
+        (&self.job, self.index).cmp(&(&other.job, other.index))
     }
 }
 
@@ -865,6 +873,29 @@ struct Run {
     report: Option<File>,
 }
 
+impl Run {
+    /// If the process exited: kills what it left in its process group, then reaps it and says
+    /// how it ended. The group is killed before the reap: until then the zombie holds the
+    /// group's id, so no other process can have come to own it.
+    fn reap(&mut self) -> Option<String> {
+        if let Some(pid) = pid_of(self.pid) {
+            let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
+            match waitid(Id::Pid(pid), flags) {
+                Ok(WaitStatus::StillAlive) | Err(Errno::EINTR) => return None,
+                Ok(_) => {
+                    let _ = killpg(pid, Signal::SIGKILL);
+                }
+                // ECHILD: reaped elsewhere (SIGCHLD ignored); `try_wait` says so.
+                Err(_) => {}
+            }
+        }
+        match self.child.try_wait() {
+            Ok(status) => status.map(describe_exit),
+            Err(e) => Some(format!("gone ({e})")),
+        }
+    }
+}
+
 #[derive(Debug)]
 enum SlotState {
     Running,
@@ -874,6 +905,8 @@ enum SlotState {
     Stopping {
         kill_at: Instant,
         killed_at: Option<Instant>,
+        /// `Unkillable` was reported (once).
+        stuck: bool,
         next: Option<(InstanceSpec, Template)>,
     },
 }
@@ -1074,14 +1107,12 @@ impl Instances {
         let now = Instant::now();
         let mut templates: Vec<Template> = Vec::with_capacity(desired.len());
         for (i, spec) in desired.iter().enumerate() {
-            let key = spec.key();
-            if desired[..i].iter().any(|d| d.key() == key) {
-                return Err(invalid(&key, "listed twice".to_string()));
+            if desired[..i].iter().any(|d| d.same_instance(spec)) {
+                return Err(invalid(&spec.key(), "listed twice".to_string()));
             }
             self.host.check_spec(spec)?;
-            let existing = self.slot(&key).map(|s| &s.spec);
-            let template = match existing {
-                Some(old) if old.argv == spec.argv => Template::parse(&spec.job, &spec.argv)?,
+            let template = match self.slot(spec) {
+                Some(slot) if slot.spec.argv == spec.argv => slot.template.clone(),
                 // A new or changed template: its program must exist now.
                 _ => validate_template(&spec.job, &spec.argv)?,
             };
@@ -1092,12 +1123,12 @@ impl Instances {
         // Unwanted first: their CPUs may be wanted by the others.
         let mut i = 0;
         while i < self.slots.len() {
-            let key = self.slots[i].key();
-            if desired.iter().any(|d| d.key() == key) {
+            if desired.iter().any(|d| d.same_instance(&self.slots[i].spec)) {
                 i += 1;
                 continue;
             }
             let slot = &mut self.slots[i];
+            let key = slot.key();
             match &mut slot.state {
                 SlotState::Running => {
                     self.host.terminate(slot, now, None);
@@ -1123,7 +1154,7 @@ impl Instances {
 
         for (spec, template) in desired.iter().zip(templates) {
             let key = spec.key();
-            let pos = match self.slots.binary_search_by(|s| s.key().cmp(&key)) {
+            let pos = match self.slots.binary_search_by(|s| s.spec.cmp_instance(spec)) {
                 Ok(pos) => pos,
                 Err(pos) => {
                     let mut slot = Slot {
@@ -1214,14 +1245,7 @@ impl Instances {
             out.reports += self.host.read_reports(slot, now);
             slot.reports.trim(now, self.host.settings.window);
             let key = slot.key();
-            let exited = match slot.run.as_mut() {
-                Some(run) => match run.child.try_wait() {
-                    Ok(status) => status.map(describe_exit),
-                    // Reaped elsewhere (SIGCHLD ignored): it is gone all the same.
-                    Err(e) => Some(format!("gone ({e})")),
-                },
-                None => None,
-            };
+            let exited = slot.run.as_mut().and_then(Run::reap);
             match &mut slot.state {
                 SlotState::Running => {
                     if let Some(how) = exited {
@@ -1248,6 +1272,7 @@ impl Instances {
                 SlotState::Stopping {
                     kill_at,
                     killed_at,
+                    stuck,
                     next,
                 } => {
                     if let Some(how) = exited {
@@ -1283,8 +1308,9 @@ impl Instances {
                             *killed_at = Some(now);
                         }
                         out.killed.push(key);
-                    } else if let (Some(at), Some(run)) = (*killed_at, &slot.run) {
+                    } else if let (Some(at), Some(run), false) = (*killed_at, &slot.run, *stuck) {
                         if now.saturating_duration_since(at) > KILL_WAIT {
+                            *stuck = true;
                             out.errors.push(InstanceError::Unkillable {
                                 key,
                                 pid: run.pid,
@@ -1338,17 +1364,16 @@ impl Instances {
                 let Some(run) = slot.run.as_mut() else {
                     continue;
                 };
-                let exited = match run.child.try_wait() {
-                    Ok(status) => status.map(describe_exit),
-                    Err(e) => Some(format!("gone ({e})")),
-                };
-                if let Some(how) = exited {
+                if let Some(how) = run.reap() {
                     slot.last_exit = Some(how);
                     self.host.finish_run(slot, now, &mut out.errors);
                     continue;
                 }
                 let SlotState::Stopping {
-                    kill_at, killed_at, ..
+                    kill_at,
+                    killed_at,
+                    stuck,
+                    ..
                 } = &mut slot.state
                 else {
                     continue;
@@ -1360,7 +1385,9 @@ impl Instances {
                         self.host.kill_run(slot, &mut out.errors);
                         waiting = true;
                     }
+                    Some(_) if *stuck => {}
                     Some(at) if now.saturating_duration_since(at) > KILL_WAIT => {
+                        *stuck = true;
                         out.errors.push(InstanceError::Unkillable {
                             key: slot.spec.key(),
                             pid: run.pid,
@@ -1445,9 +1472,9 @@ impl Instances {
         Ok(out)
     }
 
-    fn slot(&self, key: &InstanceKey) -> Option<&Slot> {
+    fn slot(&self, spec: &InstanceSpec) -> Option<&Slot> {
         self.slots
-            .binary_search_by(|s| s.key().cmp(key))
+            .binary_search_by(|s| s.spec.cmp_instance(spec))
             .ok()
             .and_then(|i| self.slots.get(i))
     }
@@ -1472,12 +1499,12 @@ impl Drop for Instances {
         let deadline = Instant::now() + KILL_WAIT;
         for slot in &mut self.slots {
             while let Some(run) = slot.run.as_mut() {
-                match run.child.try_wait() {
-                    Ok(None) if Instant::now() < deadline => std::thread::sleep(STEP),
-                    Ok(None) => break,
-                    Ok(Some(_)) | Err(_) => {
-                        self.host.finish_run(slot, Instant::now(), &mut errors);
-                    }
+                if run.reap().is_some() {
+                    self.host.finish_run(slot, Instant::now(), &mut errors);
+                } else if Instant::now() < deadline {
+                    std::thread::sleep(STEP);
+                } else {
+                    break;
                 }
             }
         }
@@ -1679,7 +1706,8 @@ impl Host {
                 let mut left = Vec::new();
                 self.cpusets.procs(&cg, &mut left).map_err(cgroup_err)?;
                 if !left.is_empty() {
-                    warn!(instance = %key, "killing leftover processes {left:?} in its cgroup");
+                    // Usually what an earlier process left, killed and not yet gone.
+                    debug!(instance = %key, "killing leftover processes {left:?} in its cgroup");
                     self.kill_cgroup(&cg).map_err(|e| match e {
                         InstanceError::Hierarchy(source) => cgroup_err(source),
                         e => e,
@@ -1825,6 +1853,7 @@ impl Host {
         slot.state = SlotState::Stopping {
             kill_at: now + self.settings.stop_grace,
             killed_at: None,
+            stuck: false,
             next,
         };
     }
@@ -1851,17 +1880,10 @@ impl Host {
         }
     }
 
-    /// The process is gone (reaped): kill what it left in its group and cgroup, read its last
-    /// reports.
+    /// The process is gone (reaped, its group killed by [`Run::reap`]): kill what it left in its
+    /// cgroup, read its last reports.
     fn finish_run(&mut self, slot: &mut Slot, now: Instant, errors: &mut Vec<InstanceError>) {
         self.read_reports(slot, now);
-        if let Some(run) = &slot.run {
-            if let Some(pgid) = pid_of(run.pid) {
-                // The group outlives its leader while members remain, and its id is not reused
-                // meanwhile: this reaches only what the instance left.
-                let _ = killpg(pgid, Signal::SIGKILL);
-            }
-        }
         if let Some(cg) = &slot.cgroup {
             if let Err(e) = self.kill_cgroup(cg) {
                 errors.push(e);
