@@ -235,7 +235,6 @@ struct Outcome {
     /// Percent of the best utilization lost over a 1-hour job (warm-up excluded), tuning
     /// included.
     hour_loss: f64,
-    resizes_while_throttled: usize,
 }
 
 fn simulate(
@@ -284,7 +283,6 @@ fn simulate(
         tuning_loss: 100.0 * lost_area / (u_best * tuning_secs.max(1) as f64),
         tuning_secs,
         hour_loss: 100.0 * hour_area / (u_best * JOB_SECS as f64),
-        resizes_while_throttled: 0,
     }
 }
 
@@ -336,13 +334,6 @@ fn report(rows: &[Row], jobs: &[Job]) {
             mean(row.jobs.iter().map(|(o, _)| o.tuning_secs as f64)),
             mean(row.jobs.iter().map(|(o, _)| o.tuning_loss)),
             mean(row.jobs.iter().map(|(o, _)| o.hour_loss)),
-        );
-        assert_eq!(
-            row.jobs
-                .iter()
-                .map(|(o, _)| o.resizes_while_throttled)
-                .sum::<usize>(),
-            0
         );
     }
     // The "keep the requested count" baseline, on the same jobs.
@@ -404,18 +395,6 @@ fn run(
                 limits,
             );
             let outcome = simulate(job, start, settings_of, &mut rng);
-            if std::env::var("DBG").is_ok()
-                && (outcome.settled + 1 < outcome.best || outcome.settled > outcome.best + 3)
-            {
-                eprintln!(
-                    "start {start} best {} settled {} curve {:?} u(best)={:.1} u(settled)={:.1}",
-                    outcome.best,
-                    outcome.settled,
-                    job.curve,
-                    job.curve.util(outcome.best),
-                    job.curve.util(outcome.settled)
-                );
-            }
             history.record(job.owner, job.category, outcome.settled, job.curve.gpus);
             (outcome, start)
         })

@@ -90,7 +90,7 @@ struct Args {
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=256))]
     layers: u32,
     /// memory: KiB of activations per item.
-    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u64).range(4..=1_048_576))]
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u64).range(4..=1 << 20))]
     act_kib: u64,
     /// Threads per layer [default: LODGER_THREADS, else OMP_NUM_THREADS, else 1].
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024))]

@@ -1259,10 +1259,8 @@ impl Agent {
             }
             Err(e) => warn!("inference instances not reconciled: {e}"),
         }
-        let polled = runner.poll();
-        for (key, how) in &polled.exited {
-            warn!(instance = %key, "inference instance exited ({how}); restarting with back-off");
-        }
+        // The runner logs exits and restarts itself.
+        let _ = runner.poll();
         let stats = runner.stats();
 
         // Per job: its instances, pids and state; online capacity.

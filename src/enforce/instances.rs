@@ -1488,7 +1488,10 @@ impl Drop for Instances {
             return;
         }
         if running > 0 {
-            warn!("{running} inference instance(s) still running when their supervisor went away: killing them");
+            warn!(
+                "{running} inference instance(s) still running when their supervisor went \
+                 away: killing them"
+            );
         }
         let mut errors = Vec::new();
         for slot in &mut self.slots {

@@ -1,0 +1,843 @@
+//! Inference instances for real, as root on this machine's cgroup v1 cpuset hierarchy: the bundled
+//! inference worker (and the Python client of docs/) started by `enforce::instances`, checked from
+//! /proc and cgroupfs. Each test has its own parent cgroup.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use lodger::cpuset::CpuSet;
+use lodger::enforce::instances::{
+    InstanceError, InstanceOutput, InstancePlacement, InstanceSettings, InstanceSpec,
+    InstanceState, InstanceStats, Instances, TemplateProblem,
+};
+use lodger::enforce::PinMethod;
+use lodger::job::JobId;
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
+const CPUSET_ROOT: &str = "/sys/fs/cgroup/cpuset";
+
+fn job(id: &str) -> JobId {
+    JobId::parse(id).expect("job id")
+}
+
+fn set(list: &str) -> CpuSet {
+    CpuSet::parse(list).expect("cpulist")
+}
+
+fn strings(args: &[&str]) -> Vec<String> {
+    args.iter().map(|s| s.to_string()).collect()
+}
+
+/// The worker, online at a low rate with a small model: real work, little CPU. Threads and batch
+/// come from lodger's environment.
+fn worker(extra: &[&str]) -> Vec<String> {
+    let mut argv = vec![
+        example("infer_worker").to_string_lossy().into_owned(),
+        "--mode".into(),
+        "online".into(),
+        "--rate".into(),
+        "40".into(),
+        "--model-mib".into(),
+        "1".into(),
+        "--quiet".into(),
+    ];
+    argv.extend(strings(extra));
+    argv
+}
+
+/// `sh -c '<worker> & wait'`: an instance whose real work runs in a child of the instance.
+fn wrapped_worker() -> Vec<String> {
+    let w = worker(&[]);
+    let line = w
+        .iter()
+        .map(|a| format!("'{a}'"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    strings(&["/bin/sh", "-c", &format!("{line} & wait")])
+}
+
+fn spec(job_id: &str, index: u32, argv: Vec<String>, cpus: &str, threads: u32) -> InstanceSpec {
+    InstanceSpec {
+        job: job(job_id),
+        index,
+        argv,
+        cpus: set(cpus),
+        mems: CpuSet::new(),
+        threads,
+        batch: 2,
+    }
+}
+
+fn settings(parent: &str, logs: &Path, placement: InstancePlacement) -> InstanceSettings {
+    InstanceSettings {
+        parent: parent.to_string(),
+        placement,
+        stop_grace: Duration::from_secs(3),
+        backoff_initial: Duration::from_millis(300),
+        backoff_max: Duration::from_secs(5),
+        stable_after: Duration::from_secs(60),
+        window: Duration::from_secs(5),
+        output: InstanceOutput::Directory(logs.to_path_buf()),
+        ..InstanceSettings::default()
+    }
+}
+
+fn cgroup_dir(cgroup: &str) -> PathBuf {
+    Path::new(CPUSET_ROOT).join(cgroup.trim_start_matches('/'))
+}
+
+/// The cpuset cgroup of a process, from /proc/PID/cgroup.
+fn cpuset_cgroup_of(pid: u32) -> Option<String> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    text.lines().find_map(|l| {
+        let mut parts = l.splitn(3, ':');
+        let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+        controllers
+            .split(',')
+            .any(|c| c == "cpuset")
+            .then(|| path.to_string())
+    })
+}
+
+/// A variable of a process's (initial) environment.
+fn environ_var(pid: u32, name: &str) -> Option<String> {
+    let env = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+    let prefix = format!("{name}=");
+    env.split(|&b| b == 0).find_map(|var| {
+        std::str::from_utf8(var)
+            .ok()?
+            .strip_prefix(&prefix)
+            .map(str::to_string)
+    })
+}
+
+/// True while the process exists and is not a zombie.
+fn alive(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    let state = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().next());
+    !matches!(state, Some("Z" | "X" | "x") | None)
+}
+
+fn procs_of(cgroup: &str) -> Vec<u32> {
+    std::fs::read_to_string(cgroup_dir(cgroup).join("cgroup.procs"))
+        .map(|t| t.lines().filter_map(|l| l.trim().parse().ok()).collect())
+        .unwrap_or_default()
+}
+
+fn stat_of<'a>(stats: &'a [InstanceStats], job_id: &str, index: u32) -> &'a InstanceStats {
+    stats
+        .iter()
+        .find(|s| s.job.as_str() == job_id && s.index == index)
+        .unwrap_or_else(|| panic!("no instance {job_id}-{index} in {stats:#?}"))
+}
+
+fn pid_of(stats: &[InstanceStats], job_id: &str, index: u32) -> u32 {
+    stat_of(stats, job_id, index)
+        .pid
+        .unwrap_or_else(|| panic!("{job_id}-{index} has no process: {stats:#?}"))
+}
+
+fn running_with_reports(s: &InstanceStats, reports: u64) -> bool {
+    s.state == InstanceState::Running && s.pid.is_some() && s.reports_total >= reports
+}
+
+/// Running, and its current process has reported (the window starts afresh with each process;
+/// the totals do not).
+fn reporting(s: &InstanceStats) -> bool {
+    s.state == InstanceState::Running && s.pid.is_some() && s.latency_p50_ms.is_some()
+}
+
+/// One test's supervisor, parent cgroup and log directory; cleans up even when the test fails.
+struct Fixture {
+    inst: Option<Instances>,
+    parent: String,
+    logs: tempfile::TempDir,
+}
+
+impl Fixture {
+    fn new(test: &str, placement: InstancePlacement) -> Option<Fixture> {
+        if !need_root(test) {
+            return None;
+        }
+        let parent = unique("lodger-it-inst");
+        let logs = tempfile::tempdir().expect("tempdir");
+        let inst = Instances::new(settings(&parent, logs.path(), placement)).expect("Instances");
+        Some(Fixture {
+            inst: Some(inst),
+            parent,
+            logs,
+        })
+    }
+
+    fn settings(&self, placement: InstancePlacement) -> InstanceSettings {
+        settings(&self.parent, self.logs.path(), placement)
+    }
+
+    fn inst(&mut self) -> &mut Instances {
+        self.inst.as_mut().expect("instances")
+    }
+
+    /// The instances' own output, for failure messages.
+    fn logs(&self) -> String {
+        let mut out = String::new();
+        if let Ok(dir) = std::fs::read_dir(self.logs.path()) {
+            for entry in dir.flatten() {
+                let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
+                let tail: Vec<&str> = text.lines().rev().take(15).collect();
+                out.push_str(&format!("--- {} ---\n", entry.path().display()));
+                for l in tail.into_iter().rev() {
+                    out.push_str(l);
+                    out.push('\n');
+                }
+            }
+        }
+        out
+    }
+
+    /// Polls until `cond` holds on the stats; fails with the stats and the instances' logs.
+    fn poll_until(
+        &mut self,
+        what: &str,
+        mut cond: impl FnMut(&[InstanceStats]) -> bool,
+    ) -> Vec<InstanceStats> {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let out = self.inst().poll();
+            assert!(out.errors.is_empty(), "poll errors: {:?}", out.errors);
+            let stats = self.inst().stats();
+            if cond(&stats) {
+                return stats;
+            }
+            if Instant::now() > deadline {
+                panic!("timed out waiting for {what}: {stats:#?}\n{}", self.logs());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn lodgers(&self) -> String {
+        format!("/{}/lodgers", self.parent)
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        if let Some(mut inst) = self.inst.take() {
+            inst.stop_all();
+        }
+        let parent = cgroup_dir(&self.parent);
+        if let Ok(dir) = std::fs::read_dir(parent.join("lodgers")) {
+            for e in dir.flatten() {
+                if e.path().is_dir() {
+                    let _ = std::fs::remove_dir(e.path());
+                }
+            }
+        }
+        let _ = std::fs::remove_dir(parent.join("lodgers"));
+        let _ = std::fs::remove_dir(parent);
+    }
+}
+
+#[test]
+fn instances_run_on_their_cpus_with_their_threads_and_report() {
+    let Some(mut f) = Fixture::new(
+        "instances_run_on_their_cpus_with_their_threads_and_report",
+        InstancePlacement::Auto,
+    ) else {
+        return;
+    };
+    assert_eq!(f.inst().placement(), PinMethod::Cgroup);
+    let desired = [
+        spec("j1", 0, worker(&[]), "0", 1),
+        spec("j1", 1, worker(&[]), "1", 2),
+    ];
+    let out = f.inst().reconcile(&desired).expect("reconcile");
+    assert!(out.errors.is_empty(), "{:?}", out.errors);
+    assert_eq!(out.started.len(), 2);
+    let stats = f.poll_until("both instances to report", |s| {
+        s.len() == 2 && s.iter().all(|i| running_with_reports(i, 3))
+    });
+
+    for (index, cpus, threads) in [(0, "0", 1u32), (1, "1", 2)] {
+        let st = stat_of(&stats, "j1", index);
+        let pid = pid_of(&stats, "j1", index);
+        let cg = format!("{}/j1-{index}", f.lodgers());
+        assert_eq!(st.cgroup.as_deref(), Some(cg.as_str()));
+        assert_eq!(cpuset_cgroup_of(pid).as_deref(), Some(cg.as_str()));
+        assert_eq!(procs_of(&cg), vec![pid]);
+        let cg_cpus =
+            std::fs::read_to_string(cgroup_dir(&cg).join("cpuset.cpus")).expect("cpuset.cpus");
+        assert_eq!(cg_cpus.trim(), cpus);
+        // The worker sized its pool from lodger's environment: one thread per planned thread.
+        let t = tids(pid);
+        assert_eq!(t.len(), threads as usize, "threads of {pid}");
+        for tid in &t {
+            assert_eq!(cpus_allowed(pid, *tid).as_deref(), Some(cpus), "tid {tid}");
+        }
+        assert!(all_other(pid), "instances run SCHED_OTHER");
+        let want = threads.to_string();
+        for var in [
+            "OMP_NUM_THREADS",
+            "MKL_NUM_THREADS",
+            "OPENBLAS_NUM_THREADS",
+            "LODGER_THREADS",
+        ] {
+            assert_eq!(
+                environ_var(pid, var).as_deref(),
+                Some(want.as_str()),
+                "{var}"
+            );
+        }
+        assert_eq!(environ_var(pid, "LODGER_BATCH").as_deref(), Some("2"));
+        assert_eq!(
+            environ_var(pid, "LODGER_INSTANCE").as_deref(),
+            Some(index.to_string().as_str())
+        );
+        assert_eq!(environ_var(pid, "LODGER_CPUS").as_deref(), Some(cpus));
+        assert_eq!(environ_var(pid, "LODGER_REPORT_FD").as_deref(), Some("3"));
+        // Reports were read and turned into rates and percentiles.
+        assert!(st.items_per_s > 0.0, "{st:#?}");
+        assert!(st.latency_p50_ms.is_some() && st.latency_p99_ms.is_some());
+        assert!(st.queue_p99_ms.is_some());
+        assert_eq!(st.bad_reports, 0);
+        assert_eq!(st.restarts, 0);
+    }
+    // The same plan again changes nothing.
+    let again = f.inst().reconcile(&desired).expect("reconcile");
+    assert!(!again.changed, "{again:?}");
+}
+
+#[test]
+fn a_killed_instance_restarts_with_backoff() {
+    let Some(mut f) = Fixture::new(
+        "a_killed_instance_restarts_with_backoff",
+        InstancePlacement::Auto,
+    ) else {
+        return;
+    };
+    f.inst()
+        .reconcile(&[spec("j3", 0, worker(&[]), "1", 1)])
+        .expect("reconcile");
+    let stats = f.poll_until("the instance to report", |s| running_with_reports(&s[0], 1));
+    let first = pid_of(&stats, "j3", 0);
+
+    let mut previous = first;
+    for (round, backoff_ms) in [(1u32, 300u64), (2, 600)] {
+        kill(
+            Pid::from_raw(i32::try_from(previous).expect("pid")),
+            Signal::SIGKILL,
+        )
+        .expect("kill");
+        let seen = f.poll_until("the exit to be noticed", |s| s[0].failures == round);
+        let exited_at = Instant::now();
+        let st = &seen[0];
+        assert!(
+            matches!(st.state, InstanceState::BackingOff { .. }),
+            "{st:#?}"
+        );
+        assert_eq!(st.backoff, Duration::from_millis(backoff_ms), "{st:#?}");
+        assert_eq!(st.last_exit.as_deref(), Some("killed by SIGKILL"));
+        assert_eq!(st.pid, None);
+        let back = f.poll_until("the restart", |s| {
+            s[0].restarts == round && s[0].state == InstanceState::Running
+        });
+        // Not before its back-off (the exit was seen within one poll of it happening).
+        assert!(
+            exited_at.elapsed() + Duration::from_millis(50) >= Duration::from_millis(backoff_ms),
+            "restarted after {:?}, back-off {backoff_ms} ms",
+            exited_at.elapsed()
+        );
+        let pid = pid_of(&back, "j3", 0);
+        assert_ne!(pid, previous);
+        assert_eq!(
+            cpuset_cgroup_of(pid).as_deref(),
+            Some(format!("{}/j3-0", f.lodgers()).as_str())
+        );
+        assert_eq!(cpus_allowed(pid, pid).as_deref(), Some("1"));
+        previous = pid;
+    }
+    let st = f.poll_until("reports from the restarted instance", |s| reporting(&s[0]));
+    assert_eq!(st[0].pid, Some(previous));
+    assert!(!alive(first));
+}
+
+#[test]
+fn a_changed_spec_restarts_only_that_instance() {
+    let Some(mut f) = Fixture::new(
+        "a_changed_spec_restarts_only_that_instance",
+        InstancePlacement::Auto,
+    ) else {
+        return;
+    };
+    let pinned = |cpus: &str| {
+        // `{cpus}` in the template: the program may pin threads itself, so a CPU change restarts.
+        let mut argv = strings(&["/usr/bin/env", "PINNED={cpus}"]);
+        argv.extend(worker(&[]));
+        spec("j5", 0, argv, cpus, 1)
+    };
+    let mut desired = vec![
+        spec("j4", 0, worker(&[]), "0", 1),
+        spec("j4", 1, worker(&[]), "1", 1),
+        pinned("0"),
+    ];
+    f.inst().reconcile(&desired).expect("reconcile");
+    let stats = f.poll_until("three running instances", |s| {
+        s.len() == 3 && s.iter().all(|i| running_with_reports(i, 1))
+    });
+    let (p0, p1, p5) = (
+        pid_of(&stats, "j4", 0),
+        pid_of(&stats, "j4", 1),
+        pid_of(&stats, "j5", 0),
+    );
+
+    // A new batch size: that instance restarts, after the old process is gone.
+    desired[1].batch = 4;
+    let out = f.inst().reconcile(&desired).expect("reconcile");
+    assert_eq!(
+        out.restarting
+            .iter()
+            .map(|k| k.to_string())
+            .collect::<Vec<_>>(),
+        vec!["j4-1"]
+    );
+    assert!(out.started.is_empty() && out.moved.is_empty());
+    let stats = f.poll_until("j4-1 to restart", |s| {
+        let i = stat_of(s, "j4", 1);
+        i.state == InstanceState::Running && i.pid.is_some_and(|p| p != p1)
+    });
+    let new1 = pid_of(&stats, "j4", 1);
+    assert_eq!(environ_var(new1, "LODGER_BATCH").as_deref(), Some("4"));
+    assert_eq!(stat_of(&stats, "j4", 1).restarts, 0, "not a crash restart");
+    assert_eq!(pid_of(&stats, "j4", 0), p0, "j4-0 untouched");
+    assert_eq!(pid_of(&stats, "j5", 0), p5, "j5-0 untouched");
+    assert!(!alive(p1));
+
+    // CPUs alone: moved in place, same process.
+    desired[0].cpus = set("1");
+    let out = f.inst().reconcile(&desired).expect("reconcile");
+    assert_eq!(
+        out.moved.iter().map(|k| k.to_string()).collect::<Vec<_>>(),
+        vec!["j4-0"]
+    );
+    assert!(out.restarting.is_empty());
+    let stats = f.inst().stats();
+    assert_eq!(pid_of(&stats, "j4", 0), p0);
+    assert_eq!(cpus_allowed(p0, p0).as_deref(), Some("1"));
+    let cg = format!("{}/j4-0", f.lodgers());
+    let cg_cpus = std::fs::read_to_string(cgroup_dir(&cg).join("cpuset.cpus")).expect("cpus");
+    assert_eq!(cg_cpus.trim(), "1");
+
+    // CPUs of a template that takes {cpus}: restarted.
+    desired[2] = pinned("1");
+    let out = f.inst().reconcile(&desired).expect("reconcile");
+    assert_eq!(
+        out.restarting
+            .iter()
+            .map(|k| k.to_string())
+            .collect::<Vec<_>>(),
+        vec!["j5-0"]
+    );
+    // Reports: `env` has exec'd the worker.
+    let stats = f.poll_until("j5-0 to restart and report", |s| {
+        let i = stat_of(s, "j5", 0);
+        reporting(i) && i.pid.is_some_and(|p| p != p5)
+    });
+    let new5 = pid_of(&stats, "j5", 0);
+    assert_eq!(environ_var(new5, "PINNED").as_deref(), Some("1"));
+    assert_eq!(cpus_allowed(new5, new5).as_deref(), Some("1"));
+    assert_eq!(pid_of(&stats, "j4", 0), p0);
+    assert_eq!(pid_of(&stats, "j4", 1), new1);
+
+    // Nothing new: nothing done.
+    let out = f.inst().reconcile(&desired).expect("reconcile");
+    assert!(!out.changed, "{out:?}");
+
+    // Dropping one instance from the plan stops it; the others stay.
+    desired.remove(1);
+    let out = f.inst().reconcile(&desired).expect("reconcile");
+    assert_eq!(out.stopping.len(), 1);
+    let stats = f.poll_until("j4-1 to be gone", |s| s.len() == 2);
+    assert_eq!(pid_of(&stats, "j4", 0), p0);
+    assert!(!alive(new1));
+    assert!(!cgroup_dir(&format!("{}/j4-1", f.lodgers())).exists());
+}
+
+#[test]
+fn stop_leaves_no_process_and_no_cgroup() {
+    let Some(mut f) = Fixture::new(
+        "stop_leaves_no_process_and_no_cgroup",
+        InstancePlacement::Auto,
+    ) else {
+        return;
+    };
+    let mut s = f.settings(InstancePlacement::Auto);
+    s.stop_grace = Duration::from_millis(700);
+    f.inst = Some(Instances::new(s).expect("Instances"));
+    // j6-1 ignores SIGTERM (and so does its child): only SIGKILL ends it.
+    let stubborn = strings(&["/bin/sh", "-c", "trap '' TERM; sleep 300 & wait"]);
+    f.inst()
+        .reconcile(&[
+            spec("j6", 0, worker(&[]), "0", 1),
+            spec("j6", 1, stubborn, "1", 1),
+            spec("j7", 0, wrapped_worker(), "1", 1),
+        ])
+        .expect("reconcile");
+    let lodgers = f.lodgers();
+    let stats = f.poll_until("all running, with the children started", |s| {
+        s.len() == 3
+            && running_with_reports(stat_of(s, "j6", 0), 1)
+            && running_with_reports(stat_of(s, "j7", 0), 1)
+            && procs_of(&format!("{lodgers}/j6-1")).len() == 2
+    });
+    let j6: Vec<u32> = procs_of(&format!("{lodgers}/j6-0"))
+        .into_iter()
+        .chain(procs_of(&format!("{lodgers}/j6-1")))
+        .collect();
+    let j7 = procs_of(&format!("{lodgers}/j7-0"));
+    assert_eq!(j6.len(), 3, "{j6:?}");
+    assert_eq!(j7.len(), 2, "sh and its worker: {j7:?}");
+
+    // One job: SIGTERM, and SIGKILL for the one that ignores it.
+    let t0 = Instant::now();
+    let out = f.inst().stop_job(&job("j6"));
+    assert!(out.errors.is_empty(), "{:?}", out.errors);
+    assert_eq!(out.stopped.len(), 2, "{out:?}");
+    assert_eq!(
+        out.killed.iter().map(|k| k.to_string()).collect::<Vec<_>>(),
+        vec!["j6-1"]
+    );
+    assert!(t0.elapsed() >= Duration::from_millis(700));
+    for pid in &j6 {
+        assert!(!alive(*pid), "pid {pid} of j6 survived");
+    }
+    assert!(!cgroup_dir(&format!("{lodgers}/j6-0")).exists());
+    assert!(!cgroup_dir(&format!("{lodgers}/j6-1")).exists());
+    let stats_after = f.inst().stats();
+    assert_eq!(stats_after.len(), 1);
+    assert_eq!(pid_of(&stats_after, "j7", 0), pid_of(&stats, "j7", 0));
+
+    // Everything: the wrapper's child goes too, and so do lodger's cgroups.
+    let out = f.inst().stop_all();
+    assert!(out.errors.is_empty(), "{:?}", out.errors);
+    assert!(
+        out.killed.is_empty(),
+        "the worker stops on SIGTERM: {out:?}"
+    );
+    for pid in &j7 {
+        assert!(!alive(*pid), "pid {pid} of j7 survived");
+    }
+    assert!(f.inst().stats().is_empty());
+    assert!(!cgroup_dir(&lodgers).exists(), "{lodgers} left behind");
+    assert!(
+        !cgroup_dir(&f.parent).exists(),
+        "the parent lodger created is removed"
+    );
+}
+
+#[test]
+fn sweep_cleans_up_after_a_crash() {
+    let Some(f) = Fixture::new("sweep_cleans_up_after_a_crash", InstancePlacement::Auto) else {
+        return;
+    };
+    let s = f.settings(InstancePlacement::Auto);
+    let lodgers = f.lodgers();
+    // A lodgerd that dies without cleaning up: its supervising thread goes away.
+    let (tx, rx) = mpsc::channel();
+    let crashed = {
+        let lodgers = lodgers.clone();
+        std::thread::spawn(move || {
+            let mut inst = Instances::new(s).expect("Instances");
+            inst.reconcile(&[
+                spec("j8", 0, worker(&[]), "0", 1),
+                spec("j8", 1, wrapped_worker(), "1", 1),
+            ])
+            .expect("reconcile");
+            wait_until(WAIT, "the wrapped worker to start", || {
+                procs_of(&format!("{lodgers}/j8-1")).len() == 2
+            });
+            let direct: Vec<u32> = inst.stats().iter().filter_map(|s| s.pid).collect();
+            tx.send((direct, procs_of(&format!("{lodgers}/j8-1"))))
+                .expect("send");
+            std::mem::forget(inst);
+        })
+    };
+    crashed.join().expect("thread");
+    let (direct, wrapped) = rx.recv().expect("pids");
+    // The death signal: the instances themselves die with the thread that started them...
+    wait_until(WAIT, "PR_SET_PDEATHSIG to kill the instances", || {
+        direct.iter().all(|&p| !alive(p))
+    });
+    // ...but the wrapper's child is still there, in its cgroup.
+    let orphans: Vec<u32> = wrapped
+        .iter()
+        .copied()
+        .filter(|p| !direct.contains(p))
+        .collect();
+    assert_eq!(orphans.len(), 1, "{wrapped:?} {direct:?}");
+    assert!(alive(orphans[0]));
+    assert_eq!(procs_of(&format!("{lodgers}/j8-1")), orphans);
+
+    // The next lodgerd sweeps before it starts anything.
+    let mut next = Instances::new(f.settings(InstancePlacement::Auto)).expect("Instances");
+    let swept = next.sweep_leftovers().expect("sweep");
+    assert_eq!(swept.killed, orphans);
+    let mut removed = swept.removed_cgroups.clone();
+    removed.sort();
+    assert_eq!(
+        removed,
+        vec![
+            lodgers.clone(),
+            format!("{lodgers}/j8-0"),
+            format!("{lodgers}/j8-1")
+        ]
+    );
+    assert!(!alive(orphans[0]));
+    assert!(!cgroup_dir(&lodgers).exists());
+    // Nothing left: a second sweep finds nothing.
+    assert_eq!(next.sweep_leftovers().expect("sweep"), Default::default());
+    // And it refuses to sweep under running instances.
+    next.reconcile(&[spec("j8", 0, worker(&[]), "0", 1)])
+        .expect("reconcile");
+    assert!(matches!(
+        next.sweep_leftovers(),
+        Err(InstanceError::SweepWithInstances { running: 1 })
+    ));
+    next.stop_all();
+    drop(f);
+}
+
+#[test]
+fn affinity_placement_pins_moves_and_sweeps_without_cgroups() {
+    let Some(mut f) = Fixture::new(
+        "affinity_placement_pins_moves_and_sweeps_without_cgroups",
+        InstancePlacement::Affinity,
+    ) else {
+        return;
+    };
+    assert_eq!(f.inst().placement(), PinMethod::Affinity);
+    let mine = cpuset_cgroup_of(std::process::id());
+    let mut desired = [spec("j9", 0, worker(&[]), "1", 2)];
+    f.inst().reconcile(&desired).expect("reconcile");
+    let stats = f.poll_until("the instance to report", |s| running_with_reports(&s[0], 1));
+    let pid = pid_of(&stats, "j9", 0);
+    assert_eq!(stats[0].cgroup, None);
+    assert_eq!(
+        cpuset_cgroup_of(pid),
+        mine,
+        "stays in lodger's own cpuset cgroup"
+    );
+    assert!(!cgroup_dir(&f.parent).exists());
+    let t = tids(pid);
+    assert_eq!(t.len(), 2);
+    assert!(t
+        .iter()
+        .all(|&tid| cpus_allowed(pid, tid).as_deref() == Some("1")));
+
+    // A CPU change moves every thread.
+    desired[0].cpus = set("0");
+    let out = f.inst().reconcile(&desired).expect("reconcile");
+    assert_eq!(out.moved.len(), 1, "{out:?}");
+    assert_eq!(pid_of(&f.inst().stats(), "j9", 0), pid);
+    assert!(t
+        .iter()
+        .all(|&tid| cpus_allowed(pid, tid).as_deref() == Some("0")));
+    f.inst().stop_all();
+    assert!(!alive(pid));
+
+    // A crash with a wrapped worker: its child is found by its LODGER_PARENT.
+    let s = f.settings(InstancePlacement::Affinity);
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut inst = Instances::new(s).expect("Instances");
+        inst.reconcile(&[spec("j9", 1, wrapped_worker(), "1", 1)])
+            .expect("reconcile");
+        let sh = inst.stats()[0].pid.expect("pid");
+        let mut child = None;
+        wait_until(WAIT, "the wrapped worker to start", || {
+            child = std::fs::read_to_string(format!("/proc/{sh}/task/{sh}/children"))
+                .ok()
+                .and_then(|t| t.split_whitespace().next()?.parse::<u32>().ok());
+            child.is_some()
+        });
+        tx.send((sh, child.expect("child"))).expect("send");
+        std::mem::forget(inst);
+    })
+    .join()
+    .expect("thread");
+    let (sh, orphan) = rx.recv().expect("pids");
+    wait_until(WAIT, "the death signal", || !alive(sh));
+    assert!(alive(orphan));
+    assert_eq!(cpus_allowed(orphan, orphan).as_deref(), Some("1"));
+    let mut next = Instances::new(f.settings(InstancePlacement::Affinity)).expect("Instances");
+    let swept = next.sweep_leftovers().expect("sweep");
+    assert_eq!(swept.killed, vec![orphan]);
+    assert!(swept.removed_cgroups.is_empty());
+    wait_until(WAIT, "the orphan to die", || !alive(orphan));
+}
+
+#[test]
+fn dropping_the_supervisor_kills_its_instances() {
+    let Some(mut f) = Fixture::new(
+        "dropping_the_supervisor_kills_its_instances",
+        InstancePlacement::Auto,
+    ) else {
+        return;
+    };
+    f.inst()
+        .reconcile(&[spec("j10", 0, wrapped_worker(), "0", 1)])
+        .expect("reconcile");
+    let lodgers = f.lodgers();
+    f.poll_until("the wrapped worker to run", |s| {
+        running_with_reports(&s[0], 1) && procs_of(&format!("{lodgers}/j10-0")).len() == 2
+    });
+    let procs = procs_of(&format!("{lodgers}/j10-0"));
+    drop(f.inst.take());
+    for pid in &procs {
+        assert!(!alive(*pid), "{pid} survived its supervisor");
+    }
+    assert!(!cgroup_dir(&lodgers).exists());
+}
+
+#[test]
+fn bad_templates_are_refused_before_anything_starts() {
+    let test = "bad_templates_are_refused_before_anything_starts";
+    let parent = unique("lodger-it-inst");
+    let logs = tempfile::tempdir().expect("tempdir");
+    let mut inst = match Instances::new(settings(&parent, logs.path(), InstancePlacement::Auto)) {
+        Ok(i) => i,
+        Err(e) => {
+            lodger::privileged::skip(test, &format!("no cpuset hierarchy to read: {e}"));
+            return;
+        }
+    };
+    let not_exec = logs.path().join("model-server");
+    std::fs::write(&not_exec, "#!/bin/sh\n").expect("write");
+    let good = spec("j11", 0, worker(&[]), "0", 1);
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (Vec::new(), "empty"),
+        (
+            worker(&["--batch", "{batchsize}"]),
+            "unknown placeholder {batchsize}",
+        ),
+        (worker(&["--batch", "{batch"]), "unmatched '{'"),
+        (
+            strings(&["lodger-no-such-server", "--threads", "{threads}"]),
+            "not found in lodgerd's PATH",
+        ),
+        (
+            vec![not_exec.to_string_lossy().into_owned()],
+            "cannot be run",
+        ),
+    ];
+    for (argv, says) in cases {
+        let bad = spec("j12", 0, argv.clone(), "1", 1);
+        let e = inst.reconcile(&[good.clone(), bad]).expect_err("refused");
+        let text = e.to_string();
+        assert!(
+            matches!(e, InstanceError::Template { .. }),
+            "{argv:?}: {text}"
+        );
+        assert!(text.contains(says), "{argv:?}: {text}");
+        assert!(text.contains("job j12"), "{text}");
+        if let InstanceError::Template {
+            problem: TemplateProblem::ProgramNotFound { .. },
+            ..
+        } = &e
+        {
+            assert!(text.contains("absolute path"), "{text}");
+        }
+    }
+    for (bad, says) in [
+        (
+            InstanceSpec {
+                batch: 0,
+                ..good.clone()
+            },
+            "batch must be at least 1",
+        ),
+        (
+            InstanceSpec {
+                threads: 0,
+                ..good.clone()
+            },
+            "threads must be at least 1",
+        ),
+        (
+            InstanceSpec {
+                cpus: CpuSet::new(),
+                ..good.clone()
+            },
+            "no CPU",
+        ),
+        (
+            InstanceSpec {
+                cpus: set("4000"),
+                ..good.clone()
+            },
+            "not all on this node",
+        ),
+    ] {
+        let e = inst.reconcile(&[bad]).expect_err("refused");
+        assert!(e.to_string().contains(says), "{e}");
+    }
+    let e = inst
+        .reconcile(&[good.clone(), good.clone()])
+        .expect_err("duplicate");
+    assert!(e.to_string().contains("listed twice"), "{e}");
+    // All or nothing: the good spec next to a bad one was not started.
+    assert!(inst.stats().is_empty());
+    assert!(!cgroup_dir(&parent).exists());
+}
+
+#[test]
+fn python_client_reports_under_the_runner() {
+    let Some(mut f) = Fixture::new(
+        "python_client_reports_under_the_runner",
+        InstancePlacement::Auto,
+    ) else {
+        return;
+    };
+    let python = Command::new("python3")
+        .args(["-c", "import sys; print(sys.executable)"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+    let Some(python) = python else {
+        lodger::privileged::skip("python_client_reports_under_the_runner", "no python3");
+        return;
+    };
+    let client = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/instance_client.py");
+    let argv = vec![python, client.to_string_lossy().into_owned()];
+    f.inst()
+        .reconcile(&[spec("j13", 0, argv, "1", 1)])
+        .expect("reconcile");
+    let stats = f.poll_until("the Python client to report", |s| {
+        running_with_reports(&s[0], 5)
+    });
+    let st = &stats[0];
+    assert_eq!(st.bad_reports, 0, "{}", f.logs());
+    assert!(st.items_per_s > 0.0);
+    assert!(st.latency_p99_ms.is_some());
+    let pid = pid_of(&stats, "j13", 0);
+    assert_eq!(cpus_allowed(pid, pid).as_deref(), Some("1"));
+    let out = f.inst().stop_all();
+    assert!(out.errors.is_empty(), "{:?}", out.errors);
+    assert!(out.killed.is_empty(), "the client stops on SIGTERM");
+    let logs = f.logs();
+    assert!(logs.contains("instance_client demo: served"), "{logs}");
+    assert!(
+        logs.contains("batch=2 cpus=[1] reporting to fd 3"),
+        "{logs}"
+    );
+}
