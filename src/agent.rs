@@ -20,17 +20,23 @@ use tracing::{debug, info, warn};
 
 use crate::cpuset::CpuSet;
 use crate::enforce::instances::{InstanceSpec, InstanceState, InstanceStats, Instances};
+use crate::enforce::resctrl::LodgerGroup;
 use crate::enforce::{EnforceError, JobRecord, Outcome};
 use crate::job::{
     InstanceView, Job, JobId, JobKind, JobSpec, JobState, SpecError, Target, TuningView,
 };
 use crate::policy::consolidate::NoCapacity;
+use crate::policy::contention::{
+    ContentionConfig, ContentionEliminator, ContentionObservations, JobObservation, MbaGroup,
+    Mechanism, NodeMembw, Role, Throttles,
+};
 use crate::policy::inference::{
     self, LayoutConfig, LayoutSearch, OfflineJobView, OnlineJobView, ProbeResult, SearchStart,
     SearchStep,
 };
 use crate::policy::rightsize::{self, CoreLimits, StartHints, Tuner, TunerAction, TunerSettings};
 use crate::policy::{self, Placement, Plan, TrainingJobView};
+use crate::sense::membw::MbaCaps;
 use crate::sense::{Observations, SensedJob};
 use crate::store::{Loaded, Lodging, State, Store, StoreError, StoredJob, Tuning};
 use crate::topology::Topology;
@@ -151,6 +157,12 @@ pub enum Event {
         demand_per_s: f64,
         capacity_per_s: f64,
     },
+    /// A contention throttle step or release (SODA §V-E).
+    Throttled {
+        id: JobId,
+        mechanism: String,
+        level: String,
+    },
 }
 
 /// The node as `lodgerctl status` shows it.
@@ -169,6 +181,10 @@ pub struct NodeStatus {
     pub rt_priority: i32,
     pub interval_ms: u64,
     pub ticks: u64,
+    /// Contention throttle steps and releases so far.
+    pub throttle_actions: u64,
+    /// Contention control in words (off, watching, throttling ...).
+    pub contention: String,
 }
 
 /// Everything the read-only views (`lodgerctl top`, Prometheus) show, taken at one instant.
@@ -186,6 +202,8 @@ pub struct AgentSettings {
     pub rt_priority: i32,
     pub proc_root: PathBuf,
     pub rightsize: RightsizeSettings,
+    /// Contention control (SODA §V-E); None: off.
+    pub contention: Option<ContentionConfig>,
 }
 
 /// Right-sizing of training jobs (SODA §V-B), from `[rightsize]`.
@@ -333,6 +351,30 @@ pub struct Agent {
     probe_window: Duration,
     /// Layout searches under way, by online job.
     searches: BTreeMap<JobId, SearchRun>,
+    /// Contention control (SODA §V-E) and the sensing pass it last looked at.
+    contention: Option<ContentionEliminator>,
+    contention_seen_ms: u64,
+    /// Where MBA throttles are applied: resctrl's root and lodger's control group for lodgers.
+    mba: Option<MbaTarget>,
+    /// Throttle steps taken, for Prometheus.
+    throttle_actions: u64,
+}
+
+/// resctrl MBA, when the node has it.
+pub struct MbaTarget {
+    pub root: PathBuf,
+    pub caps: MbaCaps,
+    group: Option<LodgerGroup>,
+}
+
+impl MbaTarget {
+    pub fn new(root: PathBuf, caps: MbaCaps) -> Self {
+        Self {
+            root,
+            caps,
+            group: None,
+        }
+    }
 }
 
 /// An online job's layout search between two probes.
@@ -411,7 +453,16 @@ impl Agent {
             runner: None,
             probe_window: Duration::from_secs(10),
             searches: BTreeMap::new(),
+            contention: None,
+            contention_seen_ms: 0,
+            mba: None,
+            throttle_actions: 0,
         };
+        agent.contention = agent
+            .settings
+            .contention
+            .clone()
+            .map(|c| ContentionEliminator::new(c, None));
         let adopted = agent.state.jobs.len();
         agent.tick();
         if adopted > 0 {
@@ -439,6 +490,23 @@ impl Agent {
         self.runner = Some(runner);
         self.probe_window = probe_window;
         self.tick();
+        self
+    }
+
+    /// Gives contention control resctrl MBA to throttle with (SODA §V-E: MBA first, core halving
+    /// only where MBA is absent).
+    pub fn with_mba(mut self, mba: MbaTarget) -> Self {
+        if let Some(c) = &self.settings.contention {
+            self.contention = Some(ContentionEliminator::new(c.clone(), Some(mba.caps.clone())));
+        }
+        // A group left by an earlier lodgerd holds no throttle any more.
+        if let Err(e) = crate::enforce::resctrl::remove_stale_group(
+            &mba.root,
+            crate::enforce::resctrl::DEFAULT_CONTROL_GROUP,
+        ) {
+            warn!("cannot remove lodger's stale resctrl group: {e}");
+        }
+        self.mba = Some(mba);
         self
     }
 
@@ -597,6 +665,23 @@ impl Agent {
             rt_priority: self.settings.rt_priority,
             interval_ms: u64::try_from(self.settings.interval.as_millis()).unwrap_or(u64::MAX),
             ticks: self.ticks.load(Ordering::Relaxed),
+            throttle_actions: self.throttle_actions,
+            contention: match &self.contention {
+                None => "off".into(),
+                Some(c) => {
+                    let t = c.decided();
+                    let mode = c.config().mode.as_str();
+                    if t == Throttles::default() {
+                        format!("{mode}: no throttle")
+                    } else {
+                        format!(
+                            "{mode}: {} MBA group(s), {} job(s) on fewer cores",
+                            t.mba.len(),
+                            t.cores.len()
+                        )
+                    }
+                }
+            },
         }
     }
 
@@ -704,6 +789,7 @@ impl Agent {
             layout: None,
             rightsize: None,
             tuning: Vec::new(),
+            throttle: None,
             spec,
         };
         let before = self.state.clone();
@@ -767,6 +853,7 @@ impl Agent {
     /// changed.
     pub fn tick(&mut self) {
         let tuned = self.step_tuners();
+        self.step_contention();
         let plan = policy::decide(
             &self.topology,
             &self.reserved,
@@ -929,6 +1016,11 @@ impl Agent {
         };
         let now = wall_clock();
         let obs = &self.observations;
+        // SODA §V-B: never probe while a contention throttle is active on the node.
+        let throttled = self
+            .contention
+            .as_ref()
+            .is_some_and(|c| c.decided() != Throttles::default());
         let mut changed = false;
         for stored in self.state.jobs.values_mut() {
             let Some(tuning) = &mut stored.tuning else {
@@ -942,7 +1034,7 @@ impl Agent {
                 }
                 tuning.last_sample_ms = obs.unix_ms;
             }
-            let action = tuning.tuner.step(now, &samples, false);
+            let action = tuning.tuner.step(now, &samples, throttled);
             if let TunerAction::Settle(n) = action {
                 if !tuning.recorded {
                     let gpus = u32::try_from(stored.job.spec.gpus.len()).unwrap_or(u32::MAX);
@@ -1003,6 +1095,142 @@ impl Agent {
         changed
     }
 
+    /// One contention-control step per new sensing pass (SODA §V-E): detection from memory
+    /// bandwidth or training progress, throttle steps logged with their evidence and signalled,
+    /// MBA applied here (core halving is applied by inference placement).
+    fn step_contention(&mut self) {
+        let Some(eliminator) = &mut self.contention else {
+            return;
+        };
+        let obs = &self.observations;
+        if obs.unix_ms <= self.contention_seen_ms {
+            return;
+        }
+        self.contention_seen_ms = obs.unix_ms;
+        let membw = match (obs.node.membw_bytes_per_s, obs.node.membw_fraction_of_peak) {
+            (Some(bytes_per_s), Some(fraction_of_peak)) => Some(NodeMembw {
+                bytes_per_s,
+                fraction_of_peak,
+                domain_fractions: BTreeMap::new(),
+            }),
+            _ => None,
+        };
+        let jobs = self
+            .state
+            .jobs
+            .values()
+            .map(|s| {
+                let role = match s.job.spec.kind {
+                    JobKind::Training => Role::Training,
+                    JobKind::Online => Role::Online,
+                    JobKind::Offline => Role::Offline,
+                };
+                let cores = u32::try_from(s.job.cpus.len()).unwrap_or(u32::MAX);
+                let m = obs.jobs.get(&s.job.id);
+                let mut o = JobObservation::new(s.job.id.clone(), role, cores);
+                o.membw_bytes_per_s = m.and_then(|m| m.membw_bytes_per_s);
+                o.progress = m.and_then(|m| m.gpu_percent);
+                if role == Role::Online {
+                    let slo = s.job.spec.inference.as_ref().and_then(|i| i.slo_ms);
+                    o.slo_met = slo.map(|slo| {
+                        s.job
+                            .instances
+                            .iter()
+                            .all(|i| i.p99_ms.is_some_and(|p| p <= slo))
+                    });
+                }
+                o
+            })
+            .collect();
+        let actions = eliminator.step(obs.unix_ms, &ContentionObservations { membw, jobs });
+        let throttles = eliminator.throttles();
+        for a in &actions {
+            self.throttle_actions += 1;
+            let verb = if a.advisory {
+                "would throttle"
+            } else {
+                "throttle"
+            };
+            warn!(
+                job = %a.job,
+                mechanism = %a.mechanism,
+                level = a.level,
+                "contention: {verb}: {}",
+                a.evidence
+            );
+            if let Some(stored) = self.state.jobs.get_mut(&a.job) {
+                stored.job.throttle = match a.mechanism {
+                    Mechanism::Release => None,
+                    _ => Some(format!(
+                        "{}{} (level {}): {}",
+                        if a.advisory { "advise: " } else { "" },
+                        a.mechanism,
+                        a.level,
+                        a.evidence
+                    )),
+                };
+            }
+        }
+        let events: Vec<Event> = actions
+            .iter()
+            .map(|a| Event::Throttled {
+                id: a.job.clone(),
+                mechanism: a.mechanism.as_str().to_string(),
+                level: a.level.to_string(),
+            })
+            .collect();
+        for e in events {
+            self.emit(e);
+        }
+        self.apply_mba(&throttles);
+    }
+
+    /// Makes lodger's resctrl group hold the offline jobs' instances at the decided MB values, or
+    /// removes it when no MBA throttle is in force.
+    fn apply_mba(&mut self, throttles: &Throttles) {
+        let Some(mba) = &mut self.mba else {
+            return;
+        };
+        match throttles.mba.get(&MbaGroup::Lodgers) {
+            Some(values) => {
+                if mba.group.is_none() {
+                    match LodgerGroup::create(
+                        &mba.root,
+                        crate::enforce::resctrl::DEFAULT_CONTROL_GROUP,
+                        mba.caps.clone(),
+                    ) {
+                        Ok((g, _)) => mba.group = Some(g),
+                        Err(e) => {
+                            warn!("contention: cannot create lodger's resctrl group: {e}");
+                            return;
+                        }
+                    }
+                }
+                let Some(group) = &mba.group else { return };
+                if let Err(e) = group.set_mb(values) {
+                    warn!("contention: cannot write the MB schemata: {e}");
+                }
+                let pids: Vec<u32> = self
+                    .state
+                    .jobs
+                    .values()
+                    .filter(|s| s.job.spec.kind == JobKind::Offline)
+                    .flat_map(|s| s.job.pids.iter().copied())
+                    .collect();
+                if let Err(e) = group.move_processes(&self.settings.proc_root, &pids) {
+                    warn!("contention: cannot move lodgers into the resctrl group: {e}");
+                }
+            }
+            None => {
+                if let Some(group) = mba.group.take() {
+                    if let Err(e) = group.restore().and_then(|_| group.remove()) {
+                        warn!("contention: cannot remove lodger's resctrl group: {e}");
+                    }
+                }
+            }
+        }
+    }
+
     fn register_inference(
         &mut self,
         id: JobId,
@@ -1038,6 +1266,7 @@ impl Agent {
             layout: None,
             rightsize: None,
             tuning: Vec::new(),
+            throttle: None,
             spec,
         };
         let before = self.state.clone();
@@ -1196,7 +1425,15 @@ impl Agent {
         let mut free = u32::try_from(usable.len()).unwrap_or(u32::MAX);
         for (id, kind) in &ids {
             if *kind == JobKind::Online {
-                if let Some(layout) = self.online_layout(id, free, &stats) {
+                if let Some(mut layout) = self.online_layout(id, free, &stats) {
+                    if let Some(cores) = self
+                        .contention
+                        .as_ref()
+                        .and_then(|c| c.throttles().cores.get(id).copied())
+                    {
+                        let per = layout.cores_per_instance.max(1);
+                        layout.instances = layout.instances.min((cores / per).max(1));
+                    }
                     free = free.saturating_sub(layout.cpus());
                     online.push(OnlineJobView {
                         id: id.clone(),
@@ -1209,10 +1446,19 @@ impl Agent {
                 .get(id)
                 .and_then(|s| s.job.spec.inference.as_ref())
             {
+                // SODA §V-E without MBA: a throttled job runs on fewer cores.
+                let throttled = self
+                    .contention
+                    .as_ref()
+                    .and_then(|c| c.throttles().cores.get(id).copied());
+                let max_instances = match (inf.max_instances, throttled) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
                 offline.push(OfflineJobView {
                     id: id.clone(),
                     batch: inf.max_batch,
-                    max_instances: inf.max_instances,
+                    max_instances,
                 });
             }
         }
@@ -1533,6 +1779,11 @@ mod tests {
                 rt_priority: 10,
                 proc_root: self.proc_root.path().to_path_buf(),
                 rightsize: RightsizeSettings::default(),
+                contention: Some(ContentionConfig {
+                    baseline_ticks: 3,
+                    pressure_ticks: 2,
+                    ..ContentionConfig::default()
+                }),
             };
             Agent::start(
                 settings,
@@ -1663,5 +1914,94 @@ mod tests {
             before, after,
             "an idle tick must not rewrite the state file"
         );
+    }
+
+    /// SODA §V-E without MBM: a training job's GPU utilization falls below its learnt level while
+    /// an offline lodger runs; the lodger's cores are halved, the step is signalled with its
+    /// evidence, and right-sizing would hold meanwhile.
+    #[test]
+    fn contention_halves_an_offline_lodger_when_training_progress_drops() {
+        let rig = Rig::new();
+        rig.spawn(100);
+        let mut agent = rig.agent();
+        let train = agent.register(spec(vec![100], 2), 0).unwrap();
+        let mut events = agent.events.subscribe();
+        let pass = |agent: &mut Agent, ms: u64, gpu: f64| {
+            let mut obs = Observations {
+                unix_ms: ms,
+                ..Observations::default()
+            };
+            obs.jobs.insert(
+                train.id.clone(),
+                crate::sense::JobMetrics {
+                    gpu_percent: Some(gpu),
+                    ..Default::default()
+                },
+            );
+            agent.observations = obs;
+            agent.tick();
+        };
+        // The stable level is learnt while no lodger runs.
+        for (i, gpu) in [90.0, 91.0, 89.5, 90.5].into_iter().enumerate() {
+            pass(&mut agent, 1000 + i as u64, gpu);
+        }
+        // An offline lodger on 4 CPUs arrives (inserted directly: no instance runner here).
+        let lodger = JobId::from_seq(99);
+        let mut job = agent.state.jobs[&train.id].job.clone();
+        job.id = lodger.clone();
+        job.spec.kind = JobKind::Offline;
+        job.spec.target = Target::Instances;
+        job.cpus = CpuSet::parse("2-5").unwrap();
+        agent.state.jobs.insert(
+            lodger.clone(),
+            StoredJob {
+                job,
+                record: JobRecord::default(),
+                lodging: Lodging::default(),
+                tuning: None,
+            },
+        );
+        // pressure_ticks = 2: halved after two low passes, and again after two more.
+        for i in 0..2u64 {
+            pass(&mut agent, 2000 + i, 45.0);
+        }
+        let throttles = agent.contention.as_ref().unwrap().throttles();
+        assert_eq!(throttles.cores.get(&lodger), Some(&2), "{throttles:?}");
+        for i in 2..4u64 {
+            pass(&mut agent, 2000 + i, 45.0);
+        }
+        let throttles = agent.contention.as_ref().unwrap().throttles();
+        assert_eq!(throttles.cores.get(&lodger), Some(&1), "{throttles:?}");
+        assert!(
+            !throttles.cores.contains_key(&train.id),
+            "training is never throttled"
+        );
+        let text = agent.state.jobs[&lodger].job.throttle.clone().unwrap();
+        assert!(text.contains("cores"), "{text}");
+        let mut levels = Vec::new();
+        while let Ok(e) = events.try_recv() {
+            if let Event::Throttled {
+                id,
+                mechanism,
+                level,
+            } = e
+            {
+                assert_eq!(id, lodger);
+                assert_eq!(mechanism, "cores");
+                levels.push(level);
+            }
+        }
+        assert_eq!(levels, ["1", "2"], "a Throttled event per step");
+        assert!(agent
+            .status()
+            .contention
+            .contains("1 job(s) on fewer cores"));
+        assert_eq!(agent.status().throttle_actions, 2);
+        // Training recovers: after calm passes the steps are given back one at a time.
+        for i in 0..40u64 {
+            pass(&mut agent, 3000 + i, 90.0);
+        }
+        let throttles = agent.contention.as_ref().unwrap().throttles();
+        assert!(throttles.cores.is_empty(), "{throttles:?}");
     }
 }

@@ -64,6 +64,7 @@ pub struct Config {
     pub metrics: MetricsConfig,
     pub inference: InferenceConfig,
     pub rightsize: RightsizeConfig,
+    pub contention: ContentionSection,
     /// Where each value came from, so later checks can point at the line.
     #[serde(skip)]
     source: Source,
@@ -196,6 +197,31 @@ impl Default for RightsizeConfig {
             window_seconds: 60,
             shrink: true,
             tolerance_cores: 1,
+        }
+    }
+}
+
+/// `[contention]`: SODA §V-E, throttling CPU jobs that slow training.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ContentionSection {
+    pub mode: RightsizeMode,
+    /// Node memory bandwidth at or above this fraction of the peak is pressure.
+    pub membw_threshold: f64,
+    /// Consecutive pressured sensing passes before a throttle step.
+    pub pressure_ticks: u32,
+    /// Consecutive calm sensing passes before a step is given back.
+    pub calm_ticks: u32,
+}
+
+impl Eq for ContentionSection {}
+
+impl Default for ContentionSection {
+    fn default() -> Self {
+        Self {
+            mode: RightsizeMode::Enforce,
+            membw_threshold: 0.75,
+            pressure_ticks: 3,
+            calm_ticks: 10,
         }
     }
 }
@@ -474,6 +500,7 @@ impl PartialEq for Config {
             metrics,
             inference,
             rightsize,
+            contention,
             source: _,
         } = self;
         *node == other.node
@@ -486,6 +513,7 @@ impl PartialEq for Config {
             && *metrics == other.metrics
             && *inference == other.inference
             && *rightsize == other.rightsize
+            && *contention == other.contention
     }
 }
 
@@ -740,6 +768,16 @@ struct RawConfig {
     metrics: Option<RawMetrics>,
     inference: Option<RawInference>,
     rightsize: Option<RawRightsize>,
+    contention: Option<RawContention>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a table")]
+struct RawContention {
+    mode: Option<Spanned<String>>,
+    membw_threshold: Option<Spanned<f64>>,
+    pressure_ticks: Option<Spanned<i64>>,
+    calm_ticks: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize)]
@@ -887,6 +925,7 @@ impl Cx<'_> {
         let metrics = self.metrics(raw.metrics)?;
         let inference = self.inference(raw.inference)?;
         let rightsize = self.rightsize(raw.rightsize)?;
+        let contention = self.contention(raw.contention)?;
         Ok(Config {
             node,
             training,
@@ -898,6 +937,7 @@ impl Cx<'_> {
             metrics,
             inference,
             rightsize,
+            contention,
             source: Source {
                 path: Some(self.path.to_path_buf()),
                 lines: self.lines,
@@ -1143,6 +1183,39 @@ impl Cx<'_> {
                 d.tolerance_cores,
                 |v| in_range(v, &(0..=64)),
             )?,
+        })
+    }
+
+    fn contention(&mut self, raw: Option<RawContention>) -> Result<ContentionSection, ConfigError> {
+        let d = ContentionSection::default();
+        let Some(raw) = raw else { return Ok(d) };
+        Ok(ContentionSection {
+            mode: self.field("contention.mode", raw.mode, d.mode, |s| {
+                one_of(&s, RightsizeMode::from_name, RightsizeMode::NAMES)
+            })?,
+            membw_threshold: self.field(
+                "contention.membw_threshold",
+                raw.membw_threshold,
+                d.membw_threshold,
+                |v| {
+                    if v.is_finite() && v > 0.0 && v <= 1.0 {
+                        Ok(v)
+                    } else {
+                        Err(format!(
+                            "must be a fraction above 0 and at most 1 (got {v})"
+                        ))
+                    }
+                },
+            )?,
+            pressure_ticks: self.field(
+                "contention.pressure_ticks",
+                raw.pressure_ticks,
+                d.pressure_ticks,
+                |v| in_range(v, &(1..=1000)),
+            )?,
+            calm_ticks: self.field("contention.calm_ticks", raw.calm_ticks, d.calm_ticks, |v| {
+                in_range(v, &(1..=10_000))
+            })?,
         })
     }
 
@@ -1664,12 +1737,12 @@ level = "trace"
             (
                 "foo = 1\n",
                 "/etc/lodger/lodger.toml:1: unknown key 'foo' at the top level; expected one of \
-                 node, training, agent, api, cgroup, log, sense, metrics, inference, rightsize",
+                 node, training, agent, api, cgroup, log, sense, metrics, inference, rightsize, contention",
             ),
             (
                 "[agent]\ninterval_ms = 100\n\n[agnet]\n",
                 "/etc/lodger/lodger.toml:4: unknown key 'agnet' at the top level; expected one \
-                 of node, training, agent, api, cgroup, log, sense, metrics, inference, rightsize",
+                 of node, training, agent, api, cgroup, log, sense, metrics, inference, rightsize, contention",
             ),
             (
                 "[agent]\nstate_dir = \"/x\"\nintervall = 5\n",

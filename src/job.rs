@@ -368,6 +368,9 @@ pub struct Job {
     /// Training jobs: the right-sizing windows so far (SODA §V-B-2).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tuning: Vec<TuningView>,
+    /// A contention throttle in force on this job, with its evidence (SODA §V-E).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub throttle: Option<String>,
 }
 
 /// One right-sizing window as `lodgerctl show` displays it.

@@ -207,6 +207,13 @@ pub fn render(snap: &Snapshot) -> String {
         .map(|(k, v)| (vec![("source", k.to_string()), ("state", v.clone())], 1.0))
         .collect(),
     );
+    let throttles = Counter::<u64>::default();
+    throttles.inc_by(snap.status.throttle_actions);
+    b.registry.register(
+        "throttle_actions",
+        "Contention throttle steps and releases decided (SODA §V-E)",
+        throttles,
+    );
     let ticks = Counter::<u64>::default();
     ticks.inc_by(snap.status.ticks);
     b.registry

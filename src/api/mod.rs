@@ -172,6 +172,8 @@ impl Manager {
         d.insert("rt_priority".into(), Value::from(s.rt_priority));
         d.insert("interval_ms".into(), Value::from(s.interval_ms));
         d.insert("ticks".into(), Value::from(s.ticks));
+        d.insert("throttle_actions".into(), Value::from(s.throttle_actions));
+        d.insert("contention".into(), Value::from(s.contention));
         Ok(d)
     }
 
@@ -241,6 +243,16 @@ impl Manager {
     /// Emitted when a job is registered, changes state, or ends (`exited`).
     #[zbus(signal)]
     async fn job_changed(emitter: &SignalEmitter<'_>, id: &str, state: &str) -> zbus::Result<()>;
+
+    /// Emitted for each contention throttle step or release (SODA §V-E): the job, the mechanism
+    /// (`mba`, `cores`, `release`) and the level (steps taken).
+    #[zbus(signal)]
+    async fn throttled(
+        emitter: &SignalEmitter<'_>,
+        job: &str,
+        mechanism: &str,
+        level: &str,
+    ) -> zbus::Result<()>;
 
     /// Emitted when an online job's demand (requests/s) passes what its layout on this node
     /// serves, so a cluster scheduler can move it (Cloud Reamer §III-C).
@@ -443,6 +455,11 @@ async fn forward_events(
                 Manager::capacity_exceeded(&emitter, id.as_str(), *demand_per_s, *capacity_per_s)
                     .await
             }
+            Event::Throttled {
+                id,
+                mechanism,
+                level,
+            } => Manager::throttled(&emitter, id.as_str(), mechanism, level).await,
             Event::JobRemoved(id) => conn
                 .object_server()
                 .remove::<JobObject, _>(job_path(id))

@@ -299,6 +299,9 @@ pub fn job_to_dict(job: &Job, rt_priority: i32) -> HashMap<String, Value<'static
     put("owner_uid", Value::from(job.owner_uid));
     put("registered_at", Value::from(job.registered_at));
     put("rightsize_enabled", Value::from(job.spec.rightsize));
+    if let Some(t) = &job.throttle {
+        put("throttle", Value::from(t.clone()));
+    }
     if let Some(r) = &job.rightsize {
         put("rightsize", Value::from(r.clone()));
     }

@@ -355,6 +355,9 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 if d.contains_key("rightsize") {
                     println!("  {:>12}: {}", "Right-sizing", get(&d, "rightsize"));
                 }
+                if d.contains_key("throttle") {
+                    println!("  {:>12}: {}", "Throttled", get(&d, "throttle"));
+                }
                 if let Some(Value::Array(probes)) = d.get("tuning").map(|v| &**v) {
                     let rows: Vec<Vec<String>> = probes
                         .iter()
@@ -444,6 +447,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                     ("Enforcement", "enforcement"),
                     ("RT priority", "rt_priority"),
                     ("Interval ms", "interval_ms"),
+                    ("Contention", "contention"),
                 ] {
                     let v = get(&s, key);
                     println!("  {label:>12}: {}", if v.is_empty() { "-" } else { &v });

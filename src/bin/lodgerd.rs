@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use tracing::{error, info, warn};
 
-use lodger::agent::{Agent, AgentSettings, Enforce, RightsizeSettings};
+use lodger::agent::{Agent, AgentSettings, Enforce, MbaTarget, RightsizeSettings};
 use lodger::api::{self, Authority, Bus};
 use lodger::cli::lodgerd::Cli;
 use lodger::config::{self, Config};
@@ -16,6 +16,8 @@ use lodger::cpuset::CpuSet;
 use lodger::enforce::instances::{InstanceSettings, Instances};
 use lodger::enforce::sim::SimulatedEnforcer;
 use lodger::enforce::{CgroupDriver, EnforceSettings, Enforcer, PidPinning};
+use lodger::policy::contention::{ContentionConfig, Mode as ContentionMode};
+use lodger::sense::membw::{CpuVendor, MbaCaps};
 use lodger::sense::sampler::{GpuChoice, Sampler, SamplerSettings};
 use lodger::store::Store;
 use lodger::topology::Topology;
@@ -205,6 +207,21 @@ fn main() -> ExitCode {
             shrink: config.rightsize.shrink,
             tolerance: config.rightsize.tolerance_cores,
         },
+        contention: match config.contention.mode {
+            config::RightsizeMode::Off => None,
+            mode => Some(ContentionConfig {
+                mode: if mode == config::RightsizeMode::Advise {
+                    ContentionMode::Advise
+                } else {
+                    ContentionMode::Enforce
+                },
+                membw_threshold: config.contention.membw_threshold,
+                membw_calm: (config.contention.membw_threshold - 0.15).max(0.05),
+                pressure_ticks: config.contention.pressure_ticks,
+                calm_ticks: config.contention.calm_ticks,
+                ..ContentionConfig::default()
+            }),
+        },
     };
     let store = Store::new(config.agent.state_dir.clone());
     let agent = match Agent::start(settings, topology, reserved, enforcer, store) {
@@ -212,6 +229,20 @@ fn main() -> ExitCode {
         Err(e) => {
             error!("{e}");
             return ExitCode::from(1);
+        }
+    };
+    // MBA for contention control, where resctrl has it.
+    let agent = match MbaCaps::read(
+        &config.sense.resctrl_root,
+        &CpuVendor::from_cpuinfo(&config.node.proc_root).unwrap_or(CpuVendor::Other(String::new())),
+    ) {
+        Ok(caps) if !cli.sim => {
+            agent.with_mba(MbaTarget::new(config.sense.resctrl_root.clone(), caps))
+        }
+        Ok(_) => agent,
+        Err(e) => {
+            info!("memory-bandwidth allocation (MBA) unavailable, contention control halves cores instead: {e}");
+            agent
         }
     };
     let agent = match runner {
