@@ -119,6 +119,34 @@ fn get(d: &HashMap<String, OwnedValue>, k: &str) -> String {
     }
 }
 
+/// Prints the array of dictionaries under `key` of `d` as a table with these (header, field)
+/// columns, after a blank line; nothing when the key is absent.
+fn print_dict_table(d: &HashMap<String, OwnedValue>, key: &str, columns: &[(&str, &str)]) {
+    let Some(Value::Array(items)) = d.get(key).map(|v| &**v) else {
+        return;
+    };
+    let rows: Vec<Vec<String>> = items
+        .iter()
+        .filter_map(|item| match item {
+            Value::Dict(dict) => Some(
+                columns
+                    .iter()
+                    .map(|(_, field)| {
+                        dict.iter()
+                            .find(|(k, _)| show_value(k) == *field)
+                            .map(|(_, v)| show_value(v))
+                            .unwrap_or_else(|| "-".into())
+                    })
+                    .collect(),
+            ),
+            _ => None,
+        })
+        .collect();
+    let header: Vec<&str> = columns.iter().map(|(h, _)| *h).collect();
+    println!();
+    print!("{}", render_table(&header, &rows));
+}
+
 /// Prints rows as aligned columns, like `kubectl get`.
 fn print_table(header: &[&str], rows: &[Vec<String>]) {
     print!("{}", render_table(header, rows));
@@ -358,71 +386,31 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 if d.contains_key("throttle") {
                     println!("  {:>12}: {}", "Throttled", get(&d, "throttle"));
                 }
-                if let Some(Value::Array(probes)) = d.get("tuning").map(|v| &**v) {
-                    let rows: Vec<Vec<String>> = probes
-                        .iter()
-                        .filter_map(|p| match p {
-                            Value::Dict(dict) => {
-                                let f = |k: &str| -> String {
-                                    dict.iter()
-                                        .find(|(key, _)| show_value(key) == k)
-                                        .map(|(_, v)| show_value(v))
-                                        .unwrap_or_else(|| "-".into())
-                                };
-                                Some(vec![
-                                    f("cores"),
-                                    f("gpu_percent"),
-                                    f("noise"),
-                                    f("decision"),
-                                ])
-                            }
-                            _ => None,
-                        })
-                        .collect();
-                    println!();
-                    print!(
-                        "{}",
-                        render_table(&["CORES", "GPU %", "NOISE", "DECISION"], &rows)
-                    );
-                }
-                if let Some(Value::Array(instances)) = d.get("instances").map(|v| &**v) {
-                    let rows: Vec<Vec<String>> = instances
-                        .iter()
-                        .filter_map(|i| match i {
-                            Value::Dict(dict) => {
-                                let f = |k: &str| -> String {
-                                    dict.iter()
-                                        .find(|(key, _)| show_value(key) == k)
-                                        .map(|(_, v)| show_value(v))
-                                        .unwrap_or_else(|| "-".into())
-                                };
-                                Some(vec![
-                                    f("index"),
-                                    f("pid"),
-                                    f("state"),
-                                    f("cpus"),
-                                    f("threads"),
-                                    f("batch"),
-                                    f("items_per_s"),
-                                    f("p99_ms"),
-                                    f("restarts"),
-                                ])
-                            }
-                            _ => None,
-                        })
-                        .collect();
-                    println!();
-                    print!(
-                        "{}",
-                        render_table(
-                            &[
-                                "INSTANCE", "PID", "STATE", "CPUS", "THREADS", "BATCH", "ITEMS/S",
-                                "P99 MS", "RESTARTS"
-                            ],
-                            &rows
-                        )
-                    );
-                }
+                print_dict_table(
+                    &d,
+                    "tuning",
+                    &[
+                        ("CORES", "cores"),
+                        ("GPU %", "gpu_percent"),
+                        ("NOISE", "noise"),
+                        ("DECISION", "decision"),
+                    ],
+                );
+                print_dict_table(
+                    &d,
+                    "instances",
+                    &[
+                        ("INSTANCE", "index"),
+                        ("PID", "pid"),
+                        ("STATE", "state"),
+                        ("CPUS", "cpus"),
+                        ("THREADS", "threads"),
+                        ("BATCH", "batch"),
+                        ("ITEMS/S", "items_per_s"),
+                        ("P99 MS", "p99_ms"),
+                        ("RESTARTS", "restarts"),
+                    ],
+                );
             }
         }
         Command::Top(args) => top(&proxy, cli.json, args).await?,
