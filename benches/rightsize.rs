@@ -8,6 +8,12 @@
 //! GPU, noise 0.5–5 %, peak utilization 70–100 %, 1/2/4 GPUs, requested counts as in SODA §III-B
 //! (76 % ask for 1–2 cores, 15 % for more than 10). Deterministic: a fixed xorshift seed.
 //!
+//! Scenarios: cold start (no history: the §V-B-1 category defaults, or the requested count for
+//! `other`; knees independent of them), the same with tolerance 0 (settle on the exact knee),
+//! and owner history (§V-B-1's premise: each owner's jobs of a category have knees within 2
+//! cores per GPU of that owner's typical one; jobs run in sequence, each recording its settled
+//! count for the next).
+//!
 //! Printed per scenario: probes per job (mean, p95; the baseline window at the start count is
 //! not a probe), windows per job, error of the settled count against the knee in cores (mean
 //! absolute, share within ±1, share below the knee), GPU-utilization loss during tuning (the

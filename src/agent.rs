@@ -1034,6 +1034,16 @@ impl Agent {
                 }
                 tuning.last_sample_ms = obs.unix_ms;
             }
+            if !enforce {
+                // Probing needs the job at the probed count: without resizing every window would
+                // measure the same count and look like "no change". Advise mode reports the
+                // SODA §V-B-1 start point, the one recommendation lodger can make honestly.
+                stored.job.rightsize = Some(format!(
+                    "advise: start at {} cores (SODA start point; probing needs rightsize.mode = \"enforce\")",
+                    tuning.tuner.settings().start
+                ));
+                continue;
+            }
             let action = tuning.tuner.step(now, &samples, throttled);
             if let TunerAction::Settle(n) = action {
                 if !tuning.recorded {

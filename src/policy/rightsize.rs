@@ -293,15 +293,17 @@ pub struct Probe {
     pub cores: u32,
     /// Mean GPU utilization over the window, in the samples' unit.
     pub mean_util: f64,
-    /// Standard error of `mean_util`, estimated from the window's samples.
+    /// Standard error of `mean_util`, estimated from the window's samples (batch means, and
+    /// at least the estimate for independent samples).
     pub noise: f64,
     pub samples: usize,
     pub decision: Decision,
 }
 
 /// What a window showed. `threshold` is the smallest difference that counts as a change: the
-/// two windows' standard errors combined, times a Student t quantile for their degrees of
-/// freedom (two-sided 95%).
+/// two windows' standard errors combined (Welch), each at least what all the job's windows so
+/// far say it is for its number of samples, times the two-sided 95% Student t quantile for
+/// their degrees of freedom. It comes from the measured noise alone: no fixed percentage.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Decision {
@@ -361,13 +363,20 @@ impl fmt::Display for Decision {
 /// It settles when fewer cores would starve the job and more would not help, to within
 /// `tolerance` cores.
 ///
-/// A change counts only when it exceeds the noise measured in the two windows compared (see
-/// [`Decision`]); no fixed percentage is involved. The search assumes what SODA observed
-/// (§IV-B-1, §V-B): utilization rises with cores like a multithreaded job up to the best-fit
-/// count and stays flat, or drops slightly, above it.
+/// A change counts only when it exceeds the noise measured in the windows compared (see
+/// [`Decision`]); no fixed percentage is involved. "No change" counts only after a step long
+/// enough for a starved job to have shown one (see `Tuner::gallop`): a step cut short by the
+/// floor or the max proves nothing, and the search then checks from the other side. The
+/// search assumes what SODA observed (§IV-B-1, §V-B): utilization rises with cores like a
+/// multithreaded job up to the best-fit count and stays flat, or drops slightly, above it.
 ///
-/// The caller keeps the job at [`Tuner::cores`] (or, in an advisory mode, only reports
-/// [`Tuner::recommendation`]) and calls [`Tuner::step`] as samples arrive.
+/// While a contention throttle is active (SODA §V-E) no window runs and no probe starts; a
+/// probe below the best count known is undone until the throttle ends, then made again.
+///
+/// The caller keeps the job at [`Tuner::cores`] and calls [`Tuner::step`] as samples arrive.
+/// Every window must be measured at the count the tuner asked for: a caller that does not
+/// apply the resizes (an advisory mode) must not feed it, since every probe would then look
+/// like "no change" and the search would walk down to the floor.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Tuner {
     settings: TunerSettings,
@@ -419,11 +428,19 @@ enum Purpose {
     },
 }
 
+/// A galloping step: its length, and the length that a starved job's change would show in.
+#[derive(Debug, Clone, Copy)]
+struct Step {
+    len: u32,
+    visible: u32,
+}
+
 /// The bracket around the best-fit count: `lo` is starved, `hi` is enough (or, unconfirmed, the
 /// best measured so far).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 struct Search {
-    /// The largest count known to be too few; `None`: none yet (the floor may be enough).
+    /// The largest count known to be too few (or one below the floor, which stands for too
+    /// few); `None`: none yet (the floor may be enough).
     lo: Option<u32>,
     /// The smallest count believed enough.
     hi: u32,
@@ -434,6 +451,10 @@ struct Search {
     /// direction); the next is at least twice as long.
     #[serde(default)]
     stride: u32,
+    /// The count galloping starts from and shrinking probes are compared with: the start
+    /// (`None`), or the count a search started over at.
+    #[serde(default)]
+    origin: Option<u32>,
 }
 
 impl Tuner {
@@ -459,6 +480,7 @@ impl Tuner {
                 hi: start,
                 confirmed: false,
                 stride: 0,
+                origin: None,
             },
             settings,
             measured: Vec::new(),
@@ -471,7 +493,10 @@ impl Tuner {
     /// `samples`: the job's GPU utilization samples taken since the previous call (or since
     /// [`Tuner::new`]), in any one unit (lodger passes percent); non-finite ones are ignored.
     /// Call it at every sample, every tick or only at window ends: a window is judged at the
-    /// first call at least `settings.window` after it began. `throttle_active`: a contention
+    /// first call at least `settings.window` after it began, and the next one begins then.
+    /// Samples handed over during the warm-up or while throttled are dropped. `now` is any
+    /// clock in step with the one given to [`Tuner::new`] (the agent uses the Unix time); if
+    /// it steps back, the current window starts again. `throttle_active`: a contention
     /// throttle is active on the node (SODA §V-E); the tuner then never probes.
     pub fn step(&mut self, now: Duration, samples: &[f64], throttle_active: bool) -> TunerAction {
         if let Phase::Settled(n) = self.phase {
@@ -595,12 +620,8 @@ impl Tuner {
                 let Some(r) = self.stats_at(reference) else {
                     return self.restart_at(stats);
                 };
-                let threshold = stats.change_threshold(&r);
+                let threshold = self.change_threshold(&stats, &r);
                 if stats.mean < r.mean - threshold {
-                    if self.search.lo.is_none() {
-                        // Galloping turns round: growth starts with a short step again.
-                        self.search.stride = 0;
-                    }
                     self.search.lo = Some(c);
                     Decision::Starved {
                         than: reference,
@@ -622,7 +643,7 @@ impl Tuner {
                 let Some(f) = self.stats_at(from) else {
                     return self.restart_at(stats);
                 };
-                let threshold = stats.change_threshold(&f);
+                let threshold = self.change_threshold(&stats, &f);
                 if stats.mean > f.mean + threshold {
                     self.search.lo = Some(from);
                     self.search.hi = c;
@@ -631,10 +652,20 @@ impl Tuner {
                         than: from,
                         threshold,
                     }
+                } else if conclusive {
+                    self.search.hi = from;
+                    self.search.confirmed = true;
+                    Decision::NoBetter {
+                        than: from,
+                        threshold,
+                    }
                 } else {
-                    // After a step cut short by the max, `from` is not cleared: the larger
-                    // count, the most the job can have, is the safe side.
-                    self.search.hi = if conclusive { from } else { c };
+                    // After a step cut short by the max, `from` is not cleared: bisect from
+                    // the max, the most the job can have, down to the last count known too few
+                    // (or the floor; no more galloping, which could go round in a circle).
+                    let below_floor = self.settings.floor.saturating_sub(1);
+                    self.search.lo = Some(self.search.lo.unwrap_or(below_floor));
+                    self.search.hi = c;
                     self.search.confirmed = true;
                     Decision::NoBetter {
                         than: from,
@@ -654,6 +685,7 @@ impl Tuner {
             hi: stats.cores,
             confirmed: stats.cores >= self.settings.max,
             stride: 0,
+            origin: Some(stats.cores),
         };
         self.record(stats, Decision::Baseline);
     }
@@ -674,6 +706,37 @@ impl Tuner {
         self.measured.iter().find(|m| m.cores == cores).copied()
     }
 
+    /// The smallest difference between windows `a` and `b` that counts as a change (see
+    /// [`Decision`]). The noise of a job's utilization is much the same at every count, so a
+    /// window's standard error is taken as at least what all the windows measured so far say
+    /// it is for its number of samples: one window's estimate, from ten batches, can be low by
+    /// chance, and a comparison with that window would then see changes in noise.
+    fn change_threshold(&self, a: &WindowStats, b: &WindowStats) -> f64 {
+        let (mut weighted, mut df) = (0.0, 0.0);
+        let new = [a, b].into_iter().filter(|w| !self.measured.contains(w));
+        for w in self.measured.iter().chain(new) {
+            weighted += w.df * w.se * w.se * w.n as f64;
+            df += w.df;
+        }
+        if df <= 0.0 {
+            return a.change_threshold(b);
+        }
+        let per_sample = weighted / df;
+        let floor = |w: &WindowStats| {
+            let pooled = (per_sample / w.n.max(1) as f64).sqrt();
+            if pooled > w.se {
+                WindowStats {
+                    se: pooled,
+                    df,
+                    ..*w
+                }
+            } else {
+                *w
+            }
+        };
+        floor(a).change_threshold(&floor(b))
+    }
+
     /// The next probe, or the end.
     fn next(&mut self, now: Duration) -> TunerAction {
         let Search {
@@ -691,12 +754,12 @@ impl Tuner {
             // §V-B-2: smaller first, and on while utilization does not drop. Each probe is
             // compared with the start, not with the previous probe, so that drops too small to
             // see one at a time cannot add up unseen.
-            let start = self.settings.start;
-            let step = self.gallop(start);
-            let below = hi.saturating_sub(step).max(floor);
+            let origin = self.search.origin.unwrap_or(self.settings.start);
+            let step = self.gallop(origin);
+            let below = hi.saturating_sub(step.len).max(floor);
             let purpose = Purpose::Below {
-                reference: start,
-                conclusive: hi - below >= step,
+                reference: origin,
+                conclusive: origin.saturating_sub(below) >= step.visible,
             };
             return self.probe(below, purpose, now);
         }
@@ -712,15 +775,24 @@ impl Tuner {
             return self.probe(below, purpose, now);
         }
         // §V-B-2: fewer cores starved the job and `hi` is not shown to be enough: try more
-        // until utilization stops rising.
+        // until utilization stops rising, starting with a short step unless already growing.
+        let growing = self
+            .history
+            .iter()
+            .rev()
+            .find(|p| p.decision != Decision::Interrupted)
+            .is_some_and(|p| matches!(p.decision, Decision::Better { .. }));
+        if !growing {
+            self.search.stride = 0;
+        }
         let step = self.gallop(hi);
-        let above = hi.saturating_add(step).min(self.settings.max);
+        let above = hi.saturating_add(step.len).min(self.settings.max);
         if above <= hi {
             return self.settle(hi);
         }
         let purpose = Purpose::Above {
             from: hi,
-            conclusive: above - hi >= step,
+            conclusive: above - hi >= step.visible,
         };
         self.probe(above, purpose, now)
     }
@@ -734,11 +806,11 @@ impl Tuner {
     /// parallel fraction of 0.85 or more up to a few cores per GPU). Without this, a small
     /// step in a noisy window would show no significant change and a starved job would be
     /// taken to have enough.
-    fn gallop(&mut self, reference: u32) -> u32 {
+    fn gallop(&mut self, reference: u32) -> Step {
         let first = (self.settings.start / 8).max(self.settings.tolerance.saturating_add(1));
         let visible = match self.stats_at(reference) {
             Some(r) if r.mean > 0.0 => {
-                let threshold = r.change_threshold(&r);
+                let threshold = self.change_threshold(&r, &r);
                 let cores =
                     POWER_MARGIN * threshold / (STARVED_ELASTICITY * r.mean) * f64::from(r.cores);
                 // Saturating float-to-int conversion; a NaN becomes 0.
@@ -748,9 +820,9 @@ impl Tuner {
             Some(_) => u32::MAX,
             None => 0,
         };
-        let step = first.max(self.search.stride.saturating_mul(2)).max(visible);
-        self.search.stride = step;
-        step
+        let len = first.max(self.search.stride.saturating_mul(2)).max(visible);
+        self.search.stride = len;
+        Step { len, visible }
     }
 
     fn probe(&mut self, cores: u32, purpose: Purpose, now: Duration) -> TunerAction {
@@ -785,7 +857,7 @@ impl Tuner {
 
     /// The best count known so far: the settled count once settled; else the fewest cores
     /// measured that were enough, or, before any was shown to be, the best measured (the start
-    /// until a probe has run). This is what an advisory mode reports.
+    /// until a probe has run).
     pub fn recommendation(&self) -> u32 {
         match self.phase {
             Phase::Settled(n) => n,
@@ -845,10 +917,9 @@ impl WindowStats {
             let batches: Vec<f64> = (0..NOISE_BATCHES)
                 .map(|i| mean(&samples[i * n / NOISE_BATCHES..(i + 1) * n / NOISE_BATCHES]))
                 .collect();
-            (
-                std_dev(&batches) / (NOISE_BATCHES as f64).sqrt(),
-                (NOISE_BATCHES - 1) as f64,
-            )
+            let batch_se = std_dev(&batches) / (NOISE_BATCHES as f64).sqrt();
+            let iid_se = std_dev(samples) / (n as f64).sqrt();
+            (batch_se.max(iid_se), (NOISE_BATCHES - 1) as f64)
         } else if n >= 2 {
             (std_dev(samples) / (n as f64).sqrt(), (n - 1) as f64)
         } else {
@@ -1439,9 +1510,9 @@ mod tests {
             c("one too many", Curve::clean(4), 5, 1, 32, 4, 3),
             c("far too many", Curve::clean(3), 24, 1, 32, 3, 6),
             c("one too few", Curve::clean(6), 5, 1, 32, 6, 4),
-            c("far too few", Curve::clean(14), 2, 1, 32, 14, 7),
+            c("far too few", Curve::clean(14), 2, 1, 32, 14, 9),
             c("the floor is enough", Curve::clean(1), 3, 1, 32, 1, 3),
-            c("not above the max", Curve::clean(12), 3, 1, 8, 8, 4),
+            c("not above the max", Curve::clean(12), 3, 1, 8, 8, 5),
             c("not below the floor", Curve::clean(2), 8, 6, 32, 6, 2),
             c("nowhere to go", Curve::clean(4), 4, 4, 4, 4, 0),
             c(
@@ -1454,7 +1525,7 @@ mod tests {
                 4,
                 64,
                 20,
-                7,
+                9,
             ),
         ];
         for case in cases {
@@ -1478,6 +1549,19 @@ mod tests {
             if case.start > case.floor {
                 assert!(r.counts[1] < case.start, "{}: {:?}", case.name, r.counts);
             }
+        }
+    }
+
+    /// Found by `tuning_invariants`: when the floor and the max are both nearer the start than
+    /// a step that could show a change (a noisy, low signal), every step is cut short, and the
+    /// search used to go round max → floor → max for ever.
+    #[test]
+    fn steps_cut_short_at_both_ends_do_not_go_round_in_circles() {
+        let curve = Curve::flat(20.0, 5.0, 0.5);
+        for seed in 0..20 {
+            let r = run(&curve, settings(7, 5, 7, 0), seed, &never);
+            assert!((5..=7).contains(&r.settled));
+            assert!(r.windows <= 5, "{}", describe(&r.history));
         }
     }
 
@@ -1516,7 +1600,7 @@ mod tests {
             t.step(Duration::from_secs(89), &[], false),
             TunerAction::Wait
         );
-        let samples: Vec<f64> = (0..60).map(|i| 80.0 + f64::from(i % 3)).collect();
+        let samples: Vec<f64> = (0..60).map(|i| 80.0 + f64::from(i * i % 7) / 3.0).collect();
         let action = t.step(Duration::from_secs(90), &samples, false);
         assert!(
             matches!(action, TunerAction::Resize(n) if n < 4),
@@ -1526,7 +1610,7 @@ mod tests {
         assert_eq!(baseline.decision, Decision::Baseline);
         assert_eq!(baseline.cores, 4);
         assert_eq!(baseline.samples, 60);
-        assert!((baseline.mean_util - 81.0).abs() < 1e-9);
+        assert!((baseline.mean_util - mean(&samples)).abs() < 1e-9);
         assert!(baseline.noise > 0.0);
         // Non-finite samples are ignored.
         let mut samples = vec![f64::NAN, f64::INFINITY];
@@ -1793,7 +1877,8 @@ mod tests {
                     4 | 5 => (Category::Nlp, (3, 8)),
                     _ => (Category::Speech, (3, 8)),
                 };
-                let curve = random_curve(&mut rng, rng.int(knees.0, knees.1));
+                let knee = rng.int(knees.0, knees.1);
+                let curve = random_curve(&mut rng, knee);
                 let limits = limits_for(&curve);
                 let start = start_cores(
                     &OwnerHistory::new(),
@@ -1845,16 +1930,17 @@ mod tests {
         let mut rng = Rng::new(99);
         let jobs: Vec<(Curve, u32, CoreLimits)> = (0..300)
             .map(|_| {
-                let curve = random_curve(&mut rng, rng.int(1, 16));
+                let knee = rng.int(1, 16);
+                let curve = random_curve(&mut rng, knee);
                 let limits = limits_for(&curve);
                 let start = rng.int(limits.floor, limits.max);
                 (curve, start, limits)
             })
             .collect();
         let t = tally(jobs.into_iter(), DEFAULT_TOLERANCE);
-        assert!(t.mean_probes() <= 6.5, "{:.2} probes", t.mean_probes());
+        assert!(t.mean_probes() <= 5.5, "{:.2} probes", t.mean_probes());
         assert!(
-            t.share_within_one() >= 0.85,
+            t.share_within_one() >= 0.88,
             "{:.3} within ±1",
             t.share_within_one()
         );
@@ -1897,9 +1983,10 @@ mod tests {
             prop_assert!(r.windows <= bound, "{} windows > {bound}: {}", r.windows, describe(&r.history));
         }
 
-        /// A signal with no dependence on cores, only noise: the tuner gives cores back (it
-        /// settles at or below the start), without wandering: it turns round at most twice and
-        /// ends in a few windows.
+        /// A signal with no dependence on cores, only noise: the tuner does not wander. It
+        /// ends within a few windows (logarithmic in the span of counts), not on a count shown
+        /// to be starved, and above the start only after a measured rise. (That it gives the
+        /// cores back is a statistical claim, over many seeds: `noise_only_ends_at_the_floor`.)
         #[test]
         fn noise_only_settles_without_wandering(
             peak in 5.0f64..100.0,
@@ -1911,14 +1998,19 @@ mod tests {
             let (floor, max) = (1, 48);
             let start = start_raw.clamp(floor, max);
             let r = run(&Curve::flat(peak, sigma, rho), settings(start, floor, max, 1), seed, &never);
-            prop_assert!(r.settled <= start, "{}", describe(&r.history));
-            let turns = r
-                .counts
-                .windows(3)
-                .filter(|w| (w[1] > w[0]) != (w[2] > w[1]))
-                .count();
-            prop_assert!(turns <= 2, "{:?}: {}", r.counts, describe(&r.history));
-            prop_assert!(r.windows <= 10, "{}", describe(&r.history));
+            let span = f64::from(max - floor + 2).log2().ceil() as usize;
+            prop_assert!(r.windows <= 2 * span + 2, "{}", describe(&r.history));
+            let starved = r.history.iter().any(|p| {
+                p.cores == r.settled && matches!(p.decision, Decision::Starved { .. })
+            });
+            prop_assert!(!starved, "{}", describe(&r.history));
+            if r.settled > start {
+                let rose = r
+                    .history
+                    .iter()
+                    .any(|p| matches!(p.decision, Decision::Better { .. }));
+                prop_assert!(rose, "{}", describe(&r.history));
+            }
         }
     }
 
