@@ -113,7 +113,8 @@ ExecStart=/bin/sh -c "mkdir -p /mnt/e2e && mount -t 9p -o trans=virtio,version=9
 
 [Install]
 WantedBy=multi-user.target'
-recipe="v1 $suite $packages $runner_unit"
+# Bump the version when build_base changes in a way the other parts do not show.
+recipe="v2 $suite $packages $runner_unit"
 key=$(printf '%s' "$recipe" | sha256sum | cut -c1-16)
 base="$cache/$suite-$key"
 
@@ -138,6 +139,8 @@ build_base() {
         fstrim.timer getty@tty1.service serial-getty@ttyS0.service; do
         ln -sf /dev/null "$root/etc/systemd/system/$unit"
     done
+    # man-db's trigger re-indexes every page on each dpkg run: minutes under emulation.
+    echo "man-db man-db/auto-update boolean false" | chroot "$root" debconf-set-selections
     rm -f "$root"/var/cache/apt/archives/*.deb
     cp "$root"/boot/vmlinuz-* "$tmp/vmlinuz"
     cp "$root"/boot/initrd.img-* "$tmp/initrd.img"
@@ -195,22 +198,32 @@ timeout --foreground "$vm_timeout" qemu-system-x86_64 \
     -virtfs "local,path=$run/share,mount_tag=e2e,security_model=none,id=e2e" \
     -nic none -display none -monitor none -serial "file:$serial" -no-reboot &
 qemu=$!
-# Follow the guest's checks as they happen.
-booted=""
+# Follow the guest's checks as they happen (less its own summary: the one at the end also
+# counts the host's checks).
+results="$run/share/results.txt"
+booted="" shown=0
+show_new_results() {
+    [ -f "$results" ] || return 0
+    local total
+    total=$(wc -l <"$results")
+    if [ "$total" -gt "$shown" ]; then
+        sed -n "$((shown + 1)),${total}p" "$results" | grep -Ev '^[0-9]+ passed, [0-9]+ failed$' || true
+        shown=$total
+    fi
+}
 while kill -0 "$qemu" 2>/dev/null; do
     if [ -z "$booted" ] && [ -f "$run/share/booted" ]; then
         booted=$(awk -v s="$boot_start" -v e="$(date +%s.%N)" 'BEGIN { printf "%.1f", e - s }')
         say "guest up after ${booted} s (from qemu start to the test unit running)"
     fi
+    show_new_results
     sleep 1
 done
+show_new_results
 vm_status=0
 wait "$qemu" || vm_status=$?
 vm_seconds=$(awk -v s="$boot_start" -v e="$(date +%s.%N)" 'BEGIN { printf "%.0f", e - s }')
 
-results="$run/share/results.txt"
-# The guest's lines, less its own summary: the one below also counts the host's checks.
-grep -Ev '^[0-9]+ passed, [0-9]+ failed$' "$results" 2>/dev/null || true
 summary=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$results" 2>/dev/null | tail -n 1 || true)
 passed=$(grep -c '^PASS' "$results" 2>/dev/null || true)
 failed=$(grep -c '^FAIL' "$results" 2>/dev/null || true)
