@@ -1570,10 +1570,21 @@ Max open files            20000                524288               files     \n
             let first = c.read();
             assert_eq!(first.len(), 1);
             // A thread started after attaching: counted through inherit.
+            // It burns 300 ms of its own CPU time (not wall time: on a loaded machine it may
+            // get less than the whole CPU).
             let late = std::thread::spawn(|| {
-                let until = Instant::now() + Duration::from_millis(300);
+                let cpu_ns = || {
+                    let mut ts = libc::timespec {
+                        tv_sec: 0,
+                        tv_nsec: 0,
+                    };
+                    // SAFETY: `ts` is a valid, writable timespec.
+                    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+                    i128::from(ts.tv_sec) * 1_000_000_000 + i128::from(ts.tv_nsec)
+                };
+                let until = cpu_ns() + 300_000_000;
                 let mut x = 0u64;
-                while Instant::now() < until {
+                while cpu_ns() < until {
                     x = std::hint::black_box(x.wrapping_add(1));
                 }
             });

@@ -176,8 +176,11 @@ run="$target/e2e-run"
 rm -rf "$run"
 mkdir -p "$run/share/upgrade"
 cp "$deb" "$run/share/"
-# The same build as revision +1, for the upgrade check (restart on upgrade, jobs kept).
-cargo deb --no-build --locked --quiet --deb-revision 99 --output "$run/share/upgrade/" >/dev/null
+# The same package as a later version, for the upgrade check (restart on upgrade, jobs kept).
+dpkg-deb -R "$deb" "$run/upgrade"
+sed -i 's/^Version: .*/&+e2e1/' "$run/upgrade/DEBIAN/control"
+dpkg-deb --root-owner-group -b "$run/upgrade" "$run/share/upgrade/" >/dev/null
+rm -rf "$run/upgrade"
 cp "$target/release/examples/train_emulator" tests/e2e/guest.sh "$run/share/"
 [ "${LODGER_E2E_KEEP:-}" = 1 ] || trap 'rm -rf "$run/share"' EXIT
 
