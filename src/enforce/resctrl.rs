@@ -27,14 +27,10 @@ use crate::sense::membw::{parse_mb_schemata, MbaCaps, MembwError, TaskMove};
 pub const DEFAULT_CONTROL_GROUP: &str = "lodger-lodgers";
 
 const INFO: &str = "info";
-const MON_DATA: &str = "mon_data";
-const MON_GROUPS: &str = "mon_groups";
 const SCHEMATA: &str = "schemata";
 const TASKS: &str = "tasks";
 const LAST_CMD_STATUS: &str = "info/last_cmd_status";
 const MB_NUM_CLOSIDS: &str = "info/MB/num_closids";
-/// Longest resctrl group name (a directory name: NAME_MAX).
-const GROUP_NAME_MAX: usize = 255;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ResctrlError {
@@ -410,23 +406,7 @@ fn write_error(root: &Path, path: &Path, value: &str, source: io::Error) -> Resc
 }
 
 fn check_group_name(name: &str) -> Result<(), ResctrlError> {
-    let reason = if name.is_empty() {
-        Some("it is empty")
-    } else if name.len() > GROUP_NAME_MAX {
-        Some("it is longer than 255 bytes")
-    } else if name == "." || name == ".." {
-        Some("it is a relative path")
-    } else if [INFO, MON_DATA, MON_GROUPS].contains(&name) {
-        Some("resctrl uses that name itself")
-    } else if !name
-        .bytes()
-        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
-    {
-        Some("only ASCII letters, digits, '-', '_' and '.' are allowed")
-    } else {
-        None
-    };
-    match reason {
+    match crate::sense::membw::group_name_problem(name) {
         Some(reason) => Err(ResctrlError::BadGroupName {
             name: name.to_string(),
             reason,

@@ -916,8 +916,10 @@ fn remove_mon_group(path: &Path) -> Result<bool, MembwError> {
     }
 }
 
-fn check_group_name(name: &str) -> Result<(), MembwError> {
-    let reason = if name.is_empty() {
+/// Why `name` cannot be a resctrl group directory, or `None` when it can. Shared with
+/// `enforce::resctrl`, which creates control groups under the same rules.
+pub fn group_name_problem(name: &str) -> Option<&'static str> {
+    if name.is_empty() {
         Some("it is empty")
     } else if name.len() > GROUP_NAME_MAX {
         Some("it is longer than 255 bytes")
@@ -932,8 +934,11 @@ fn check_group_name(name: &str) -> Result<(), MembwError> {
         Some("only ASCII letters, digits, '-', '_' and '.' are allowed")
     } else {
         None
-    };
-    match reason {
+    }
+}
+
+fn check_group_name(name: &str) -> Result<(), MembwError> {
+    match group_name_problem(name) {
         Some(reason) => Err(MembwError::BadGroupName {
             name: name.to_string(),
             reason,
