@@ -41,6 +41,7 @@ fn a_job_with_too_many_cores_is_shrunk_and_the_core_is_lent_to_inference() {
     if !need_root("rightsize_shrinks") {
         return;
     }
+    let _measuring = measuring();
     let bus = PrivateBus::start();
     let dir = tempfile::tempdir().expect("tempdir");
     let gpu_dir = dir.path().join("gpu");
@@ -95,6 +96,7 @@ fn a_job_with_too_few_cores_is_grown() {
     if !need_root("rightsize_grows") {
         return;
     }
+    let _measuring = measuring();
     let bus = PrivateBus::start();
     let dir = tempfile::tempdir().expect("tempdir");
     let gpu_dir = dir.path().join("gpu");
@@ -121,6 +123,7 @@ fn no_rightsize_keeps_the_requested_cores() {
     if !need_root("no_rightsize") {
         return;
     }
+    let _measuring = measuring();
     let bus = PrivateBus::start();
     let dir = tempfile::tempdir().expect("tempdir");
     let gpu_dir = dir.path().join("gpu");

@@ -162,6 +162,7 @@ fn median_busy(source: &mut EmulatedSource, pid: u32, n: usize) -> f64 {
 
 #[test]
 fn emulated_busy_drops_when_the_cpu_side_is_starved() {
+    let _measuring = common::measuring();
     let dir = tempfile::tempdir().expect("tempdir");
     let cpu = last_allowed_cpu();
     // One loader needing 40 ms of CPU per batch feeding a 10 ms GPU step: data-bound, so the
@@ -218,6 +219,7 @@ fn emulated_busy_drops_when_the_cpu_side_is_starved() {
 
 #[test]
 fn env_dir_gpu_index_and_a_killed_emulator() {
+    let _measuring = common::measuring();
     let dir = tempfile::tempdir().expect("tempdir");
     let mut emulator = Emulator::start(
         &["--workers", "1", "--gpu-step-ms", "5", "--gpu", "3"],

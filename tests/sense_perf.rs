@@ -12,7 +12,6 @@ mod common;
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Mutex, MutexGuard};
 use std::thread::sleep;
 use std::time::Duration;
 
@@ -26,15 +25,6 @@ use lodger::sense::perf::{
     perf_cgroup_root, Counters, EventSource, Grouping, PerfCounters, PerfError, PerfRates,
     PerfSample, PerfSettings, PerfTarget,
 };
-
-/// The tests here measure CPU time of spinning workloads: run them one at a time so they do not
-/// compete for this machine's CPUs with each other (other load can still slow them, hence
-/// assertions on agreement between sensors rather than on absolute speed).
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// A workload child that has printed its `ready` line; killed on drop.
 struct Running(Child);
@@ -98,7 +88,7 @@ fn online() -> CpuSet {
 #[test]
 fn hardware_counters_tell_pointer_chase_from_busy_loop() {
     let name = "hardware_counters_tell_pointer_chase_from_busy_loop";
-    let _serial = serial();
+    let _serial = measuring(); // sensors are compared on CPU time
     let mut c = counters(EventSource::Hardware, Grouping::Auto);
     let status = c.status();
     let missing: Vec<String> = status
@@ -158,7 +148,7 @@ fn hardware_counters_tell_pointer_chase_from_busy_loop() {
 /// reports for the same process.
 #[test]
 fn software_counters_follow_exec_and_new_threads() {
-    let _serial = serial();
+    let _serial = measuring(); // sensors are compared on CPU time
     for grouping in [Grouping::Auto, Grouping::Ungrouped] {
         let mut c = counters(EventSource::Software, grouping);
         if !c.status().available() {
@@ -240,7 +230,7 @@ impl Drop for TempCgroups {
 #[test]
 fn software_counters_count_a_cgroup_on_every_cpu() {
     let name = "software_counters_count_a_cgroup_on_every_cpu";
-    let _serial = serial();
+    let _serial = measuring(); // sensors are compared on CPU time
     if !need_root(name) {
         return;
     }

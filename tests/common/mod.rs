@@ -14,6 +14,17 @@ pub use lodger::privileged::need_root;
 
 static SEQ: AtomicU32 = AtomicU32::new(0);
 
+static MEASURING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Held by a test whose assertions depend on how much CPU its workloads get (right-sizing
+/// probes, sensor agreement): such tests run one at a time within a test binary, because on a
+/// small machine two of them would each place SCHED_RR training on the same CPUs and measure
+/// one another instead of lodger. Other load can still slow them, so their assertions compare
+/// figures taken in the same run rather than absolute speeds.
+pub fn measuring() -> std::sync::MutexGuard<'static, ()> {
+    MEASURING.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// A name unique to this test process and call, for cgroups and directories.
 pub fn unique(prefix: &str) -> String {
     format!(
