@@ -21,6 +21,7 @@ use tracing::{debug, info, warn};
 use crate::cpuset::CpuSet;
 use crate::enforce::instances::{InstanceSpec, InstanceState, InstanceStats, Instances};
 use crate::enforce::resctrl::LodgerGroup;
+use crate::enforce::shaping::{procs_of, CpuJob, NetworkControl, NetworkEvent, NetworkWant};
 use crate::enforce::{EnforceError, JobRecord, Outcome};
 use crate::job::{
     InstanceView, Job, JobId, JobKind, JobSpec, JobState, SpecError, Target, TuningView,
@@ -185,6 +186,8 @@ pub struct NodeStatus {
     pub throttle_actions: u64,
     /// Contention control in words (off, watching, throttling ...).
     pub contention: String,
+    /// Network shaping in words (off, idle, shaping ...).
+    pub network: String,
 }
 
 /// Everything the read-only views (`lodgerctl top`, Prometheus) show, taken at one instant.
@@ -358,6 +361,9 @@ pub struct Agent {
     mba: Option<MbaTarget>,
     /// Throttle steps taken, for Prometheus.
     throttle_actions: u64,
+    /// Network shaping while multi-node training runs (SODA §V-E); absent when no interface
+    /// is configured.
+    network: Option<NetworkControl>,
 }
 
 /// resctrl MBA, when the node has it.
@@ -457,6 +463,7 @@ impl Agent {
             contention_seen_ms: 0,
             mba: None,
             throttle_actions: 0,
+            network: None,
         };
         agent.contention = agent
             .settings
@@ -490,6 +497,13 @@ impl Agent {
         self.runner = Some(runner);
         self.probe_window = probe_window;
         self.tick();
+        self
+    }
+
+    /// Gives the agent network shaping (SODA §V-E). The next tick applies it if a multi-node
+    /// training job runs, and otherwise removes anything a previous lodgerd left.
+    pub fn with_network(mut self, network: NetworkControl) -> Self {
+        self.network = Some(network);
         self
     }
 
@@ -577,10 +591,31 @@ impl Agent {
                 Err(mpsc::RecvTimeoutError::Timeout) => {}
             }
         }
+        self.shutdown();
         info!(
             "agent stopped; {} job(s) stay enforced",
             self.state.jobs.len()
         );
+    }
+
+    /// lodgerd is stopping: training jobs stay enforced (a restart re-adopts them), but what
+    /// only lodgerd keeps in step goes: network shaping and lodger's resctrl group. The
+    /// instances themselves are stopped when the runner is dropped.
+    fn shutdown(&mut self) {
+        if let Some(network) = &mut self.network {
+            let events = network.shutdown();
+            let events = self.network_events(events);
+            for e in events {
+                self.emit(e);
+            }
+        }
+        if let Some(mba) = &mut self.mba {
+            if let Some(group) = mba.group.take() {
+                if let Err(e) = group.restore().and_then(|_| group.remove()) {
+                    warn!("cannot remove lodger's resctrl group: {e}");
+                }
+            }
+        }
     }
 
     fn handle(&mut self, cmd: Command) {
@@ -666,6 +701,10 @@ impl Agent {
             interval_ms: u64::try_from(self.settings.interval.as_millis()).unwrap_or(u64::MAX),
             ticks: self.ticks.load(Ordering::Relaxed),
             throttle_actions: self.throttle_actions,
+            network: match &self.network {
+                None => "off (no [[network.link]] in the config)".into(),
+                Some(n) => n.status(),
+            },
             contention: match &self.contention {
                 None => "off".into(),
                 Some(c) => {
@@ -790,6 +829,7 @@ impl Agent {
             rightsize: None,
             tuning: Vec::new(),
             throttle: None,
+            network: None,
             spec,
         };
         let before = self.state.clone();
@@ -931,6 +971,7 @@ impl Agent {
             self.emit(event);
         }
         dirty |= self.tick_inference();
+        dirty |= self.step_network();
         for (id, why) in gone {
             if let Some(stored) = self.state.jobs.remove(&id) {
                 self.release_quietly(&id, &stored.job.spec.target, &stored.record);
@@ -1195,6 +1236,93 @@ impl Agent {
         self.apply_mba(&throttles);
     }
 
+    /// Network shaping (SODA §V-E): on while a multi-node training job runs, CPU jobs' processes
+    /// kept classified. Returns whether a job's view changed.
+    fn step_network(&mut self) -> bool {
+        let Some(network) = &mut self.network else {
+            return false;
+        };
+        let multi_node: Vec<JobId> = self
+            .state
+            .jobs
+            .values()
+            .filter(|s| s.job.spec.kind == JobKind::Training && s.job.spec.multi_node)
+            .map(|s| s.job.id.clone())
+            .collect();
+        let mut cpu_jobs: BTreeMap<JobId, CpuJob> = BTreeMap::new();
+        if let Some(runner) = &self.runner {
+            for st in runner.stats() {
+                let entry = cpu_jobs.entry(st.job.clone()).or_insert_with(|| CpuJob {
+                    job: st.job.clone(),
+                    pids: Vec::new(),
+                    cgroups: Vec::new(),
+                });
+                if let Some(cg) = &st.cgroup {
+                    // An instance and every process it started.
+                    entry.pids.extend(procs_of(&[runner.cgroup_dir(cg)]));
+                    entry.cgroups.push(cg.clone());
+                }
+                entry.pids.extend(st.pid);
+            }
+        }
+        for j in cpu_jobs.values_mut() {
+            j.pids.sort_unstable();
+            j.pids.dedup();
+        }
+        let want = NetworkWant {
+            multi_node,
+            cpu_jobs: cpu_jobs.into_values().collect(),
+        };
+        let events = network.reconcile(&want);
+        let mut changed = false;
+        for stored in self.state.jobs.values_mut() {
+            let multi = stored.job.spec.kind == JobKind::Training && stored.job.spec.multi_node;
+            let text = network.job_text(&stored.job.id, multi);
+            if stored.job.network != text {
+                stored.job.network = text;
+                changed = true;
+            }
+        }
+        let events = self.network_events(events);
+        for e in events {
+            self.emit(e);
+        }
+        changed
+    }
+
+    /// `Throttled` signals (and the Prometheus count) for network shaping steps.
+    fn network_events(&mut self, events: Vec<NetworkEvent>) -> Vec<Event> {
+        let percent = self
+            .network
+            .as_ref()
+            .map(|n| n.cpu_jobs_percent())
+            .unwrap_or(0);
+        events
+            .into_iter()
+            .map(|e| {
+                self.throttle_actions += 1;
+                match e {
+                    NetworkEvent::Held(id) => {
+                        info!(job = %id, "network: CPU job held to {percent}% while multi-node training runs");
+                        Event::Throttled {
+                            id,
+                            mechanism: "tc".into(),
+                            level: format!("{percent}%"),
+                        }
+                    }
+                    NetworkEvent::Released(id) => {
+                        info!(job = %id, "network: CPU job released");
+                        Event::Throttled {
+                            id,
+                            mechanism: "release".into(),
+                            level: "tc".into(),
+                        }
+                    }
+                }
+            })
+            .collect()
+    }
+
     /// Makes lodger's resctrl group hold the offline jobs' instances at the decided MB values, or
     /// removes it when no MBA throttle is in force.
     fn apply_mba(&mut self, throttles: &Throttles) {
@@ -1277,6 +1405,7 @@ impl Agent {
             rightsize: None,
             tuning: Vec::new(),
             throttle: None,
+            network: None,
             spec,
         };
         let before = self.state.clone();

@@ -65,6 +65,7 @@ pub struct Config {
     pub inference: InferenceConfig,
     pub rightsize: RightsizeConfig,
     pub contention: ContentionSection,
+    pub network: NetworkSection,
     /// Where each value came from, so later checks can point at the line.
     #[serde(skip)]
     source: Source,
@@ -226,6 +227,49 @@ impl Default for ContentionSection {
     }
 }
 
+/// `[network]`: SODA §V-E network shaping while a multi-node training job runs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct NetworkSection {
+    /// The interfaces to shape (`[[network.link]]`); none: shaping is off.
+    pub link: Vec<crate::enforce::tc::Link>,
+    pub training_percent: u32,
+    pub cpu_jobs_percent: u32,
+    pub cpu_jobs_ceil_percent: u32,
+    pub steering: NetSteering,
+    pub replace_foreign_root: bool,
+}
+
+impl Default for NetworkSection {
+    fn default() -> Self {
+        let d = crate::enforce::tc::ShapingConfig::default();
+        Self {
+            link: Vec::new(),
+            training_percent: d.training_percent,
+            cpu_jobs_percent: d.cpu_jobs_percent,
+            cpu_jobs_ceil_percent: d.cpu_jobs_ceil_percent,
+            steering: NetSteering::Auto,
+            replace_foreign_root: d.replace_foreign_root,
+        }
+    }
+}
+
+impl NetworkSection {
+    /// The shaping settings, or `None` when no interface is configured (shaping off).
+    pub fn shaping(&self) -> Option<crate::enforce::tc::ShapingConfig> {
+        if self.link.is_empty() {
+            return None;
+        }
+        Some(crate::enforce::tc::ShapingConfig {
+            links: self.link.clone(),
+            training_percent: self.training_percent,
+            cpu_jobs_percent: self.cpu_jobs_percent,
+            cpu_jobs_ceil_percent: self.cpu_jobs_ceil_percent,
+            replace_foreign_root: self.replace_foreign_root,
+            ..crate::enforce::tc::ShapingConfig::default()
+        })
+    }
+}
+
 /// `[metrics]`: the Prometheus endpoint.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct MetricsConfig {
@@ -322,6 +366,28 @@ named_enum! {
         /// The bundled training emulator's published busy fraction (no real GPU).
         Emulated => "emulated",
         Off => "off",
+    }
+}
+
+named_enum! {
+    /// `network.steering`: how CPU jobs' packets reach their HTB class.
+    NetSteering {
+        /// tc filters where the kernel has the classifier, else nftables.
+        Auto => "auto",
+        /// v1: `cgroup` filter on `net_cls.classid`; v2: nftables mark + `fw` filter.
+        TcFilter => "tc-filter",
+        /// nftables sets the packets' priority to the class; no tc filter.
+        Nft => "nft",
+    }
+}
+
+impl NetSteering {
+    pub fn to_steering(self) -> crate::enforce::tc::Steering {
+        match self {
+            NetSteering::Auto => crate::enforce::tc::Steering::Auto,
+            NetSteering::TcFilter => crate::enforce::tc::Steering::TcFilter,
+            NetSteering::Nft => crate::enforce::tc::Steering::Nft,
+        }
     }
 }
 
@@ -501,6 +567,7 @@ impl PartialEq for Config {
             inference,
             rightsize,
             contention,
+            network,
             source: _,
         } = self;
         *node == other.node
@@ -514,6 +581,7 @@ impl PartialEq for Config {
             && *inference == other.inference
             && *rightsize == other.rightsize
             && *contention == other.contention
+            && *network == other.network
     }
 }
 
@@ -769,6 +837,25 @@ struct RawConfig {
     inference: Option<RawInference>,
     rightsize: Option<RawRightsize>,
     contention: Option<RawContention>,
+    network: Option<RawNetwork>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a table")]
+struct RawNetwork {
+    link: Option<Vec<Spanned<RawLink>>>,
+    training_percent: Option<Spanned<i64>>,
+    cpu_jobs_percent: Option<Spanned<i64>>,
+    cpu_jobs_ceil_percent: Option<Spanned<i64>>,
+    steering: Option<Spanned<String>>,
+    replace_foreign_root: Option<Spanned<bool>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a table")]
+struct RawLink {
+    interface: Option<Spanned<String>>,
+    line_rate_mbit: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize)]
@@ -926,6 +1013,7 @@ impl Cx<'_> {
         let inference = self.inference(raw.inference)?;
         let rightsize = self.rightsize(raw.rightsize)?;
         let contention = self.contention(raw.contention)?;
+        let network = self.network(raw.network)?;
         Ok(Config {
             node,
             training,
@@ -938,6 +1026,7 @@ impl Cx<'_> {
             inference,
             rightsize,
             contention,
+            network,
             source: Source {
                 path: Some(self.path.to_path_buf()),
                 lines: self.lines,
@@ -1184,6 +1273,116 @@ impl Cx<'_> {
                 |v| in_range(v, &(0..=64)),
             )?,
         })
+    }
+
+    fn network(&mut self, raw: Option<RawNetwork>) -> Result<NetworkSection, ConfigError> {
+        let d = NetworkSection::default();
+        let Some(raw) = raw else { return Ok(d) };
+        let percent = |v| in_range(v, &(1..=100));
+        let mut link = Vec::new();
+        for (i, entry) in raw.link.unwrap_or_default().into_iter().enumerate() {
+            let key = format!("network.link[{i}]");
+            let span = entry.span();
+            self.lines.insert(key.clone(), self.line(span.start));
+            let entry = entry.into_inner();
+            let (Some(interface), Some(rate)) = (entry.interface, entry.line_rate_mbit) else {
+                return Err(ConfigError::Invalid {
+                    at: self.at(Some(span)),
+                    key,
+                    message: "each [[network.link]] needs interface and line_rate_mbit".into(),
+                });
+            };
+            let interface = self.field(
+                &format!("{key}.interface"),
+                Some(interface),
+                String::new(),
+                |s| {
+                    if crate::enforce::tc::check_interface(&s).is_ok() {
+                        Ok(s)
+                    } else {
+                        Err(format!("'{s}' is not an interface name"))
+                    }
+                },
+            )?;
+            if link
+                .iter()
+                .any(|l: &crate::enforce::tc::Link| l.interface == interface)
+            {
+                return Err(self.error_here(
+                    &format!("{key}.interface"),
+                    format!("{interface} is listed twice"),
+                ));
+            }
+            let line_rate_mbit =
+                self.field(&format!("{key}.line_rate_mbit"), Some(rate), 0, |v| {
+                    in_range(v, &(1..=10_000_000))
+                })?;
+            link.push(crate::enforce::tc::Link {
+                interface,
+                line_rate_mbit,
+            });
+        }
+        let section = NetworkSection {
+            link,
+            training_percent: self.field(
+                "network.training_percent",
+                raw.training_percent,
+                d.training_percent,
+                percent,
+            )?,
+            cpu_jobs_percent: self.field(
+                "network.cpu_jobs_percent",
+                raw.cpu_jobs_percent,
+                d.cpu_jobs_percent,
+                percent,
+            )?,
+            cpu_jobs_ceil_percent: self.field(
+                "network.cpu_jobs_ceil_percent",
+                raw.cpu_jobs_ceil_percent,
+                d.cpu_jobs_ceil_percent,
+                percent,
+            )?,
+            steering: self.field("network.steering", raw.steering, d.steering, |s| {
+                one_of(&s, NetSteering::from_name, NetSteering::NAMES)
+            })?,
+            replace_foreign_root: self.field(
+                "network.replace_foreign_root",
+                raw.replace_foreign_root,
+                d.replace_foreign_root,
+                Ok,
+            )?,
+        };
+        if section.training_percent + section.cpu_jobs_percent > 100 {
+            return Err(self.error_here(
+                "network.cpu_jobs_percent",
+                format!(
+                    "training {}% + CPU jobs {}% is more than the line rate",
+                    section.training_percent, section.cpu_jobs_percent
+                ),
+            ));
+        }
+        if section.cpu_jobs_ceil_percent < section.cpu_jobs_percent {
+            return Err(self.error_here(
+                "network.cpu_jobs_ceil_percent",
+                format!(
+                    "{} is below cpu_jobs_percent ({}): CPU jobs could not use their own share",
+                    section.cpu_jobs_ceil_percent, section.cpu_jobs_percent
+                ),
+            ));
+        }
+        Ok(section)
+    }
+
+    /// An error at `key`'s line (or, when it took its default, the file).
+    fn error_here(&self, key: &str, message: String) -> ConfigError {
+        ConfigError::Invalid {
+            at: Location {
+                path: Some(self.path.to_path_buf()),
+                line: self.lines.get(key).copied(),
+            },
+            key: key.to_string(),
+            message,
+        }
     }
 
     fn contention(&mut self, raw: Option<RawContention>) -> Result<ContentionSection, ConfigError> {
@@ -1615,8 +1814,58 @@ mod tests {
                     ["index", "numa_node"]
                 );
             }
+            if section.get_ref() == "network" {
+                // [[network.link]] likewise.
+                want.retain(|k| k != "link");
+                assert!(SHIPPED
+                    .contains("# [[network.link]]\n# interface = \"eth0\"\n# line_rate_mbit = "));
+                assert_eq!(
+                    expected_by_schema("[[network.link]]\nzzz = 1\n"),
+                    ["interface", "line_rate_mbit"]
+                );
+            }
             assert_eq!(keys_of(table), want, "[{}]", section.get_ref());
         }
+    }
+
+    #[test]
+    fn the_commented_network_example_parses_and_bad_links_are_refused() {
+        let text = SHIPPED.replace(
+            "# [[network.link]]\n# interface = \"eth0\"\n# line_rate_mbit = 25000",
+            "[[network.link]]\ninterface = \"eth0\"\nline_rate_mbit = 25000",
+        );
+        let c = parse(&text).expect("uncommented example");
+        let shaping = c.network.shaping().expect("shaping on");
+        assert_eq!(shaping.links.len(), 1);
+        assert_eq!(shaping.links[0].interface, "eth0");
+        assert_eq!(shaping.links[0].line_rate_mbit, 25_000);
+        assert!(shaping.validate().is_ok());
+        assert_eq!(Config::default().network.shaping(), None);
+
+        let err = |text: &str| parse(text).expect_err(text).to_string();
+        assert!(err("[network]\n[[network.link]]\ninterface = \"eth0\"\n")
+            .contains("network.link[0]: each [[network.link]] needs interface and line_rate_mbit"),);
+        assert!(
+            err("[[network.link]]\ninterface = \"a/b\"\nline_rate_mbit = 1\n")
+                .contains(":2: network.link[0].interface: 'a/b' is not an interface name")
+        );
+        assert!(err(
+            "[[network.link]]\ninterface = \"e\"\nline_rate_mbit = 1\n[[network.link]]\ninterface = \"e\"\nline_rate_mbit = 2\n"
+        )
+        .contains(":5: network.link[1].interface: e is listed twice"));
+        assert!(
+            err("[[network.link]]\ninterface = \"e\"\nline_rate_mbit = 0\n")
+                .contains(":3: network.link[0].line_rate_mbit: must be between 1 and")
+        );
+        assert!(err("[network]\ntraining_percent = 80\ncpu_jobs_percent = 30\n")
+            .contains(":3: network.cpu_jobs_percent: training 80% + CPU jobs 30% is more than the line rate"));
+        let e = err("[network]\ntraining_percent = 60\ncpu_jobs_percent = 30\n");
+        assert!(
+            e.ends_with("lodger.toml: network.cpu_jobs_ceil_percent: 25 is below cpu_jobs_percent (30): CPU jobs could not use their own share"),
+            "{e}"
+        );
+        assert!(err("[network]\nsteering = \"ebpf\"\n")
+            .contains("network.steering: must be one of auto, tc-filter, nft"));
     }
 
     #[test]
@@ -1737,12 +1986,12 @@ level = "trace"
             (
                 "foo = 1\n",
                 "/etc/lodger/lodger.toml:1: unknown key 'foo' at the top level; expected one of \
-                 node, training, agent, api, cgroup, log, sense, metrics, inference, rightsize, contention",
+                 node, training, agent, api, cgroup, log, sense, metrics, inference, rightsize, contention, network",
             ),
             (
                 "[agent]\ninterval_ms = 100\n\n[agnet]\n",
                 "/etc/lodger/lodger.toml:4: unknown key 'agnet' at the top level; expected one \
-                 of node, training, agent, api, cgroup, log, sense, metrics, inference, rightsize, contention",
+                 of node, training, agent, api, cgroup, log, sense, metrics, inference, rightsize, contention, network",
             ),
             (
                 "[agent]\nstate_dir = \"/x\"\nintervall = 5\n",

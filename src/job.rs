@@ -371,6 +371,9 @@ pub struct Job {
     /// A contention throttle in force on this job, with its evidence (SODA §V-E).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub throttle: Option<String>,
+    /// Network shaping as it concerns this job (SODA §V-E), while it is on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<String>,
 }
 
 /// One right-sizing window as `lodgerctl show` displays it.

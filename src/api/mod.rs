@@ -174,6 +174,7 @@ impl Manager {
         d.insert("ticks".into(), Value::from(s.ticks));
         d.insert("throttle_actions".into(), Value::from(s.throttle_actions));
         d.insert("contention".into(), Value::from(s.contention));
+        d.insert("network".into(), Value::from(s.network));
         Ok(d)
     }
 

@@ -302,6 +302,9 @@ pub fn job_to_dict(job: &Job, rt_priority: i32) -> HashMap<String, Value<'static
     if let Some(t) = &job.throttle {
         put("throttle", Value::from(t.clone()));
     }
+    if let Some(n) = &job.network {
+        put("network", Value::from(n.clone()));
+    }
     if let Some(r) = &job.rightsize {
         put("rightsize", Value::from(r.clone()));
     }

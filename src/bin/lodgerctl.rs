@@ -386,6 +386,9 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 if d.contains_key("throttle") {
                     println!("  {:>12}: {}", "Throttled", get(&d, "throttle"));
                 }
+                if d.contains_key("network") {
+                    println!("  {:>12}: {}", "Network", get(&d, "network"));
+                }
                 print_dict_table(
                     &d,
                     "tuning",
@@ -436,6 +439,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                     ("RT priority", "rt_priority"),
                     ("Interval ms", "interval_ms"),
                     ("Contention", "contention"),
+                    ("Network", "network"),
                 ] {
                     let v = get(&s, key);
                     println!("  {label:>12}: {}", if v.is_empty() { "-" } else { &v });

@@ -13,9 +13,12 @@ use lodger::api::{self, Authority, Bus};
 use lodger::cli::lodgerd::Cli;
 use lodger::config::{self, Config};
 use lodger::cpuset::CpuSet;
+use lodger::enforce::cgroup::CgroupVersion;
 use lodger::enforce::instances::{InstanceSettings, Instances};
+use lodger::enforce::shaping::{Classifier, NetworkControl, NET_CLS_GROUP};
 use lodger::enforce::sim::SimulatedEnforcer;
-use lodger::enforce::{CgroupDriver, EnforceSettings, Enforcer, PidPinning};
+use lodger::enforce::tc::{find_net_cls_mount, CommandRunner};
+use lodger::enforce::{CgroupDriver, EnforceSettings, Enforcer, PidPinning, PinMethod};
 use lodger::policy::contention::{ContentionConfig, Mode as ContentionMode};
 use lodger::sense::membw::{CpuVendor, MbaCaps};
 use lodger::sense::sampler::{GpuChoice, Sampler, SamplerSettings};
@@ -104,6 +107,66 @@ fn prepare(cli: &Cli) -> Result<Prepared, String> {
         topology,
         reserved,
     })
+}
+
+/// Network shaping (SODA §V-E) when `[[network.link]]` names interfaces, with the way CPU
+/// jobs' traffic is told apart on this node's cgroups.
+fn network_control(
+    config: &Config,
+    runner: Option<&Instances>,
+    sim: bool,
+) -> Option<NetworkControl> {
+    let shaping = match config.network.shaping() {
+        None => {
+            info!("network shaping off: no [[network.link]] in the config");
+            return None;
+        }
+        Some(_) if sim => {
+            info!("network shaping off: --sim changes nothing on the node");
+            return None;
+        }
+        Some(s) => s,
+    };
+    let classifier = match runner {
+        None => Classifier::Unavailable("inference instances are unavailable".into()),
+        Some(r) => match (r.cgroup_version(), r.placement()) {
+            (CgroupVersion::V1, _) => {
+                let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+                match find_net_cls_mount(&mountinfo) {
+                    Some(hierarchy) => Classifier::NetCls {
+                        hierarchy,
+                        relative: format!("{}/{}", config.cgroup.parent, NET_CLS_GROUP),
+                    },
+                    None => Classifier::Unavailable(
+                        "cgroup v1 without the net_cls controller mounted; mount it \
+                         (mount -t cgroup -o net_cls net_cls /sys/fs/cgroup/net_cls) and restart lodgerd"
+                            .into(),
+                    ),
+                }
+            }
+            (CgroupVersion::V2, PinMethod::Cgroup) => Classifier::CgroupV2,
+            (CgroupVersion::V2, PinMethod::Affinity) => Classifier::Unavailable(
+                "inference instances are pinned by CPU affinity, not in cgroups of their own \
+                 (lodger's parent cgroup has no cpuset controller delegated)"
+                    .into(),
+            ),
+        },
+    };
+    match NetworkControl::new(
+        &shaping,
+        config.network.steering.to_steering(),
+        Box::new(CommandRunner::new()),
+        classifier,
+    ) {
+        Ok(n) => {
+            info!("{}", n.status());
+            Some(n)
+        }
+        Err(e) => {
+            warn!("network shaping off: {e}");
+            None
+        }
+    }
 }
 
 fn main() -> ExitCode {
@@ -245,8 +308,13 @@ fn main() -> ExitCode {
             agent
         }
     };
+    let network = network_control(&config, runner.as_ref().map(|(r, _)| r), cli.sim);
     let agent = match runner {
         Some((r, probe)) => agent.with_runner(r, probe),
+        None => agent,
+    };
+    let agent = match network {
+        Some(n) => agent.with_network(n),
         None => agent,
     };
     let sampler = Sampler::open(SamplerSettings {
@@ -265,8 +333,12 @@ fn main() -> ExitCode {
         resctrl_root: config.sense.resctrl_root.clone(),
         membw_peak_bytes_per_s: config.sense.membw_peak_bytes_per_s,
     });
+    let mut sense_thread = None;
     let agent = match sampler.spawn() {
-        Ok((link, _sense_thread)) => agent.with_sensor(link),
+        Ok((link, join)) => {
+            sense_thread = Some(join);
+            agent.with_sensor(link)
+        }
         Err(e) => {
             warn!("cannot start the sensing thread: {e}; running without measurements");
             agent
@@ -335,6 +407,13 @@ fn main() -> ExitCode {
     if join.join().is_err() {
         error!("the agent thread panicked");
         return ExitCode::from(1);
+    }
+    // The sensing thread ends once the agent is gone, removing the jobs' resctrl monitoring
+    // groups on its way out: wait for it (at most one sensing interval and a pass).
+    if let Some(sense) = sense_thread {
+        if sense.join().is_err() {
+            error!("the sensing thread panicked");
+        }
     }
     code
 }

@@ -16,6 +16,7 @@ pub mod procs;
 pub mod resctrl;
 pub mod rtgroup;
 pub mod sched;
+pub mod shaping;
 pub mod sim;
 pub mod tc;
 

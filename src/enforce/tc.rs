@@ -418,7 +418,8 @@ impl ShapingConfig {
     }
 }
 
-fn check_interface(name: &str) -> Result<(), TcError> {
+/// Refuses a name the kernel cannot have as an interface (empty, too long, `/`, `:`, blanks).
+pub fn check_interface(name: &str) -> Result<(), TcError> {
     let ok = !name.is_empty()
         && name.len() < IFNAMSIZ
         && name != "."
@@ -1435,6 +1436,16 @@ impl NetClsGroup {
             changed = true;
         }
         Ok((group, changed))
+    }
+
+    /// The group at `<hierarchy>/<relative>` if it exists (to remove one a previous lodgerd
+    /// made), without changing anything.
+    pub fn open(hierarchy: &Path, relative: &str) -> Option<Self> {
+        let path = hierarchy.join(relative);
+        path.is_dir().then(|| Self {
+            hierarchy: hierarchy.to_path_buf(),
+            path,
+        })
     }
 
     pub fn path(&self) -> &Path {

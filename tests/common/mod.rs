@@ -143,6 +143,7 @@ pub struct Daemon {
     pub config: PathBuf,
     pub parent: String,
     log: PathBuf,
+    netns: Option<String>,
 }
 
 pub struct DaemonOptions {
@@ -155,6 +156,9 @@ pub struct DaemonOptions {
     /// More TOML tables (not `[node]`, `[agent]`, `[cgroup]` or `[log]`).
     pub extra: String,
     pub sim: bool,
+    /// Run lodgerd in this network namespace (`/run/netns/NAME`; only the network namespace,
+    /// unlike `ip netns exec`, which would also hide the cgroup mounts under a new /sys).
+    pub netns: Option<String>,
 }
 
 impl Default for DaemonOptions {
@@ -166,6 +170,7 @@ impl Default for DaemonOptions {
             pid_jobs: "auto",
             extra: String::new(),
             sim: false,
+            netns: None,
         }
     }
 }
@@ -199,6 +204,7 @@ impl Daemon {
             config,
             parent,
             log: dir.join("lodgerd.log"),
+            netns: opts.netns.clone(),
         };
         d.restart_with(opts.sim);
         d
@@ -219,6 +225,17 @@ impl Daemon {
             .stderr(log);
         if sim {
             cmd.arg("--sim");
+        }
+        if let Some(ns) = &self.netns {
+            use std::os::unix::process::CommandExt;
+            let netns = std::fs::File::open(Path::new("/run/netns").join(ns)).expect("open netns");
+            // SAFETY: setns is async-signal-safe; the file was opened before the fork.
+            unsafe {
+                cmd.pre_exec(move || {
+                    nix::sched::setns(&netns, nix::sched::CloneFlags::CLONE_NEWNET)
+                        .map_err(std::io::Error::from)
+                });
+            }
         }
         self.child = Some(cmd.spawn().expect("spawn lodgerd"));
         let bus = self.bus_address.clone();
@@ -243,6 +260,14 @@ impl Daemon {
 
     pub fn restart(&mut self) {
         self.restart_with(false)
+    }
+
+    /// SIGKILL and wait: lodgerd crashes, leaving whatever it had set up.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 
     /// SIGTERM and wait, as systemd stops it.

@@ -1,0 +1,605 @@
+//! The agent's side of network shaping (SODA §V-E, from §IV-C-2): decides each tick whether
+//! the node's interfaces are shaped, keeps CPU jobs' processes classified, and reports what it
+//! did. The kernel side (HTB tree, filters, nftables table, `net_cls` cgroups) is
+//! [`super::tc`]; this module only drives it.
+//!
+//! - While at least one multi-node training job runs, every configured interface is shaped and
+//!   every CPU job's processes are classified into the CPU-jobs class: on cgroup v1 by moving
+//!   them into one `net_cls` cgroup carrying the class id (`<net_cls>/<parent>/cpu-jobs`), on
+//!   v2 by matching the cgroup2 directory their instance cgroups live in.
+//! - When none runs, all of it is removed. The first reconcile after lodgerd starts removes
+//!   whatever a previous lodgerd left (only lodger's own handle, table and cgroup) unless a
+//!   re-adopted multi-node job wants it, in which case it is adopted as is (apply is idempotent).
+//! - An applied tree is re-read every [`VERIFY_TICKS`] ticks, so one someone deleted comes back;
+//!   in between, nothing is forked unless what should be shaped changed.
+//!
+//! On v1 a new CPU-job process is classified at the next tick: what it sends before then is
+//! training's. Processes in their own network namespace are not seen (see [`super::tc`]).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use tracing::{info, warn};
+
+use super::tc::{CpuJobs, NetClsGroup, NetworkShaping, ShapingConfig, Steering, TcError, TcRunner};
+use crate::job::JobId;
+
+/// Re-read an applied tree every this many reconciles.
+pub const VERIFY_TICKS: u32 = 10;
+/// The `net_cls` cgroup (under lodger's parent) holding CPU jobs' processes on v1.
+pub const NET_CLS_GROUP: &str = "cpu-jobs";
+
+/// How CPU jobs' processes are told apart.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Classifier {
+    /// cgroup v1: a `net_cls` cgroup `<hierarchy>/<relative>` with lodger's class id.
+    NetCls {
+        hierarchy: PathBuf,
+        relative: String,
+    },
+    /// cgroup v2: by the cgroup2 directories holding the instances' cgroups.
+    CgroupV2,
+    /// Not possible on this node; the reason, said once when shaping is wanted.
+    Unavailable(String),
+}
+
+/// One CPU job as the agent sees it this tick.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CpuJob {
+    pub job: JobId,
+    /// Every process of its instances (v1 moves them into the `net_cls` cgroup).
+    pub pids: Vec<u32>,
+    /// Its instances' cgroups relative to the cgroup2 root (v2).
+    pub cgroups: Vec<String>,
+}
+
+/// What should be shaped this tick.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NetworkWant {
+    /// Multi-node training jobs running on the node.
+    pub multi_node: Vec<JobId>,
+    pub cpu_jobs: Vec<CpuJob>,
+}
+
+/// A change a job's owner should hear about (a `Throttled` signal, SODA §V-E accounting).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NetworkEvent {
+    /// The CPU job's traffic is now held to its share.
+    Held(JobId),
+    /// It no longer is.
+    Released(JobId),
+}
+
+/// Network shaping for the node, driven by the agent.
+pub struct NetworkControl {
+    shaping: NetworkShaping,
+    config: ShapingConfig,
+    runner: Box<dyn TcRunner>,
+    classifier: Classifier,
+    /// Whether the tree is known to be in place (`None`: not known yet, at start).
+    active: Option<bool>,
+    /// The v2 directories matched by the last apply.
+    applied_v2: Vec<String>,
+    since_verify: u32,
+    /// CPU jobs told they are held.
+    held: BTreeSet<JobId>,
+    /// The last problem, logged once until it changes.
+    problem: Option<String>,
+}
+
+impl NetworkControl {
+    pub fn new(
+        config: &ShapingConfig,
+        steering: Steering,
+        runner: Box<dyn TcRunner>,
+        classifier: Classifier,
+    ) -> Result<Self, TcError> {
+        Ok(Self {
+            shaping: NetworkShaping::new(config, steering)?,
+            config: config.clone(),
+            runner,
+            classifier,
+            active: None,
+            applied_v2: Vec::new(),
+            since_verify: 0,
+            held: BTreeSet::new(),
+            problem: None,
+        })
+    }
+
+    /// CPU jobs' guaranteed share, percent of the line rate.
+    pub fn cpu_jobs_percent(&self) -> u32 {
+        self.config.cpu_jobs_percent
+    }
+
+    /// The interfaces, as `eth0 (25000 Mbit/s), eth1 (...)`.
+    fn links(&self) -> String {
+        self.config
+            .links
+            .iter()
+            .map(|l| format!("{} ({} Mbit/s)", l.interface, l.line_rate_mbit))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// The node's shaping in words, for `lodgerctl status`.
+    pub fn status(&self) -> String {
+        if let Some(p) = &self.problem {
+            return format!("not shaping: {p}");
+        }
+        match self.active {
+            Some(true) => format!(
+                "shaping {}: training {}%, CPU jobs {}% (ceil {}%), steering {}",
+                self.links(),
+                self.config.training_percent,
+                self.config.cpu_jobs_percent,
+                self.config.cpu_jobs_ceil_percent,
+                steering_name(self.shaping.steering())
+            ),
+            _ => format!(
+                "idle: no multi-node training job ({} unshaped)",
+                self.links()
+            ),
+        }
+    }
+
+    /// What a job's `lodgerctl show` says about the network while shaping is on.
+    pub fn job_text(&self, id: &JobId, multi_node_training: bool) -> Option<String> {
+        if self.active != Some(true) {
+            return None;
+        }
+        if multi_node_training {
+            Some(format!(
+                "training traffic guaranteed {}% of {}",
+                self.config.training_percent,
+                self.links()
+            ))
+        } else if self.held.contains(id) {
+            Some(format!(
+                "held to {}% (ceil {}%) of {} while multi-node training runs",
+                self.config.cpu_jobs_percent,
+                self.config.cpu_jobs_ceil_percent,
+                self.links()
+            ))
+        } else {
+            None
+        }
+    }
+
+    fn note_problem(&mut self, problem: Option<String>) {
+        if problem != self.problem {
+            match &problem {
+                Some(p) => warn!("network shaping: {p}"),
+                None if self.problem.is_some() => info!("network shaping: recovered"),
+                None => {}
+            }
+        }
+        self.problem = problem;
+    }
+
+    /// One tick: shape while `want` has a multi-node training job, remove everything otherwise.
+    pub fn reconcile(&mut self, want: &NetworkWant) -> Vec<NetworkEvent> {
+        if want.multi_node.is_empty() {
+            return self.remove_all();
+        }
+        if let Classifier::Unavailable(why) = &self.classifier {
+            let p = format!("cannot tell CPU jobs' traffic apart: {why}");
+            self.note_problem(Some(p));
+            return Vec::new();
+        }
+        match self.shape(want) {
+            Ok(events) => {
+                self.note_problem(None);
+                events
+            }
+            Err(e) => {
+                self.note_problem(Some(e.to_string()));
+                // Re-read everything next time.
+                self.since_verify = VERIFY_TICKS;
+                Vec::new()
+            }
+        }
+    }
+
+    fn shape(&mut self, want: &NetworkWant) -> Result<Vec<NetworkEvent>, TcError> {
+        let cpu_jobs = match &self.classifier {
+            Classifier::NetCls {
+                hierarchy,
+                relative,
+            } => {
+                let (group, _) =
+                    NetClsGroup::create(hierarchy, relative, self.shaping.net_cls_classid())?;
+                let inside: BTreeSet<u32> = group.procs()?.into_iter().collect();
+                for pid in want.cpu_jobs.iter().flat_map(|j| j.pids.iter()) {
+                    if inside.contains(pid) {
+                        continue;
+                    }
+                    match group.add_process(*pid) {
+                        Ok(()) => {}
+                        // Exited since the agent looked.
+                        Err(TcError::Write { source, .. })
+                            if source.raw_os_error() == Some(libc::ESRCH) => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+                CpuJobs::NetCls
+            }
+            Classifier::CgroupV2 => CpuJobs::CgroupV2(v2_directories(&want.cpu_jobs)),
+            Classifier::Unavailable(_) => return Ok(Vec::new()),
+        };
+        let v2_changed = match &cpu_jobs {
+            CpuJobs::CgroupV2(dirs) => *dirs != self.applied_v2,
+            CpuJobs::NetCls => false,
+        };
+        let due = self.active != Some(true) || v2_changed || self.since_verify >= VERIFY_TICKS;
+        if due {
+            let applied = self.shaping.apply(self.runner.as_mut(), &cpu_jobs)?;
+            if applied.changed {
+                info!(
+                    "network shaping on ({}): {}",
+                    want.multi_node
+                        .iter()
+                        .map(|j| j.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    self.status_when_on()
+                );
+            }
+            self.active = Some(true);
+            self.since_verify = 0;
+            if let CpuJobs::CgroupV2(dirs) = cpu_jobs {
+                self.applied_v2 = dirs;
+            }
+        } else {
+            self.since_verify += 1;
+        }
+        let now: BTreeSet<JobId> = want.cpu_jobs.iter().map(|j| j.job.clone()).collect();
+        let events = now
+            .difference(&self.held)
+            .map(|j| NetworkEvent::Held(j.clone()))
+            .collect();
+        self.held = now;
+        Ok(events)
+    }
+
+    fn status_when_on(&self) -> String {
+        format!(
+            "{}: training {}%, CPU jobs {}%",
+            self.links(),
+            self.config.training_percent,
+            self.config.cpu_jobs_percent
+        )
+    }
+
+    fn remove_all(&mut self) -> Vec<NetworkEvent> {
+        if self.active == Some(false) {
+            return Vec::new();
+        }
+        let mut problems = Vec::new();
+        let removed = match self.shaping.remove(self.runner.as_mut()) {
+            Ok(changed) => changed,
+            Err(e) => {
+                problems.push(e.to_string());
+                false
+            }
+        };
+        if let Classifier::NetCls {
+            hierarchy,
+            relative,
+        } = &self.classifier
+        {
+            if let Some(group) = NetClsGroup::open(hierarchy, relative) {
+                if let Err(e) = group.remove() {
+                    problems.push(e.to_string());
+                }
+            }
+            // lodger's parent in the net_cls hierarchy, if it made it and it is now empty.
+            if let Some(parent) = Path::new(relative).parent() {
+                if !parent.as_os_str().is_empty() {
+                    let _ = std::fs::remove_dir(hierarchy.join(parent));
+                }
+            }
+        }
+        if problems.is_empty() {
+            if removed {
+                info!("network shaping off: {} unshaped", self.links());
+            }
+            self.active = Some(false);
+            self.applied_v2.clear();
+            self.note_problem(None);
+        } else {
+            self.note_problem(Some(format!(
+                "cannot remove shaping: {}",
+                problems.join("; ")
+            )));
+        }
+        std::mem::take(&mut self.held)
+            .into_iter()
+            .map(NetworkEvent::Released)
+            .collect()
+    }
+
+    /// lodgerd is stopping: remove everything, whatever runs.
+    pub fn shutdown(&mut self) -> Vec<NetworkEvent> {
+        self.active = None;
+        self.remove_all()
+    }
+}
+
+/// The cgroup2 directories CPU jobs' instance cgroups live in (their parents: long-lived, so
+/// nft's path-to-id resolution stays valid while instances come and go), sorted, once each.
+fn v2_directories(jobs: &[CpuJob]) -> Vec<String> {
+    let dirs: BTreeSet<String> = jobs
+        .iter()
+        .flat_map(|j| j.cgroups.iter())
+        .filter_map(|c| {
+            let c = c.trim_matches('/');
+            Path::new(c)
+                .parent()
+                .and_then(|p| p.to_str())
+                .filter(|p| !p.is_empty())
+                .map(str::to_string)
+        })
+        .collect();
+    dirs.into_iter().collect()
+}
+
+fn steering_name(s: Steering) -> &'static str {
+    match s {
+        Steering::Auto => "auto",
+        Steering::TcFilter => "tc filter",
+        Steering::Nft => "nftables",
+    }
+}
+
+/// Every process of the cgroups `dirs` (instance cgroups: an instance and its children).
+pub fn procs_of(dirs: &[PathBuf]) -> Vec<u32> {
+    let mut pids = BTreeMap::new();
+    for dir in dirs {
+        if let Ok(text) = std::fs::read_to_string(dir.join("cgroup.procs")) {
+            for pid in text.lines().filter_map(|l| l.trim().parse::<u32>().ok()) {
+                pids.insert(pid, ());
+            }
+        }
+    }
+    pids.into_keys().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::enforce::tc::{Link, RecordingRunner};
+    use std::sync::{Arc, Mutex};
+
+    /// A recording runner shared with the test, on a node with nothing of lodger's yet.
+    #[derive(Clone)]
+    struct Shared(Arc<Mutex<RecordingRunner>>);
+
+    impl Default for Shared {
+        fn default() -> Self {
+            let mut r = RecordingRunner::new();
+            r.reply(
+                &["tc", "qdisc", "show"],
+                "qdisc noqueue 0: root refcnt 2 \n",
+            )
+            .fail(
+                &["nft", "-j", "list"],
+                "Error: No such file or directory\nlist table inet lodger\n",
+            );
+            Shared(Arc::new(Mutex::new(r)))
+        }
+    }
+
+    impl TcRunner for Shared {
+        fn run(&mut self, argv: &[String]) -> Result<String, TcError> {
+            self.0.lock().expect("runner").run(argv)
+        }
+    }
+
+    impl Shared {
+        fn changes(&self) -> Vec<String> {
+            self.0.lock().expect("runner").changes()
+        }
+        fn lines(&self) -> Vec<String> {
+            self.0.lock().expect("runner").lines()
+        }
+    }
+
+    fn job(s: &str) -> JobId {
+        JobId::parse(s).expect("id")
+    }
+
+    fn config() -> ShapingConfig {
+        ShapingConfig {
+            links: vec![Link {
+                interface: "eth0".into(),
+                line_rate_mbit: 1000,
+            }],
+            ..ShapingConfig::default()
+        }
+    }
+
+    fn control(runner: &Shared, classifier: Classifier) -> NetworkControl {
+        NetworkControl::new(
+            &config(),
+            Steering::Nft,
+            Box::new(runner.clone()),
+            classifier,
+        )
+        .expect("control")
+    }
+
+    fn want(multi: &[&str], cpu: &[(&str, &[&str])]) -> NetworkWant {
+        NetworkWant {
+            multi_node: multi.iter().map(|j| job(j)).collect(),
+            cpu_jobs: cpu
+                .iter()
+                .map(|(j, cgroups)| CpuJob {
+                    job: job(j),
+                    pids: Vec::new(),
+                    cgroups: cgroups.iter().map(|c| c.to_string()).collect(),
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn v2_shapes_only_while_multi_node_training_runs_and_says_so() {
+        let runner = Shared::default();
+        let mut ctl = control(&runner, Classifier::CgroupV2);
+        // Start: nothing wanted, stale state removed (reads only: there is none).
+        assert!(ctl.reconcile(&want(&[], &[])).is_empty());
+        assert!(runner.changes().is_empty(), "{:?}", runner.changes());
+        assert!(ctl.status().starts_with("idle"), "{}", ctl.status());
+        // Quiet while idle: no command at all.
+        let before = runner.lines().len();
+        ctl.reconcile(&want(&[], &[]));
+        assert_eq!(runner.lines().len(), before);
+
+        let w = want(
+            &["j1"],
+            &[("j2", &["lodger/lodgers/j2-0", "lodger/lodgers/j2-1"])],
+        );
+        assert_eq!(ctl.reconcile(&w), [NetworkEvent::Held(job("j2"))]);
+        let changes = runner.changes().join("\n");
+        assert!(
+            changes.contains("qdisc replace dev eth0 root handle 4c44: htb default 10"),
+            "{changes}"
+        );
+        assert!(
+            changes
+                .contains("socket cgroupv2 level 2 \"lodger/lodgers\" meta priority set 4c44:20"),
+            "{changes}"
+        );
+        assert!(ctl
+            .status()
+            .starts_with("shaping eth0 (1000 Mbit/s): training 75%"));
+        assert_eq!(
+            ctl.job_text(&job("j2"), false).as_deref(),
+            Some("held to 25% (ceil 25%) of eth0 (1000 Mbit/s) while multi-node training runs")
+        );
+        // Unchanged: no command until the verify tick.
+        let before = runner.lines().len();
+        for _ in 0..VERIFY_TICKS {
+            assert!(ctl.reconcile(&w).is_empty());
+        }
+        assert_eq!(runner.lines().len(), before);
+        ctl.reconcile(&w);
+        assert!(
+            runner.lines().len() > before,
+            "verify tick re-reads the tree"
+        );
+
+        // The last multi-node job leaves: everything goes, the CPU job is told.
+        assert_eq!(
+            ctl.reconcile(&want(&[], &[("j2", &["lodger/lodgers/j2-0"])])),
+            [NetworkEvent::Released(job("j2"))]
+        );
+        assert_eq!(ctl.job_text(&job("j2"), false), None);
+        assert!(ctl.status().starts_with("idle"));
+    }
+
+    #[test]
+    fn unavailable_classification_is_reported_not_applied() {
+        let runner = Shared::default();
+        let mut ctl = control(
+            &runner,
+            Classifier::Unavailable("net_cls is not mounted".into()),
+        );
+        assert!(ctl.reconcile(&want(&["j1"], &[("j2", &[])])).is_empty());
+        assert!(runner.changes().is_empty());
+        assert_eq!(
+            ctl.status(),
+            "not shaping: cannot tell CPU jobs' traffic apart: net_cls is not mounted"
+        );
+    }
+
+    #[test]
+    fn a_failed_apply_is_reported_and_retried() {
+        let runner = Shared::default();
+        runner.0.lock().expect("runner").fail(
+            &["tc", "qdisc", "replace"],
+            "RTNETLINK answers: Operation not permitted",
+        );
+        let mut ctl = control(&runner, Classifier::CgroupV2);
+        let w = want(&["j1"], &[("j2", &["lodger/lodgers/j2-0"])]);
+        assert!(ctl.reconcile(&w).is_empty());
+        assert!(
+            ctl.status().contains("Operation not permitted"),
+            "{}",
+            ctl.status()
+        );
+        let before = runner.lines().len();
+        ctl.reconcile(&w);
+        assert!(runner.lines().len() > before, "retried at the next tick");
+    }
+
+    #[test]
+    fn v1_moves_cpu_job_processes_into_the_net_cls_group_and_removes_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path();
+        // A fake net_cls hierarchy: plain files stand in for the kernel's.
+        std::fs::write(root.join("cgroup.procs"), "").expect("root procs");
+        let group = root.join("lodger/cpu-jobs");
+        std::fs::create_dir_all(&group).expect("group");
+        std::fs::write(group.join("cgroup.procs"), "").expect("procs");
+        std::fs::write(group.join("net_cls.classid"), "0\n").expect("classid");
+        let runner = Shared::default();
+        let mut ctl = control(
+            &runner,
+            Classifier::NetCls {
+                hierarchy: root.to_path_buf(),
+                relative: "lodger/cpu-jobs".into(),
+            },
+        );
+        let mut w = want(&["j1"], &[("j2", &[])]);
+        w.cpu_jobs[0].pids = vec![4242];
+        assert_eq!(ctl.reconcile(&w), [NetworkEvent::Held(job("j2"))]);
+        let classid = std::fs::read_to_string(group.join("net_cls.classid")).expect("classid");
+        assert_eq!(classid, (0x4c44_0020u32).to_string());
+        let procs = std::fs::read_to_string(group.join("cgroup.procs")).expect("procs");
+        assert_eq!(procs, "4242");
+        assert!(runner
+            .changes()
+            .join("\n")
+            .contains("meta cgroup 1279524896 meta priority set 4c44:20"));
+        // Off: its processes go back to the hierarchy's root before the group is removed (a
+        // plain directory with files cannot be removed like a cgroup: the real kernel path is
+        // tests/tc_netns.rs).
+        assert_eq!(
+            ctl.reconcile(&want(&[], &[])),
+            [NetworkEvent::Released(job("j2"))]
+        );
+        let root_procs = std::fs::read_to_string(root.join("cgroup.procs")).expect("procs");
+        assert_eq!(root_procs, "4242");
+    }
+
+    #[test]
+    fn shutdown_removes_even_while_wanted() {
+        let runner = Shared::default();
+        let mut ctl = control(&runner, Classifier::CgroupV2);
+        ctl.reconcile(&want(&["j1"], &[("j2", &["p/l/j2-0"])]));
+        // The recorded runner has no tree to show, so removal finds nothing to delete; what
+        // matters here is that it looks, and tells the CPU job.
+        let before = runner.lines().len();
+        assert_eq!(ctl.shutdown(), [NetworkEvent::Released(job("j2"))]);
+        assert!(runner.lines().len() > before);
+    }
+
+    #[test]
+    fn v2_directories_are_the_instance_cgroups_parents() {
+        let jobs = vec![
+            CpuJob {
+                job: job("j2"),
+                pids: vec![],
+                cgroups: vec!["a/l/j2-0".into(), "/a/l/j2-1".into()],
+            },
+            CpuJob {
+                job: job("j3"),
+                pids: vec![],
+                cgroups: vec!["a/l/j3-0".into(), "top".into()],
+            },
+        ];
+        assert_eq!(v2_directories(&jobs), ["a/l"]);
+    }
+}
