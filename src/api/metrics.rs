@@ -230,6 +230,27 @@ pub fn render(snap: &Snapshot) -> String {
 /// Serves `GET /metrics` on `listen` until the process ends. Minimal HTTP/1.0: the endpoint is
 /// meant for a local scraper, and a full HTTP stack for one read-only page is not worth its
 /// weight in the daemon.
+/// Reads until the blank line that ends the request head, the buffer is full or the client
+/// stops sending: a request may arrive in several segments (a client writing the request line
+/// piecewise), and answering the first of them would close the connection under the rest.
+async fn read_request_head(
+    sock: &mut (impl AsyncReadExt + Unpin),
+    buf: &mut [u8],
+) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        let read = sock.read(&mut buf[n..]).await?;
+        if read == 0 {
+            break;
+        }
+        n += read;
+        if buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
+            break;
+        }
+    }
+    Ok(n)
+}
+
 pub async fn serve(listen: SocketAddr, agent: AgentHandle) -> std::io::Result<()> {
     let listener = TcpListener::bind(listen).await?;
     tracing::info!("Prometheus metrics on http://{listen}/metrics");
@@ -244,13 +265,15 @@ pub async fn serve(listen: SocketAddr, agent: AgentHandle) -> std::io::Result<()
         let agent = agent.clone();
         tokio::spawn(async move {
             let mut buf = [0u8; 2048];
-            let n =
-                match tokio::time::timeout(std::time::Duration::from_secs(5), sock.read(&mut buf))
-                    .await
-                {
-                    Ok(Ok(n)) => n,
-                    _ => return,
-                };
+            let n = match tokio::time::timeout(
+                std::time::Duration::from_secs(5),
+                read_request_head(&mut sock, &mut buf),
+            )
+            .await
+            {
+                Ok(Ok(n)) => n,
+                _ => return,
+            };
             let request = String::from_utf8_lossy(&buf[..n]);
             let path = request.split_whitespace().nth(1).unwrap_or("");
             debug!(%peer, path, "metrics request");
@@ -272,5 +295,36 @@ pub async fn serve(listen: SocketAddr, agent: AgentHandle) -> std::io::Result<()
             let _ = sock.write_all(body.as_bytes()).await;
             let _ = sock.shutdown().await;
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_request_head_sent_in_pieces_is_read_whole() {
+        let (mut client, mut server) = tokio::io::duplex(64);
+        let writer = tokio::spawn(async move {
+            for piece in ["GET ", "/metrics", " HTTP/1.0\r\n", "\r\n"] {
+                client.write_all(piece.as_bytes()).await.expect("write");
+                tokio::task::yield_now().await;
+            }
+            client
+        });
+        let mut buf = [0u8; 2048];
+        let n = read_request_head(&mut server, &mut buf)
+            .await
+            .expect("read");
+        assert_eq!(&buf[..n], b"GET /metrics HTTP/1.0\r\n\r\n");
+        // A client that stops sending early gets what it sent.
+        drop(writer.await.expect("writer"));
+        let (mut client, mut server) = tokio::io::duplex(64);
+        client.write_all(b"GET /x").await.expect("write");
+        drop(client);
+        let n = read_request_head(&mut server, &mut buf)
+            .await
+            .expect("read");
+        assert_eq!(&buf[..n], b"GET /x");
     }
 }
