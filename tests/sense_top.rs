@@ -132,3 +132,242 @@ fn prometheus_endpoint_serves_job_and_source_metrics() {
     assert!(page.contains("lodger_source_info{source=\"gpu\""), "{page}");
     assert!(get("/nope").starts_with("HTTP/1.0 404"));
 }
+
+/// Copies a resctrl fixture tree (plain files: lodgerd's writes land there, and the test plays
+/// the kernel's part).
+fn copy_tree(src: &std::path::Path, dst: &std::path::Path) {
+    std::fs::create_dir_all(dst).expect("create copy root");
+    for entry in std::fs::read_dir(src).expect("read fixture dir") {
+        let entry = entry.expect("fixture entry");
+        let to = dst.join(entry.file_name());
+        if entry.file_type().expect("file type").is_dir() {
+            copy_tree(&entry.path(), &to);
+        } else {
+            std::fs::copy(entry.path(), &to).expect("copy fixture file");
+        }
+    }
+}
+
+#[test]
+fn per_job_memory_bandwidth_from_a_resctrl_fixture_tree() {
+    if !need_root("per_job_memory_bandwidth") {
+        return;
+    }
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let bus = PrivateBus::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let resctrl = dir.path().join("resctrl");
+    copy_tree(
+        &std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/resctrl/intel-mba-mbm"),
+        &resctrl,
+    );
+    // A group a killed lodgerd left behind, and another tool's group.
+    let stale = resctrl.join("mon_groups/lodger-j77");
+    std::fs::create_dir_all(&stale).expect("stale group");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port();
+    let mut d = Daemon::start(
+        &bus,
+        dir.path(),
+        DaemonOptions {
+            extra: format!(
+                "[sense]\ninterval_ms = 200\nresctrl_root = \"{}\"\n\n[metrics]\nlisten = \"127.0.0.1:{port}\"\n",
+                resctrl.display()
+            ),
+            ..DaemonOptions::default()
+        },
+    );
+    wait_until(WAIT, "the stale group to be swept", || !stale.exists());
+    assert!(
+        resctrl.join("mon_groups/j1").is_dir(),
+        "another tool's group stays"
+    );
+    assert!(
+        d.log()
+            .contains("left by an earlier lodgerd: mon_groups/lodger-j77"),
+        "{}",
+        d.log()
+    );
+
+    let w = Workload::train(2);
+    let id = d.register_pid(w.pid(), 1);
+    let group = resctrl.join(format!("mon_groups/lodger-{id}"));
+    let listed = |group: &std::path::Path| -> bool {
+        let tasks = std::fs::read_to_string(group.join("tasks")).unwrap_or_default();
+        let tasks: Vec<u32> = tasks.lines().filter_map(|l| l.parse().ok()).collect();
+        let threads = tids(w.pid());
+        !threads.is_empty() && threads.iter().all(|t| tasks.contains(t))
+    };
+    wait_until(
+        WAIT,
+        "every thread of the job in its monitoring group",
+        || listed(&group),
+    );
+
+    // The kernel's part: counters per L3 domain that grow, about 1 GB/s on domain 0 and
+    // 2 GB/s on domain 1.
+    let counter = |d: &str| group.join("mon_data").join(d).join("mbm_total_bytes");
+    for d in ["mon_L3_00", "mon_L3_01"] {
+        std::fs::create_dir_all(counter(d).parent().expect("parent")).expect("mon_data");
+        std::fs::write(counter(d), "0\n").expect("counter");
+    }
+    let running = Arc::new(AtomicBool::new(true));
+    let memory = {
+        let running = running.clone();
+        let (c0, c1) = (counter("mon_L3_00"), counter("mon_L3_01"));
+        std::thread::spawn(move || {
+            let mut n: u64 = 0;
+            while running.load(Ordering::SeqCst) {
+                n += 1;
+                let _ = std::fs::write(&c0, format!("{}\n", n * 50_000_000));
+                let _ = std::fs::write(&c1, format!("{}\n", n * 100_000_000));
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+        })
+    };
+    let deadline = std::time::Instant::now() + WAIT;
+    let last = loop {
+        let last = top_json(&d);
+        let m = &last["jobs"][0]["metrics"];
+        if m["membw_bytes_per_s"].as_f64().is_some_and(|b| b > 0.0)
+            && m["membw_domains"]["1"].as_f64().is_some_and(|b| b > 0.0)
+        {
+            break last;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "top never showed the job's memory bandwidth; last: {last}\n{}",
+            d.log()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    let m = &last["jobs"][0]["metrics"];
+    let (d0, d1) = (
+        m["membw_domains"]["0"].as_f64().expect("domain 0"),
+        m["membw_domains"]["1"].as_f64().expect("domain 1"),
+    );
+    let total = m["membw_bytes_per_s"].as_f64().expect("total");
+    assert!((total - (d0 + d1)).abs() < 1.0, "{m}");
+    assert!((0.5e9..6e9).contains(&total), "about 3 GB/s: {m}");
+    // The table's MEMBW column, and Prometheus, per job and per domain.
+    let table = d.ctl_ok(&["top", "--once"]);
+    let row = table
+        .lines()
+        .find(|l| l.starts_with(&id))
+        .expect("the job's row");
+    assert!(row.ends_with("G/s"), "{table}");
+    let page = {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+        write!(s, "GET /metrics HTTP/1.0\r\n\r\n").expect("send");
+        let mut body = String::new();
+        s.read_to_string(&mut body).expect("read");
+        body
+    };
+    assert!(
+        page.contains(&format!(
+            "lodger_job_membw_bytes_per_second{{job=\"{id}\",name=\"\"}}"
+        )),
+        "{page}"
+    );
+    assert!(
+        page.contains(&format!(
+            "lodger_job_membw_domain_bytes_per_second{{job=\"{id}\",name=\"\",domain=\"1\"}}"
+        )),
+        "{page}"
+    );
+    running.store(false, Ordering::SeqCst);
+    memory.join().expect("counter thread");
+
+    // lodgerd stops: it removes the job's group. On resctrl rmdir takes the kernel's files
+    // with it; here they stay, and the attempt shows as a warning naming the group.
+    let removal = format!("cannot remove resctrl group {}", group.display());
+    assert!(!d.log().contains(&removal), "{}", d.log());
+    d.stop();
+    assert!(d.log().contains(&removal), "{}", d.log());
+
+    // The next lodgerd finds the group a stale one (the kernel's files gone, as rmdir would
+    // have taken them), sweeps it and makes a new one for the re-adopted job.
+    std::fs::remove_dir_all(group.join("mon_data")).expect("kernel files");
+    std::fs::remove_file(group.join("tasks")).expect("kernel files");
+    d.restart();
+    wait_until(WAIT, "the re-adopted job's new group", || listed(&group));
+    assert!(
+        d.log().contains(&format!(
+            "left by an earlier lodgerd: mon_groups/lodger-{id}"
+        )),
+        "{}",
+        d.log()
+    );
+}
+
+#[test]
+fn job_whose_monitoring_group_is_refused_is_shown_unavailable_and_said_once() {
+    if !need_root("job_whose_monitoring_group_is_refused") {
+        return;
+    }
+    let bus = PrivateBus::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let resctrl = dir.path().join("resctrl");
+    copy_tree(
+        &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/resctrl/amd"),
+        &resctrl,
+    );
+    // The first job's group cannot be made: a file holds its name. The kernel's usual refusal
+    // is ENOSPC (no free RMID), which a plain directory cannot give; lodgerd treats both alike.
+    std::fs::write(resctrl.join("mon_groups/lodger-j1"), "").expect("squat the name");
+    let d = Daemon::start(
+        &bus,
+        dir.path(),
+        DaemonOptions {
+            extra: format!(
+                "[sense]\ninterval_ms = 200\nresctrl_root = \"{}\"\n",
+                resctrl.display()
+            ),
+            ..DaemonOptions::default()
+        },
+    );
+    let w = Workload::train(1);
+    let id = d.register_pid(w.pid(), 1);
+    assert_eq!(id, "j1");
+    let mut last = serde_json::Value::Null;
+    wait_until(
+        WAIT,
+        "top to say the job's bandwidth is unavailable",
+        || {
+            last = top_json(&d);
+            last["jobs"][0]["metrics"]["membw_unavailable"].is_string()
+        },
+    );
+    let why = last["jobs"][0]["metrics"]["membw_unavailable"]
+        .as_str()
+        .expect("reason")
+        .to_string();
+    assert!(why.contains("mon_groups/lodger-j1"), "{why}");
+    assert!(
+        last["jobs"][0]["metrics"]["membw_bytes_per_s"].is_null(),
+        "{last}"
+    );
+    // The node is still measured.
+    assert_eq!(last["sources"]["membw"], "resctrl MBM", "{last}");
+    let table = d.ctl_ok(&["top", "--once"]);
+    let row = table.lines().find(|l| l.starts_with("j1")).expect("row");
+    assert!(row.ends_with("n/a"), "{table}");
+    assert!(
+        table.contains("j1: memory bandwidth unavailable: cannot create resctrl group"),
+        "{table}"
+    );
+    // Many passes later: still one log line, no error loop.
+    std::thread::sleep(std::time::Duration::from_millis(1000));
+    let log = d.log();
+    assert_eq!(
+        log.matches("per-job memory bandwidth unavailable for this job")
+            .count(),
+        1,
+        "{log}"
+    );
+}

@@ -108,6 +108,20 @@ pub fn render(snap: &Snapshot) -> String {
         "The job's memory bandwidth (resctrl MBM)",
         per_job(|m| m.membw_bytes_per_s),
     );
+    b.family(
+        "job_membw_domain_bytes_per_second",
+        "The job's memory bandwidth per L3 domain (resctrl MBM)",
+        jobs.iter()
+            .filter_map(|j| Some((j, snap.observations.jobs.get(&j.id)?)))
+            .flat_map(|(j, m)| {
+                m.membw_domains.iter().map(move |(domain, v)| {
+                    let mut labels = job_labels(j.id.as_str(), &j.spec.name);
+                    labels.push(("domain", domain.to_string()));
+                    (labels, *v)
+                })
+            })
+            .collect(),
+    );
 
     let node = &snap.observations.node;
     let scalar = |v: Option<f64>| v.map(|v| vec![(Labels::new(), v)]).unwrap_or_default();

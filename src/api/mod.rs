@@ -346,7 +346,8 @@ impl JobObject {
         Ok(self.job().await?.last_error.unwrap_or_default())
     }
     /// The job's latest measurements (cpu_percent, ipc, cache_miss_percent, gpu_percent,
-    /// gpu_source, membw_bytes_per_s); a key is present only when measured.
+    /// gpu_source, membw_bytes_per_s, membw_domains, membw_unavailable); a key is present only
+    /// when measured.
     #[zbus(property)]
     async fn metrics(&self) -> zbus::fdo::Result<HashMap<String, Value<'static>>> {
         let snap = self

@@ -379,6 +379,18 @@ pub fn job_metrics_to_dict(m: &JobMetrics) -> HashMap<String, Value<'static>> {
     if let Some(src) = &m.gpu_source {
         d.insert("gpu_source".into(), Value::from(src.clone()));
     }
+    let domains: HashMap<u32, f64> = m
+        .membw_domains
+        .iter()
+        .filter(|(_, v)| v.is_finite())
+        .map(|(k, v)| (*k, *v))
+        .collect();
+    if !domains.is_empty() {
+        d.insert("membw_domains".into(), Value::from(domains));
+    }
+    if let Some(why) = &m.membw_unavailable {
+        d.insert("membw_unavailable".into(), Value::from(why.clone()));
+    }
     d
 }
 
@@ -448,6 +460,29 @@ mod tests {
             .into_iter()
             .map(|(k, v)| (k.to_string(), OwnedValue::try_from(v).unwrap()))
             .collect()
+    }
+
+    #[test]
+    fn job_metrics_carry_memory_bandwidth_per_domain_and_why_not() {
+        let m = JobMetrics {
+            membw_bytes_per_s: Some(3e9),
+            membw_domains: [(0, 1e9), (1, 2e9)].into_iter().collect(),
+            ..JobMetrics::default()
+        };
+        let d = job_metrics_to_dict(&m);
+        assert_eq!(d["membw_bytes_per_s"], Value::from(3e9));
+        assert_eq!(
+            d["membw_domains"],
+            Value::from(HashMap::from([(0u32, 1e9), (1u32, 2e9)]))
+        );
+        assert!(!d.contains_key("membw_unavailable"));
+        let refused = JobMetrics {
+            membw_unavailable: Some("no free RMID".into()),
+            ..JobMetrics::default()
+        };
+        let d = job_metrics_to_dict(&refused);
+        assert_eq!(d["membw_unavailable"], Value::from("no free RMID"));
+        assert!(!d.contains_key("membw_domains") && !d.contains_key("membw_bytes_per_s"));
     }
 
     #[test]

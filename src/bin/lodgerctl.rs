@@ -598,13 +598,26 @@ async fn top_once(proxy: &ManagerProxy<'_>, json: bool) -> Result<String, Failur
                 fmt_opt(num(m, "ipc"), 2),
                 fmt_opt(num(m, "cache_miss_percent"), 1),
                 gpu,
-                fmt_bytes_per_s(num(m, "membw_bytes_per_s")),
+                if m.contains_key("membw_unavailable") {
+                    "n/a".to_string()
+                } else {
+                    fmt_bytes_per_s(num(m, "membw_bytes_per_s"))
+                },
             ]
         })
         .collect();
     out.push_str(&render_table(&header, &rows));
     if rows.is_empty() {
         out.push_str("No jobs registered.\n");
+    }
+    // Why a job's bandwidth is not measured while the node's is (no free RMID).
+    for d in &details {
+        let id = get(d, "id");
+        if let Some(why) = metrics.get(&id).map(|m| get(m, "membw_unavailable")) {
+            if !why.is_empty() {
+                out.push_str(&format!("{id}: memory bandwidth unavailable: {why}\n"));
+            }
+        }
     }
     Ok(out)
 }

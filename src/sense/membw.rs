@@ -3,8 +3,10 @@
 //! MBA capabilities (`info/MB/*`, the default group's `schemata`) that throttling needs
 //! (SODA §V-E). Everything takes the resctrl root (`DEFAULT_RESCTRL_ROOT`) as an argument.
 //!
-//! Reads only, except [`MonGroup`]: creating a job's monitoring group, moving its threads in and
-//! removing it are the writes monitoring needs, kept next to the reader that consumes them.
+//! Reads only, except the monitoring groups lodger makes for jobs: [`MonGroup`] (create, move
+//! threads in, remove) and [`JobMonGroups`], which keeps one group per job (`lodger-<job>`) in
+//! step with the job's threads each sensing pass and turns the groups' counters into bandwidth per
+//! job and per L3 domain. These are the only writes, kept next to the reader that consumes them.
 //!
 //! Where resctrl or MBM is missing, [`MbmReader::open`] and [`MbaCaps::read`] answer
 //! [`MembwError::Unavailable`] with the reason; the caller logs it once and reports bandwidth as
@@ -21,6 +23,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::enforce::procs::ProcReader;
+use crate::job::JobId;
 
 /// Where the kernel mounts resctrl.
 pub const DEFAULT_RESCTRL_ROOT: &str = "/sys/fs/resctrl";
@@ -446,7 +449,7 @@ fn read_optional_u32(path: &Path) -> Result<Option<u32>, MembwError> {
 
 /// A sum of per-domain rates, with a count of the readings that could not be turned into a
 /// rate and are therefore not in it (then the sum is a lower bound).
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct Bandwidth {
     pub bytes_per_s: f64,
     /// Readings left out: `Unavailable` or `Error` at either end, a counter that went
@@ -772,8 +775,11 @@ pub fn parse_mb_schemata(path: &Path, text: &str) -> Result<BTreeMap<u32, u32>, 
 /// resctrl semantics that a fixture tree cannot show: `mkdir` makes the kernel populate the
 /// directory (`tasks`, `cpus`, `mon_data/...`) and allocate an RMID (ENOSPC when none is free);
 /// writing a TID to `tasks` moves that one thread, and threads created later join their
-/// creator's group; `rmdir` of a group with files in it succeeds and gives its tasks back to
-/// the parent. On a plain directory these behave differently (the tests say where).
+/// creator's group; a thread can only move into a monitoring group of the control group it is
+/// in (EINVAL otherwise), and moving it to another control group takes it out of its monitoring
+/// group; `rmdir` of a group with files in it succeeds and gives its tasks back to the parent,
+/// and `rmdir` of a control group removes its monitoring groups with it. On a plain directory
+/// these behave differently (the tests say where).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MonGroup {
     id: GroupId,
@@ -786,6 +792,10 @@ pub struct TaskMove {
     pub moved: Vec<u32>,
     /// TIDs that exited before they could be moved (ESRCH).
     pub gone: Vec<u32>,
+    /// TIDs a monitoring group refused because they are in another control group now (EINVAL,
+    /// "Can't move task to different control group"): lodger's contention control moved them
+    /// meanwhile. Only [`MonGroup::move_threads`] reports these.
+    pub elsewhere: Vec<u32>,
 }
 
 impl MonGroup {
@@ -802,20 +812,7 @@ impl MonGroup {
         match fs::create_dir(&path) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists && path.is_dir() => {}
-            Err(source) => {
-                let hint = if source.raw_os_error() == Some(libc::ENOSPC) {
-                    format!(
-                        " (no free RMID: {} monitoring groups are the most this CPU can count)",
-                        read_optional_u32(&root.join(NUM_RMIDS))
-                            .ok()
-                            .flatten()
-                            .map_or_else(|| "num_rmids".to_string(), |n| n.to_string())
-                    )
-                } else {
-                    String::new()
-                };
-                return Err(MembwError::Create { path, source, hint });
-            }
+            Err(source) => return Err(create_error(root, path, source)),
         }
         Ok(Self { id, path })
     }
@@ -850,6 +847,7 @@ impl MonGroup {
             match file.write_all(value.as_bytes()) {
                 Ok(()) => done.moved.push(tid),
                 Err(e) if e.raw_os_error() == Some(libc::ESRCH) => done.gone.push(tid),
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => done.elsewhere.push(tid),
                 Err(source) => {
                     return Err(MembwError::Write {
                         path: path.clone(),
@@ -884,11 +882,49 @@ impl MonGroup {
         Ok(done)
     }
 
+    /// Makes sure each of `tids` is in the group, writing only those its `tasks` does not list,
+    /// so a second call with the same threads writes nothing. `Ok(None)` when the group is gone
+    /// (removed with its control group).
+    pub fn keep_threads(&self, tids: &[u32]) -> Result<Option<TaskMove>, MembwError> {
+        let Some(present) = read_tids(&self.path.join(TASKS))? else {
+            return Ok(None);
+        };
+        let missing: Vec<u32> = tids
+            .iter()
+            .copied()
+            .filter(|t| present.binary_search(t).is_err())
+            .collect();
+        if missing.is_empty() {
+            return Ok(Some(TaskMove::default()));
+        }
+        match self.move_threads(&missing) {
+            Ok(done) => Ok(Some(done)),
+            Err(_) if !self.path.is_dir() => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Removes the group (its tasks return to the parent group). `Ok(false)` when it was
     /// already gone.
     pub fn remove(self) -> Result<bool, MembwError> {
         remove_mon_group(&self.path)
     }
+}
+
+/// A failed mkdir of a monitoring group, saying so when the kernel ran out of RMIDs (ENOSPC).
+pub fn create_error(root: &Path, path: PathBuf, source: io::Error) -> MembwError {
+    let hint = if source.raw_os_error() == Some(libc::ENOSPC) {
+        format!(
+            " (no free RMID: {} monitoring groups are the most this CPU can count)",
+            read_optional_u32(&root.join(NUM_RMIDS))
+                .ok()
+                .flatten()
+                .map_or_else(|| "num_rmids".to_string(), |n| n.to_string())
+        )
+    } else {
+        String::new()
+    };
+    MembwError::Create { path, source, hint }
 }
 
 /// Removes `[<control>/]mon_groups/<name>` under `root`; `Ok(false)` when it does not exist.
@@ -914,6 +950,409 @@ fn remove_mon_group(path: &Path) -> Result<bool, MembwError> {
             source,
         }),
     }
+}
+
+/// The TIDs listed in a `tasks` file, sorted; `None` when the group's directory is gone. A fixture
+/// group made by `mkdir` has no `tasks` file until something is written: empty.
+fn read_tids(path: &Path) -> Result<Option<Vec<u32>>, MembwError> {
+    let text = match fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Ok(path.parent().is_some_and(Path::is_dir).then(Vec::new));
+        }
+        Err(source) => return Err(io_err(path)(source)),
+    };
+    let mut tids = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(|l| {
+            l.parse().map_err(|_| MembwError::Parse {
+                path: path.to_path_buf(),
+                value: l.to_string(),
+                reason: "is not a thread id".to_string(),
+            })
+        })
+        .collect::<Result<Vec<u32>, _>>()?;
+    tids.sort_unstable();
+    Ok(Some(tids))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Per-job monitoring groups (writes).
+
+/// Prefix of the monitoring groups lodger makes for jobs (`lodger-j7`). The sweep at start
+/// removes groups with this prefix only: other monitoring groups belong to other tools.
+pub const JOB_GROUP_PREFIX: &str = "lodger-";
+
+/// Sensing passes between two attempts to create a job's group after the kernel refused one: no
+/// free RMID (one frees up when a job leaves; on Intel only once the freed RMID's cache
+/// occupancy has drained), or another error that may pass.
+pub const CREATE_RETRY_PASSES: u32 = 30;
+
+/// The monitoring group of a job: `lodger-<job id>`.
+pub fn job_group_name(job: &JobId) -> String {
+    format!("{JOB_GROUP_PREFIX}{job}")
+}
+
+/// Something per-job monitoring has to say, each said once (the caller logs it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JobGroupNote {
+    /// Per-job bandwidth is unavailable for this job: the kernel refused its group (ENOSPC: no
+    /// free RMID). Creation is tried again every [`CREATE_RETRY_PASSES`] passes, quietly.
+    Unavailable { job: JobId, reason: String },
+    /// A group could be made after an earlier refusal: the job is measured again.
+    Measured { job: JobId },
+    /// Reading or writing a group failed; it is tried again next pass. A failure that repeats
+    /// is said once.
+    Failed { job: JobId, error: String },
+}
+
+/// What [`sweep_job_groups`] did.
+#[derive(Debug, Default)]
+pub struct Swept {
+    pub removed: Vec<GroupId>,
+    pub failed: Vec<MembwError>,
+}
+
+/// Removes every `lodger-*` monitoring group, under the default group and under each control
+/// group: the groups of a lodgerd that stopped without removing them (killed, crashed). Their
+/// threads go back to the control group they are in. Other monitoring groups are left alone.
+pub fn sweep_job_groups(root: &Path) -> Result<Swept, MembwError> {
+    check_mounted(root)?;
+    let mut swept = Swept::default();
+    let mut controls = vec![None];
+    controls.extend(control_groups(root)?.into_iter().map(Some));
+    for control in controls {
+        let mon_groups = match &control {
+            Some(c) => root.join(c).join(MON_GROUPS),
+            None => root.join(MON_GROUPS),
+        };
+        for name in subdirs(&mon_groups)? {
+            if !name.starts_with(JOB_GROUP_PREFIX) {
+                continue;
+            }
+            let id = GroupId::monitor(control.as_deref(), &name);
+            match remove_mon_group(&root.join(id.relative_path())) {
+                Ok(true) => swept.removed.push(id),
+                Ok(false) => {}
+                Err(e) => swept.failed.push(e),
+            }
+        }
+    }
+    Ok(swept)
+}
+
+/// Which control group each thread outside the default group is in, from every control group's
+/// `tasks` (the kernel lists there the threads of the control group's monitoring groups too).
+fn thread_controls(root: &Path) -> Result<BTreeMap<u32, String>, MembwError> {
+    let mut controls = BTreeMap::new();
+    for control in control_groups(root)? {
+        // A control group removed since it was listed holds nobody.
+        let Some(tids) = read_tids(&root.join(&control).join(TASKS))? else {
+            continue;
+        };
+        for tid in tids {
+            controls.entry(tid).or_insert_with(|| control.clone());
+        }
+    }
+    Ok(controls)
+}
+
+/// Makes a monitoring group: [`MonGroup::create`], or in tests a stand-in that refuses as the
+/// kernel does when RMIDs run out (ENOSPC), which a plain directory cannot.
+pub type CreateMonGroup =
+    Box<dyn FnMut(&Path, Option<&str>, &str) -> Result<MonGroup, MembwError> + Send>;
+
+/// One monitoring group per job, `[<control>/]mon_groups/lodger-<job>`, kept in step with the
+/// job's threads each pass, and the job's bandwidth from the groups' counters.
+///
+/// Which control group: a thread's monitoring group belongs to the control group it is in, and
+/// moving a thread to another control group takes it out of its monitoring group. lodger's
+/// contention control moves offline jobs into its own control group (`lodger-lodgers`, for MBA)
+/// and back, so a job's group lives under the control group its threads are in, read each pass
+/// from the control groups' `tasks` files. A job whose threads are in two control groups has a
+/// group under each and its bandwidth is their sum; when its threads move, the group under the new
+/// control group gives its first rate a pass later and the one left empty is removed.
+pub struct JobMonGroups {
+    root: PathBuf,
+    procs: ProcReader,
+    create: CreateMonGroup,
+    jobs: BTreeMap<JobId, JobGroups>,
+}
+
+#[derive(Debug, Default)]
+struct JobGroups {
+    /// By control group (`None`: the default group).
+    groups: BTreeMap<Option<String>, MonGroup>,
+    /// Set while the kernel refuses the job a group.
+    refused: Option<Refusal>,
+    /// The failure said last, so that one that repeats is said once.
+    failure: Option<String>,
+}
+
+#[derive(Debug)]
+struct Refusal {
+    reason: String,
+    /// Passes left before the next attempt.
+    retry_in: u32,
+}
+
+/// A job's memory bandwidth between two samples, from its monitoring groups.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct JobBandwidth {
+    /// Per L3 domain, summed over the job's groups; only domains where a rate exists.
+    pub domains: BTreeMap<u32, f64>,
+    /// The sum over the job's groups and domains, with the readings left out (`Unavailable` or
+    /// `Error`, a counter that reset, a group or domain new since the older sample): a lower
+    /// bound when `missing` is not 0.
+    pub total: Bandwidth,
+    /// Why the job is not measured: the kernel refused its group (no free RMID, ...).
+    pub unavailable: Option<String>,
+}
+
+impl JobBandwidth {
+    /// Bytes/s, when the job is measured and at least one reading gave a rate.
+    pub fn bytes_per_s(&self) -> Option<f64> {
+        (self.unavailable.is_none() && !self.domains.is_empty()).then_some(self.total.bytes_per_s)
+    }
+}
+
+impl JobMonGroups {
+    /// Per-job groups under the resctrl mounted at `root`; each job's threads are listed from
+    /// `<proc_root>/<pid>/task`.
+    pub fn new(root: impl Into<PathBuf>, proc_root: &Path) -> Self {
+        Self {
+            root: root.into(),
+            procs: ProcReader::new(proc_root),
+            create: Box::new(|root: &Path, control: Option<&str>, name: &str| {
+                MonGroup::create(root, control, name)
+            }),
+            jobs: BTreeMap::new(),
+        }
+    }
+
+    /// Replaces how groups are made (tests: a kernel out of RMIDs).
+    pub fn with_create(mut self, create: CreateMonGroup) -> Self {
+        self.create = create;
+        self
+    }
+
+    /// The groups `job` has now.
+    pub fn groups(&self, job: &JobId) -> Vec<GroupId> {
+        self.jobs
+            .get(job)
+            .map(|j| j.groups.values().map(|g| g.id().clone()).collect())
+            .unwrap_or_default()
+    }
+
+    /// One pass. For each job and its processes: every current thread is put in the job's
+    /// group under the control group the thread is in (made when missing; only threads not
+    /// already listed are written, so a second pass writes nothing), and a group whose control
+    /// group holds none of the job's threads any more is removed. A process or thread that
+    /// exited is skipped, not an error. Jobs not listed lose their groups.
+    pub fn sync<'a>(
+        &mut self,
+        jobs: impl IntoIterator<Item = (&'a JobId, &'a [u32])>,
+    ) -> Vec<JobGroupNote> {
+        let jobs: Vec<(&JobId, &[u32])> = jobs.into_iter().collect();
+        let mut notes = Vec::new();
+        let left: Vec<JobId> = self
+            .jobs
+            .keys()
+            .filter(|id| !jobs.iter().any(|(j, _)| j == id))
+            .cloned()
+            .collect();
+        for id in left {
+            notes.extend(self.forget(&id));
+        }
+        if jobs.is_empty() {
+            return notes;
+        }
+        let controls = match thread_controls(&self.root) {
+            Ok(controls) => controls,
+            Err(e) => {
+                // Without it a thread could be written into the wrong control group's group.
+                let error = format!("cannot tell which control group threads are in: {e}");
+                for (id, _) in jobs {
+                    let job = self.jobs.entry(id.clone()).or_default();
+                    say_failure(id, job, Some(error.clone()), &mut notes);
+                }
+                return notes;
+            }
+        };
+        for (id, pids) in jobs {
+            self.sync_job(id, pids, &controls, &mut notes);
+        }
+        notes
+    }
+
+    fn sync_job(
+        &mut self,
+        id: &JobId,
+        pids: &[u32],
+        controls: &BTreeMap<u32, String>,
+        notes: &mut Vec<JobGroupNote>,
+    ) {
+        let mut problem: Option<String> = None;
+        let mut tids = Vec::new();
+        for &pid in pids {
+            // A process that exited lists no threads; only a failed read is a problem.
+            if let Err(e) = self.procs.threads(pid, &mut tids) {
+                problem.get_or_insert(e.to_string());
+            }
+        }
+        tids.sort_unstable();
+        tids.dedup();
+        let mut by_control: BTreeMap<Option<String>, Vec<u32>> = BTreeMap::new();
+        for tid in tids {
+            by_control
+                .entry(controls.get(&tid).cloned())
+                .or_default()
+                .push(tid);
+        }
+        let name = job_group_name(id);
+        let job = self.jobs.entry(id.clone()).or_default();
+        let emptied: Vec<Option<String>> = job
+            .groups
+            .keys()
+            .filter(|c| !by_control.contains_key(*c))
+            .cloned()
+            .collect();
+        for control in emptied {
+            if let Some(group) = job.groups.remove(&control) {
+                if let Err(e) = group.remove() {
+                    problem.get_or_insert(e.to_string());
+                }
+            }
+        }
+        if let Some(refused) = &mut job.refused {
+            refused.retry_in = refused.retry_in.saturating_sub(1);
+        }
+        for (control, tids) in &by_control {
+            if !job.groups.contains_key(control) {
+                if job.refused.as_ref().is_some_and(|r| r.retry_in > 0) {
+                    continue;
+                }
+                match (self.create)(&self.root, control.as_deref(), &name) {
+                    Ok(group) => {
+                        job.groups.insert(control.clone(), group);
+                        if job.refused.take().is_some() {
+                            notes.push(JobGroupNote::Measured { job: id.clone() });
+                        }
+                    }
+                    // Contention control removed its control group since `tasks` was read: the
+                    // threads are back in the default group, and found there next pass.
+                    Err(e) if control_vanished(&self.root, control.as_deref(), &e) => {}
+                    Err(e) => {
+                        let reason = e.to_string();
+                        if job.refused.is_none() {
+                            notes.push(JobGroupNote::Unavailable {
+                                job: id.clone(),
+                                reason: reason.clone(),
+                            });
+                        }
+                        job.refused = Some(Refusal {
+                            reason,
+                            retry_in: CREATE_RETRY_PASSES,
+                        });
+                    }
+                }
+            }
+            let Some(group) = job.groups.get(control) else {
+                continue;
+            };
+            // Threads that moved to another control group meanwhile (`elsewhere`) are put in the
+            // group there next pass.
+            match group.keep_threads(tids) {
+                Ok(Some(_)) => {}
+                // The group went with its control group: as above.
+                Ok(None) => {
+                    job.groups.remove(control);
+                }
+                Err(e) => {
+                    problem.get_or_insert(e.to_string());
+                }
+            }
+        }
+        say_failure(id, job, problem, notes);
+    }
+
+    /// Removes a job's groups (the job left). Notes say what failed.
+    pub fn forget(&mut self, job: &JobId) -> Vec<JobGroupNote> {
+        let mut notes = Vec::new();
+        if let Some(groups) = self.jobs.remove(job) {
+            for group in groups.groups.into_values() {
+                if let Err(e) = group.remove() {
+                    notes.push(JobGroupNote::Failed {
+                        job: job.clone(),
+                        error: e.to_string(),
+                    });
+                }
+            }
+        }
+        notes
+    }
+
+    /// Removes every job's groups (the sampler stops).
+    pub fn remove_all(&mut self) -> Vec<JobGroupNote> {
+        let jobs: Vec<JobId> = self.jobs.keys().cloned().collect();
+        jobs.iter().flat_map(|id| self.forget(id)).collect()
+    }
+
+    /// Each job's bandwidth from `rates`, the rates between two samples taken after [`sync`]
+    /// (so they include the job's groups). Without rates (the first pass) only refusals are
+    /// reported.
+    ///
+    /// [`sync`]: JobMonGroups::sync
+    pub fn bandwidth(&self, rates: Option<&MbmRates>) -> BTreeMap<JobId, JobBandwidth> {
+        let mut out = BTreeMap::new();
+        for (id, job) in &self.jobs {
+            let mut bw = JobBandwidth::default();
+            if let Some(refused) = &job.refused {
+                bw.unavailable = Some(refused.reason.clone());
+            } else if let Some(rates) = rates {
+                for group in job.groups.values() {
+                    let Some(rate) = rates.groups.get(group.id()) else {
+                        bw.total.missing += 1;
+                        continue;
+                    };
+                    for (&domain, &r) in &rate.domains {
+                        bw.total.add(r);
+                        if let Some(r) = r {
+                            *bw.domains.entry(domain).or_insert(0.0) += r;
+                        }
+                    }
+                }
+            }
+            out.insert(id.clone(), bw);
+        }
+        out
+    }
+}
+
+/// Says a job's failure unless it is the one said last; a pass without one clears it.
+fn say_failure(
+    id: &JobId,
+    job: &mut JobGroups,
+    problem: Option<String>,
+    notes: &mut Vec<JobGroupNote>,
+) {
+    if let Some(error) = &problem {
+        if job.failure.as_ref() != Some(error) {
+            notes.push(JobGroupNote::Failed {
+                job: id.clone(),
+                error: error.clone(),
+            });
+        }
+    }
+    job.failure = problem;
+}
+
+/// mkdir failed because the control group it was under is no longer there.
+fn control_vanished(root: &Path, control: Option<&str>, err: &MembwError) -> bool {
+    matches!(err, MembwError::Create { source, .. } if source.kind() == io::ErrorKind::NotFound)
+        && control.is_some_and(|c| !root.join(c).is_dir())
 }
 
 /// Why `name` cannot be a resctrl group directory, or `None` when it can. Shared with
@@ -1434,5 +1873,425 @@ mod tests {
                 );
             }
         }
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Per-job monitoring groups.
+
+    fn job(n: u64) -> JobId {
+        JobId::from_seq(n)
+    }
+
+    /// A fake `/proc` with `<pid>/task/<tid>` for each process and its threads.
+    fn fake_proc(root: &Path, processes: &[(u32, &[u32])]) {
+        for (pid, tids) in processes {
+            for tid in *tids {
+                fs::create_dir_all(
+                    root.join(pid.to_string())
+                        .join("task")
+                        .join(tid.to_string()),
+                )
+                .expect("fake task dir");
+            }
+        }
+    }
+
+    /// What the kernel does on mkdir of a monitoring group: it fills `mon_data` with a counter
+    /// per L3 domain.
+    fn simulate_kernel_mkdir(group: &Path, counters: &[(&str, &str)]) {
+        for (domain, value) in counters {
+            write(
+                &group.join(MON_DATA).join(domain).join(MBM_TOTAL_BYTES),
+                value,
+            );
+        }
+    }
+
+    /// What the kernel does on rmdir of a group: its files go with it. A plain directory needs
+    /// them removed first.
+    fn simulate_kernel_rmdir(group: &Path) {
+        let Ok(entries) = fs::read_dir(group) else {
+            return;
+        };
+        for entry in entries {
+            let path = entry.expect("entry").path();
+            if path.is_dir() {
+                fs::remove_dir_all(&path).expect("remove kernel dir");
+            } else {
+                fs::remove_file(&path).expect("remove kernel file");
+            }
+        }
+    }
+
+    fn tasks_of(dir: &Path) -> String {
+        fs::read_to_string(dir.join(TASKS)).unwrap_or_default()
+    }
+
+    fn sync(groups: &mut JobMonGroups, jobs: &[(JobId, Vec<u32>)]) -> Vec<JobGroupNote> {
+        groups.sync(jobs.iter().map(|(id, pids)| (id, pids.as_slice())))
+    }
+
+    #[test]
+    fn job_groups_are_made_and_follow_new_threads() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let (root, proc_root) = (tmp.path().join("resctrl"), tmp.path().join("proc"));
+        copy_tree(&fixture("intel-mba-mbm"), &root);
+        fake_proc(&proc_root, &[(100, &[100, 101]), (200, &[200])]);
+        let mut groups = JobMonGroups::new(&root, &proc_root);
+        // Job 3 lists a process that has exited: skipped, not an error.
+        let jobs = vec![(job(1), vec![100]), (job(2), vec![200, 999])];
+        assert_eq!(sync(&mut groups, &jobs), []);
+        let j1 = root.join("mon_groups/lodger-j1");
+        assert_eq!(tasks_of(&j1), "100\n101\n");
+        assert_eq!(tasks_of(&root.join("mon_groups/lodger-j2")), "200\n");
+        assert_eq!(
+            groups.groups(&job(1)),
+            [GroupId::monitor(None, "lodger-j1")]
+        );
+        // Other monitoring groups are not touched.
+        assert_eq!(
+            tasks_of(&root.join("mon_groups/j1")),
+            "48211\n48230\n48231\n48232\n48233\n"
+        );
+
+        // A second pass writes nothing: every thread is listed already.
+        assert_eq!(sync(&mut groups, &jobs), []);
+        assert_eq!(tasks_of(&j1), "100\n101\n");
+
+        // A thread started before the group existed (or by a process the job gained) is added.
+        fake_proc(&proc_root, &[(100, &[102])]);
+        sync(&mut groups, &jobs);
+        assert_eq!(tasks_of(&j1), "100\n101\n102\n");
+
+        // The job's process exits: its group is left empty and removed.
+        fs::remove_dir_all(proc_root.join("100")).expect("exit");
+        simulate_kernel_rmdir(&j1);
+        assert_eq!(sync(&mut groups, &jobs), []);
+        assert!(!j1.exists());
+        assert!(groups.groups(&job(1)).is_empty());
+    }
+
+    #[test]
+    fn job_bandwidth_per_domain_with_unavailable_and_reset_readings() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let (root, proc_root) = (tmp.path().join("resctrl"), tmp.path().join("proc"));
+        copy_tree(&fixture("amd"), &root);
+        fake_proc(&proc_root, &[(100, &[100]), (200, &[200])]);
+        let mut groups = JobMonGroups::new(&root, &proc_root);
+        let jobs = vec![(job(1), vec![100]), (job(2), vec![200])];
+        sync(&mut groups, &jobs);
+        let (j1, j2) = (
+            root.join("mon_groups/lodger-j1"),
+            root.join("mon_groups/lodger-j2"),
+        );
+        let domains = ["mon_L3_00", "mon_L3_01", "mon_L3_02", "mon_L3_03"];
+        simulate_kernel_mkdir(&j1, &domains.map(|d| (d, "1000\n")));
+        // A fresh RMID: the AMD kernel says Unavailable until the hardware has a count.
+        simulate_kernel_mkdir(&j2, &domains.map(|d| (d, "Unavailable\n")));
+        let reader = MbmReader::open(&root).expect("open");
+        let first = reader.sample().expect("first");
+        // No rates from a single sample.
+        let bw = groups.bandwidth(None);
+        assert_eq!(bw[&job(1)].bytes_per_s(), None);
+
+        // Two seconds: j1 moves 4 GB on domain 0 and 2 GB on domain 3; domain 1 reads Error and
+        // domain 2's counter went backwards (the domain went offline and back).
+        write(
+            &counter(&root, "mon_groups/lodger-j1", "mon_L3_00"),
+            "4000001000\n",
+        );
+        write(
+            &counter(&root, "mon_groups/lodger-j1", "mon_L3_01"),
+            "Error\n",
+        );
+        write(&counter(&root, "mon_groups/lodger-j1", "mon_L3_02"), "10\n");
+        write(
+            &counter(&root, "mon_groups/lodger-j1", "mon_L3_03"),
+            "2000001000\n",
+        );
+        write(
+            &counter(&root, "mon_groups/lodger-j2", "mon_L3_00"),
+            "5000\n",
+        );
+        assert_eq!(sync(&mut groups, &jobs), []);
+        let second = later(&first, reader.sample().expect("second"), 2);
+        let r = rates(&first, &second);
+        let bw = groups.bandwidth(Some(&r));
+        let b1 = &bw[&job(1)];
+        assert_eq!(b1.domains, BTreeMap::from([(0, 2e9), (3, 1e9)]));
+        assert_eq!(b1.total.bytes_per_s, 3e9);
+        assert_eq!(b1.total.missing, 2);
+        assert_eq!(b1.bytes_per_s(), Some(3e9));
+        // j2 has no count anywhere yet: unmeasured, not zero.
+        assert_eq!(bw[&job(2)].bytes_per_s(), None);
+        assert!(bw[&job(2)].domains.is_empty());
+
+        // The next interval is clean for j1 and j2 starts counting.
+        write(
+            &counter(&root, "mon_groups/lodger-j1", "mon_L3_01"),
+            "3000\n",
+        );
+        write(
+            &counter(&root, "mon_groups/lodger-j2", "mon_L3_00"),
+            "1005000\n",
+        );
+        let third = later(&second, reader.sample().expect("third"), 1);
+        let bw = groups.bandwidth(Some(&rates(&second, &third)));
+        assert_eq!(bw[&job(1)].bytes_per_s(), Some(0.0));
+        assert_eq!(bw[&job(1)].total.missing, 1, "domain 1 was Error before");
+        assert_eq!(bw[&job(2)].domains, BTreeMap::from([(0, 1e6)]));
+    }
+
+    #[test]
+    fn job_group_follows_its_threads_into_lodgers_control_group_and_back() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let (root, proc_root) = (tmp.path().join("resctrl"), tmp.path().join("proc"));
+        copy_tree(&fixture("intel-mba-mbm"), &root);
+        fake_proc(&proc_root, &[(300, &[300, 301])]);
+        let mut groups = JobMonGroups::new(&root, &proc_root);
+        let jobs = vec![(job(3), vec![300])];
+        sync(&mut groups, &jobs);
+        let in_default = root.join("mon_groups/lodger-j3");
+        assert_eq!(tasks_of(&in_default), "300\n301\n");
+
+        // Contention control moves the job into lodger's control group for MBA: the kernel
+        // lists the threads there, and takes them out of their monitoring group.
+        let control = root.join("lodger-lodgers");
+        fs::write(control.join(TASKS), "300\n301\n").expect("move to control group");
+        simulate_kernel_rmdir(&in_default);
+        assert_eq!(sync(&mut groups, &jobs), []);
+        let in_control = control.join("mon_groups/lodger-j3");
+        assert_eq!(tasks_of(&in_control), "300\n301\n");
+        assert!(!in_default.exists(), "the emptied group is removed");
+        assert_eq!(
+            groups.groups(&job(3)),
+            [GroupId::monitor(Some("lodger-lodgers"), "lodger-j3")]
+        );
+        // The other job's group under the control group is not touched.
+        assert_eq!(tasks_of(&control.join("mon_groups/j3")), "51002\n51003\n");
+
+        // A thread started meanwhile in the default group: the job has a group under each, and
+        // its bandwidth is their sum.
+        fake_proc(&proc_root, &[(300, &[302])]);
+        sync(&mut groups, &jobs);
+        assert_eq!(tasks_of(&in_default), "302\n");
+        simulate_kernel_mkdir(&in_default, &[("mon_L3_00", "0\n"), ("mon_L3_01", "0\n")]);
+        simulate_kernel_mkdir(&in_control, &[("mon_L3_00", "0\n"), ("mon_L3_01", "0\n")]);
+        let reader = MbmReader::open(&root).expect("open");
+        let first = reader.sample().expect("first");
+        write(
+            &in_default.join("mon_data/mon_L3_00/mbm_total_bytes"),
+            "100\n",
+        );
+        write(
+            &in_control.join("mon_data/mon_L3_00/mbm_total_bytes"),
+            "200\n",
+        );
+        write(
+            &in_control.join("mon_data/mon_L3_01/mbm_total_bytes"),
+            "50\n",
+        );
+        let second = later(&first, reader.sample().expect("second"), 1);
+        let bw = &groups.bandwidth(Some(&rates(&first, &second)))[&job(3)];
+        assert_eq!(bw.domains, BTreeMap::from([(0, 300.0), (1, 50.0)]));
+        assert!(bw.total.is_complete());
+
+        // Throttling ends and the control group is removed with its monitoring groups: the
+        // threads are back in the default group.
+        simulate_kernel_rmdir(&control);
+        fs::remove_dir(&control).expect("rmdir control group");
+        assert_eq!(sync(&mut groups, &jobs), []);
+        assert_eq!(tasks_of(&in_default), "302\n300\n301\n");
+        assert_eq!(
+            groups.groups(&job(3)),
+            [GroupId::monitor(None, "lodger-j3")]
+        );
+    }
+
+    #[test]
+    fn job_groups_go_when_the_job_leaves_and_when_everything_stops() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let (root, proc_root) = (tmp.path().join("resctrl"), tmp.path().join("proc"));
+        copy_tree(&fixture("intel-mba-mbm"), &root);
+        fake_proc(&proc_root, &[(100, &[100]), (200, &[200])]);
+        let mut groups = JobMonGroups::new(&root, &proc_root);
+        sync(&mut groups, &[(job(1), vec![100]), (job(2), vec![200])]);
+        let (j1, j2) = (
+            root.join("mon_groups/lodger-j1"),
+            root.join("mon_groups/lodger-j2"),
+        );
+        simulate_kernel_rmdir(&j1);
+        assert_eq!(sync(&mut groups, &[(job(2), vec![200])]), []);
+        assert!(!j1.exists() && j2.exists());
+        assert_eq!(groups.bandwidth(None).keys().collect::<Vec<_>>(), [&job(2)]);
+
+        // A removal that fails is said, with the path.
+        let notes = groups.remove_all();
+        assert!(
+            matches!(&notes[..], [JobGroupNote::Failed { job: failed, error }]
+                if *failed == job(2) && error.contains("mon_groups/lodger-j2")),
+            "{notes:?}"
+        );
+        // The job is forgotten either way; the kernel would have removed the group.
+        assert!(groups.bandwidth(None).is_empty());
+        simulate_kernel_rmdir(&j2);
+        fs::remove_dir(&j2).expect("rmdir");
+
+        sync(&mut groups, &[(job(1), vec![100])]);
+        simulate_kernel_rmdir(&j1);
+        assert_eq!(groups.forget(&job(1)), []);
+        assert!(!j1.exists());
+    }
+
+    #[test]
+    fn stale_sweep_removes_only_lodgers_groups() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        copy_tree(&fixture("intel-mba-mbm"), tmp.path());
+        for dir in [
+            "mon_groups/lodger-j9",
+            "lodger-lodgers/mon_groups/lodger-j4",
+        ] {
+            fs::create_dir_all(tmp.path().join(dir)).expect("stale group");
+        }
+        let swept = sweep_job_groups(tmp.path()).expect("sweep");
+        assert!(swept.failed.is_empty(), "{:?}", swept.failed);
+        let removed: Vec<String> = swept.removed.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            removed,
+            [
+                "mon_groups/lodger-j9",
+                "lodger-lodgers/mon_groups/lodger-j4"
+            ]
+        );
+        assert!(tmp.path().join("mon_groups/j1").is_dir());
+        assert!(tmp.path().join("lodger-lodgers/mon_groups/j3").is_dir());
+        // Nothing left: nothing to do.
+        assert!(sweep_job_groups(tmp.path())
+            .expect("again")
+            .removed
+            .is_empty());
+        // A stale group the kernel will not remove is reported, not fatal.
+        write(&tmp.path().join("mon_groups/lodger-j5/tasks"), "1\n");
+        let swept = sweep_job_groups(tmp.path()).expect("sweep");
+        assert_eq!(swept.failed.len(), 1);
+        assert!(
+            swept.failed[0].to_string().contains("lodger-j5"),
+            "{:?}",
+            swept.failed
+        );
+        // No resctrl: unavailable, as for reading.
+        assert!(sweep_job_groups(&fixture("none"))
+            .expect_err("none")
+            .is_unavailable());
+    }
+
+    #[test]
+    fn out_of_rmids_makes_one_job_unavailable_with_one_note_and_a_quiet_retry() {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        use std::sync::Arc;
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let (root, proc_root) = (tmp.path().join("resctrl"), tmp.path().join("proc"));
+        copy_tree(&fixture("intel-mba-mbm"), &root);
+        fake_proc(&proc_root, &[(100, &[100]), (200, &[200])]);
+        // The kernel's RMID allocator, which a plain directory lacks: one RMID is free.
+        let free = Arc::new(AtomicU32::new(1));
+        let attempts = Arc::new(AtomicU32::new(0));
+        let (f, a) = (free.clone(), attempts.clone());
+        let mut groups = JobMonGroups::new(&root, &proc_root).with_create(Box::new(
+            move |root: &Path, control: Option<&str>, name: &str| {
+                a.fetch_add(1, Ordering::SeqCst);
+                if f.load(Ordering::SeqCst) == 0 {
+                    let path = root.join(GroupId::monitor(control, name).relative_path());
+                    return Err(create_error(
+                        root,
+                        path,
+                        io::Error::from_raw_os_error(libc::ENOSPC),
+                    ));
+                }
+                f.fetch_sub(1, Ordering::SeqCst);
+                MonGroup::create(root, control, name)
+            },
+        ));
+        let jobs = vec![(job(1), vec![100]), (job(2), vec![200])];
+        let notes = sync(&mut groups, &jobs);
+        let [JobGroupNote::Unavailable {
+            job: refused,
+            reason,
+        }] = &notes[..]
+        else {
+            panic!("one note: {notes:?}");
+        };
+        assert_eq!(*refused, job(2));
+        assert!(reason.contains("no free RMID: 224"), "{reason}");
+        assert!(reason.contains("mon_groups/lodger-j2"), "{reason}");
+        assert!(!root.join("mon_groups/lodger-j2").exists());
+        assert_eq!(attempts.load(Ordering::SeqCst), 2);
+        let bw = groups.bandwidth(None);
+        assert_eq!(bw[&job(2)].unavailable.as_deref(), Some(reason.as_str()));
+        assert_eq!(bw[&job(2)].bytes_per_s(), None);
+        assert_eq!(bw[&job(1)].unavailable, None);
+
+        // No error loop: the next passes say nothing and do not try again at once.
+        for _ in 1..CREATE_RETRY_PASSES {
+            assert_eq!(sync(&mut groups, &jobs), []);
+        }
+        assert_eq!(attempts.load(Ordering::SeqCst), 2);
+        // Still none free at the retry: tried once, quietly.
+        assert_eq!(sync(&mut groups, &jobs), []);
+        assert_eq!(attempts.load(Ordering::SeqCst), 3);
+
+        // Job 1 leaves and its RMID is free again: job 2 gets a group at the next retry.
+        simulate_kernel_rmdir(&root.join("mon_groups/lodger-j1"));
+        let jobs = vec![(job(2), vec![200])];
+        sync(&mut groups, &jobs);
+        free.fetch_add(1, Ordering::SeqCst);
+        let mut notes = Vec::new();
+        for _ in 0..CREATE_RETRY_PASSES {
+            notes.extend(sync(&mut groups, &jobs));
+        }
+        assert_eq!(notes, [JobGroupNote::Measured { job: job(2) }]);
+        assert_eq!(tasks_of(&root.join("mon_groups/lodger-j2")), "200\n");
+        assert_eq!(groups.bandwidth(None)[&job(2)].unavailable, None);
+    }
+
+    #[test]
+    fn a_failure_that_repeats_is_said_once() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let (root, proc_root) = (tmp.path().join("resctrl"), tmp.path().join("proc"));
+        copy_tree(&fixture("intel-mba-mbm"), &root);
+        fake_proc(&proc_root, &[(100, &[100])]);
+        let mut groups = JobMonGroups::new(&root, &proc_root);
+        let jobs = vec![(job(1), vec![100])];
+        write(&root.join("lodger-lodgers/tasks"), "garbage\n");
+        let notes = sync(&mut groups, &jobs);
+        assert!(
+            matches!(&notes[..], [JobGroupNote::Failed { error, .. }]
+                if error.contains("lodger-lodgers/tasks") && error.contains("'garbage'")),
+            "{notes:?}"
+        );
+        assert_eq!(sync(&mut groups, &jobs), []);
+        // Nothing was written while the control groups could not be read.
+        assert!(!root.join("mon_groups/lodger-j1").exists());
+        write(&root.join("lodger-lodgers/tasks"), "");
+        assert_eq!(sync(&mut groups, &jobs), []);
+        assert_eq!(tasks_of(&root.join("mon_groups/lodger-j1")), "100\n");
+    }
+
+    #[test]
+    fn keep_threads_writes_only_missing_threads_and_sees_a_vanished_group() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        copy_tree(&fixture("intel-mba-mbm"), tmp.path());
+        let group = MonGroup::create(tmp.path(), None, "lodger-j1").expect("create");
+        let done = group.keep_threads(&[5, 6]).expect("keep").expect("present");
+        assert_eq!(done.moved, [5, 6]);
+        let done = group
+            .keep_threads(&[5, 6, 7])
+            .expect("keep")
+            .expect("present");
+        assert_eq!(done.moved, [7]);
+        assert_eq!(tasks_of(group.path()), "5\n6\n7\n");
+        simulate_kernel_rmdir(group.path());
+        fs::remove_dir(group.path()).expect("rmdir");
+        assert_eq!(group.keep_threads(&[5]).expect("gone"), None);
     }
 }

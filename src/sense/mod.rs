@@ -1,7 +1,8 @@
 //! Sensing: one module per signal, each a small trait with a real implementation that takes its
 //! root (`/proc`, `/sys`, `/sys/fs/resctrl`) as an argument. Readers return raw samples
 //! (monotonic counters with their timestamps); rates are derived purely from two samples.
-//! May touch /proc, /sys, perf_event_open and libnvidia-ml, read-only.
+//! May touch /proc, /sys, perf_event_open and libnvidia-ml, read-only; and resctrl monitoring
+//! groups named `lodger-<job>`, which measuring a job's memory bandwidth needs (`membw`).
 
 pub mod cpu;
 pub mod gpu;
@@ -31,8 +32,16 @@ pub struct JobMetrics {
     pub gpu_percent: Option<f64>,
     /// Where `gpu_percent` came from: `nvml` or `emulated`.
     pub gpu_source: Option<String>,
-    /// Memory bandwidth, bytes/s (resctrl MBM).
+    /// Memory bandwidth, bytes/s (resctrl MBM, the job's monitoring groups): a lower bound when
+    /// some of its counters read `Unavailable` or `Error`.
     pub membw_bytes_per_s: Option<f64>,
+    /// The same per L3 domain (the `XX` of `mon_L3_XX`), for the domains with a rate.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub membw_domains: BTreeMap<u32, f64>,
+    /// Why the job's memory bandwidth is not measured while the node's is (the kernel refused
+    /// its monitoring group: no free RMID).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub membw_unavailable: Option<String>,
 }
 
 /// One GPU's signals.

@@ -5,6 +5,11 @@
 //!
 //! Each missing feature (no NVML, no PMU, no resctrl, no PSI) is said once, at start, with the
 //! reason; afterwards it is reported as `unavailable: <why>` in [`SourceStatus`].
+//!
+//! Where resctrl counts memory bandwidth, each job gets a monitoring group (`lodger-<job>`,
+//! [`JobMonGroups`]) kept in step with its threads every pass; groups left by an earlier lodgerd
+//! are swept at start, and a job's groups are removed when it leaves and when the sampler is
+//! dropped (its thread ends when the agent's does).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -20,12 +25,59 @@ use crate::sense::cpu::{
     CpuReader, JobCpuRate, JobCpuSample, NodeCpuRates, PressureSample, StallRates, StatSample,
 };
 use crate::sense::gpu::{self, GpuSource, GpuSourceKind, GpuStatus};
-use crate::sense::membw::{self, MbmReader, MbmSample, ObservedPeak};
+use crate::sense::membw::{self, JobGroupNote, JobMonGroups, MbmReader, MbmSample, ObservedPeak};
 use crate::sense::net::{self, NetReader, NetSample};
 use crate::sense::perf::{Counters, PerfCounters, PerfRates, PerfSample, PerfSettings, PerfTarget};
 use crate::sense::{
     GpuMetrics, JobMetrics, NetMetrics, NodeMetrics, Observations, SensedJob, SourceStatus,
 };
+
+impl Drop for Sampler {
+    /// Removes the jobs' monitoring groups: resctrl's RMIDs are few, and a group lodger no longer
+    /// keeps in step measures nothing useful.
+    fn drop(&mut self) {
+        if let Some(groups) = &mut self.job_groups {
+            say(groups.remove_all());
+        }
+    }
+}
+
+/// Logs what per-job monitoring has to say (each note is said once by `JobMonGroups`).
+fn say(notes: Vec<JobGroupNote>) {
+    for note in notes {
+        match note {
+            JobGroupNote::Unavailable { job, reason } => {
+                warn!(%job, "per-job memory bandwidth unavailable for this job: {reason}")
+            }
+            JobGroupNote::Measured { job } => {
+                info!(%job, "per-job memory bandwidth measured again")
+            }
+            JobGroupNote::Failed { job, error } => {
+                warn!(%job, "per-job memory bandwidth: {error}")
+            }
+        }
+    }
+}
+
+/// Removes the `lodger-*` monitoring groups a lodgerd that was killed left behind.
+fn sweep_stale_job_groups(root: &std::path::Path) {
+    match membw::sweep_job_groups(root) {
+        Ok(swept) => {
+            if !swept.removed.is_empty() {
+                let names: Vec<String> = swept.removed.iter().map(ToString::to_string).collect();
+                info!(
+                    "removed {} monitoring group(s) left by an earlier lodgerd: {}",
+                    names.len(),
+                    names.join(", ")
+                );
+            }
+            for e in swept.failed {
+                warn!("cannot remove a monitoring group left by an earlier lodgerd: {e}");
+            }
+        }
+        Err(e) => warn!("cannot sweep monitoring groups left by an earlier lodgerd: {e}"),
+    }
+}
 
 /// Where GPU utilization comes from (`sense.gpu`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,6 +121,8 @@ pub struct Sampler {
     perf: Result<PerfCounters, String>,
     membw: Result<MbmReader, String>,
     mbm: Option<MbmSample>,
+    /// Per-job monitoring groups, where `membw` is available.
+    job_groups: Option<JobMonGroups>,
     peak: ObservedPeak,
     net: NetReader,
     net_sample: Option<NetSample>,
@@ -152,9 +206,16 @@ impl Sampler {
         };
 
         let membw = MbmReader::open(&settings.resctrl_root).map_err(|e| e.to_string());
-        if let Err(e) = &membw {
-            info!("memory-bandwidth sensing off: {e}");
-        }
+        let job_groups = match &membw {
+            Err(e) => {
+                info!("memory-bandwidth sensing off: {e}");
+                None
+            }
+            Ok(reader) => {
+                sweep_stale_job_groups(reader.root());
+                Some(JobMonGroups::new(reader.root(), &settings.proc_root))
+            }
+        };
         let mut cpu = CpuReader::new(&settings.proc_root);
         let psi_available = matches!(cpu.pressure(), Ok(Some(_)));
         if !psi_available {
@@ -173,6 +234,7 @@ impl Sampler {
             perf,
             membw,
             mbm: None,
+            job_groups,
             peak: ObservedPeak::default(),
             net,
             net_sample: None,
@@ -241,6 +303,9 @@ impl Sampler {
             self.jobs.remove(&id);
             if let Ok(p) = &mut self.perf {
                 p.detach(&id);
+            }
+            if let Some(groups) = &mut self.job_groups {
+                say(groups.forget(&id));
             }
         }
         for job in jobs {
@@ -376,11 +441,20 @@ impl Sampler {
             }
         }
 
-        // Memory bandwidth.
+        // Memory bandwidth: the jobs' groups first, so the sample has them as they are now.
+        if let Some(groups) = &mut self.job_groups {
+            say(groups.sync(
+                self.jobs
+                    .values()
+                    .map(|t| (&t.job.id, t.job.pids.as_slice())),
+            ));
+        }
         if let Ok(r) = &self.membw {
+            let mut job_rates = None;
             if let Ok(sample) = r.sample() {
                 if let Some(prev) = &self.mbm {
                     let rates = membw::rates(prev, &sample);
+                    job_rates = self.job_groups.as_ref().map(|g| g.bandwidth(Some(&rates)));
                     self.peak.observe(&rates);
                     node.membw_bytes_per_s = Some(rates.node.bytes_per_s);
                     let peak = if self.settings.membw_peak_bytes_per_s > 0 {
@@ -391,6 +465,16 @@ impl Sampler {
                     node.membw_fraction_of_peak = rates.node_fraction(peak);
                 }
                 self.mbm = Some(sample);
+            }
+            let job_rates =
+                job_rates.or_else(|| self.job_groups.as_ref().map(|g| g.bandwidth(None)));
+            for (id, bw) in job_rates.unwrap_or_default() {
+                let m = jobs.entry(id).or_default();
+                m.membw_bytes_per_s = bw.bytes_per_s();
+                m.membw_unavailable = bw.unavailable;
+                if m.membw_unavailable.is_none() {
+                    m.membw_domains = bw.domains;
+                }
             }
         }
 
@@ -425,6 +509,8 @@ impl Sampler {
     }
 
     /// Starts the sensing thread. The returned link goes to the agent ([`crate::agent::Agent::with_sensor`]).
+    /// The thread ends, and removes the jobs' monitoring groups, once the agent drops the link:
+    /// join it after the agent's thread so that happens before the process exits.
     pub fn spawn(mut self) -> std::io::Result<(SensorLink, thread::JoinHandle<()>)> {
         let (obs_tx, obs_rx) = mpsc::channel();
         let (jobs_tx, jobs_rx) = mpsc::channel::<Vec<SensedJob>>();
@@ -457,5 +543,192 @@ impl Sampler {
             },
             join,
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::fs;
+    use std::path::Path;
+
+    fn fixture(name: &str) -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/resctrl")
+            .join(name)
+    }
+
+    fn copy_tree(src: &Path, dst: &Path) {
+        fs::create_dir_all(dst).expect("create copy root");
+        for entry in fs::read_dir(src).expect("read fixture dir") {
+            let entry = entry.expect("fixture entry");
+            let to = dst.join(entry.file_name());
+            if entry.file_type().expect("file type").is_dir() {
+                copy_tree(&entry.path(), &to);
+            } else {
+                fs::copy(entry.path(), &to).expect("copy fixture file");
+            }
+        }
+    }
+
+    /// What the kernel does on rmdir of a group: its files go with it.
+    fn simulate_kernel_rmdir(group: &Path) {
+        for entry in fs::read_dir(group).expect("read group") {
+            let path = entry.expect("entry").path();
+            if path.is_dir() {
+                fs::remove_dir_all(&path).expect("remove kernel dir");
+            } else {
+                fs::remove_file(&path).expect("remove kernel file");
+            }
+        }
+    }
+
+    fn settings(tmp: &Path, resctrl_root: PathBuf) -> SamplerSettings {
+        SamplerSettings {
+            interval: Duration::from_secs(1),
+            proc_root: tmp.join("proc"),
+            sysfs_root: tmp.join("sys"),
+            gpu: GpuChoice::Off,
+            emulated_gpu_dir: tmp.join("gpu"),
+            perf: false,
+            perf_max_fds: 0,
+            resctrl_root,
+            membw_peak_bytes_per_s: 0,
+        }
+    }
+
+    fn sensed(n: u64, pids: &[u32]) -> SensedJob {
+        SensedJob {
+            id: JobId::from_seq(n),
+            pids: pids.to_vec(),
+            cgroup: None,
+            gpus: Vec::new(),
+        }
+    }
+
+    /// One job through the sampler on a copy of `tree`: its group is made and filled, its
+    /// bandwidth per domain reaches its `JobMetrics`, the group goes when the job leaves and
+    /// when the sampler is dropped, and a group left by an earlier lodgerd is swept at start.
+    fn job_bandwidth_through_the_sampler(tree: &str, domains: &[&str]) {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let root = tmp.path().join("resctrl");
+        copy_tree(&fixture(tree), &root);
+        for tid in [100, 101] {
+            fs::create_dir_all(tmp.path().join(format!("proc/100/task/{tid}"))).expect("proc");
+        }
+        let stale = root.join("mon_groups/lodger-j7");
+        fs::create_dir_all(&stale).expect("stale group");
+
+        let mut sampler = Sampler::open(settings(tmp.path(), root.clone()));
+        assert!(!stale.exists(), "swept at start");
+        assert_eq!(sampler.sources.membw, "resctrl MBM");
+        sampler.set_jobs(vec![sensed(1, &[100])]);
+        let j1 = JobId::from_seq(1);
+        let group = root.join("mon_groups/lodger-j1");
+
+        let obs = sampler.pass();
+        assert_eq!(
+            fs::read_to_string(group.join("tasks")).expect("tasks"),
+            "100\n101\n"
+        );
+        assert_eq!(
+            obs.jobs[&j1].membw_bytes_per_s, None,
+            "no rate from one sample"
+        );
+        assert!(obs.node.membw_bytes_per_s.is_none());
+
+        // What the kernel does on mkdir: a counter per L3 domain.
+        let counter = |d: &str| group.join("mon_data").join(d).join("mbm_total_bytes");
+        for d in domains {
+            fs::create_dir_all(counter(d).parent().expect("parent")).expect("mon_data");
+            fs::write(counter(d), "0\n").expect("counter");
+        }
+        let before = Instant::now();
+        sampler.pass();
+        let after = Instant::now();
+        // Domain i moves (i + 1) GB.
+        for (i, d) in domains.iter().enumerate() {
+            fs::write(counter(d), format!("{}\n", (i as u64 + 1) * 1_000_000_000)).expect("add");
+        }
+        let before_next = Instant::now();
+        let obs = sampler.pass();
+        let after_next = Instant::now();
+        let m = &obs.jobs[&j1];
+        let total: f64 = (1..=domains.len()).map(|i| i as f64 * 1e9).sum();
+        // The samples were taken inside the passes: the interval lies between these bounds.
+        let longest = (after_next - before).as_secs_f64();
+        let shortest = (before_next - after).as_secs_f64();
+        let bw = m.membw_bytes_per_s.expect("measured");
+        assert!(
+            bw >= total / longest && bw <= total / shortest,
+            "{bw} not within {} ..= {}",
+            total / longest,
+            total / shortest
+        );
+        assert_eq!(m.membw_domains.len(), domains.len());
+        let first = m.membw_domains[&0];
+        for (i, d) in m.membw_domains.values().enumerate() {
+            assert!(
+                (d / first - (i + 1) as f64).abs() < 1e-9,
+                "{:?}",
+                m.membw_domains
+            );
+        }
+        assert_eq!(m.membw_unavailable, None);
+
+        // The job leaves: its group goes.
+        simulate_kernel_rmdir(&group);
+        sampler.set_jobs(Vec::new());
+        assert!(!group.exists());
+        assert!(!sampler.pass().jobs.contains_key(&j1));
+
+        // lodgerd stops: the sampler's groups go with it.
+        sampler.set_jobs(vec![sensed(1, &[100])]);
+        sampler.pass();
+        assert!(group.is_dir());
+        simulate_kernel_rmdir(&group);
+        drop(sampler);
+        assert!(!group.exists());
+    }
+
+    #[test]
+    fn per_job_bandwidth_on_the_intel_fixture() {
+        job_bandwidth_through_the_sampler("intel-mba-mbm", &["mon_L3_00", "mon_L3_01"]);
+    }
+
+    #[test]
+    fn per_job_bandwidth_on_the_amd_fixture() {
+        job_bandwidth_through_the_sampler(
+            "amd",
+            &["mon_L3_00", "mon_L3_01", "mon_L3_02", "mon_L3_03"],
+        );
+    }
+
+    #[test]
+    fn without_resctrl_job_bandwidth_is_unavailable_and_nothing_is_written() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let root = tmp.path().join("resctrl");
+        copy_tree(&fixture("none"), &root);
+        fs::create_dir_all(tmp.path().join("proc/100/task/100")).expect("proc");
+        let mut sampler = Sampler::open(settings(tmp.path(), root.clone()));
+        assert!(
+            sampler.sources.membw.starts_with("unavailable: ")
+                && sampler.sources.membw.contains("not mounted"),
+            "{}",
+            sampler.sources.membw
+        );
+        sampler.set_jobs(vec![sensed(1, &[100])]);
+        for _ in 0..2 {
+            let obs = sampler.pass();
+            let m = obs
+                .jobs
+                .get(&JobId::from_seq(1))
+                .cloned()
+                .unwrap_or_default();
+            assert_eq!(m.membw_bytes_per_s, None);
+            assert!(m.membw_domains.is_empty());
+            assert_eq!(obs.node.membw_bytes_per_s, None);
+        }
+        assert!(!root.join("mon_groups").exists(), "nothing made");
     }
 }
