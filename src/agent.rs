@@ -1292,22 +1292,22 @@ impl Agent {
 
     /// `Throttled` signals (and the Prometheus count) for network shaping steps.
     fn network_events(&mut self, events: Vec<NetworkEvent>) -> Vec<Event> {
-        let percent = self
+        let level = self
             .network
             .as_ref()
-            .map(|n| n.cpu_jobs_percent())
-            .unwrap_or(0);
+            .map(|n| n.held_level())
+            .unwrap_or_default();
         events
             .into_iter()
             .map(|e| {
                 self.throttle_actions += 1;
                 match e {
                     NetworkEvent::Held(id) => {
-                        info!(job = %id, "network: CPU job held to {percent}% while multi-node training runs");
+                        info!(job = %id, "network: CPU job held ({level}) while multi-node training runs");
                         Event::Throttled {
                             id,
                             mechanism: "tc".into(),
-                            level: format!("{percent}%"),
+                            level: level.clone(),
                         }
                     }
                     NetworkEvent::Released(id) => {

@@ -237,6 +237,11 @@ pub struct NetworkSection {
     pub cpu_jobs_ceil_percent: u32,
     pub steering: NetSteering,
     pub replace_foreign_root: bool,
+    /// The two-network option: CPU jobs' traffic goes out this (slower) interface while
+    /// multi-node training runs, instead of being shaped; empty: off.
+    pub cpu_jobs_interface: String,
+    /// The next hop on that network; `None`: destinations are on its link.
+    pub cpu_jobs_gateway: Option<std::net::Ipv4Addr>,
 }
 
 impl Default for NetworkSection {
@@ -249,11 +254,21 @@ impl Default for NetworkSection {
             cpu_jobs_ceil_percent: d.cpu_jobs_ceil_percent,
             steering: NetSteering::Auto,
             replace_foreign_root: d.replace_foreign_root,
+            cpu_jobs_interface: String::new(),
+            cpu_jobs_gateway: None,
         }
     }
 }
 
 impl NetworkSection {
+    /// The two-network option's slower network, when `cpu_jobs_interface` is set.
+    pub fn slow_network(&self) -> Option<crate::enforce::route::SlowNetwork> {
+        (!self.cpu_jobs_interface.is_empty()).then(|| crate::enforce::route::SlowNetwork {
+            interface: self.cpu_jobs_interface.clone(),
+            gateway: self.cpu_jobs_gateway,
+        })
+    }
+
     /// The shaping settings, or `None` when no interface is configured (shaping off).
     pub fn shaping(&self) -> Option<crate::enforce::tc::ShapingConfig> {
         if self.link.is_empty() {
@@ -849,6 +864,8 @@ struct RawNetwork {
     cpu_jobs_ceil_percent: Option<Spanned<i64>>,
     steering: Option<Spanned<String>>,
     replace_foreign_root: Option<Spanned<bool>>,
+    cpu_jobs_interface: Option<Spanned<String>>,
+    cpu_jobs_gateway: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -1351,7 +1368,46 @@ impl Cx<'_> {
                 d.replace_foreign_root,
                 Ok,
             )?,
+            cpu_jobs_interface: self.field(
+                "network.cpu_jobs_interface",
+                raw.cpu_jobs_interface,
+                d.cpu_jobs_interface,
+                |s| {
+                    if s.is_empty() || crate::enforce::tc::check_interface(&s).is_ok() {
+                        Ok(s)
+                    } else {
+                        Err(format!("'{s}' is not an interface name"))
+                    }
+                },
+            )?,
+            cpu_jobs_gateway: self.field(
+                "network.cpu_jobs_gateway",
+                raw.cpu_jobs_gateway,
+                d.cpu_jobs_gateway,
+                |s| {
+                    if s.is_empty() {
+                        return Ok(None);
+                    }
+                    s.parse::<std::net::Ipv4Addr>()
+                        .map(Some)
+                        .map_err(|_| format!("'{s}' is not an IPv4 address (empty: none)"))
+                },
+            )?,
         };
+        if !section.cpu_jobs_interface.is_empty() && !section.link.is_empty() {
+            return Err(self.error_here(
+                "network.cpu_jobs_interface",
+                "moves CPU jobs to another network instead of shaping: remove either it or \
+                 the [[network.link]] tables"
+                    .into(),
+            ));
+        }
+        if section.cpu_jobs_gateway.is_some() && section.cpu_jobs_interface.is_empty() {
+            return Err(self.error_here(
+                "network.cpu_jobs_gateway",
+                "is set without network.cpu_jobs_interface".into(),
+            ));
+        }
         if section.training_percent + section.cpu_jobs_percent > 100 {
             return Err(self.error_here(
                 "network.cpu_jobs_percent",
@@ -1866,6 +1922,22 @@ mod tests {
         );
         assert!(err("[network]\nsteering = \"ebpf\"\n")
             .contains("network.steering: must be one of auto, tc-filter, nft"));
+        // The two-network option.
+        let c =
+            parse("[network]\ncpu_jobs_interface = \"eth1\"\ncpu_jobs_gateway = \"10.1.0.1\"\n")
+                .expect("two networks");
+        let slow = c.network.slow_network().expect("slow network");
+        assert_eq!(slow.interface, "eth1");
+        assert_eq!(slow.gateway, Some(std::net::Ipv4Addr::new(10, 1, 0, 1)));
+        assert_eq!(c.network.shaping(), None);
+        assert!(
+            err("[network]\ncpu_jobs_interface = \"eth1\"\ncpu_jobs_gateway = \"10.1.0\"\n")
+                .contains(":3: network.cpu_jobs_gateway: '10.1.0' is not an IPv4 address")
+        );
+        assert!(err("[network]\ncpu_jobs_gateway = \"10.1.0.1\"\n")
+            .contains("network.cpu_jobs_gateway: is set without network.cpu_jobs_interface"));
+        assert!(err("[network]\ncpu_jobs_interface = \"eth1\"\n[[network.link]]\ninterface = \"eth0\"\nline_rate_mbit = 1\n")
+            .contains(":2: network.cpu_jobs_interface: moves CPU jobs to another network instead of shaping"));
     }
 
     #[test]

@@ -155,6 +155,36 @@ impl Namespaces {
     }
 }
 
+impl Namespaces {
+    /// A second, slower network between the node and the wire namespace (the two-network
+    /// option): `lt2a 10.77.2.1 ── veth ── lt2r 10.77.2.2`, the peer reachable through it too.
+    fn add_slow_network(&self) {
+        let (a, r, b) = (self.a.as_str(), self.r.as_str(), self.b.as_str());
+        run(
+            "ip",
+            &[
+                "link", "add", "lt2a", "netns", a, "type", "veth", "peer", "name", "lt2r", "netns",
+                r,
+            ],
+        );
+        for (n, dev, addr) in [(a, "lt2a", "10.77.2.1/24"), (r, "lt2r", "10.77.2.2/24")] {
+            run("ip", &["-n", n, "addr", "add", addr, "dev", dev]);
+            run("ip", &["-n", n, "link", "set", dev, "up"]);
+        }
+        run(
+            "ip",
+            &["-n", b, "route", "add", "10.77.2.0/24", "via", "10.77.1.1"],
+        );
+    }
+
+    /// Bytes `dev` has sent, in namespace `ns`.
+    fn tx_bytes(ns: &str, dev: &str) -> u64 {
+        let out = output("ip", &["-n", ns, "-s", "-j", "link", "show", "dev", dev]);
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_default();
+        v[0]["stats64"]["tx"]["bytes"].as_u64().unwrap_or(0)
+    }
+}
+
 impl Drop for Namespaces {
     fn drop(&mut self) {
         for n in [&self.a, &self.r, &self.b] {
@@ -821,4 +851,146 @@ fn lodgerd_shapes_while_a_multi_node_training_job_runs_and_cleans_up() {
         "shaping left the line idle: {after}"
     );
     assert!(log.contains("network shaping on"), "{log}");
+}
+
+/// The two-network option (`network.cpu_jobs_interface`): while a multi-node training job runs,
+/// lodgerd moves the CPU job's traffic onto the slower network (`lt2a`), its connections still
+/// reaching the peer, and puts everything back when the job leaves.
+#[test]
+fn lodgerd_moves_cpu_jobs_to_the_slower_network_while_multi_node_training_runs() {
+    const TEST: &str = "lodgerd_route";
+    if !need_root(TEST) {
+        return;
+    }
+    let _measuring = common::measuring();
+    let Some(mount) = prerequisites(TEST) else {
+        return;
+    };
+    let ns = Namespaces::create("r");
+    ns.add_slow_network();
+    let receiver = Receiver::start(&ns.b);
+    let bus = common::PrivateBus::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = common::Daemon::start(
+        &bus,
+        dir.path(),
+        common::DaemonOptions {
+            netns: Some(ns.a.clone()),
+            extra: "[network]\ncpu_jobs_interface = \"lt2a\"\ncpu_jobs_gateway = \"10.77.2.2\"\n"
+                .to_string(),
+            ..common::DaemonOptions::default()
+        },
+    );
+    let status = |d: &common::Daemon| {
+        d.ctl_json(&["status"])["network"]
+            .as_str()
+            .unwrap_or("")
+            .to_string()
+    };
+    let script =
+        format!("while true; do cat /dev/zero > /dev/tcp/{PEER}/{CPU_JOB_PORT}; sleep 0.2; done");
+    let cpu = d.ctl_json(&["register", "offline", "--", "bash", "-c", &script]);
+    let cpu_id = cpu["id"].as_str().expect("id").to_string();
+    common::wait_until(common::WAIT, "the CPU job's traffic", || {
+        receiver.counts().1 > 0
+    });
+    // Bytes sent on the fast and the slow network, and received from the CPU job, over a window.
+    let window = |ns: &Namespaces| {
+        let (f0, s0, c0) = (
+            Namespaces::tx_bytes(&ns.a, "lt0a"),
+            Namespaces::tx_bytes(&ns.a, "lt2a"),
+            receiver.counts().1,
+        );
+        std::thread::sleep(WINDOW);
+        (
+            Namespaces::tx_bytes(&ns.a, "lt0a") - f0,
+            Namespaces::tx_bytes(&ns.a, "lt2a") - s0,
+            receiver.counts().1 - c0,
+        )
+    };
+    let before = window(&ns);
+    eprintln!(
+        "{TEST}: unrouted: fast {} B, slow {} B, CPU job received {} B",
+        before.0, before.1, before.2
+    );
+
+    let mut training = Sender::spawn_for(&ns.a, TRAINING_PORT, 1, 600);
+    training.go();
+    let t = d.ctl_json(&[
+        "register",
+        "training",
+        "--pid",
+        &training.pid().to_string(),
+        "--cores",
+        "1",
+        "--multi-node",
+    ]);
+    let t_id = t["id"].as_str().expect("id").to_string();
+    common::wait_until(common::WAIT, "lodgerd to route CPU jobs", || {
+        status(&d).starts_with("routing")
+    });
+    assert_eq!(
+        status(&d),
+        "routing CPU jobs' IPv4 traffic via lt2a (the slower network)"
+    );
+    let rules = output("ip", &["-n", &ns.a, "rule", "show"]);
+    assert!(rules.contains("fwmark 0x4c440020 lookup 19524"), "{rules}");
+    assert!(d.job(&cpu_id)["network"]
+        .as_str()
+        .is_some_and(|n| n.starts_with("IPv4 traffic routed via lt2a")));
+    std::thread::sleep(WARMUP);
+    let routed = window(&ns);
+    eprintln!(
+        "{TEST}: routed: fast {} B, slow {} B, CPU job received {} B",
+        routed.0, routed.1, routed.2
+    );
+
+    d.ctl_ok(&["unregister", &t_id]);
+    common::wait_until(common::WAIT, "routing to be removed", || {
+        status(&d).starts_with("idle")
+    });
+    let rules_after = output("ip", &["-n", &ns.a, "rule", "show"]);
+    let table_after = output("ip", &["-n", &ns.a, "route", "show", "table", "19524"]);
+    let nft_after = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &ns.a,
+            "nft",
+            "list",
+            "table",
+            "inet",
+            "lodger_route",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    let log = d.log();
+    d.ctl_ok(&["unregister", &cpu_id]);
+    drop(d);
+    drop(training);
+    drop(receiver);
+    drop(ns);
+    drop(mount);
+
+    // Unrouted, the CPU job's bulk goes out the fast network; routed, out the slow one, and
+    // the peer still receives it (replies find their way back through the masquerade).
+    assert!(
+        before.0 > 1_000_000 && before.1 < before.0 / 100,
+        "{before:?}"
+    );
+    // (Both networks meet at the wire namespace's 100 Mbit/s link to the peer, so the routed
+    // CPU job's rate is whatever TCP leaves it beside training: the path is checked, not it.)
+    assert!(
+        routed.2 > 100_000,
+        "the CPU job's traffic stopped arriving: {routed:?}\n{log}"
+    );
+    assert!(
+        routed.1 as f64 >= 0.95 * routed.2 as f64,
+        "the CPU job's traffic did not leave by the slow network: {routed:?}\n{log}"
+    );
+    assert!(!rules_after.contains("0x4c440020"), "{rules_after}");
+    assert!(table_after.trim().is_empty(), "{table_after}");
+    assert!(!nft_after, "lodger's route table is left in nftables");
 }

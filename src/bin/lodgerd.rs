@@ -15,7 +15,8 @@ use lodger::config::{self, Config};
 use lodger::cpuset::CpuSet;
 use lodger::enforce::cgroup::CgroupVersion;
 use lodger::enforce::instances::{InstanceSettings, Instances};
-use lodger::enforce::shaping::{Classifier, NetworkControl, NET_CLS_GROUP};
+use lodger::enforce::route::CpuJobsRoute;
+use lodger::enforce::shaping::{Classifier, NetworkControl, CPU_JOBS_MARK, NET_CLS_GROUP};
 use lodger::enforce::sim::SimulatedEnforcer;
 use lodger::enforce::tc::{find_net_cls_mount, CommandRunner};
 use lodger::enforce::{CgroupDriver, EnforceSettings, Enforcer, PidPinning, PinMethod};
@@ -116,17 +117,16 @@ fn network_control(
     runner: Option<&Instances>,
     sim: bool,
 ) -> Option<NetworkControl> {
-    let shaping = match config.network.shaping() {
-        None => {
-            info!("network shaping off: no [[network.link]] in the config");
-            return None;
-        }
-        Some(_) if sim => {
-            info!("network shaping off: --sim changes nothing on the node");
-            return None;
-        }
-        Some(s) => s,
-    };
+    let shaping = config.network.shaping();
+    let slow = config.network.slow_network();
+    if shaping.is_none() && slow.is_none() {
+        info!("network shaping off: no [[network.link]] (or network.cpu_jobs_interface) in the config");
+        return None;
+    }
+    if sim {
+        info!("network shaping off: --sim changes nothing on the node");
+        return None;
+    }
     let classifier = match runner {
         None => Classifier::Unavailable("inference instances are unavailable".into()),
         Some(r) => match (r.cgroup_version(), r.placement()) {
@@ -152,12 +152,19 @@ fn network_control(
             ),
         },
     };
-    match NetworkControl::new(
-        &shaping,
-        config.network.steering.to_steering(),
-        Box::new(CommandRunner::new()),
-        classifier,
-    ) {
+    let runner = Box::new(CommandRunner::new());
+    let control = match (shaping, slow) {
+        (_, Some(slow)) => CpuJobsRoute::new(slow, CPU_JOBS_MARK)
+            .map(|route| NetworkControl::routing(route, runner, classifier)),
+        (Some(shaping), None) => NetworkControl::new(
+            &shaping,
+            config.network.steering.to_steering(),
+            runner,
+            classifier,
+        ),
+        (None, None) => return None,
+    };
+    match control {
         Ok(n) => {
             info!("{}", n.status());
             Some(n)

@@ -14,6 +14,7 @@ pub mod cgroup;
 pub mod instances;
 pub mod procs;
 pub mod resctrl;
+pub mod route;
 pub mod rtgroup;
 pub mod sched;
 pub mod shaping;

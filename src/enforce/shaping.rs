@@ -21,11 +21,18 @@ use std::path::{Path, PathBuf};
 
 use tracing::{info, warn};
 
-use super::tc::{CpuJobs, NetClsGroup, NetworkShaping, ShapingConfig, Steering, TcError, TcRunner};
+use super::route::CpuJobsRoute;
+use super::tc::{
+    CpuJobMatch, CpuJobs, NetClsGroup, NetworkShaping, ShapingConfig, Steering, TcError, TcRunner,
+    DEFAULT_HANDLE,
+};
 use crate::job::JobId;
 
 /// Re-read an applied tree every this many reconciles.
 pub const VERIFY_TICKS: u32 = 10;
+/// What marks a CPU job's packet (and its v1 `net_cls` class id) when CPU jobs are routed
+/// rather than shaped: the class id shaping would give them, `4c44:20`.
+pub const CPU_JOBS_MARK: u32 = ((DEFAULT_HANDLE as u32) << 16) | 0x20;
 /// The `net_cls` cgroup (under lodger's parent) holding CPU jobs' processes on v1.
 pub const NET_CLS_GROUP: &str = "cpu-jobs";
 
@@ -70,10 +77,23 @@ pub enum NetworkEvent {
     Released(JobId),
 }
 
+/// What is done to CPU jobs' traffic while multi-node training runs.
+#[allow(clippy::large_enum_variant)]
+enum Method {
+    /// HTB on the configured interfaces: CPU jobs held to their share.
+    Shape {
+        shaping: NetworkShaping,
+        config: ShapingConfig,
+    },
+    /// The two-network option: CPU jobs' traffic on the slower network.
+    Route(CpuJobsRoute),
+}
+
 /// Network shaping for the node, driven by the agent.
 pub struct NetworkControl {
-    shaping: NetworkShaping,
-    config: ShapingConfig,
+    method: Method,
+    /// The class id CPU jobs' `net_cls` cgroup carries (v1), and their packets' mark.
+    classid: u32,
     runner: Box<dyn TcRunner>,
     classifier: Classifier,
     /// Whether the tree is known to be in place (`None`: not known yet, at start).
@@ -94,9 +114,13 @@ impl NetworkControl {
         runner: Box<dyn TcRunner>,
         classifier: Classifier,
     ) -> Result<Self, TcError> {
+        let shaping = NetworkShaping::new(config, steering)?;
         Ok(Self {
-            shaping: NetworkShaping::new(config, steering)?,
-            config: config.clone(),
+            classid: shaping.net_cls_classid(),
+            method: Method::Shape {
+                shaping,
+                config: config.clone(),
+            },
             runner,
             classifier,
             active: None,
@@ -107,19 +131,41 @@ impl NetworkControl {
         })
     }
 
-    /// CPU jobs' guaranteed share, percent of the line rate.
-    pub fn cpu_jobs_percent(&self) -> u32 {
-        self.config.cpu_jobs_percent
+    /// The two-network option: CPU jobs' traffic moves to `route`'s slower network while
+    /// multi-node training runs.
+    pub fn routing(route: CpuJobsRoute, runner: Box<dyn TcRunner>, classifier: Classifier) -> Self {
+        Self {
+            method: Method::Route(route),
+            classid: CPU_JOBS_MARK,
+            runner,
+            classifier,
+            active: None,
+            applied_v2: Vec::new(),
+            since_verify: 0,
+            held: BTreeSet::new(),
+            problem: None,
+        }
+    }
+
+    /// What a `Throttled` signal's level says a held CPU job gets: its share, or the network.
+    pub fn held_level(&self) -> String {
+        match &self.method {
+            Method::Shape { config, .. } => format!("{}%", config.cpu_jobs_percent),
+            Method::Route(r) => format!("via {}", r.interface()),
+        }
     }
 
     /// The interfaces, as `eth0 (25000 Mbit/s), eth1 (...)`.
     fn links(&self) -> String {
-        self.config
-            .links
-            .iter()
-            .map(|l| format!("{} ({} Mbit/s)", l.interface, l.line_rate_mbit))
-            .collect::<Vec<_>>()
-            .join(", ")
+        match &self.method {
+            Method::Shape { config, .. } => config
+                .links
+                .iter()
+                .map(|l| format!("{} ({} Mbit/s)", l.interface, l.line_rate_mbit))
+                .collect::<Vec<_>>()
+                .join(", "),
+            Method::Route(r) => r.interface().to_string(),
+        }
     }
 
     /// The node's shaping in words, for `lodgerctl status`.
@@ -127,19 +173,26 @@ impl NetworkControl {
         if let Some(p) = &self.problem {
             return format!("not shaping: {p}");
         }
-        match self.active {
-            Some(true) => format!(
+        match (&self.method, self.active) {
+            (Method::Shape { shaping, config }, Some(true)) => format!(
                 "shaping {}: training {}%, CPU jobs {}% (ceil {}%), steering {}",
                 self.links(),
-                self.config.training_percent,
-                self.config.cpu_jobs_percent,
-                self.config.cpu_jobs_ceil_percent,
-                steering_name(self.shaping.steering())
+                config.training_percent,
+                config.cpu_jobs_percent,
+                config.cpu_jobs_ceil_percent,
+                steering_name(shaping.steering())
             ),
-            _ => format!(
+            (Method::Shape { .. }, _) => format!(
                 "idle: no multi-node training job ({} unshaped)",
                 self.links()
             ),
+            (Method::Route(r), Some(true)) => format!(
+                "routing CPU jobs' IPv4 traffic via {} (the slower network)",
+                r.interface()
+            ),
+            (Method::Route(_), _) => {
+                "idle: no multi-node training job (CPU jobs on their usual routes)".to_string()
+            }
         }
     }
 
@@ -148,21 +201,27 @@ impl NetworkControl {
         if self.active != Some(true) {
             return None;
         }
-        if multi_node_training {
-            Some(format!(
+        match (&self.method, multi_node_training, self.held.contains(id)) {
+            (Method::Shape { config, .. }, true, _) => Some(format!(
                 "training traffic guaranteed {}% of {}",
-                self.config.training_percent,
+                config.training_percent,
                 self.links()
-            ))
-        } else if self.held.contains(id) {
-            Some(format!(
+            )),
+            (Method::Shape { config, .. }, false, true) => Some(format!(
                 "held to {}% (ceil {}%) of {} while multi-node training runs",
-                self.config.cpu_jobs_percent,
-                self.config.cpu_jobs_ceil_percent,
+                config.cpu_jobs_percent,
+                config.cpu_jobs_ceil_percent,
                 self.links()
-            ))
-        } else {
-            None
+            )),
+            (Method::Route(r), true, _) => Some(format!(
+                "CPU jobs' traffic moved to {} (the slower network)",
+                r.interface()
+            )),
+            (Method::Route(r), false, true) => Some(format!(
+                "IPv4 traffic routed via {} (the slower network) while multi-node training runs",
+                r.interface()
+            )),
+            _ => None,
         }
     }
 
@@ -207,8 +266,7 @@ impl NetworkControl {
                 hierarchy,
                 relative,
             } => {
-                let (group, _) =
-                    NetClsGroup::create(hierarchy, relative, self.shaping.net_cls_classid())?;
+                let (group, _) = NetClsGroup::create(hierarchy, relative, self.classid)?;
                 let inside: BTreeSet<u32> = group.procs()?.into_iter().collect();
                 for pid in want.cpu_jobs.iter().flat_map(|j| j.pids.iter()) {
                     if inside.contains(pid) {
@@ -233,8 +291,21 @@ impl NetworkControl {
         };
         let due = self.active != Some(true) || v2_changed || self.since_verify >= VERIFY_TICKS;
         if due {
-            let applied = self.shaping.apply(self.runner.as_mut(), &cpu_jobs)?;
-            if applied.changed {
+            let changed = match &mut self.method {
+                Method::Shape { shaping, .. } => {
+                    shaping.apply(self.runner.as_mut(), &cpu_jobs)?.changed
+                }
+                Method::Route(route) => {
+                    let matches: Vec<CpuJobMatch> = match &cpu_jobs {
+                        CpuJobs::NetCls => vec![CpuJobMatch::NetClsClassid(self.classid)],
+                        CpuJobs::CgroupV2(dirs) => {
+                            dirs.iter().cloned().map(CpuJobMatch::CgroupV2).collect()
+                        }
+                    };
+                    route.apply(self.runner.as_mut(), &matches)? || self.active != Some(true)
+                }
+            };
+            if changed {
                 info!(
                     "network shaping on ({}): {}",
                     want.multi_node
@@ -263,12 +334,15 @@ impl NetworkControl {
     }
 
     fn status_when_on(&self) -> String {
-        format!(
-            "{}: training {}%, CPU jobs {}%",
-            self.links(),
-            self.config.training_percent,
-            self.config.cpu_jobs_percent
-        )
+        match &self.method {
+            Method::Shape { config, .. } => format!(
+                "{}: training {}%, CPU jobs {}%",
+                self.links(),
+                config.training_percent,
+                config.cpu_jobs_percent
+            ),
+            Method::Route(r) => format!("CPU jobs' IPv4 traffic via {}", r.interface()),
+        }
     }
 
     fn remove_all(&mut self) -> Vec<NetworkEvent> {
@@ -276,7 +350,11 @@ impl NetworkControl {
             return Vec::new();
         }
         let mut problems = Vec::new();
-        let removed = match self.shaping.remove(self.runner.as_mut()) {
+        let removed = match &mut self.method {
+            Method::Shape { shaping, .. } => shaping.remove(self.runner.as_mut()),
+            Method::Route(route) => route.remove(self.runner.as_mut()),
+        };
+        let removed = match removed {
             Ok(changed) => changed,
             Err(e) => {
                 problems.push(e.to_string());
@@ -584,6 +662,56 @@ mod tests {
         let before = runner.lines().len();
         assert_eq!(ctl.shutdown(), [NetworkEvent::Released(job("j2"))]);
         assert!(runner.lines().len() > before);
+    }
+
+    #[test]
+    fn routing_moves_cpu_jobs_and_says_where() {
+        let runner = Shared::default();
+        runner
+            .0
+            .lock()
+            .expect("runner")
+            .fail(
+                &["nft", "list"],
+                "Error: No such file or directory\nlist table inet lodger_route\n",
+            )
+            .reply(&["ip", "-4", "rule", "show"], "0:\tfrom all lookup local\n");
+        let route = CpuJobsRoute::new(
+            crate::enforce::route::SlowNetwork {
+                interface: "eth1".into(),
+                gateway: None,
+            },
+            CPU_JOBS_MARK,
+        )
+        .expect("route");
+        let mut ctl =
+            NetworkControl::routing(route, Box::new(runner.clone()), Classifier::CgroupV2);
+        ctl.reconcile(&want(&[], &[]));
+        assert_eq!(
+            ctl.status(),
+            "idle: no multi-node training job (CPU jobs on their usual routes)"
+        );
+        let w = want(&["j1"], &[("j2", &["s/l/j2-0"])]);
+        assert_eq!(ctl.reconcile(&w), [NetworkEvent::Held(job("j2"))]);
+        assert_eq!(ctl.held_level(), "via eth1");
+        assert_eq!(
+            ctl.status(),
+            "routing CPU jobs' IPv4 traffic via eth1 (the slower network)"
+        );
+        let changes = runner.changes().join("\n");
+        assert!(
+            changes.contains("ip route replace default dev eth1 table 19524"),
+            "{changes}"
+        );
+        assert!(changes.contains("socket cgroupv2 level 2 \"s/l\" meta mark set 0x4c440020"));
+        assert_eq!(
+            ctl.job_text(&job("j1"), true).as_deref(),
+            Some("CPU jobs' traffic moved to eth1 (the slower network)")
+        );
+        assert_eq!(
+            ctl.reconcile(&want(&[], &[])),
+            [NetworkEvent::Released(job("j2"))]
+        );
     }
 
     #[test]

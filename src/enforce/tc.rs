@@ -932,6 +932,19 @@ pub enum CpuJobMatch {
     CgroupV2(String),
 }
 
+impl CpuJobMatch {
+    /// The match in nft's language.
+    pub fn expression(&self) -> String {
+        match self {
+            CpuJobMatch::NetClsClassid(id) => format!("meta cgroup {id}"),
+            CpuJobMatch::CgroupV2(path) => {
+                let level = path.split('/').filter(|p| !p.is_empty()).count();
+                format!("socket cgroupv2 level {level} \"{path}\"")
+            }
+        }
+    }
+}
+
 /// What a matching packet gets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NftAction {
@@ -951,13 +964,7 @@ pub struct NftRule {
 impl NftRule {
     /// The rule in nft's language, without its comment.
     pub fn statement(&self) -> String {
-        let m = match &self.matches {
-            CpuJobMatch::NetClsClassid(id) => format!("meta cgroup {id}"),
-            CpuJobMatch::CgroupV2(path) => {
-                let level = path.split('/').filter(|p| !p.is_empty()).count();
-                format!("socket cgroupv2 level {level} \"{path}\"")
-            }
-        };
+        let m = self.matches.expression();
         let a = match self.action {
             NftAction::Mark(mark) => format!("meta mark set {mark:#010x}"),
             NftAction::Priority(class) => format!("meta priority set {class}"),
@@ -1106,7 +1113,7 @@ impl NftSteering {
     }
 }
 
-fn check_cgroup_path(path: &str) -> Result<(), TcError> {
+pub(crate) fn check_cgroup_path(path: &str) -> Result<(), TcError> {
     let ok = !path.is_empty()
         && !path.starts_with('/')
         && path

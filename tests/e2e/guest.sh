@@ -188,6 +188,14 @@ index = 1
 numa_node = 0
 EOF
 sed -i 's/^gpu = "auto"$/gpu = "emulated"/' /etc/lodger/lodger.toml
+# A NIC to shape: a dummy interface (it drops what it sends, after the qdisc has classified it).
+ip link add lt0 type dummy && ip addr add 10.99.0.1/24 dev lt0 && ip link set lt0 up
+cat >>/etc/lodger/lodger.toml <<'EOF'
+
+[[network.link]]
+interface = "lt0"
+line_rate_mbit = 1000
+EOF
 check "lodgerd --check-config accepts the GPU overrides" lodgerd --check-config
 lodgerd --check-config 2>&1 | note
 
@@ -286,6 +294,46 @@ if [ "$(cat /sys/fs/cgroup"$cg_d"/cpuset.cpus)" != "$cpuset_d" ]; then
     journalctl -b -u lodgerd -o cat | grep -E "$job_d|train-d|cpuset|WARN|ERROR" | tail -n 20 | note
 fi
 check "$job_d: threads back to SCHED_OTHER on every CPU" all_other_everywhere "$pid_d"
+
+phase "network shaping while a multi-node training job runs (cgroup v2, nftables)"
+# Bytes HTB sent in class $1 on lt0.
+class_bytes() { tc -s class show dev lt0 | awk -v c="$1" '$3 == c { f = 1 } f && $1 == "Sent" { print $2; exit }'; }
+wait_for() { # seconds command...
+    local i
+    for ((i = 0; i < $1 * 5; i++)); do "${@:2}" && return 0; sleep 0.2; done
+    return 1
+}
+htb_on_lt0() { tc qdisc show dev lt0 | grep -q 'htb 4c44:'; }
+nothing_on_lt0() { ! htb_on_lt0 && ! nft list table inet lodger >/dev/null 2>&1; }
+check "idle before any multi-node job: $(lodgerctl status | grep Network:)" \
+    sh -c 'lodgerctl status | grep -q "Network: idle" && ! tc qdisc show dev lt0 | grep -q htb'
+# A CPU job sending UDP out of lt0 from its instance, and one multi-node training job.
+out_o=$(lodgerctl --json register offline --max-instances 1 -- \
+    bash -c 'while true; do echo lodger > /dev/udp/10.99.0.2/9; sleep 0.05; done' 2>&1)
+job_o=$(field "$out_o" id)
+check "register offline: a UDP sender ($out_o)" test -n "$job_o"
+pid_m=$(start_training train-m 0)
+out_m=$(lodgerctl --json register training --pid "$pid_m" --cores 2 --multi-node --no-rightsize 2>&1)
+job_m=$(field "$out_m" id)
+check "register training --multi-node ($out_m)" test -n "$job_m"
+check "HTB root on lt0 within 10 s" wait_for 10 htb_on_lt0
+tc class show dev lt0 | note
+nft list table inet lodger 2>&1 | note
+check "status: $(lodgerctl status | grep Network:)" sh -c 'lodgerctl status | grep -q "Network: shaping lt0 (1000 Mbit/s): training 75%, CPU jobs 25%"'
+check "$job_o: held to 25%" sh -c "lodgerctl show $job_o | grep -q 'Network: held to 25%'"
+check "nftables matches the instances' cgroup2 directory" sh -c \
+    'nft list table inet lodger | grep -q "socket cgroupv2 level"'
+cpu_bytes() { [ "$(class_bytes 4c44:20)" -gt 0 ] 2>/dev/null; }
+check "the CPU job's packets land in its class 4c44:20" wait_for 10 cpu_bytes
+for _ in 1 2 3; do echo training > /dev/udp/10.99.0.2/9; done
+train_bytes() { [ "$(class_bytes 4c44:10)" -gt 0 ] 2>/dev/null; }
+check "other traffic (this script's) lands in training's class 4c44:10" wait_for 10 train_bytes
+tc -s class show dev lt0 | note
+check "unregister $job_m" lodgerctl unregister "$job_m"
+check "no qdisc or nftables table of lodger's left once no multi-node job runs" wait_for 10 nothing_on_lt0
+check "$job_o: no longer held" sh -c "! lodgerctl show $job_o | grep -q Network:"
+check "unregister $job_o" lodgerctl unregister "$job_o"
+systemctl stop train-m
 
 phase "restart and upgrade keep the jobs"
 jobs_before=$(placements)

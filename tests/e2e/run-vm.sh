@@ -98,7 +98,8 @@ mirror=${LODGER_E2E_MIRROR:-$(mirror_from_apt_sources | head -n 1 || true)}
 
 # --- the guest's root filesystem, kernel and initrd (cached) ---
 # man-db: so that `systemd-analyze verify` checks the unit's Documentation= pages too.
-packages=systemd,systemd-sysv,dbus,udev,kmod,linux-image-amd64,initramfs-tools,procps,iproute2,man-db
+# iproute2, nftables: network shaping (the package recommends them).
+packages=systemd,systemd-sysv,dbus,udev,kmod,linux-image-amd64,initramfs-tools,procps,iproute2,nftables,man-db
 runner_unit='[Unit]
 Description=lodger end-to-end test (driven by tests/e2e/run-vm.sh on the host)
 After=multi-user.target
