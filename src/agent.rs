@@ -2143,4 +2143,119 @@ mod tests {
         let throttles = agent.contention.as_ref().unwrap().throttles();
         assert!(throttles.cores.is_empty(), "{throttles:?}");
     }
+
+    /// SODA §V-E with MBA, through the agent, on a copy of the recorded Intel resctrl tree:
+    /// node bandwidth over the threshold lowers lodger's group's MB schemata step by step with
+    /// the offline lodger's threads in it, and calm gives the bandwidth back.
+    #[test]
+    fn contention_throttles_offline_lodgers_with_mba_on_an_intel_tree() {
+        use crate::sense::membw::{CpuVendor, MbaCaps};
+        let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/resctrl/intel-mba-mbm");
+        let resctrl = tempfile::tempdir().unwrap();
+        let status = std::process::Command::new("cp")
+            .arg("-a")
+            .arg(fixture.join("."))
+            .arg(resctrl.path())
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let schemata = resctrl.path().join("lodger-lodgers/schemata");
+        let tasks = resctrl.path().join("lodger-lodgers/tasks");
+        // The recorded group was left throttled by an earlier run; start from unthrottled.
+        std::fs::write(&schemata, "MB:0=100;1=100\n").unwrap();
+        std::fs::write(&tasks, "").unwrap();
+        let caps = MbaCaps::read(resctrl.path(), &CpuVendor::Intel).unwrap();
+
+        let rig = Rig::new();
+        rig.spawn(100);
+        // The offline lodger's process, with two threads.
+        for tid in [300, 301] {
+            std::fs::create_dir_all(rig.proc_root.path().join(format!("300/task/{tid}"))).unwrap();
+        }
+        let mut agent = rig
+            .agent()
+            .with_mba(MbaTarget::new(resctrl.path().to_path_buf(), caps));
+        let train = agent.register(spec(vec![100], 2), 0).unwrap();
+        let lodger = JobId::from_seq(99);
+        let mut job = agent.state.jobs[&train.id].job.clone();
+        job.id = lodger.clone();
+        job.spec.kind = JobKind::Offline;
+        job.spec.target = Target::Instances;
+        job.pids = vec![300];
+        agent.state.jobs.insert(
+            lodger.clone(),
+            StoredJob {
+                job,
+                record: JobRecord::default(),
+                lodging: Lodging::default(),
+                tuning: None,
+            },
+        );
+        let mut events = agent.events.subscribe();
+        let pass = |agent: &mut Agent, ms: u64, fraction: f64| {
+            let mut obs = Observations {
+                unix_ms: ms,
+                ..Observations::default()
+            };
+            obs.node.membw_bytes_per_s = Some(fraction * 100e9);
+            obs.node.membw_fraction_of_peak = Some(fraction);
+            agent.observations = obs;
+            agent.tick();
+        };
+        let mb = || std::fs::read_to_string(&schemata).unwrap();
+        pass(&mut agent, 1000, 0.5);
+        assert_eq!(mb(), "MB:0=100;1=100\n", "no pressure, no throttle");
+        // Two pressured passes (pressure_ticks = 2): one step down, the lodger's threads moved.
+        pass(&mut agent, 1001, 0.95);
+        pass(&mut agent, 1002, 0.95);
+        let first = mb();
+        assert_ne!(first, "MB:0=100;1=100\n");
+        let moved = std::fs::read_to_string(&tasks).unwrap();
+        assert_eq!(
+            moved.split_whitespace().collect::<Vec<_>>(),
+            ["300", "301"],
+            "{moved}"
+        );
+        // Still pressured: a further step, values multiples of the granularity (10 here).
+        pass(&mut agent, 1003, 0.95);
+        pass(&mut agent, 1004, 0.95);
+        let second = mb();
+        let values = |s: &str| -> Vec<u32> {
+            s.trim()
+                .trim_start_matches("MB:")
+                .split(';')
+                .map(|d| d.split('=').nth(1).unwrap().parse().unwrap())
+                .collect()
+        };
+        assert!(values(&second) < values(&first), "{first} -> {second}");
+        assert!(
+            values(&second).iter().all(|v| v % 10 == 0 && *v >= 10),
+            "{second}"
+        );
+        assert!(agent.state.jobs[&lodger]
+            .job
+            .throttle
+            .as_deref()
+            .is_some_and(|t| t.contains(" MB:")));
+        assert!(
+            agent.state.jobs[&train.id].job.throttle.is_none(),
+            "training never"
+        );
+        let mut mechanisms = Vec::new();
+        while let Ok(e) = events.try_recv() {
+            if let Event::Throttled { id, mechanism, .. } = e {
+                assert_eq!(id, lodger);
+                mechanisms.push(mechanism);
+            }
+        }
+        // One per L3 domain per step: two domains, two steps.
+        assert_eq!(mechanisms, ["mba"; 4]);
+        // Calm for long enough: every step given back, the schemata unthrottled.
+        for i in 0..60u64 {
+            pass(&mut agent, 2000 + i, 0.3);
+        }
+        assert_eq!(mb(), "MB:0=100;1=100\n");
+        assert!(agent.state.jobs[&lodger].job.throttle.is_none());
+    }
 }
