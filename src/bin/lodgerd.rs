@@ -145,11 +145,33 @@ fn network_control(
                 }
             }
             (CgroupVersion::V2, PinMethod::Cgroup) => Classifier::CgroupV2,
-            (CgroupVersion::V2, PinMethod::Affinity) => Classifier::Unavailable(
-                "inference instances are pinned by CPU affinity, not in cgroups of their own \
-                 (lodger's parent cgroup has no cpuset controller delegated)"
-                    .into(),
-            ),
+            // Instances stay in lodgerd's own cgroup: shaping moves them into a child of it.
+            (CgroupVersion::V2, PinMethod::Affinity) => {
+                let own = std::fs::read_to_string("/proc/self/cgroup")
+                    .ok()
+                    .and_then(|t| {
+                        t.lines()
+                            .find_map(|l| l.strip_prefix("0::").map(|p| p.trim().to_string()))
+                    });
+                match own {
+                    Some(own) => {
+                        let own = own.trim_matches('/');
+                        Classifier::OwnCgroupV2 {
+                            root: config.cgroup.root.clone(),
+                            relative: if own.is_empty() {
+                                format!("lodger-{NET_CLS_GROUP}")
+                            } else {
+                                format!("{own}/{NET_CLS_GROUP}")
+                            },
+                        }
+                    }
+                    None => Classifier::Unavailable(
+                        "instances have no cgroups of their own and lodgerd's cgroup2 path is \
+                         not in /proc/self/cgroup"
+                            .into(),
+                    ),
+                }
+            }
         },
     };
     let runner = Box::new(CommandRunner::new());

@@ -23,8 +23,8 @@ use tracing::{info, warn};
 
 use super::route::CpuJobsRoute;
 use super::tc::{
-    CpuJobMatch, CpuJobs, NetClsGroup, NetworkShaping, ShapingConfig, Steering, TcError, TcRunner,
-    DEFAULT_HANDLE,
+    read_pids, write_value, CpuJobMatch, CpuJobs, NetClsGroup, NetworkShaping, ShapingConfig,
+    Steering, TcError, TcRunner, DEFAULT_HANDLE,
 };
 use crate::job::JobId;
 
@@ -46,6 +46,11 @@ pub enum Classifier {
     },
     /// cgroup v2: by the cgroup2 directories holding the instances' cgroups.
     CgroupV2,
+    /// cgroup v2 where instances have no cgroups of their own (pinned by affinity, in
+    /// lodgerd's cgroup): CPU jobs' processes are moved into `<root>/<relative>`, a cgroup with
+    /// no controllers beside lodgerd's own (legal in a delegated subtree, since no controller
+    /// is enabled below it), which nft matches. Processes they start later inherit it.
+    OwnCgroupV2 { root: PathBuf, relative: String },
     /// Not possible on this node; the reason, said once when shaping is wanted.
     Unavailable(String),
 }
@@ -267,22 +272,24 @@ impl NetworkControl {
                 relative,
             } => {
                 let (group, _) = NetClsGroup::create(hierarchy, relative, self.classid)?;
-                let inside: BTreeSet<u32> = group.procs()?.into_iter().collect();
-                for pid in want.cpu_jobs.iter().flat_map(|j| j.pids.iter()) {
-                    if inside.contains(pid) {
-                        continue;
-                    }
-                    match group.add_process(*pid) {
-                        Ok(()) => {}
-                        // Exited since the agent looked.
-                        Err(TcError::Write { source, .. })
-                            if source.raw_os_error() == Some(libc::ESRCH) => {}
-                        Err(e) => return Err(e),
-                    }
-                }
+                move_into(
+                    group.path(),
+                    want.cpu_jobs.iter().flat_map(|j| j.pids.iter()),
+                )?;
                 CpuJobs::NetCls
             }
             Classifier::CgroupV2 => CpuJobs::CgroupV2(v2_directories(&want.cpu_jobs)),
+            Classifier::OwnCgroupV2 { root, relative } => {
+                let dir = root.join(relative);
+                if !dir.is_dir() {
+                    std::fs::create_dir_all(&dir).map_err(|source| TcError::Create {
+                        path: dir.clone(),
+                        source,
+                    })?;
+                }
+                move_into(&dir, want.cpu_jobs.iter().flat_map(|j| j.pids.iter()))?;
+                CpuJobs::CgroupV2(vec![relative.clone()])
+            }
             Classifier::Unavailable(_) => return Ok(Vec::new()),
         };
         let v2_changed = match &cpu_jobs {
@@ -378,6 +385,16 @@ impl NetworkControl {
                 }
             }
         }
+        if let Classifier::OwnCgroupV2 { root, relative } = &self.classifier {
+            let dir = root.join(relative);
+            if dir.is_dir() {
+                // Its processes go back to lodgerd's cgroup, where they came from.
+                let back = dir.parent().unwrap_or(root);
+                if let Err(e) = dissolve(&dir, back) {
+                    problems.push(e.to_string());
+                }
+            }
+        }
         if problems.is_empty() {
             if removed {
                 info!("network shaping off: {} unshaped", self.links());
@@ -427,6 +444,49 @@ fn steering_name(s: Steering) -> &'static str {
         Steering::Auto => "auto",
         Steering::TcFilter => "tc filter",
         Steering::Nft => "nftables",
+    }
+}
+
+/// Moves `pids` not yet in the cgroup `dir` into it; one that exited meanwhile is skipped.
+fn move_into<'a>(dir: &Path, pids: impl Iterator<Item = &'a u32>) -> Result<(), TcError> {
+    let procs = dir.join("cgroup.procs");
+    let inside: BTreeSet<u32> = read_pids(&procs)?.into_iter().collect();
+    for pid in pids {
+        if inside.contains(pid) {
+            continue;
+        }
+        match write_value(&procs, &pid.to_string()) {
+            Ok(()) => {}
+            Err(TcError::Write { source, .. }) if source.raw_os_error() == Some(libc::ESRCH) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Moves the processes of the cgroup `dir` to the cgroup `back` and removes `dir`.
+fn dissolve(dir: &Path, back: &Path) -> Result<(), TcError> {
+    for _ in 0..4 {
+        let procs = read_pids(&dir.join("cgroup.procs"))?;
+        if procs.is_empty() {
+            break;
+        }
+        for pid in procs {
+            match write_value(&back.join("cgroup.procs"), &pid.to_string()) {
+                Ok(()) => {}
+                Err(TcError::Write { source, .. })
+                    if source.raw_os_error() == Some(libc::ESRCH) => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    match std::fs::remove_dir(dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(source) => Err(TcError::Remove {
+            path: dir.to_path_buf(),
+            source,
+        }),
     }
 }
 
@@ -650,6 +710,46 @@ mod tests {
         );
         let root_procs = std::fs::read_to_string(root.join("cgroup.procs")).expect("procs");
         assert_eq!(root_procs, "4242");
+    }
+
+    #[test]
+    fn v2_without_instance_cgroups_moves_cpu_jobs_into_a_cgroup_of_lodgerds() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let own = dir.path().join("system.slice/lodgerd.service");
+        std::fs::create_dir_all(&own).expect("own cgroup");
+        std::fs::write(own.join("cgroup.procs"), "").expect("procs");
+        let group = own.join("cpu-jobs");
+        // A fake cgroup: mkdir by hand with its procs file, as the kernel would.
+        std::fs::create_dir_all(&group).expect("group");
+        std::fs::write(group.join("cgroup.procs"), "").expect("procs");
+        let runner = Shared::default();
+        let mut ctl = control(
+            &runner,
+            Classifier::OwnCgroupV2 {
+                root: dir.path().to_path_buf(),
+                relative: "system.slice/lodgerd.service/cpu-jobs".into(),
+            },
+        );
+        let mut w = want(&["j1"], &[("j2", &[])]);
+        w.cpu_jobs[0].pids = vec![4242];
+        assert_eq!(ctl.reconcile(&w), [NetworkEvent::Held(job("j2"))]);
+        assert_eq!(
+            std::fs::read_to_string(group.join("cgroup.procs")).expect("procs"),
+            "4242"
+        );
+        let changes = runner.changes().join("\n");
+        assert!(
+            changes.contains(
+                "socket cgroupv2 level 3 \"system.slice/lodgerd.service/cpu-jobs\" meta priority set 4c44:20"
+            ),
+            "{changes}"
+        );
+        // Off: the processes go back to lodgerd's cgroup.
+        ctl.reconcile(&want(&[], &[]));
+        assert_eq!(
+            std::fs::read_to_string(own.join("cgroup.procs")).expect("procs"),
+            "4242"
+        );
     }
 
     #[test]

@@ -1515,7 +1515,7 @@ impl NetClsGroup {
     }
 }
 
-fn write_value(path: &Path, value: &str) -> Result<(), TcError> {
+pub(crate) fn write_value(path: &Path, value: &str) -> Result<(), TcError> {
     let mut file = OpenOptions::new()
         .write(true)
         .open(path)
@@ -1532,7 +1532,7 @@ fn write_value(path: &Path, value: &str) -> Result<(), TcError> {
         })
 }
 
-fn read_pids(path: &Path) -> Result<Vec<u32>, TcError> {
+pub(crate) fn read_pids(path: &Path) -> Result<Vec<u32>, TcError> {
     let text = fs::read_to_string(path).map_err(|source| TcError::Read {
         path: path.to_path_buf(),
         source,
