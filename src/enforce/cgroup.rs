@@ -37,6 +37,8 @@ pub const CPUSET_MEMS: &str = "cpuset.mems";
 pub const CPUSET_EFFECTIVE_CPUS_V1: &str = "cpuset.effective_cpus";
 /// v2 name of the effective CPUs.
 pub const CPUSET_CPUS_EFFECTIVE_V2: &str = "cpuset.cpus.effective";
+/// v2 name of the effective memory nodes.
+pub const CPUSET_MEMS_EFFECTIVE_V2: &str = "cpuset.mems.effective";
 pub const CGROUP_PROCS: &str = "cgroup.procs";
 /// v2: the controllers available to a cgroup (its parent enabled them).
 pub const CGROUP_CONTROLLERS: &str = "cgroup.controllers";
@@ -56,6 +58,15 @@ pub enum CgroupError {
         path: PathBuf,
         value: String,
         source: io::Error,
+    },
+    /// A saved value could not be written back: the file keeps the value lodger set.
+    #[error("cannot restore {path} to {} (its value before lodger): {source}{also}; it keeps lodger's value", shown(.value))]
+    Restore {
+        path: PathBuf,
+        value: String,
+        source: io::Error,
+        /// What else was tried, when something was.
+        also: String,
     },
     #[error("cannot create cgroup {path}: {source}")]
     Create { path: PathBuf, source: io::Error },
@@ -84,6 +95,15 @@ pub enum CgroupError {
          enables controllers inside its own cgroup"
     )]
     CpusetNotEnabled { cgroup: PathBuf, file: PathBuf },
+}
+
+/// A cpuset value as a message shows it: an empty one is named for what it means.
+fn shown(value: &str) -> String {
+    if value.is_empty() {
+        "empty (inherit the parent's)".to_string()
+    } else {
+        format!("'{value}'")
+    }
 }
 
 impl CgroupError {
@@ -378,8 +398,10 @@ fn write_cpuset_file(
         root.to_path_buf(),
         version == CgroupVersion::V2,
     );
-    // cgroups-rs writes with `write_all`, which makes no system call for an empty buffer: an empty
-    // set is written as a newline, which the kernel strips (v2: "inherit the parent's").
+    // An empty set is written as a newline, which the kernel strips: the empty value (v2: "inherit
+    // the parent's"). Not as nothing: cgroups-rs writes with `write_all`, which makes no system
+    // call for an empty buffer, and a zero-length write(2) returns 0 without reaching cpuset
+    // either (seen on Linux 6.1), so the file would silently keep lodger's value.
     let mut text = value.to_string();
     if text.is_empty() {
         text.push('\n');
@@ -783,35 +805,172 @@ pub fn write_nested(
 ) -> Result<bool, CgroupError> {
     let mut wrote = false;
     for file in [CpusetFile::Mems, CpusetFile::Cpus] {
-        let changes: Vec<NestedChange> = entries
-            .iter()
-            .filter_map(|e| {
-                let (current, target) = match file {
-                    CpusetFile::Cpus => (&e.current_cpus, e.cpus.as_ref()?),
-                    CpusetFile::Mems => (&e.current_mems, e.mems.as_ref()?),
-                };
-                Some(NestedChange {
-                    cgroup: e.cgroup.clone(),
-                    current: current.clone(),
-                    target: target.clone(),
-                })
-            })
-            .collect();
-        let writes = if h.nested_subsets() {
-            nested_write_order(&changes)
-        } else {
-            changes
-                .into_iter()
-                .filter(|c| c.current != c.target)
-                .map(|c| (c.cgroup, c.target))
-                .collect()
-        };
-        for (cgroup, value) in writes {
+        for (cgroup, value) in nested_writes(h, entries, file) {
             h.write(&cgroup, file, &value)?;
             wrote = true;
         }
     }
     Ok(wrote)
+}
+
+/// What [`restore_nested`] did.
+#[derive(Debug, Default)]
+pub struct Restore {
+    /// Whether anything was written.
+    pub wrote: bool,
+    /// Empty ("inherit") values the kernel refused, and what was written instead.
+    pub substituted: Vec<Substitution>,
+    /// Writes that failed ([`CgroupError::Restore`] for a refused value): those files keep
+    /// lodger's value. Every other write was still made.
+    pub errors: Vec<CgroupError>,
+}
+
+/// An empty cpuset value the kernel would not take back, and the value written in its place.
+#[derive(Debug)]
+pub struct Substitution {
+    pub path: PathBuf,
+    pub written: CpuSet,
+    /// `written` is every CPU or node of the node, so the cgroup still follows its parent
+    /// (v2 intersects a cgroup's value with its parent's); otherwise it is the parent's effective
+    /// value at the time, which a parent that grows later leaves behind.
+    pub follows_parent: bool,
+    /// Why the empty value was refused.
+    pub refused: io::Error,
+}
+
+impl fmt::Display for Substitution {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} was empty (inherit the parent's) before lodger, but the kernel refused to empty it \
+             ({}: before Linux 7.0 it refuses while the cgroup has tasks), so it now holds {}",
+            self.path.display(),
+            self.refused,
+            self.written
+        )?;
+        if self.follows_parent {
+            f.write_str(
+                ", the whole node's: intersected with its parent's, it still follows its parent",
+            )?;
+        } else {
+            f.write_str(", its parent's effective value now: it will not grow with its parent")?;
+        }
+        f.write_str("; write an empty line to it once it has no tasks to make it inherit again")
+    }
+}
+
+/// Like [`write_nested`], for putting saved values back: every write is attempted even after
+/// one fails, and the failures are returned together. On v2 an empty saved value means "inherit
+/// the parent's", which kernels before Linux 7.0 refuse (ENOSPC) to write into a cgroup that has
+/// tasks; then the node's effective value is written instead (v2 intersects it with the
+/// parent's, so the cgroup goes on following its parent), or failing that the parent's effective
+/// value, and [`Restore::substituted`] says so.
+pub fn restore_nested(h: &dyn CpusetHierarchy, entries: &[CpusetTarget]) -> Restore {
+    let mut done = Restore::default();
+    for file in [CpusetFile::Mems, CpusetFile::Cpus] {
+        for (cgroup, value) in nested_writes(h, entries, file) {
+            let refused = match h.write(&cgroup, file, &value) {
+                Ok(()) => {
+                    done.wrote = true;
+                    continue;
+                }
+                Err(e) => e,
+            };
+            let source = match refused {
+                CgroupError::Write { source, .. } => source,
+                other => {
+                    done.errors.push(other);
+                    continue;
+                }
+            };
+            let path = h.dir(&cgroup).join(file.name());
+            if !(value.is_empty() && h.version() == CgroupVersion::V2) {
+                done.errors.push(CgroupError::Restore {
+                    path,
+                    value: value.to_string(),
+                    source,
+                    also: String::new(),
+                });
+                continue;
+            }
+            match write_inherited(h, &cgroup, file) {
+                Ok((written, follows_parent)) => {
+                    done.wrote = true;
+                    done.substituted.push(Substitution {
+                        path,
+                        written,
+                        follows_parent,
+                        refused: source,
+                    });
+                }
+                Err(e) => done.errors.push(CgroupError::Restore {
+                    path,
+                    value: String::new(),
+                    source,
+                    also: format!(", nor to what inheriting gives ({e})"),
+                }),
+            }
+        }
+    }
+    done
+}
+
+/// v2: writes into `cgroup` what an empty ("inherit") value gives: the node's effective value
+/// (all CPUs or nodes; intersected with the parent's, it follows the parent), else the parent's
+/// effective value now (a sibling that is an exclusive partition may refuse the former). Returns
+/// the value written and whether it was the node's.
+fn write_inherited(
+    h: &dyn CpusetHierarchy,
+    cgroup: &str,
+    file: CpusetFile,
+) -> Result<(CpuSet, bool), CgroupError> {
+    let effective = match file {
+        CpusetFile::Cpus => CPUSET_CPUS_EFFECTIVE_V2,
+        CpusetFile::Mems => CPUSET_MEMS_EFFECTIVE_V2,
+    };
+    let node = read_cpulist(h.root(), effective)?;
+    let whole = h.write(cgroup, file, &node);
+    if whole.is_ok() {
+        return Ok((node, true));
+    }
+    let parent = read_cpulist(&h.dir(parent_of(cgroup).unwrap_or("/")), effective)?;
+    if parent == node || parent.is_empty() {
+        return whole.map(|()| (node, true));
+    }
+    h.write(cgroup, file, &parent)?;
+    Ok((parent, false))
+}
+
+/// The writes that take `entries` from their current `file` values to their targets, in an
+/// order the hierarchy accepts.
+fn nested_writes(
+    h: &dyn CpusetHierarchy,
+    entries: &[CpusetTarget],
+    file: CpusetFile,
+) -> Vec<(String, CpuSet)> {
+    let changes: Vec<NestedChange> = entries
+        .iter()
+        .filter_map(|e| {
+            let (current, target) = match file {
+                CpusetFile::Cpus => (&e.current_cpus, e.cpus.as_ref()?),
+                CpusetFile::Mems => (&e.current_mems, e.mems.as_ref()?),
+            };
+            Some(NestedChange {
+                cgroup: e.cgroup.clone(),
+                current: current.clone(),
+                target: target.clone(),
+            })
+        })
+        .collect();
+    if h.nested_subsets() {
+        nested_write_order(&changes)
+    } else {
+        changes
+            .into_iter()
+            .filter(|c| c.current != c.target)
+            .map(|c| (c.cgroup, c.target))
+            .collect()
+    }
 }
 
 /// A cgroup's current cpuset values and what they should become.
@@ -829,6 +988,7 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
     use std::collections::BTreeMap;
+    use std::fs;
 
     fn set(s: &str) -> CpuSet {
         CpuSet::parse(s).expect("test cpulist")
@@ -958,5 +1118,286 @@ mod tests {
                 prop_assert_eq!(&state[&c.cgroup], &c.target);
             }
         }
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Restoring saved values on a v2 fixture tree.
+
+    const SLURM: &str = "/system.slice/slurmstepd.scope/job_42/step_0/slurm";
+
+    fn v2_copy() -> tempfile::TempDir {
+        fn copy(from: &Path, to: &Path) {
+            fs::create_dir_all(to).expect("mkdir");
+            for entry in fs::read_dir(from).expect("read fixture") {
+                let entry = entry.expect("entry");
+                let dest = to.join(entry.file_name());
+                if entry.file_type().expect("type").is_dir() {
+                    copy(&entry.path(), &dest);
+                } else {
+                    fs::copy(entry.path(), &dest).expect("copy");
+                }
+            }
+        }
+        let dir = tempfile::tempdir().expect("tempdir");
+        copy(
+            &Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/cgroup/v2-systemd-slurm"),
+            dir.path(),
+        );
+        dir
+    }
+
+    /// The v2 hierarchy of a fixture tree with the kernel's refusals that plain files lack:
+    /// before Linux 7.0 a cpuset whose cgroup (or a descendant) has tasks cannot be made empty
+    /// (ENOSPC, `validate_change`); optionally an exclusive sibling partition refuses the node's
+    /// whole CPU list (EINVAL), and some cgroups refuse every write (EACCES).
+    #[derive(Debug)]
+    struct KernelRules {
+        inner: V2Cpuset,
+        exclusive_sibling: bool,
+        refuse_all: Vec<&'static str>,
+    }
+
+    impl KernelRules {
+        fn new(root: &Path) -> Self {
+            Self {
+                inner: V2Cpuset::new(root.to_path_buf()),
+                exclusive_sibling: false,
+                refuse_all: Vec::new(),
+            }
+        }
+
+        fn populated(&self, cgroup: &str) -> bool {
+            let mut procs = Vec::new();
+            let mut cgroups = vec![cgroup.to_string()];
+            let mut i = 0;
+            while i < cgroups.len() {
+                let c = cgroups[i].clone();
+                let _ = self.inner.procs(&c, &mut procs);
+                let _ = self.inner.children(&c, &mut cgroups);
+                i += 1;
+            }
+            !procs.is_empty()
+        }
+    }
+
+    impl CpusetHierarchy for KernelRules {
+        fn version(&self) -> CgroupVersion {
+            self.inner.version()
+        }
+        fn root(&self) -> &Path {
+            self.inner.root()
+        }
+        fn nested_subsets(&self) -> bool {
+            self.inner.nested_subsets()
+        }
+        fn read(&self, cgroup: &str, file: CpusetFile) -> Result<CpuSet, CgroupError> {
+            self.inner.read(cgroup, file)
+        }
+        fn write(&self, cgroup: &str, file: CpusetFile, value: &CpuSet) -> Result<(), CgroupError> {
+            let refuse = |errno| {
+                Err(CgroupError::Write {
+                    path: self.inner.dir(cgroup).join(file.name()),
+                    value: value.to_string(),
+                    source: io::Error::from_raw_os_error(errno),
+                })
+            };
+            if self.refuse_all.contains(&cgroup) {
+                return refuse(libc::EACCES);
+            }
+            let current = self.inner.read(cgroup, file)?;
+            if value.is_empty() && !current.is_empty() && self.populated(cgroup) {
+                return refuse(libc::ENOSPC);
+            }
+            let node = self.inner.effective_cpus("/")?;
+            if self.exclusive_sibling && file == CpusetFile::Cpus && *value == node {
+                return refuse(libc::EINVAL);
+            }
+            self.inner.write(cgroup, file, value)
+        }
+        fn effective_cpus(&self, cgroup: &str) -> Result<CpuSet, CgroupError> {
+            self.inner.effective_cpus(cgroup)
+        }
+        fn procs(&self, cgroup: &str, out: &mut Vec<u32>) -> Result<(), CgroupError> {
+            self.inner.procs(cgroup, out)
+        }
+        fn children(&self, cgroup: &str, out: &mut Vec<String>) -> Result<(), CgroupError> {
+            self.inner.children(cgroup, out)
+        }
+        fn create(&self, cgroup: &str) -> Result<(), CgroupError> {
+            self.inner.create(cgroup)
+        }
+        fn remove(&self, cgroup: &str) -> Result<(), CgroupError> {
+            self.inner.remove(cgroup)
+        }
+        fn remove_if_unused(&self, cgroup: &str) -> Result<bool, CgroupError> {
+            self.inner.remove_if_unused(cgroup)
+        }
+        fn attach(&self, cgroup: &str, pid: u32) -> Result<(), CgroupError> {
+            self.inner.attach(cgroup, pid)
+        }
+        fn cpuset_enabled(&self, cgroup: &str) -> Result<bool, CgroupError> {
+            self.inner.cpuset_enabled(cgroup)
+        }
+        fn enable_cpuset(&self, cgroup: &str, delegated: &str) -> Result<bool, CgroupError> {
+            self.inner.enable_cpuset(cgroup, delegated)
+        }
+        fn cgroup_of(&self, proc_root: &Path, pid: u32) -> Result<Option<String>, CgroupError> {
+            self.inner.cgroup_of(proc_root, pid)
+        }
+    }
+
+    fn restore_to(cgroup: &str, h: &dyn CpusetHierarchy, cpus: &str, mems: &str) -> CpusetTarget {
+        CpusetTarget {
+            cgroup: cgroup.to_string(),
+            current_cpus: h.read(cgroup, CpusetFile::Cpus).expect("cpus"),
+            current_mems: h.read(cgroup, CpusetFile::Mems).expect("mems"),
+            cpus: Some(set(cpus)),
+            mems: Some(set(mems)),
+        }
+    }
+
+    fn bytes(dir: &Path, cgroup: &str, file: &str) -> String {
+        fs::read_to_string(dir.join(cgroup.trim_start_matches('/')).join(file)).expect("read")
+    }
+
+    #[test]
+    fn an_empty_set_is_written_as_one_newline() {
+        let tree = v2_copy();
+        let h = V2Cpuset::new(tree.path().to_path_buf());
+        h.write(SLURM, CpusetFile::Cpus, &set("1")).expect("write");
+        assert_eq!(bytes(tree.path(), SLURM, CPUSET_CPUS), "1");
+        // Not zero bytes: write_all makes no system call for them, and a zero-length write(2)
+        // does not reach cpuset. The kernel strips the newline and takes the empty value.
+        h.write(SLURM, CpusetFile::Cpus, &CpuSet::default())
+            .expect("write empty");
+        assert_eq!(bytes(tree.path(), SLURM, CPUSET_CPUS), "\n");
+        assert_eq!(
+            h.read(SLURM, CpusetFile::Cpus).expect("read"),
+            CpuSet::default()
+        );
+    }
+
+    #[test]
+    fn an_inherited_value_the_kernel_refuses_is_replaced_by_the_whole_node() {
+        let tree = v2_copy();
+        let h = KernelRules::new(tree.path());
+        // lodger's values, on a cgroup with a task: the pre-7.0 kernel refuses to empty it.
+        h.write(SLURM, CpusetFile::Cpus, &set("1")).expect("cpus");
+        h.write(SLURM, CpusetFile::Mems, &set("0")).expect("mems");
+        fs::write(
+            tree.path()
+                .join(SLURM.trim_start_matches('/'))
+                .join(CGROUP_PROCS),
+            "4242\n",
+        )
+        .expect("a task");
+        let restored = restore_nested(&h, &[restore_to(SLURM, &h, "", "")]);
+        assert!(restored.errors.is_empty(), "{:?}", restored.errors);
+        assert!(restored.wrote);
+        // The root's effective values: v2 intersects them with the parent's, so the cgroup
+        // gets what inheriting gives and keeps following its parent.
+        assert_eq!(bytes(tree.path(), SLURM, CPUSET_MEMS), "0");
+        assert_eq!(bytes(tree.path(), SLURM, CPUSET_CPUS), "0-3");
+        let [mems, cpus] = &restored.substituted[..] else {
+            panic!("{:?}", restored.substituted);
+        };
+        assert!(mems.path.ends_with("slurm/cpuset.mems") && mems.follows_parent);
+        assert_eq!(cpus.written, set("0-3"));
+        assert_eq!(cpus.refused.raw_os_error(), Some(libc::ENOSPC));
+        let text = cpus.to_string();
+        assert!(
+            text.contains("slurm/cpuset.cpus was empty (inherit the parent's)"),
+            "{text}"
+        );
+        assert!(
+            text.contains("holds 0-3") && text.contains("still follows its parent"),
+            "{text}"
+        );
+        assert!(
+            text.contains("write an empty line to it once it has no tasks"),
+            "{text}"
+        );
+
+        // Without tasks the kernel takes the empty value itself.
+        fs::write(
+            tree.path()
+                .join(SLURM.trim_start_matches('/'))
+                .join(CGROUP_PROCS),
+            "",
+        )
+        .expect("no task");
+        let restored = restore_nested(&h, &[restore_to(SLURM, &h, "", "")]);
+        assert!(restored.substituted.is_empty() && restored.errors.is_empty());
+        assert_eq!(bytes(tree.path(), SLURM, CPUSET_CPUS), "\n");
+        assert_eq!(bytes(tree.path(), SLURM, CPUSET_MEMS), "\n");
+    }
+
+    #[test]
+    fn when_the_whole_node_is_refused_too_the_parents_effective_value_is_written() {
+        let tree = v2_copy();
+        let mut h = KernelRules::new(tree.path());
+        h.exclusive_sibling = true;
+        let step = tree.path().join(SLURM.trim_start_matches('/')).join("..");
+        fs::write(step.join(CPUSET_CPUS_EFFECTIVE_V2), "2-3").expect("parent effective");
+        h.write(SLURM, CpusetFile::Cpus, &set("3")).expect("cpus");
+        fs::write(step.join("slurm").join(CGROUP_PROCS), "4242\n").expect("a task");
+        let restored = restore_nested(&h, &[restore_to(SLURM, &h, "", "")]);
+        assert!(restored.errors.is_empty(), "{:?}", restored.errors);
+        let [cpus] = &restored.substituted[..] else {
+            panic!("{:?}", restored.substituted);
+        };
+        assert_eq!(cpus.written, set("2-3"));
+        assert!(!cpus.follows_parent);
+        assert!(
+            cpus.to_string().contains("will not grow with its parent"),
+            "{cpus}"
+        );
+        assert_eq!(bytes(tree.path(), SLURM, CPUSET_CPUS), "2-3");
+    }
+
+    #[test]
+    fn a_failed_restore_is_reported_and_the_others_still_happen() {
+        let tree = v2_copy();
+        let mut h = KernelRules::new(tree.path());
+        let step = "/system.slice/slurmstepd.scope/job_42/step_0";
+        h.write(step, CpusetFile::Cpus, &set("2")).expect("cpus");
+        h.write(SLURM, CpusetFile::Cpus, &set("2")).expect("cpus");
+        h.write(SLURM, CpusetFile::Mems, &set("0")).expect("mems");
+        h.refuse_all = vec![step];
+        let restored = restore_nested(
+            &h,
+            &[
+                restore_to(step, &h, "0-3", "0"),
+                restore_to(SLURM, &h, "1", ""),
+            ],
+        );
+        // The step refused; its sibling entry, mems and cpus, went back all the same.
+        assert_eq!(bytes(tree.path(), step, CPUSET_CPUS), "2");
+        assert_eq!(bytes(tree.path(), SLURM, CPUSET_CPUS), "1");
+        assert_eq!(bytes(tree.path(), SLURM, CPUSET_MEMS), "\n");
+        let [err] = &restored.errors[..] else {
+            panic!("{:?}", restored.errors);
+        };
+        let text = err.to_string();
+        assert!(
+            text.contains("cannot restore")
+                && text.contains("step_0/cpuset.cpus to '0-3' (its value before lodger)")
+                && text.contains("Permission denied")
+                && text.contains("it keeps lodger's value"),
+            "{text}"
+        );
+
+        // An empty value refused, with nothing accepted in its place: both refusals are said.
+        h.refuse_all.clear();
+        h.write(SLURM, CpusetFile::Mems, &set("0")).expect("mems");
+        h.refuse_all = vec![SLURM];
+        let restored = restore_nested(&h, &[restore_to(SLURM, &h, "0-3", "")]);
+        let text: Vec<String> = restored.errors.iter().map(ToString::to_string).collect();
+        assert_eq!(text.len(), 2, "{text:?}");
+        assert!(
+            text[0].contains("slurm/cpuset.mems to empty (inherit the parent's)")
+                && text[0].contains("nor to what inheriting gives"),
+            "{text:?}"
+        );
     }
 }

@@ -736,18 +736,29 @@ impl Enforcer {
         pids.dedup();
         self.revert_threads(s, &pids, None, errors);
 
-        // The subtree first (ancestors are still grown), then the ancestors lodger grew.
+        // The subtree first (ancestors are still grown), then the ancestors lodger grew. Each
+        // file is restored on its own: one that fails is reported and the others still go back.
         let saved = |c: &str| rec.saved.iter().find(|x| x.cgroup == c);
         let mut subtree: Vec<CpusetTarget> = Vec::new();
         for c in s.cgroups.iter() {
-            let (Ok(cur_cpus), Ok(cur_mems)) =
-                (h.read(c, CpusetFile::Cpus), h.read(c, CpusetFile::Mems))
-            else {
-                continue;
+            let mut read = |file| match h.read(c, file) {
+                Ok(v) => Some(v),
+                Err(e) => {
+                    // A descendant removed meanwhile is normal; a file lodger wrote and can no
+                    // longer read is not.
+                    if !e.is_gone() && saved(c).is_some() {
+                        errors.push(e.into());
+                    }
+                    None
+                }
             };
-            let (t_cpus, t_mems) = match saved(c) {
-                Some(x) => (x.cpus.clone(), x.mems.clone()),
-                None if h.nested_subsets() => {
+            let (cur_cpus, cur_mems) = (read(CpusetFile::Cpus), read(CpusetFile::Mems));
+            let (t_cpus, t_mems) = match (saved(c), &cur_cpus, &cur_mems) {
+                (Some(x), _, _) => (
+                    cur_cpus.as_ref().map(|_| x.cpus.clone()),
+                    cur_mems.as_ref().map(|_| x.mems.clone()),
+                ),
+                (None, Some(cur_cpus), Some(cur_mems)) if h.nested_subsets() => {
                     let parent = parent_of(c).unwrap_or("/");
                     let Some(p) = subtree.iter().find(|e| e.cgroup == parent) else {
                         continue;
@@ -755,24 +766,31 @@ impl Enforcer {
                     let p_cpus = p.cpus.clone().unwrap_or_else(|| p.current_cpus.clone());
                     let p_mems = p.mems.clone().unwrap_or_else(|| p.current_mems.clone());
                     (
-                        within(&cur_cpus, &p_cpus).unwrap_or_else(|| cur_cpus.clone()),
-                        within(&cur_mems, &p_mems).unwrap_or_else(|| cur_mems.clone()),
+                        Some(within(cur_cpus, &p_cpus).unwrap_or_else(|| cur_cpus.clone())),
+                        Some(within(cur_mems, &p_mems).unwrap_or_else(|| cur_mems.clone())),
                     )
                 }
-                None => continue,
+                _ => continue,
             };
             subtree.push(CpusetTarget {
                 cgroup: c.clone(),
-                current_cpus: cur_cpus,
-                current_mems: cur_mems,
-                cpus: Some(t_cpus),
-                mems: Some(t_mems),
+                current_cpus: cur_cpus.unwrap_or_default(),
+                current_mems: cur_mems.unwrap_or_default(),
+                cpus: t_cpus,
+                mems: t_mems,
             });
         }
-        if let Err(e) = cgroup::write_nested(h, &subtree) {
-            errors.push(e.into());
-            return;
+        let restored = cgroup::restore_nested(h, &subtree);
+        for s in &restored.substituted {
+            warn!("{s}");
         }
+        errors.extend(
+            restored
+                .errors
+                .into_iter()
+                .filter(|e| !e.is_gone())
+                .map(EnforceError::from),
+        );
         let mut above: Vec<CpusetTarget> = Vec::new();
         for x in &rec.saved {
             if cgroup::is_within(&x.cgroup, cg) {
@@ -792,7 +810,11 @@ impl Enforcer {
                 mems: Some(x.mems.clone()),
             });
         }
-        if let Err(e) = cgroup::write_nested(h, &above) {
+        let restored = cgroup::restore_nested(h, &above);
+        for s in &restored.substituted {
+            warn!("{s}");
+        }
+        for e in restored.errors.iter().filter(|e| !e.is_gone()) {
             // Another cgroup below may now use the CPUs lodger added: the kernel refuses the
             // shrink and the ancestor keeps them.
             warn!("cannot restore the cpuset of an ancestor of {cg}: {e}");

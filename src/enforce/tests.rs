@@ -553,6 +553,33 @@ fn v2_cgroup_job_sets_and_restores_cpuset_files() {
 }
 
 #[test]
+fn v2_release_reports_a_file_it_cannot_restore_and_restores_the_rest() {
+    let v2 = v2_fixture();
+    let e = enforcer(v2_settings(v2.path()));
+    let slurm = Target::Cgroup(format!("{STEP}/slurm"));
+    let dir = v2.path().join(STEP.trim_start_matches('/')).join("slurm");
+    let mut record = JobRecord::default();
+    e.apply(&job(7), &slurm, &set("1"), &set("0"), &mut record)
+        .expect("apply");
+    assert_eq!(read_trim(dir.join("cpuset.mems")), "0");
+    // The cpuset files vanish from under lodger (someone disabled the controller and enabled it
+    // again half-way): cpuset.mems cannot be read, so it cannot be restored.
+    fs::remove_file(dir.join("cpuset.mems")).expect("remove");
+    let err = e
+        .release(&job(7), &slurm, &record)
+        .expect_err("mems cannot be restored");
+    assert!(
+        err.to_string().contains("slurm/cpuset.mems"),
+        "the error names the file: {err}"
+    );
+    // cpuset.cpus went back to inheriting all the same.
+    assert_eq!(
+        fs::read_to_string(dir.join("cpuset.cpus")).expect("cpus"),
+        "\n"
+    );
+}
+
+#[test]
 fn v2_cpuset_not_enabled_names_the_file_to_write() {
     let v2 = v2_fixture();
     let e = enforcer(v2_settings(v2.path()));
