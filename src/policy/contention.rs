@@ -238,7 +238,10 @@ pub struct Baseline {
 pub struct JobObservation {
     pub id: JobId,
     pub role: Role,
-    /// Cores the job has when not throttled (its allocation); core halving counts from it.
+    /// Cores the job has (its allocation); core halving counts from it. While the job is cut,
+    /// an enforcer that caps it (inference placement) shows the capped count here: that is the
+    /// throttle's own doing, so a cut job's allocation is only taken to have changed when it
+    /// grows beyond the one the cut counts from.
     pub cores: u32,
     /// Its own memory bandwidth (MBM), bytes/s.
     pub membw_bytes_per_s: Option<f64>,
@@ -936,7 +939,12 @@ impl ContentionEliminator {
             .retain(|id, _| tick.jobs.contains_key(id));
     }
 
-    /// A cut job whose allocation changed keeps its level, counted from the new allocation.
+    /// A cut job whose allocation grew keeps its level, counted from the new allocation.
+    ///
+    /// Fewer cores than the cut counts from say nothing: the enforcer shows the job capped (a
+    /// cut to 4 of 8 cores shows 4). Taking that for the allocation would lift the cut the
+    /// next tick (2 cores halved to 1 show 1, which cannot be cut) or halve the halved count
+    /// again, down to the floor.
     fn refresh_cuts(&mut self, tick: &Tick<'_>, actions: &mut Vec<ThrottleAction>) {
         let floor = self.config.min_cores;
         let mut changed = Vec::new();
@@ -944,7 +952,7 @@ impl ContentionEliminator {
             let Some(job) = tick.jobs.get(id) else {
                 continue;
             };
-            if job.cores == cut.nominal {
+            if job.cores <= cut.nominal {
                 continue;
             }
             let before = halved_cores(cut.nominal, cut.level, floor);
@@ -1216,10 +1224,14 @@ impl ContentionEliminator {
         actions: &mut Vec<ThrottleAction>,
     ) -> bool {
         let floor = self.config.min_cores;
+        // A cut job counts from the allocation its cut does (it shows the capped count).
         let pick = tick.suspects.iter().find_map(|s| {
             let job = eligible.iter().find(|j| j.id == s.job)?;
-            let level = self.cuts.get(&job.id).map_or(0, |c| c.level);
-            (level < max_halvings(job.cores, floor)).then_some(*job)
+            let (nominal, level) = self
+                .cuts
+                .get(&job.id)
+                .map_or((job.cores, 0), |c| (c.nominal, c.level));
+            (level < max_halvings(nominal, floor)).then_some(*job)
         });
         let Some(job) = pick else {
             return false;
@@ -2028,6 +2040,93 @@ mod tests {
         assert!(c.throttles().is_empty());
     }
 
+    /// The agent enforces a core cut by capping the job's instances, and then observes the job
+    /// on the capped count. That observation is the throttle's own doing: it must neither lift
+    /// the cut (flapping: cut, released next tick, cut again) nor be halved again (a spiral to
+    /// the floor in one pressured stretch).
+    #[test]
+    fn a_cut_job_observed_at_its_capped_allocation_keeps_its_throttle() {
+        let mut c = ContentionEliminator::new(config(2, 3), None);
+        let hot = |cores| {
+            obs(
+                Some(0.9),
+                vec![training(1), lodger(2, Role::Offline, cores, None)],
+            )
+        };
+        let cool = |cores| {
+            obs(
+                Some(0.3),
+                vec![training(1), lodger(2, Role::Offline, cores, None)],
+            )
+        };
+        // Halved 8 -> 4 after two pressured ticks; the enforcer then shows 4 cores.
+        let a = run(&mut c, 2, &hot(8));
+        assert_eq!(a.len(), 1, "{a:?}");
+        assert_eq!(a[0].mechanism, Mechanism::Cores { count: 4 });
+        assert!(a[0].evidence.contains("halved 8 -> 4"), "{}", a[0].evidence);
+        // The capped allocation: no action, the cut holds at level 1 (not released, not cut
+        // again from 4).
+        let a = c.step(0, &hot(4));
+        assert!(a.is_empty(), "{a:?}");
+        assert_eq!(c.throttles().cores[&id(2)], 4);
+        assert_eq!(c.status().core_levels[&id(2)], 1);
+        // The next step halves from the job's own allocation, 8: level 2 = 2 cores.
+        let a = c.step(0, &hot(4));
+        assert_eq!(a.len(), 1, "{a:?}");
+        assert_eq!(
+            (a[0].mechanism.clone(), a[0].level),
+            (Mechanism::Cores { count: 2 }, 2)
+        );
+        assert!(a[0].evidence.contains("halved 4 -> 2"), "{}", a[0].evidence);
+        // Down to the floor (1 core, level 3), counted from 8 though the job shows 2.
+        let a = run(&mut c, 2, &hot(2));
+        assert_eq!(a[0].mechanism, Mechanism::Cores { count: 1 });
+        assert_eq!(a[0].level, 3);
+        assert!(run(&mut c, 4, &hot(1)).is_empty(), "at the floor");
+        assert!(c.detection().unwrap().exhausted);
+        // Calm: the steps come back one by one, while the job shows each capped count.
+        let mut counts = Vec::new();
+        let mut shown = 1;
+        for _ in 0..40 {
+            for a in c.step(0, &cool(shown)) {
+                if let Mechanism::Cores { count } = a.mechanism {
+                    counts.push(count);
+                    shown = count;
+                }
+            }
+        }
+        assert_eq!(counts, [2, 4, 8]);
+        assert!(c.throttles().is_empty());
+    }
+
+    /// Two cores halved to one, as on a two-CPU node: the cut holds while the enforcer shows
+    /// one core, and comes back after the calm ticks.
+    #[test]
+    fn two_cores_halved_to_one_hold_until_calm() {
+        let mut c = ContentionEliminator::new(config(3, 5), None);
+        let hot = |cores| {
+            obs(
+                Some(0.9),
+                vec![training(1), lodger(2, Role::Offline, cores, None)],
+            )
+        };
+        let a = run(&mut c, 3, &hot(2));
+        assert_eq!(a.len(), 1, "{a:?}");
+        assert_eq!(a[0].mechanism, Mechanism::Cores { count: 1 });
+        let a = run(&mut c, 20, &hot(1));
+        assert!(a.is_empty(), "held at the floor without flapping: {a:?}");
+        assert_eq!(c.throttles().cores[&id(2)], 1);
+        let cool = obs(
+            Some(0.3),
+            vec![training(1), lodger(2, Role::Offline, 1, None)],
+        );
+        assert!(run(&mut c, 4, &cool).is_empty());
+        let a = c.step(0, &cool);
+        assert_eq!(a.len(), 2, "{a:?}");
+        assert_eq!(a[0].mechanism, Mechanism::Cores { count: 2 });
+        assert_eq!(a[1].mechanism, Mechanism::Release);
+    }
+
     #[test]
     fn allocation_change_keeps_the_level() {
         let mut c = ContentionEliminator::new(config(1, 10), None);
@@ -2109,6 +2208,9 @@ mod tests {
                 ..ContentionConfig::default()
             };
             let mut c = ContentionEliminator::new(cfg, caps.clone());
+            // The most cores each job has shown: a cut counts from a count it showed (a cut job
+            // may show fewer, capped by its own throttle).
+            let mut most_cores: BTreeMap<JobId, u32> = BTreeMap::new();
             for (n, input) in inputs.iter().enumerate() {
                 let jobs: Vec<JobObservation> = input
                     .jobs
@@ -2129,6 +2231,10 @@ mod tests {
                 for j in &jobs {
                     roles.entry(j.id.clone()).or_insert(j);
                 }
+                for j in roles.values() {
+                    let most = most_cores.entry(j.id.clone()).or_insert(0);
+                    *most = (*most).max(j.cores);
+                }
                 for a in &actions {
                     prop_assert_eq!(a.advisory, advise);
                     if a.mechanism != Mechanism::Release {
@@ -2146,8 +2252,9 @@ mod tests {
                     prop_assert!(j.is_some(), "cut for absent {}", job);
                     let j = j.unwrap();
                     prop_assert!(j.role != Role::Training);
-                    prop_assert!(count >= min_cores.min(j.cores.max(1)));
-                    prop_assert!(count < j.cores.max(1), "{} cut to {} of {}", job, count, j.cores);
+                    let most = most_cores.get(job).copied().unwrap_or(0);
+                    prop_assert!(count >= min_cores, "{} cut to {} below the floor", job, count);
+                    prop_assert!(count < most, "{} cut to {} of at most {} shown", job, count, most);
                 }
                 if let Some(caps) = &caps {
                     let ladder = MbaLadder::new(caps.clone(), c.config()).unwrap();
