@@ -371,3 +371,112 @@ fn job_whose_monitoring_group_is_refused_is_shown_unavailable_and_said_once() {
         "{log}"
     );
 }
+
+/// Per-job network traffic (issue: sensing, item 5): a job with a network namespace of its own
+/// (as a container or pod has) gets its namespace's rx/tx rates; a job in the host's namespace
+/// is said not to be attributable.
+#[test]
+fn per_job_network_of_a_job_in_its_own_namespace() {
+    const TEST: &str = "per_job_network";
+    if !need_root(TEST) {
+        return;
+    }
+    let ok = |args: &[&str]| {
+        std::process::Command::new("ip")
+            .args(args)
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    let ns = format!("lodger-net-{}", std::process::id());
+    if !ok(&["netns", "add", &ns]) {
+        lodger::privileged::skip(TEST, "cannot create a network namespace (ip netns add)");
+        return;
+    }
+    struct Netns(String);
+    impl Drop for Netns {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("ip")
+                .args(["netns", "del", &self.0])
+                .status();
+        }
+    }
+    let _guard = Netns(ns.clone());
+    // A veth pair inside the namespace: what the job sends out of one end is its traffic.
+    assert!(ok(&[
+        "-n", &ns, "link", "add", "ln0", "type", "veth", "peer", "name", "ln1"
+    ]));
+    assert!(ok(&[
+        "-n",
+        &ns,
+        "addr",
+        "add",
+        "10.79.0.1/24",
+        "dev",
+        "ln0"
+    ]));
+    assert!(ok(&["-n", &ns, "link", "set", "ln0", "up"]));
+    assert!(ok(&["-n", &ns, "link", "set", "ln1", "up"]));
+    // The job: UDP datagrams to a neighbour that is not there (sent all the same).
+    let mut job = std::process::Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &ns,
+            "bash",
+            "-c",
+            "while true; do echo lodger-lodger-lodger > /dev/udp/10.79.0.2/9; sleep 0.01; done",
+        ])
+        .spawn()
+        .expect("spawn the job");
+    let host_job = Workload::train(1);
+
+    let bus = PrivateBus::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = Daemon::start(
+        &bus,
+        dir.path(),
+        DaemonOptions {
+            reserved: "",
+            extra: "[sense]\ninterval_ms = 200\n".to_string(),
+            ..DaemonOptions::default()
+        },
+    );
+    let id = d.register_pid(job.id(), 1);
+    let host_id = d.register_pid(host_job.pid(), 1);
+    let deadline = std::time::Instant::now() + WAIT;
+    let (own, host) = loop {
+        let top = top_json(&d);
+        let metrics = |id: &str| {
+            top["jobs"]
+                .as_array()
+                .and_then(|jobs| jobs.iter().find(|j| j["id"] == id))
+                .map(|j| j["metrics"].clone())
+                .unwrap_or_default()
+        };
+        let (own, host) = (metrics(&id), metrics(&host_id));
+        if own["net_tx_bytes_per_s"]
+            .as_f64()
+            .is_some_and(|tx| tx > 0.0)
+        {
+            break (own, host);
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no traffic measured for {id}: {top}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    let _ = job.kill();
+    let _ = job.wait();
+    // Each datagram is at least 42 bytes on the wire and the job sends tens per second.
+    let tx = own["net_tx_bytes_per_s"].as_f64().unwrap_or(0.0);
+    assert!(tx > 100.0, "{own}");
+    assert!(own.get("net_unavailable").is_none(), "{own}");
+    assert!(host["net_tx_bytes_per_s"].is_null(), "{host}");
+    assert!(
+        host["net_unavailable"]
+            .as_str()
+            .is_some_and(|w| w.contains("host's network namespace")),
+        "{host}"
+    );
+}

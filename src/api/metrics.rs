@@ -109,6 +109,16 @@ pub fn render(snap: &Snapshot) -> String {
         per_job(|m| m.membw_bytes_per_s),
     );
     b.family(
+        "job_net_rx_bytes_per_second",
+        "Traffic received in the job's own network namespace (not measured for jobs in the host's)",
+        per_job(|m| m.net_rx_bytes_per_s),
+    );
+    b.family(
+        "job_net_tx_bytes_per_second",
+        "Traffic sent from the job's own network namespace (not measured for jobs in the host's)",
+        per_job(|m| m.net_tx_bytes_per_s),
+    );
+    b.family(
         "job_membw_domain_bytes_per_second",
         "The job's memory bandwidth per L3 domain (resctrl MBM)",
         jobs.iter()

@@ -376,6 +376,8 @@ pub fn job_metrics_to_dict(m: &JobMetrics) -> HashMap<String, Value<'static>> {
     put("cache_miss_percent", m.cache_miss_percent);
     put("gpu_percent", m.gpu_percent);
     put("membw_bytes_per_s", m.membw_bytes_per_s);
+    put("net_rx_bytes_per_s", m.net_rx_bytes_per_s);
+    put("net_tx_bytes_per_s", m.net_tx_bytes_per_s);
     if let Some(src) = &m.gpu_source {
         d.insert("gpu_source".into(), Value::from(src.clone()));
     }
@@ -390,6 +392,9 @@ pub fn job_metrics_to_dict(m: &JobMetrics) -> HashMap<String, Value<'static>> {
     }
     if let Some(why) = &m.membw_unavailable {
         d.insert("membw_unavailable".into(), Value::from(why.clone()));
+    }
+    if let Some(why) = &m.net_unavailable {
+        d.insert("net_unavailable".into(), Value::from(why.clone()));
     }
     d
 }

@@ -574,7 +574,7 @@ async fn top_once(proxy: &ManagerProxy<'_>, json: bool) -> Result<String, Failur
     }
     out.push('\n');
     let header = [
-        "ID", "NAME", "STATE", "CPUS", "CPU%", "IPC", "MISS%", "GPU%", "MEMBW",
+        "ID", "NAME", "STATE", "CPUS", "CPU%", "IPC", "MISS%", "GPU%", "MEMBW", "NET",
     ];
     let rows: Vec<Vec<String>> = details
         .iter()
@@ -602,6 +602,11 @@ async fn top_once(proxy: &ManagerProxy<'_>, json: bool) -> Result<String, Failur
                     "n/a".to_string()
                 } else {
                     fmt_bytes_per_s(num(m, "membw_bytes_per_s"))
+                },
+                // Received + sent in the job's own network namespace.
+                match (num(m, "net_rx_bytes_per_s"), num(m, "net_tx_bytes_per_s")) {
+                    (Some(rx), Some(tx)) => fmt_bytes_per_s(Some(rx + tx)),
+                    _ => "-".to_string(),
                 },
             ]
         })

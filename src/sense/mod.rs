@@ -42,6 +42,13 @@ pub struct JobMetrics {
     /// its monitoring group: no free RMID).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub membw_unavailable: Option<String>,
+    /// Network traffic of the job's own network namespace (a container or pod), bytes/s,
+    /// summed over its interfaces but `lo`.
+    pub net_rx_bytes_per_s: Option<f64>,
+    pub net_tx_bytes_per_s: Option<f64>,
+    /// Why the job's traffic is not attributed (it shares the host's network namespace).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub net_unavailable: Option<String>,
 }
 
 /// One GPU's signals.

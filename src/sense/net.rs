@@ -2,11 +2,12 @@
 //! (`class/net/<if>/statistics/{rx_bytes,tx_bytes}`, `class/net/<if>/speed`), under a sysfs root
 //! given by the caller. Reads only; rates come from two samples ([`rates`]).
 //!
-//! Per-job traffic is not measured here: the interface counters cannot tell one process's bytes
-//! from another's. Attributing traffic to a job needs a cgroup-aware classifier on the
-//! interface (net_cls classids on cgroup v1; on v2 an nftables `socket cgroupv2` mark or an eBPF
-//! program counting per cgroup), which arrives with tc shaping (`enforce::tc`, SODA §V-E). Until
-//! then, only per-interface rates exist.
+//! Per job, traffic is measured where the job has a network namespace of its own (a container
+//! or a Kubernetes pod without host networking): that namespace's interfaces are the job's, read
+//! through one of its processes (`/proc/<pid>/net/dev`, [`job_netns_sample`]). A job sharing the
+//! host's namespace is not attributed: the host's interface counters cannot tell one process's
+//! bytes from another's, and lodger's cgroup classification (`enforce::shaping`) groups all CPU
+//! jobs into one class rather than counting each.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -256,6 +257,110 @@ fn counter_rate(old: u64, new: u64, secs: f64) -> Option<f64> {
     new.checked_sub(old).map(|delta| delta as f64 / secs)
 }
 
+/// A job's own network namespace's traffic at one instant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NetnsSample {
+    pub at: Instant,
+    /// The namespace's identity (`net:[4026532291]`): a change means the counters are another
+    /// namespace's.
+    pub netns: String,
+    /// Summed over its interfaces but `lo`.
+    pub rx_bytes: u64,
+    pub tx_bytes: u64,
+}
+
+/// What can be said of a job's network traffic.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JobNet {
+    /// It has a namespace of its own: these are its counters.
+    Own(NetnsSample),
+    /// It is in lodgerd's namespace (the host's): not attributable; the reason.
+    NotAttributable(String),
+    /// None of its processes could be read (they exited).
+    Gone,
+}
+
+/// Reads the network namespace of the first readable process of `pids` under `proc_root`, and
+/// compares it with lodgerd's own (`<proc_root>/self/ns/net`).
+pub fn job_netns_sample(proc_root: &Path, pids: &[u32]) -> JobNet {
+    let own = fs::read_link(proc_root.join("self/ns/net")).ok();
+    for pid in pids {
+        let dir = proc_root.join(pid.to_string());
+        let netns = match fs::read_link(dir.join("ns/net")) {
+            Ok(l) => l.to_string_lossy().into_owned(),
+            Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+                return JobNet::NotAttributable(
+                    "cannot tell its network namespace: reading another user's \
+                     /proc/<pid>/ns/net needs CAP_SYS_PTRACE"
+                        .into(),
+                )
+            }
+            Err(_) => continue,
+        };
+        if own.as_deref().map(|o| o.to_string_lossy()) == Some(netns.as_str().into()) {
+            return JobNet::NotAttributable(
+                "shares the host's network namespace: its traffic cannot be told from others'"
+                    .into(),
+            );
+        }
+        let Ok(text) = fs::read_to_string(dir.join("net/dev")) else {
+            continue;
+        };
+        let Some((rx_bytes, tx_bytes)) = parse_net_dev(&text) else {
+            continue;
+        };
+        return JobNet::Own(NetnsSample {
+            at: Instant::now(),
+            netns,
+            rx_bytes,
+            tx_bytes,
+        });
+    }
+    JobNet::Gone
+}
+
+/// Received and sent bytes summed over every interface of a `/proc/net/dev` text but `lo`;
+/// `None` if the text is not in that format.
+pub fn parse_net_dev(text: &str) -> Option<(u64, u64)> {
+    let mut lines = text.lines();
+    // Two header lines: "Inter-|   Receive ... |  Transmit" and " face |bytes ...".
+    if !lines.next()?.contains('|') || !lines.next()?.contains("bytes") {
+        return None;
+    }
+    let (mut rx, mut tx) = (0u64, 0u64);
+    for line in lines {
+        let (name, counters) = line.split_once(':')?;
+        let fields: Vec<u64> = counters
+            .split_whitespace()
+            .map(str::parse)
+            .collect::<Result<_, _>>()
+            .ok()?;
+        // 8 receive fields, then 8 transmit fields; bytes first in each.
+        if fields.len() < 16 {
+            return None;
+        }
+        if name.trim() == "lo" {
+            continue;
+        }
+        rx = rx.saturating_add(fields[0]);
+        tx = tx.saturating_add(fields[8]);
+    }
+    Some((rx, tx))
+}
+
+/// Received and sent bytes/s between two samples of one namespace; `None` when the namespace
+/// changed, a counter went backwards (an interface left) or no time passed.
+pub fn netns_rates(prev: &NetnsSample, cur: &NetnsSample) -> Option<(f64, f64)> {
+    let secs = cur.at.saturating_duration_since(prev.at).as_secs_f64();
+    if prev.netns != cur.netns || secs <= 0.0 {
+        return None;
+    }
+    Some((
+        counter_rate(prev.rx_bytes, cur.rx_bytes, secs)?,
+        counter_rate(prev.tx_bytes, cur.tx_bytes, secs)?,
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -457,5 +562,63 @@ mod tests {
         let lo = &s.interfaces["lo"];
         assert!(!lo.physical);
         assert_eq!(lo.speed_mbps, None, "lo has no link speed");
+    }
+
+    const NET_DEV: &str = "\
+Inter-|   Receive                                                |  Transmit
+ face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs drop fifo colls carrier compressed
+    lo:  123456     100    0    0    0     0          0         0   123456     100    0    0    0     0       0          0
+  eth0: 1000000    2000    0    0    0     0          0         0   500000    1000    0    0    0     0       0          0
+  eth1:    2000      20    0    0    0     0          0         0     3000      30    0    0    0     0       0          0
+";
+
+    #[test]
+    fn net_dev_sums_every_interface_but_lo() {
+        assert_eq!(parse_net_dev(NET_DEV), Some((1_002_000, 503_000)));
+        assert_eq!(parse_net_dev("garbage"), None);
+        assert_eq!(
+            parse_net_dev(&NET_DEV.replace("1000000", "x")),
+            None,
+            "a field that is not a number"
+        );
+    }
+
+    fn proc_with(netns_self: &str, pid: u32, netns: &str, dev: &str) -> tempfile::TempDir {
+        let root = tempfile::tempdir().expect("tempdir");
+        std::fs::create_dir_all(root.path().join("self/ns")).expect("self");
+        std::os::unix::fs::symlink(netns_self, root.path().join("self/ns/net")).expect("link");
+        let dir = root.path().join(pid.to_string());
+        std::fs::create_dir_all(dir.join("ns")).expect("ns");
+        std::fs::create_dir_all(dir.join("net")).expect("net");
+        std::os::unix::fs::symlink(netns, dir.join("ns/net")).expect("link");
+        std::fs::write(dir.join("net/dev"), dev).expect("dev");
+        root
+    }
+
+    #[test]
+    fn a_job_in_its_own_namespace_is_measured_one_in_the_hosts_is_not() {
+        let root = proc_with("net:[1]", 42, "net:[7]", NET_DEV);
+        let JobNet::Own(a) = job_netns_sample(root.path(), &[41, 42]) else {
+            panic!("own namespace");
+        };
+        assert_eq!((a.rx_bytes, a.tx_bytes), (1_002_000, 503_000));
+        let mut b = a.clone();
+        b.at = a.at + Duration::from_secs(2);
+        b.rx_bytes += 2_000;
+        b.tx_bytes += 4_000;
+        assert_eq!(netns_rates(&a, &b), Some((1_000.0, 2_000.0)));
+        let mut other = b.clone();
+        other.netns = "net:[8]".into();
+        assert_eq!(netns_rates(&a, &other), None, "another namespace");
+        let mut reset = b.clone();
+        reset.rx_bytes = 0;
+        assert_eq!(netns_rates(&a, &reset), None, "a counter went backwards");
+
+        let shared = proc_with("net:[1]", 42, "net:[1]", NET_DEV);
+        assert!(matches!(
+            job_netns_sample(shared.path(), &[42]),
+            JobNet::NotAttributable(why) if why.contains("host's network namespace")
+        ));
+        assert_eq!(job_netns_sample(root.path(), &[43]), JobNet::Gone);
     }
 }

@@ -109,6 +109,8 @@ struct Tracked {
     perf: Option<PerfSample>,
     /// The pids the perf counters were opened on (inherit follows their children).
     perf_pids: Vec<u32>,
+    /// Its own network namespace's counters at the last pass.
+    netns: Option<net::NetnsSample>,
 }
 
 pub struct Sampler {
@@ -314,6 +316,7 @@ impl Sampler {
                 cpu: None,
                 perf: None,
                 perf_pids: Vec::new(),
+                netns: None,
             });
             entry.job = job;
             // Counters opened with inherit follow children and new threads; reopen only when
@@ -478,7 +481,26 @@ impl Sampler {
             }
         }
 
-        // Network.
+        // Network, per job where it has a namespace of its own.
+        for t in self.jobs.values_mut() {
+            match net::job_netns_sample(&self.settings.proc_root, &t.job.pids) {
+                net::JobNet::Own(sample) => {
+                    if let Some((rx, tx)) =
+                        t.netns.as_ref().and_then(|p| net::netns_rates(p, &sample))
+                    {
+                        let m = jobs.entry(t.job.id.clone()).or_default();
+                        m.net_rx_bytes_per_s = Some(rx);
+                        m.net_tx_bytes_per_s = Some(tx);
+                    }
+                    t.netns = Some(sample);
+                }
+                net::JobNet::NotAttributable(why) => {
+                    jobs.entry(t.job.id.clone()).or_default().net_unavailable = Some(why);
+                    t.netns = None;
+                }
+                net::JobNet::Gone => t.netns = None,
+            }
+        }
         if let Ok(sample) = self.net.sample() {
             if let Some(prev) = &self.net_sample {
                 let rates = net::rates(prev, &sample);
