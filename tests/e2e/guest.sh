@@ -274,9 +274,7 @@ check "$job_c's threads back to SCHED_OTHER on every CPU" all_other_everywhere "
 # ProtectSystem=strict + ProtectKernelTunables=yes would forbid but for ReadWritePaths=.
 phase "a job registered by cgroup"
 # AllowedCPUs= and AllowedMemoryNodes= make systemd enable the cpuset controller down to the
-# unit, as a site that hands units to lodger would. (Without AllowedMemoryNodes= the unit's
-# cpuset.mems is empty, "inherit", and the kernel refuses to write that back into a populated
-# cgroup: ENOSPC, so lodger cannot restore it; reported, not this test's subject.)
+# unit, as a site that hands units to lodger would.
 pid_d=$(start_training train-d 0 -p AllowedCPUs=0-15 -p AllowedMemoryNodes=0-1)
 cg_d=$(cut -d: -f3 /proc/"$pid_d"/cgroup)
 cpuset_d=$(cat /sys/fs/cgroup"$cg_d"/cpuset.cpus)
@@ -294,6 +292,24 @@ if [ "$(cat /sys/fs/cgroup"$cg_d"/cpuset.cpus)" != "$cpuset_d" ]; then
     journalctl -b -u lodgerd -o cat | grep -E "$job_d|train-d|cpuset|WARN|ERROR" | tail -n 20 | note
 fi
 check "$job_d: threads back to SCHED_OTHER on every CPU" all_other_everywhere "$pid_d"
+# Without AllowedMemoryNodes= the unit's cpuset.mems is empty ("inherit"), and the kernel (before
+# Linux 7.0) refuses to write that back into a populated cgroup (ENOSPC): lodger restores it as
+# the whole node's nodes instead, which still follows the parent, and says so.
+pid_e=$(start_training train-e 0 -p AllowedCPUs=0-15)
+cg_e=$(cut -d: -f3 /proc/"$pid_e"/cgroup)
+mems_e=$(cat /sys/fs/cgroup"$cg_e"/cpuset.mems)
+echo "$cg_e: cpuset.mems '$mems_e' before (empty: inherited)" | note
+out_e=$(lodgerctl --json register training --cgroup "$cg_e" --cores 2 2>&1)
+job_e=$(field "$out_e" id)
+check "register training --cgroup $cg_e with inherited mems ($out_e)" test -n "$job_e"
+check "unregister $job_e: succeeds" lodgerctl unregister "$job_e"
+check_eq "$job_e: cpuset.mems.effective of $cg_e follows its parent again" \
+    "$(cat /sys/fs/cgroup"$cg_e"/cpuset.mems.effective)" \
+    "$(cat /sys/fs/cgroup"$(dirname "$cg_e")"/cpuset.mems.effective)"
+check "$job_e: lodgerd said how it restored the inherited value" sh -c \
+    "journalctl -b -u lodgerd -o cat | grep -q 'cpuset.mems'"
+journalctl -b -u lodgerd -o cat | grep "$job_e\|cpuset.mems" | tail -n 5 | note
+systemctl stop train-e
 
 phase "network shaping while a multi-node training job runs (cgroup v2, nftables)"
 # Bytes HTB sent in class $1 on lt0.
