@@ -8,6 +8,12 @@
 //! When loaders are slowed by colocated jobs, the dispatch thread waits for data, the GPU idles
 //! and `gpu_busy` drops below 1.
 //!
+//! With `--loader-mib N` each loader works through a ring of N MiB of decoded samples instead of
+//! generating its images: one unit augments a 1 MiB sample in place and shrinks it to the image,
+//! so the work is memory-bound once the ring is larger than the caches, and a memory-bandwidth
+//! hog beside it (`examples/membw_hog.rs`) can slow it as it would slow a real data loader.
+//! Without it the work stays in the core's caches.
+//!
 //! Signals: SIGUSR1 starts one more loader thread (tests use it to check that lodger catches
 //! threads created after registration); SIGUSR2 starts one that first puts itself back to
 //! SCHED_OTHER with an affinity of every CPU, as some runtimes do for their own threads (tests
@@ -48,6 +54,11 @@ use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal
 
 /// Side of the square "image" one unit of work processes.
 const IMAGE_SIDE: usize = 64;
+/// With `--loader-mib`: bytes of a sample one unit augments and shrinks to one pixel of its
+/// image (four cache lines), so a sample is 1 MiB: a decoded 600x600 RGB picture, roughly.
+const BYTES_PER_PIXEL: usize = 256;
+const SAMPLE_BYTES: usize = IMAGE_SIDE * IMAGE_SIDE * BYTES_PER_PIXEL;
+const MIB: usize = 1 << 20;
 /// The window `gpu_busy` and the per-second summary are computed over.
 const WINDOW: Duration = Duration::from_secs(1);
 /// How often the main thread looks at signals and progress.
@@ -92,6 +103,13 @@ struct Args {
     /// Index of the emulated GPU, as published.
     #[arg(long, default_value_t = 0)]
     gpu: u32,
+    /// Give each loader a ring of decoded samples of this many MiB: one unit then augments the
+    /// next 1 MiB sample in place (every byte read and written back) and shrinks it to its
+    /// image before normalizing and convolving it. Without it the work stays in the core's
+    /// caches and a memory-bandwidth hog beside it cannot slow it; with a ring beyond the caches
+    /// the unit is memory-bound and it can, as it slows a real data loader.
+    #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u64).range(1..=1_048_576))]
+    loader_mib: Option<u64>,
 }
 
 /// Publishes the emulated GPU for lodger (`--publish-dir`); removes the record when dropped.
@@ -196,32 +214,92 @@ impl Rng {
     }
 }
 
+/// With `--loader-mib`: a loader's samples in memory, which it decodes and augments in place.
+struct SampleRing {
+    bytes: Vec<u8>,
+    /// Where the next sample starts.
+    next: usize,
+}
+
+impl SampleRing {
+    fn new(bytes: usize, rng: &mut Rng) -> Self {
+        // Written once here, so every page is real memory before the first batch.
+        let mut bytes = vec![0u8; bytes.max(SAMPLE_BYTES)];
+        for chunk in bytes.chunks_mut(8) {
+            let random = rng.next_u64().to_le_bytes();
+            chunk.copy_from_slice(&random[..chunk.len()]);
+        }
+        Self { bytes, next: 0 }
+    }
+
+    /// Augments the next sample in place (a brightness jitter: every byte is read and written
+    /// back) and shrinks it into `image`, one pixel per 256 bytes. The sample comes through the
+    /// memory system in both directions, sequentially (the prefetchers help, as they do for a
+    /// real loader), and dominates the unit's cost.
+    fn augment_next(&mut self, jitter: u8, image: &mut [u8]) {
+        if self.next + SAMPLE_BYTES > self.bytes.len() {
+            self.next = 0;
+        }
+        let sample = &mut self.bytes[self.next..self.next + SAMPLE_BYTES];
+        self.next += SAMPLE_BYTES;
+        for (pixel, block) in image
+            .iter_mut()
+            .zip(sample.chunks_exact_mut(BYTES_PER_PIXEL))
+        {
+            let mut sum = 0u8;
+            for b in block.iter_mut() {
+                *b = b.wrapping_add(jitter);
+                sum = sum.wrapping_add(*b);
+            }
+            *pixel = sum;
+        }
+    }
+}
+
 /// One loader's buffers, reused across batches as a real loader reuses its pinned buffers.
 struct Preprocessor {
     rng: Rng,
+    samples: Option<SampleRing>,
     raw: Vec<u8>,
     normalized: Vec<f32>,
     convolved: Vec<f32>,
 }
 
 impl Preprocessor {
-    fn new(seed: u64) -> Self {
+    /// `sample_bytes`: the size of its sample ring (`--loader-mib`), if it has one.
+    fn new(seed: u64, sample_bytes: Option<usize>) -> Self {
         let pixels = IMAGE_SIDE * IMAGE_SIDE;
+        let mut rng = Rng::new(seed);
         Self {
-            rng: Rng::new(seed),
+            samples: sample_bytes.map(|bytes| SampleRing::new(bytes, &mut rng)),
+            rng,
             raw: vec![0; pixels],
             normalized: vec![0.0; pixels],
             convolved: vec![0.0; pixels],
         }
     }
 
-    /// One unit: decode (here: generate) an image, normalize it, convolve it with a 3x3
-    /// kernel, and reduce it to a checksum the consumer uses.
-    fn unit(&mut self) -> f32 {
-        for chunk in self.raw.chunks_mut(8) {
-            let bytes = self.rng.next_u64().to_le_bytes();
-            chunk.copy_from_slice(&bytes[..chunk.len()]);
+    /// Decodes (here: generates, or augments and shrinks from the sample ring) the next raw
+    /// image.
+    fn decode(&mut self) {
+        match &mut self.samples {
+            Some(ring) => {
+                let jitter = self.rng.next_u64().to_le_bytes()[0];
+                ring.augment_next(jitter, &mut self.raw);
+            }
+            None => {
+                for chunk in self.raw.chunks_mut(8) {
+                    let bytes = self.rng.next_u64().to_le_bytes();
+                    chunk.copy_from_slice(&bytes[..chunk.len()]);
+                }
+            }
         }
+    }
+
+    /// One unit: decode an image, normalize it, convolve it with a 3x3 kernel, and reduce it to
+    /// a checksum the consumer uses.
+    fn unit(&mut self) -> f32 {
+        self.decode();
         // ImageNet-style normalization: (x / 255 - mean) / std.
         const MEAN: f32 = 0.449;
         const STD: f32 = 0.226;
@@ -381,6 +459,7 @@ fn spawn_loader(
     id: usize,
     units: u32,
     escape: bool,
+    sample_bytes: Option<usize>,
     tx: SyncSender<Batch>,
     running: Arc<AtomicUsize>,
 ) -> std::io::Result<JoinHandle<()>> {
@@ -390,8 +469,9 @@ fn spawn_loader(
             if escape {
                 escape_placement();
             }
+            // Its buffers first (a sample ring takes a moment to fill): "ready" means working.
+            let mut pre = Preprocessor::new(u64::try_from(id).unwrap_or(0) + 1, sample_bytes);
             running.fetch_add(1, Ordering::SeqCst);
-            let mut pre = Preprocessor::new(u64::try_from(id).unwrap_or(0) + 1);
             while !STOP.load(Ordering::Relaxed) {
                 let checksum = pre.work(units);
                 // Blocks while the queue is full; fails once the dispatch thread is gone.
@@ -416,7 +496,7 @@ struct Dispatch {
 impl Dispatch {
     fn run(mut self) {
         self.running.fetch_add(1, Ordering::SeqCst);
-        let mut host = Preprocessor::new(0);
+        let mut host = Preprocessor::new(0, None);
         let mut last_end = lock(&self.progress).started;
         let mut consumed = 0.0f32;
         let mut iter: u64 = 0;
@@ -509,8 +589,8 @@ fn thread_cpu_time() -> Duration {
 }
 
 /// Units of work that cost about `target` of CPU time on this machine and build.
-fn calibrate(target: Duration) -> (u32, Duration) {
-    let mut pre = Preprocessor::new(u64::MAX);
+fn calibrate(target: Duration, sample_bytes: Option<usize>) -> (u32, Duration) {
+    let mut pre = Preprocessor::new(u64::MAX, sample_bytes);
     let budget = Duration::from_millis(50);
     let start = thread_cpu_time();
     let wall = Instant::now();
@@ -564,11 +644,20 @@ fn run(args: &Args) -> Result<(), String> {
         None => None,
     };
 
+    let sample_bytes = match args.loader_mib {
+        Some(mib) => Some(
+            usize::try_from(mib)
+                .ok()
+                .and_then(|m| m.checked_mul(MIB))
+                .ok_or_else(|| format!("--loader-mib {mib} does not fit in memory"))?,
+        ),
+        None => None,
+    };
     let work_per_batch = match args.work_per_batch {
         Some(units) => units,
         None => {
             let target = Duration::from_millis(args.batch_cpu_ms);
-            let (units, per_unit) = calibrate(target);
+            let (units, per_unit) = calibrate(target, sample_bytes);
             println!(
                 "calibrated work_per_batch={units} ({:.1} us per unit, ~{} ms CPU per batch)",
                 per_unit.as_secs_f64() * 1e6,
@@ -589,8 +678,15 @@ fn run(args: &Args) -> Result<(), String> {
     for id in 0..args.workers {
         let id = usize::try_from(id).map_err(|e| e.to_string())?;
         loaders.push(
-            spawn_loader(id, work_per_batch, false, tx.clone(), running.clone())
-                .map_err(|e| format!("cannot start loader thread: {e}"))?,
+            spawn_loader(
+                id,
+                work_per_batch,
+                false,
+                sample_bytes,
+                tx.clone(),
+                running.clone(),
+            )
+            .map_err(|e| format!("cannot start loader thread: {e}"))?,
         );
     }
     let dispatch = Dispatch {
@@ -626,7 +722,14 @@ fn run(args: &Args) -> Result<(), String> {
         let escaping = ADD_ESCAPING_WORKERS.swap(0, Ordering::SeqCst);
         for n in 0..plain + escaping {
             let id = loaders.len();
-            match spawn_loader(id, work_per_batch, n >= plain, tx.clone(), running.clone()) {
+            match spawn_loader(
+                id,
+                work_per_batch,
+                n >= plain,
+                sample_bytes,
+                tx.clone(),
+                running.clone(),
+            ) {
                 Ok(handle) => loaders.push(handle),
                 Err(e) => {
                     eprintln!("train_emulator: cannot start loader thread: {e}");
