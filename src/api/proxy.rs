@@ -33,4 +33,6 @@ pub trait Manager {
     fn free(&self) -> zbus::Result<String>;
     #[zbus(signal)]
     fn job_changed(&self, id: String, state: String) -> zbus::Result<()>;
+    #[zbus(signal)]
+    fn throttled(&self, job: String, mechanism: String, level: String) -> zbus::Result<()>;
 }

@@ -485,3 +485,85 @@ pub fn online_cpus() -> String {
         .trim()
         .to_string()
 }
+
+/// A real-time thread outside lodger's control that takes `busy_percent` of one CPU at an RT
+/// priority above training's: it spins (integer arithmetic, real work) for that share of every
+/// 10 ms and sleeps the rest, as a periodic RT task (an IRQ thread, a clock-sync daemon) would.
+/// SCHED_RR protects training from lodgers but not from this, so it slows a training job for
+/// real. Stopped (and joined) on drop.
+pub struct RtAntagonist {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl RtAntagonist {
+    pub fn start(cpu: u32, priority: i32, busy_percent: u32) -> RtAntagonist {
+        use std::sync::atomic::AtomicBool;
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let flag = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("rt-antagonist".into())
+            .spawn(move || {
+                let mut set = nix::sched::CpuSet::new();
+                let placed = usize::try_from(cpu)
+                    .map_err(|e| e.to_string())
+                    .and_then(|c| set.set(c).map_err(|e| e.to_string()))
+                    .and_then(|()| {
+                        nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set)
+                            .map_err(|e| e.to_string())
+                    });
+                let param = libc::sched_param {
+                    sched_priority: priority,
+                };
+                // SAFETY: sets the calling thread's (tid 0) policy with a valid sched_param.
+                let rc = unsafe { libc::sched_setscheduler(0, libc::SCHED_RR, &param) };
+                let result = placed.and_then(|()| {
+                    if rc == 0 {
+                        Ok(())
+                    } else {
+                        Err(std::io::Error::last_os_error().to_string())
+                    }
+                });
+                let ok = result.is_ok();
+                let _ = ready_tx.send(result);
+                if !ok {
+                    return;
+                }
+                let period = Duration::from_millis(10);
+                let busy = period * busy_percent.min(100) / 100;
+                let mut x: u64 = 1;
+                while !flag.load(Ordering::Relaxed) {
+                    let start = Instant::now();
+                    while start.elapsed() < busy {
+                        for _ in 0..1000 {
+                            x = std::hint::black_box(
+                                x.wrapping_mul(6364136223846793005).wrapping_add(1),
+                            );
+                        }
+                    }
+                    if let Some(rest) = period.checked_sub(start.elapsed()) {
+                        std::thread::sleep(rest);
+                    }
+                }
+            })
+            .expect("spawn the RT antagonist");
+        ready_rx
+            .recv()
+            .expect("RT antagonist thread")
+            .unwrap_or_else(|e| panic!("RT antagonist on CPU {cpu} at RR {priority}: {e}"));
+        RtAntagonist {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for RtAntagonist {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
