@@ -2150,16 +2150,7 @@ mod tests {
     #[test]
     fn contention_throttles_offline_lodgers_with_mba_on_an_intel_tree() {
         use crate::sense::membw::{CpuVendor, MbaCaps};
-        let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/fixtures/resctrl/intel-mba-mbm");
-        let resctrl = tempfile::tempdir().unwrap();
-        let status = std::process::Command::new("cp")
-            .arg("-a")
-            .arg(fixture.join("."))
-            .arg(resctrl.path())
-            .status()
-            .unwrap();
-        assert!(status.success());
+        let resctrl = crate::testutil::copy_of(&crate::testutil::resctrl_fixture("intel-mba-mbm"));
         let schemata = resctrl.path().join("lodger-lodgers/schemata");
         let tasks = resctrl.path().join("lodger-lodgers/tasks");
         // The recorded group was left throttled by an earlier run; start from unthrottled.

@@ -15,3 +15,6 @@ pub mod privileged;
 pub mod sense;
 pub mod store;
 pub mod topology;
+
+#[cfg(test)]
+mod testutil;

@@ -1126,24 +1126,7 @@ mod tests {
     const SLURM: &str = "/system.slice/slurmstepd.scope/job_42/step_0/slurm";
 
     fn v2_copy() -> tempfile::TempDir {
-        fn copy(from: &Path, to: &Path) {
-            fs::create_dir_all(to).expect("mkdir");
-            for entry in fs::read_dir(from).expect("read fixture") {
-                let entry = entry.expect("entry");
-                let dest = to.join(entry.file_name());
-                if entry.file_type().expect("type").is_dir() {
-                    copy(&entry.path(), &dest);
-                } else {
-                    fs::copy(entry.path(), &dest).expect("copy");
-                }
-            }
-        }
-        let dir = tempfile::tempdir().expect("tempdir");
-        copy(
-            &Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/cgroup/v2-systemd-slurm"),
-            dir.path(),
-        );
-        dir
+        crate::testutil::copy_of(&crate::testutil::fixture("cgroup/v2-systemd-slurm"))
     }
 
     /// The v2 hierarchy of a fixture tree with the kernel's refusals that plain files lack:

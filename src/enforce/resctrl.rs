@@ -418,49 +418,17 @@ fn check_group_name(name: &str) -> Result<(), ResctrlError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sense::membw::CpuVendor;
+    use crate::testutil::{
+        copy_of as copy_tree_of, resctrl_fixture as fixture, simulate_kernel_rmdir,
+    };
 
-    fn fixture(name: &str) -> PathBuf {
-        Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/fixtures/resctrl")
-            .join(name)
-    }
-
-    /// A copy of a fixture tree in a tempdir, so a test can write to it.
     fn copy_of(name: &str) -> tempfile::TempDir {
-        let tmp = tempfile::tempdir().expect("tempdir");
-        copy_tree(&fixture(name), tmp.path());
-        tmp
+        copy_tree_of(&fixture(name))
     }
-
-    fn copy_tree(src: &Path, dst: &Path) {
-        fs::create_dir_all(dst).expect("create copy root");
-        for entry in fs::read_dir(src).expect("read fixture dir") {
-            let entry = entry.expect("fixture entry");
-            let to = dst.join(entry.file_name());
-            if entry.file_type().expect("file type").is_dir() {
-                copy_tree(&entry.path(), &to);
-            } else {
-                fs::copy(entry.path(), &to).expect("copy fixture file");
-            }
-        }
-    }
+    use crate::sense::membw::CpuVendor;
 
     fn read(path: &Path) -> String {
         fs::read_to_string(path).expect("read")
-    }
-
-    /// What the kernel does on rmdir of a group: its files go with it. A plain directory needs
-    /// them removed first.
-    fn simulate_kernel_rmdir(dir: &Path) {
-        for entry in fs::read_dir(dir).expect("read group") {
-            let path = entry.expect("entry").path();
-            if path.is_dir() {
-                fs::remove_dir_all(&path).expect("remove kernel dir");
-            } else {
-                fs::remove_file(&path).expect("remove kernel file");
-            }
-        }
     }
 
     #[test]

@@ -279,17 +279,7 @@ fn read_trim(path: impl AsRef<Path>) -> String {
 // ---------------------------------------------------------------------------------------------
 // Fixtures
 
-fn copy_tree(from: &Path, to: &Path) {
-    fs::create_dir_all(to).expect("mkdir");
-    for e in fs::read_dir(from).expect("fixture dir").flatten() {
-        let target = to.join(e.file_name());
-        if e.file_type().expect("type").is_dir() {
-            copy_tree(&e.path(), &target);
-        } else {
-            fs::copy(e.path(), &target).expect("copy");
-        }
-    }
-}
+use crate::testutil::copy_tree;
 
 fn v2_fixture() -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("tempdir");

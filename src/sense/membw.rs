@@ -1389,26 +1389,7 @@ fn check_group_name(name: &str) -> Result<(), MembwError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn fixture(name: &str) -> PathBuf {
-        Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/fixtures/resctrl")
-            .join(name)
-    }
-
-    /// Copies a fixture tree into a tempdir so a test can change counters.
-    fn copy_tree(src: &Path, dst: &Path) {
-        fs::create_dir_all(dst).expect("create copy root");
-        for entry in fs::read_dir(src).expect("read fixture dir") {
-            let entry = entry.expect("fixture entry");
-            let to = dst.join(entry.file_name());
-            if entry.file_type().expect("file type").is_dir() {
-                copy_tree(&entry.path(), &to);
-            } else {
-                fs::copy(entry.path(), &to).expect("copy fixture file");
-            }
-        }
-    }
+    use crate::testutil::{copy_tree, resctrl_fixture as fixture, simulate_kernel_rmdir};
 
     fn write(path: &Path, content: &str) {
         if let Some(parent) = path.parent() {
@@ -1904,22 +1885,6 @@ mod tests {
                 &group.join(MON_DATA).join(domain).join(MBM_TOTAL_BYTES),
                 value,
             );
-        }
-    }
-
-    /// What the kernel does on rmdir of a group: its files go with it. A plain directory needs
-    /// them removed first.
-    fn simulate_kernel_rmdir(group: &Path) {
-        let Ok(entries) = fs::read_dir(group) else {
-            return;
-        };
-        for entry in entries {
-            let path = entry.expect("entry").path();
-            if path.is_dir() {
-                fs::remove_dir_all(&path).expect("remove kernel dir");
-            } else {
-                fs::remove_file(&path).expect("remove kernel file");
-            }
         }
     }
 

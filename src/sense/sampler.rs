@@ -571,39 +571,9 @@ impl Sampler {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testutil::{copy_tree, resctrl_fixture as fixture, simulate_kernel_rmdir};
     use std::fs;
     use std::path::Path;
-
-    fn fixture(name: &str) -> PathBuf {
-        Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/fixtures/resctrl")
-            .join(name)
-    }
-
-    fn copy_tree(src: &Path, dst: &Path) {
-        fs::create_dir_all(dst).expect("create copy root");
-        for entry in fs::read_dir(src).expect("read fixture dir") {
-            let entry = entry.expect("fixture entry");
-            let to = dst.join(entry.file_name());
-            if entry.file_type().expect("file type").is_dir() {
-                copy_tree(&entry.path(), &to);
-            } else {
-                fs::copy(entry.path(), &to).expect("copy fixture file");
-            }
-        }
-    }
-
-    /// What the kernel does on rmdir of a group: its files go with it.
-    fn simulate_kernel_rmdir(group: &Path) {
-        for entry in fs::read_dir(group).expect("read group") {
-            let path = entry.expect("entry").path();
-            if path.is_dir() {
-                fs::remove_dir_all(&path).expect("remove kernel dir");
-            } else {
-                fs::remove_file(&path).expect("remove kernel file");
-            }
-        }
-    }
 
     fn settings(tmp: &Path, resctrl_root: PathBuf) -> SamplerSettings {
         SamplerSettings {
