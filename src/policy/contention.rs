@@ -26,7 +26,7 @@
 //! relapse (pressure soon after a give-back) doubles the calm needed for the next give-back, up
 //! to `max_calm_ticks`, so a throttle that is needed is not flapped on and off.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fmt;
 use std::fmt::Write as _;
 
@@ -85,7 +85,8 @@ pub struct ContentionConfig {
     pub mba_floor_percent: u32,
     /// Core halving never leaves a job fewer cores than this.
     pub min_cores: u32,
-    /// Ticks of a training job's progress, taken while no lodger runs, that make its stable level.
+    /// The last this many ticks of a training job's progress while no lodger runs make its
+    /// stable level (a sliding window, so a start-up transient ages out while the job is alone).
     pub baseline_ticks: u32,
     /// A learnt level's noise: this many standard deviations of the recorded samples ...
     pub noise_sigmas: f64,
@@ -569,34 +570,42 @@ pub fn max_halvings(nominal: u32, floor: u32) -> u32 {
 // ---------------------------------------------------------------------------------------------
 // Baseline learning.
 
-/// Welford's running mean and variance of a training job's progress while it runs alone.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+/// The last `baseline_ticks` progress samples of a training job running alone.
+///
+/// A window that slides, not the first samples kept for good: a job's first samples are often
+/// its start-up (the emulator's first record covers the seconds before its first iteration; a
+/// real job loads its data), and a level learnt from them would be low and its noise so wide
+/// that no drop would ever exceed it.
+#[derive(Debug, Clone, Default, PartialEq)]
 struct Learner {
-    n: u32,
-    mean: f64,
-    m2: f64,
+    samples: VecDeque<f64>,
 }
 
 impl Learner {
-    fn observe(&mut self, x: f64) {
-        self.n += 1;
-        let delta = x - self.mean;
-        self.mean += delta / f64::from(self.n);
-        self.m2 += delta * (x - self.mean);
+    fn observe(&mut self, x: f64, config: &ContentionConfig) {
+        let keep = usize::try_from(config.baseline_ticks.max(1)).unwrap_or(usize::MAX);
+        self.samples.push_back(x);
+        while self.samples.len() > keep {
+            self.samples.pop_front();
+        }
     }
 
     fn baseline(&self, config: &ContentionConfig) -> Option<Baseline> {
-        if self.n < config.baseline_ticks {
+        let n = self.samples.len();
+        if n == 0 || n < usize::try_from(config.baseline_ticks).unwrap_or(usize::MAX) {
             return None;
         }
-        let sd = if self.n > 1 {
-            (self.m2 / f64::from(self.n - 1)).max(0.0).sqrt()
+        let count = f64::from(u32::try_from(n).unwrap_or(u32::MAX));
+        let mean = self.samples.iter().sum::<f64>() / count;
+        let sd = if n > 1 {
+            let squares: f64 = self.samples.iter().map(|x| (x - mean) * (x - mean)).sum();
+            (squares / (count - 1.0)).max(0.0).sqrt()
         } else {
             0.0
         };
         Some(Baseline {
-            level: self.mean,
-            noise: (config.noise_sigmas * sd).max(config.min_noise_fraction * self.mean.abs()),
+            level: mean,
+            noise: (config.noise_sigmas * sd).max(config.min_noise_fraction * mean.abs()),
         })
     }
 }
@@ -1022,8 +1031,8 @@ impl ContentionEliminator {
             };
             // SODA §V-E records the stable level of a job running alone; a lodger beside it
             // would record a level already lowered by contention.
-            if !lodgers_run && learner.n < self.config.baseline_ticks {
-                learner.observe(p);
+            if !lodgers_run {
+                learner.observe(p, &self.config);
             }
         }
     }
@@ -1950,6 +1959,43 @@ mod tests {
         assert!(run(&mut c, 3, &obs(None, vec![t.clone()])).is_empty());
         assert!(!c.detection().unwrap().pressured);
         assert_eq!(c.step(0, &obs(None, vec![t, hog])).len(), 1);
+    }
+
+    /// A job's first samples are its start-up: learnt from a window that slides while the job
+    /// is alone, they age out, and a drop that matters is still seen.
+    #[test]
+    fn a_start_up_transient_ages_out_of_the_learnt_level() {
+        let mut c = ContentionEliminator::new(config(3, 5), None);
+        let train = |p: f64| {
+            let mut t = training(1);
+            t.progress = Some(p);
+            t
+        };
+        // Two records of start-up, repeated as sensing passes repeat a record, then steady.
+        let alone: Vec<f64> = [30.0; 5]
+            .into_iter()
+            .chain([60.0; 5])
+            .chain([100.0, 99.0, 101.0, 100.0, 100.0].repeat(2))
+            .collect();
+        for p in alone {
+            assert!(c.step(0, &obs(None, vec![train(p)])).is_empty());
+        }
+        let b = c.status().baselines[&id(1)];
+        assert!((b.level - 100.0).abs() < 1e-9, "{b:?}");
+        assert!((b.noise - 5.0).abs() < 1e-9, "{b:?}");
+        // 80 is a 20 % drop: pressure (a level learnt from the first ten samples, 45 with a
+        // noise of 3 x 15.8, would have hidden it).
+        let hog = lodger(2, Role::Offline, 2, None);
+        let a = run(&mut c, 3, &obs(None, vec![train(80.0), hog.clone()]));
+        assert_eq!(a.len(), 1, "{a:?}");
+        assert_eq!(a[0].mechanism, Mechanism::Cores { count: 1 });
+        // While a lodger runs nothing is learnt: the level stays.
+        assert_eq!(c.status().baselines[&id(1)], b);
+        // Alone again, a new steady level replaces it, window by window.
+        for _ in 0..10 {
+            c.step(0, &obs(None, vec![train(90.0)]));
+        }
+        assert!((c.status().baselines[&id(1)].level - 90.0).abs() < 1e-9);
     }
 
     #[test]
