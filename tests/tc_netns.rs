@@ -689,6 +689,9 @@ fn lodgerd_shapes_while_a_multi_node_training_job_runs_and_cleans_up() {
         dir.path(),
         common::DaemonOptions {
             netns: Some(ns.a.clone()),
+            // No reserved CPU: an offline instance on each CPU, so the CPU job's senders are
+            // not confined to one CPU while the training flow has the other.
+            reserved: "",
             extra: format!(
                 "[network]\n[[network.link]]\ninterface = \"lt0a\"\nline_rate_mbit = {LINK_MBIT}\n"
             ),
@@ -762,6 +765,29 @@ fn lodgerd_shapes_while_a_multi_node_training_job_runs_and_cleans_up() {
     assert!(d
         .ctl_ok(&["show", &cpu_id])
         .contains("Network: held to 25%"));
+    // And `top`: the node's line and the job's.
+    let top = d.ctl_json(&["top", "--once"]);
+    assert!(
+        top["network"]
+            .as_str()
+            .is_some_and(|n| n.starts_with("shaping lt0a")),
+        "{top}"
+    );
+    let held = top["jobs"]
+        .as_array()
+        .and_then(|jobs| jobs.iter().find(|j| j["id"] == cpu_id.as_str()))
+        .map(|j| j["network"].clone())
+        .unwrap_or_default();
+    assert!(
+        held.as_str().is_some_and(|n| n.starts_with("held to 25%")),
+        "{top}"
+    );
+    let text = d.ctl_ok(&["top", "--once"]);
+    assert!(
+        text.contains("   network: shaping lt0a")
+            && text.contains(&format!("{cpu_id}: network: held to 25%")),
+        "{text}"
+    );
     std::thread::sleep(WARMUP);
     let after = receiver.measure(WINDOW);
     eprintln!("{TEST}: shaped by lodgerd: {after}");

@@ -530,6 +530,7 @@ async fn top_once(proxy: &ManagerProxy<'_>, json: bool) -> Result<String, Failur
         .await
         .map_err(|e| from_zbus("top", e))?;
     let jobs = proxy.list_jobs().await.map_err(|e| from_zbus("top", e))?;
+    let status = proxy.get_status().await.map_err(|e| from_zbus("top", e))?;
     let mut details = Vec::new();
     for (id, ..) in &jobs {
         if let Ok(d) = proxy.get_job(id).await {
@@ -548,8 +549,16 @@ async fn top_once(proxy: &ManagerProxy<'_>, json: bool) -> Result<String, Failur
                     "cpus": get(d, "cpus"),
                     "threads": d.get("threads").map(|v| to_json(v)),
                 });
-                if let (serde_json::Value::Object(o), Some(m)) = (&mut v, metrics.get(&id)) {
-                    o.insert("metrics".into(), dict_to_json(m));
+                if let serde_json::Value::Object(o) = &mut v {
+                    if let Some(m) = metrics.get(&id) {
+                        o.insert("metrics".into(), dict_to_json(m));
+                    }
+                    // Contention throttles and network shaping in force on the job.
+                    for key in ["throttle", "network"] {
+                        if d.contains_key(key) {
+                            o.insert(key.into(), get(d, key).into());
+                        }
+                    }
                 }
                 v
             })
@@ -557,6 +566,8 @@ async fn top_once(proxy: &ManagerProxy<'_>, json: bool) -> Result<String, Failur
         let v = serde_json::json!({
             "node": dict_to_json(&node),
             "sources": sources,
+            "contention": get(&status, "contention"),
+            "network": get(&status, "network"),
             "jobs": jobs,
         });
         return Ok(v.to_string());
@@ -572,6 +583,8 @@ async fn top_once(proxy: &ManagerProxy<'_>, json: bool) -> Result<String, Failur
     for k in ["gpu", "perf", "membw"] {
         out.push_str(&format!("{k:>5}: {}\n", src(k)));
     }
+    out.push_str(&format!("contention: {}\n", get(&status, "contention")));
+    out.push_str(&format!("   network: {}\n", get(&status, "network")));
     out.push('\n');
     let header = [
         "ID", "NAME", "STATE", "CPUS", "CPU%", "IPC", "MISS%", "GPU%", "MEMBW", "NET",
@@ -614,6 +627,16 @@ async fn top_once(proxy: &ManagerProxy<'_>, json: bool) -> Result<String, Failur
     out.push_str(&render_table(&header, &rows));
     if rows.is_empty() {
         out.push_str("No jobs registered.\n");
+    }
+    // Throttles and network shaping in force, with their evidence.
+    for d in &details {
+        let id = get(d, "id");
+        if d.contains_key("throttle") {
+            out.push_str(&format!("{id}: throttled: {}\n", get(d, "throttle")));
+        }
+        if d.contains_key("network") {
+            out.push_str(&format!("{id}: network: {}\n", get(d, "network")));
+        }
     }
     // Why a job's bandwidth is not measured while the node's is (no free RMID).
     for d in &details {
