@@ -411,9 +411,10 @@ impl PerfAccess {
         self.paranoid.is_some_and(|p| self.privileged() || p <= 2)
     }
 
-    /// Other users' processes also need ptrace read access to them.
+    /// Other users' processes: `perf_check_permission` lets CAP_PERFMON (or CAP_SYS_ADMIN)
+    /// through, else it needs ptrace read access to them (CAP_SYS_PTRACE).
     pub fn can_count_other_users(&self) -> bool {
-        self.can_count_processes() && self.cap_sys_ptrace
+        self.can_count_processes() && (self.privileged() || self.cap_sys_ptrace)
     }
 
     /// Cgroup events are CPU-wide events: paranoid ≤ 0 or privileged.
@@ -437,8 +438,8 @@ impl PerfAccess {
         if !self.can_count_processes() {
             out.push(format!(
                 "kernel.perf_event_paranoid={p} forbids perf_event_open to unprivileged processes: \
-                 run lodgerd as root, grant it CAP_PERFMON (AmbientCapabilities=CAP_PERFMON \
-                 CAP_SYS_PTRACE in the unit), or `sysctl kernel.perf_event_paranoid=2`"
+                 run lodgerd as root, grant it CAP_PERFMON (AmbientCapabilities=CAP_PERFMON in \
+                 the unit; kernel 5.8+), or `sysctl kernel.perf_event_paranoid=2`"
             ));
             return out;
         }
@@ -449,10 +450,10 @@ impl PerfAccess {
                  (kernel 5.8+, CAP_SYS_ADMIN before) or `sysctl kernel.perf_event_paranoid=0`"
             ));
         }
-        if !self.cap_sys_ptrace {
+        if !self.can_count_other_users() {
             out.push(
-                "no CAP_SYS_PTRACE: processes of other users cannot be counted; run lodgerd as \
-                 root or add CAP_SYS_PTRACE to AmbientCapabilities="
+                "neither CAP_PERFMON nor CAP_SYS_PTRACE: processes of other users cannot be \
+                 counted; run lodgerd as root or add CAP_PERFMON to AmbientCapabilities="
                     .to_string(),
             );
         }
@@ -1435,10 +1436,16 @@ Max open files            20000                524288               files     \n
         assert_eq!(a.problems(false).len(), 1);
         assert!(a.problems(false)[0].contains("AmbientCapabilities"));
 
-        // CAP_PERFMON alone (bit 38) lifts paranoid but not ptrace.
+        // CAP_PERFMON alone (bit 38), as the packaged unit has it: lifts paranoid and, since
+        // perf_check_permission takes it in place of ptrace access, other users' processes.
         let root = proc_fixture(Some("2"), &format!("{:x}", 1u64 << 38), "");
         let a = PerfAccess::read(root.path()).expect("reads");
-        assert!(a.can_count_cgroups() && !a.can_count_other_users());
+        assert!(a.can_count_cgroups() && a.can_count_other_users());
+        assert!(a.problems(true).is_empty(), "{:?}", a.problems(true));
+        // CAP_SYS_PTRACE alone (bit 19): other users' processes, but paranoid still applies.
+        let root = proc_fixture(Some("2"), &format!("{:x}", 1u64 << 19), "");
+        let a = PerfAccess::read(root.path()).expect("reads");
+        assert!(a.can_count_other_users() && !a.can_count_cgroups());
 
         // A kernel without perf events.
         let root = proc_fixture(None, "0", "");
