@@ -10,7 +10,8 @@
 //! and SCHED_RR keeps the hog's CPU time off training's core. So the drop is made real another
 //! way: a periodic real-time thread above training's priority on training's CPU, which lodger
 //! does not control (an IRQ thread or a clock-sync daemon can be one). SODA's detection cannot
-//! tell causes apart; it throttles the lodgers, which is what is checked here.
+//! tell causes apart; it throttles the lodgers, which is what is checked here. The emulator
+//! publishes its records on tmpfs, as in /run on a real node (`tmpfs_dir`).
 
 mod common;
 
@@ -153,7 +154,8 @@ fn slowed_training_halves_the_offline_hogs_beside_it_until_it_is_calm_again() {
     let _measuring = measuring();
     let bus = PrivateBus::start();
     let dir = tempfile::tempdir().expect("tempdir");
-    let gpu_dir = dir.path().join("gpu");
+    let gpu = tmpfs_dir();
+    let gpu_dir = gpu.path().join("gpu");
     let d = daemon(&bus, dir.path(), &gpu_dir);
     let signals = ThrottledSignals::subscribe(&bus);
 
@@ -224,14 +226,39 @@ fn slowed_training_halves_the_offline_hogs_beside_it_until_it_is_calm_again() {
         d.log()
     );
 
-    // A real-time antagonist on training's CPU: training's progress drops for real.
+    // A real-time antagonist on training's CPU: training's progress drops for real. With no
+    // reserved CPU, lodgerd and this test move to the other CPU first, as lodgerd keeps to the
+    // reserved CPUs on a real node: the antagonist and training leave ordinary threads on
+    // training's CPU almost no time.
+    let other = 1 - cpu.min(1);
+    pin_threads(d.pid(), &[other]);
+    pin_threads(std::process::id(), &[other]);
     let antagonist = RtAntagonist::start(cpu, ANTAGONIST_RT, ANTAGONIST_BUSY_PERCENT);
-    let mut last = serde_json::Value::Null;
-    wait_until(REACT, "the hog job halved to one instance", || {
-        let (running, throttle, j) = hog_state(&d, &hog);
-        last = j;
-        running == 1 && throttle.is_some_and(|t| t.contains("cores=1"))
-    });
+    let deadline = Instant::now() + REACT;
+    let last = loop {
+        let (running, throttle, last) = hog_state(&d, &hog);
+        if running == 1 && throttle.is_some_and(|t| t.contains("cores=1")) {
+            break last;
+        }
+        if Instant::now() > deadline {
+            let mut threads = format!(
+                "antagonist {}",
+                thread_state(std::process::id(), antagonist.tid)
+            );
+            for (who, pid) in [("training", w.pid()), ("lodgerd", d.pid())] {
+                for tid in tids(pid) {
+                    threads.push_str(&format!("\n{who} {}", thread_state(pid, tid)));
+                }
+            }
+            panic!(
+                "timed out after {REACT:?} waiting for the hog job halved to one instance; \
+                 training GPU % now {:?}; hog job {last}\n{threads}\n{}",
+                gpu_percent(&d, &train),
+                d.log()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
     let throttle = last["throttle"].as_str().expect("throttle").to_string();
     assert!(
         throttle.contains(&format!("{train} progress")) && throttle.contains("below its stable"),

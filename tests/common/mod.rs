@@ -494,6 +494,8 @@ pub fn online_cpus() -> String {
 pub struct RtAntagonist {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
+    /// Its thread id, for diagnostics (`thread_state`).
+    pub tid: u32,
 }
 
 impl RtAntagonist {
@@ -526,7 +528,7 @@ impl RtAntagonist {
                     }
                 });
                 let ok = result.is_ok();
-                let _ = ready_tx.send(result);
+                let _ = ready_tx.send(result.map(|()| nix::unistd::gettid().as_raw()));
                 if !ok {
                     return;
                 }
@@ -548,13 +550,14 @@ impl RtAntagonist {
                 }
             })
             .expect("spawn the RT antagonist");
-        ready_rx
+        let tid = ready_rx
             .recv()
             .expect("RT antagonist thread")
             .unwrap_or_else(|e| panic!("RT antagonist on CPU {cpu} at RR {priority}: {e}"));
         RtAntagonist {
             stop,
             thread: Some(thread),
+            tid: u32::try_from(tid).expect("tid"),
         }
     }
 }
@@ -566,4 +569,60 @@ impl Drop for RtAntagonist {
             let _ = t.join();
         }
     }
+}
+
+/// Pins every thread of `pid` to `cpus` (threads it starts later inherit it). For lodgerd run
+/// with no reserved CPUs, where a test's real-time antagonist would otherwise starve it on the
+/// CPU it shares: on a real node lodgerd keeps itself on the reserved CPUs.
+pub fn pin_threads(pid: u32, cpus: &[u32]) {
+    let mut set = nix::sched::CpuSet::new();
+    for &cpu in cpus {
+        set.set(usize::try_from(cpu).expect("cpu"))
+            .expect("cpu in range");
+    }
+    for tid in tids(pid) {
+        let Ok(tid) = i32::try_from(tid) else {
+            continue;
+        };
+        // A thread that exited meanwhile is fine.
+        let _ = nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(tid), &set);
+    }
+}
+
+/// A thread's state for diagnostics: the CPU it last ran on, its policy and RT priority, and
+/// its user and system time in clock ticks, from /proc/PID/task/TID/stat.
+pub fn thread_state(pid: u32, tid: u32) -> String {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")) else {
+        return format!("{tid}: gone");
+    };
+    let Some(close) = stat.rfind(')') else {
+        return format!("{tid}: unreadable");
+    };
+    let f: Vec<&str> = stat[close + 2..].split_whitespace().collect();
+    let at = |i: usize| f.get(i).copied().unwrap_or("?");
+    let wchan =
+        std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/wchan")).unwrap_or_default();
+    format!(
+        "{tid}{}: state {} (wchan {wchan}) cpu {} policy {} rt {} utime {} stime {}",
+        &stat[stat.find('(').unwrap_or(0)..=close],
+        at(0),
+        at(36),
+        at(38),
+        at(37),
+        at(11),
+        at(12)
+    )
+}
+
+/// A temporary directory on tmpfs (/dev/shm) where there is one, else in the default place: for
+/// the emulated GPU records, which lodgerd reads every sensing pass. On a disk filesystem a
+/// record's rename can wait on writeback that per-CPU kernel workers do, and a test that
+/// saturates the emulator's CPU with real-time threads starves those workers, so lodgerd's
+/// sensing stalls reading the directory. A real node keeps them in /run, a tmpfs.
+pub fn tmpfs_dir() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("lodger-test-")
+        .tempdir_in("/dev/shm")
+        .or_else(|_| tempfile::tempdir())
+        .expect("tempdir")
 }

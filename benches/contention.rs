@@ -1,0 +1,995 @@
+//! Contention benchmark (issue 7, SODA §V-E), with the bundled workloads and a real lodgerd on a
+//! private bus. Run as root: `cargo bench --bench contention` (it builds the release examples
+//! itself first; about two minutes).
+//!
+//! Every figure is measured in this run and every ratio is between figures of this run. Each
+//! arrangement is measured `LODGER_BENCH_ROUNDS` times (default 2), arrangements interleaved
+//! within a round (reversed in even rounds), each for a `LODGER_BENCH_WINDOW_S` window (default
+//! 6 s) after 1 s of warm-up.
+//!
+//! Training: `train_emulator --workers 1 --gpu-step-ms 20 --loader-mib 256`, ~15 ms of CPU per
+//! batch (calibrated once, then fixed), so its memory-bound loader keeps one CPU ~75 % busy and
+//! the emulated GPU is the bottleneck, as for a right-sized job: a slowdown of the loader shows
+//! in the iteration time only once it passes a third. So each arrangement also reports
+//! training's CPU time per iteration, which memory contention lengthens one to one. The hog:
+//! `membw_hog --mib 1024` (STREAM triad, one thread).
+//!
+//! The machine is shared. The benchmark raises its own session's autogroup to nice -20 for the
+//! run (as the lodgers benchmark does: every arrangement runs in that one group, so it changes
+//! what other sessions take, not how arrangements compare) and prints the CPU other processes
+//! used in each window.
+//!
+//! Iteration time (the emulator's mean `iter_ms`) and training's CPU time per iteration of:
+//! - alone: training on CPU 1, SCHED_OTHER; and alone with SCHED_RR 10 (what lodger gives it);
+//! - memory only: training on CPU 1, one hog on CPU 0, both SCHED_OTHER: nothing is shared but
+//!   the memory system, so this is what the hog's bandwidth alone does to training;
+//! - unmanaged: training and one hog per CPU (CPUs 0 and 1), all SCHED_OTHER, as they would run
+//!   without lodger on the CPUs lodger would use;
+//! - under lodger: lodgerd (`reserved_cpus = ""`, emulated GPU, `[contention]` enforcing with
+//!   `pressure_ticks = 3`, `calm_ticks = 10` over 200 ms sensing passes) places training on one
+//!   CPU, SCHED_RR, and runs the hogs as an offline job, one instance per CPU; the window also
+//!   counts the throttle steps lodgerd took.
+//!
+//! Reaction, in each round after the lodger window: a real-time thread at RR 11 takes 80 % of
+//! training's CPU (see `RtAntagonist`: the hog cannot slow SCHED_RR training on this machine,
+//! so the drop is made this way). lodgerd's view is polled over D-Bus every 25 ms: the training
+//! job's GPU utilization and the hog job's throttle. Reported in sensing passes (time over the
+//! pass interval): from the first pass showing the drop (below the stable level by more than
+//! the noise, both as the throttle's evidence states them) to the throttle (expected:
+//! `pressure_ticks` - 1, since the pressured pass that completes the run throttles), from the
+//! antagonist's start to the throttle (adds the emulator's 1 s publishing window), and, once
+//! the antagonist stops, from the first calm pass to the give-back (expected: `calm_ticks` - 1).
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use lodger::api::proxy::ManagerProxy;
+use zbus::zvariant::{OwnedValue, Value};
+
+const TRAIN_WORKERS: u32 = 1;
+const GPU_STEP_MS: u64 = 20;
+const BATCH_CPU_MS: u64 = 15;
+const LOADER_MIB: u64 = 256;
+const HOG_MIB: u64 = 1024;
+const TRAIN_CPU: &str = "1";
+const OTHER_CPU: &str = "0";
+const SENSE_MS: u64 = 200;
+const PRESSURE_TICKS: u32 = 3;
+const CALM_TICKS: u32 = 10;
+const ANTAGONIST_RT: i32 = 11;
+const ANTAGONIST_BUSY_PERCENT: u32 = 80;
+const WARMUP: Duration = Duration::from_secs(1);
+const POLL: Duration = Duration::from_millis(25);
+const REACT: Duration = Duration::from_secs(30);
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .filter(|&v| v > 0)
+        .unwrap_or(default)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Processes
+
+/// A workload process, stopped with SIGTERM (then SIGKILL) when dropped.
+struct Proc {
+    child: Child,
+    /// Its stdout when redirected to a file.
+    out: PathBuf,
+}
+
+impl Proc {
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn lines(&self) -> Vec<String> {
+        complete_lines(&self.out)
+    }
+
+    fn stop(&mut self) {
+        if let Ok(Some(_)) = self.child.try_wait() {
+            return;
+        }
+        if let Ok(pid) = i32::try_from(self.child.id()) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// The complete (newline-terminated) lines of a file.
+fn complete_lines(path: &Path) -> Vec<String> {
+    let mut text = String::new();
+    if let Ok(mut f) = File::open(path) {
+        let _ = f.read_to_string(&mut text);
+    }
+    let end = text.rfind('\n').map_or(0, |i| i + 1);
+    text[..end].lines().map(str::to_string).collect()
+}
+
+/// `program` on `cpus` (taskset), SCHED_RR 10 (chrt) if `rr`; both exec, so the child's pid is
+/// the workload's.
+fn command(program: &Path, cpus: Option<&str>, rr: bool) -> Command {
+    let mut argv: Vec<String> = Vec::new();
+    if rr {
+        argv.extend(["chrt", "-r", "10"].map(String::from));
+    }
+    if let Some(cpus) = cpus {
+        argv.extend(["taskset".to_string(), "-c".to_string(), cpus.to_string()]);
+    }
+    argv.push(program.display().to_string());
+    let mut cmd = Command::new(&argv[0]);
+    cmd.args(&argv[1..]);
+    cmd
+}
+
+struct Bench {
+    dir: tempfile::TempDir,
+    seq: u32,
+    work_units: u32,
+    window: Duration,
+}
+
+impl Bench {
+    fn path(&mut self, what: &str) -> PathBuf {
+        self.seq += 1;
+        self.dir.path().join(format!("{what}-{}", self.seq))
+    }
+
+    /// The training emulator, running until stopped; its per-iteration report in a file.
+    fn train(&mut self, cpus: Option<&str>, rr: bool, publish: Option<&Path>) -> Proc {
+        let report = self.path("train.jsonl");
+        let mut cmd = command(&example("train_emulator"), cpus, rr);
+        cmd.args(["--workers", &TRAIN_WORKERS.to_string()])
+            .args(["--gpu-step-ms", &GPU_STEP_MS.to_string()])
+            .args(["--work-per-batch", &self.work_units.to_string()])
+            .args(["--loader-mib", &LOADER_MIB.to_string()])
+            .arg("--report")
+            .arg(&report);
+        if let Some(dir) = publish {
+            cmd.arg("--publish-dir").arg(dir);
+        }
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn train_emulator");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut reader = BufReader::new(stdout);
+        let mut line = String::new();
+        loop {
+            line.clear();
+            let n = reader.read_line(&mut line).expect("read emulator output");
+            assert!(n > 0, "train_emulator exited before it was ready");
+            if line.starts_with("ready") {
+                break;
+            }
+        }
+        std::thread::spawn(move || {
+            let mut sink = Vec::new();
+            let _ = reader.read_to_end(&mut sink);
+        });
+        Proc { child, out: report }
+    }
+
+    /// A hog on `cpu`, SCHED_OTHER; waits until it streams.
+    fn hog(&mut self, cpu: &str) -> Proc {
+        let out = self.path("hog.out");
+        let child = command(&example("membw_hog"), Some(cpu), false)
+            .args(["--mib", &HOG_MIB.to_string()])
+            .stdout(File::create(&out).expect("hog out"))
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn membw_hog");
+        let p = Proc { child, out };
+        wait_until(WAIT, "the hog to stream", || {
+            p.lines().iter().any(|l| l.starts_with("ready"))
+        });
+        p
+    }
+}
+
+fn mean(xs: &[f64]) -> f64 {
+    if xs.is_empty() {
+        return f64::NAN;
+    }
+    xs.iter().sum::<f64>() / xs.len() as f64
+}
+
+/// Mean iteration time (ms) of the emulator's report lines.
+fn iter_ms(lines: &[String]) -> f64 {
+    mean(
+        &lines
+            .iter()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter_map(|v| v["iter_ms"].as_f64())
+            .collect::<Vec<_>>(),
+    )
+}
+
+/// Mean GB/s of a hog's per-second lines (`t=3s GB/s=14.2 threads=1`).
+fn hog_gbps(lines: &[String]) -> f64 {
+    mean(
+        &lines
+            .iter()
+            .filter(|l| l.starts_with("t="))
+            .filter_map(|l| {
+                l.split_whitespace()
+                    .find_map(|w| w.strip_prefix("GB/s="))
+                    .and_then(|v| v.parse().ok())
+            })
+            .collect::<Vec<_>>(),
+    )
+}
+
+/// What a measurement window saw.
+struct Window {
+    /// Lines each process printed in the window.
+    lines: Vec<Vec<String>>,
+    /// CPUs' worth each measured pid used (processes first, then `extra` pids).
+    cpu: Vec<f64>,
+    /// CPUs' worth everything else used.
+    others: f64,
+    seconds: f64,
+}
+
+impl Window {
+    /// Training's (the first process's) CPU time per iteration, in ms: the loader's work per
+    /// batch, which memory contention lengthens even when the GPU step hides it.
+    fn cpu_ms_per_iteration(&self) -> f64 {
+        let iterations = self.lines[0].len().max(1) as f64;
+        self.cpu[0] * self.seconds * 1000.0 / iterations
+    }
+}
+
+/// Runs `WARMUP`, then measures a window of `length`: the lines `procs` print and the CPU time
+/// they and `extra` pids use.
+fn window(procs: &[&Proc], extra: &[u32], length: Duration) -> Window {
+    std::thread::sleep(WARMUP);
+    let mut pids: Vec<u32> = procs.iter().map(|p| p.pid()).collect();
+    pids.extend(extra);
+    let from: Vec<usize> = procs.iter().map(|p| p.lines().len()).collect();
+    let meter = Meter::start(&pids);
+    let started = Instant::now();
+    std::thread::sleep(length);
+    let (cpu, others) = meter.stop();
+    let seconds = started.elapsed().as_secs_f64();
+    let lines = procs
+        .iter()
+        .zip(from)
+        .map(|(p, a)| {
+            let lines = p.lines();
+            lines[a.min(lines.len())..].to_vec()
+        })
+        .collect();
+    Window {
+        lines,
+        cpu,
+        others,
+        seconds,
+    }
+}
+
+/// Busy and idle clock ticks of each CPU, from /proc/stat.
+fn cpu_ticks() -> Vec<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    stat.lines()
+        .filter(|l| l.starts_with("cpu") && !l.starts_with("cpu "))
+        .map(|l| {
+            let v: Vec<u64> = l
+                .split_whitespace()
+                .skip(1)
+                .filter_map(|x| x.parse().ok())
+                .collect();
+            let idle = v.get(3).copied().unwrap_or(0) + v.get(4).copied().unwrap_or(0);
+            let busy: u64 = v.iter().take(8).sum::<u64>() - idle;
+            (busy, idle)
+        })
+        .collect()
+}
+
+/// utime + stime of a process, in clock ticks.
+fn proc_ticks(pid: u32) -> u64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0;
+    };
+    let Some(close) = stat.rfind(')') else {
+        return 0;
+    };
+    let f: Vec<&str> = stat[close + 2..].split_whitespace().collect();
+    f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+        + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+}
+
+/// CPUs' worth used by `pids` and by everything else over a span.
+struct Meter {
+    cpus: Vec<(u64, u64)>,
+    pids: Vec<(u32, u64)>,
+}
+
+impl Meter {
+    fn start(pids: &[u32]) -> Meter {
+        Meter {
+            cpus: cpu_ticks(),
+            pids: pids.iter().map(|&p| (p, proc_ticks(p))).collect(),
+        }
+    }
+
+    /// (each pid's CPUs' worth, everything else's CPUs' worth).
+    fn stop(&self) -> (Vec<f64>, f64) {
+        let now = cpu_ticks();
+        let elapsed = self
+            .cpus
+            .first()
+            .zip(now.first())
+            .map(|(a, b)| (b.0 + b.1).saturating_sub(a.0 + a.1) as f64)
+            .unwrap_or(1.0)
+            .max(1.0);
+        let busy: f64 = self
+            .cpus
+            .iter()
+            .zip(&now)
+            .map(|(a, b)| b.0.saturating_sub(a.0) as f64)
+            .sum::<f64>()
+            / elapsed;
+        let ours: Vec<f64> = self
+            .pids
+            .iter()
+            .map(|&(p, t)| proc_ticks(p).saturating_sub(t) as f64 / elapsed)
+            .collect();
+        let others = (busy - ours.iter().sum::<f64>()).max(0.0);
+        (ours, others)
+    }
+}
+
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+/// Raises this session's autogroup nice for the run (`LODGER_BENCH_AUTOGROUP_NICE`, default -20,
+/// `off` to leave it); restores it on drop.
+struct AutogroupNice {
+    old: Option<i32>,
+}
+
+impl AutogroupNice {
+    const PATH: &'static str = "/proc/self/autogroup";
+
+    fn raise() -> (AutogroupNice, String) {
+        let wanted = std::env::var("LODGER_BENCH_AUTOGROUP_NICE").unwrap_or_else(|_| "-20".into());
+        if wanted.trim() == "off" {
+            return (
+                AutogroupNice { old: None },
+                "autogroup nice left alone".into(),
+            );
+        }
+        let Ok(nice) = wanted.trim().parse::<i32>() else {
+            panic!("LODGER_BENCH_AUTOGROUP_NICE={wanted}: a nice value (-20..19) or off");
+        };
+        // "/autogroup-26 nice 0"
+        let old = std::fs::read_to_string(Self::PATH)
+            .ok()
+            .and_then(|s| s.split_whitespace().last()?.parse::<i32>().ok());
+        let Some(old) = old else {
+            return (
+                AutogroupNice { old: None },
+                "no autogroups on this kernel".into(),
+            );
+        };
+        if let Err(e) = std::fs::write(Self::PATH, nice.to_string()) {
+            return (
+                AutogroupNice { old: None },
+                format!("cannot set autogroup nice ({e})"),
+            );
+        }
+        (
+            AutogroupNice { old: Some(old) },
+            format!("session autogroup nice {old} -> {nice}"),
+        )
+    }
+}
+
+impl Drop for AutogroupNice {
+    fn drop(&mut self) {
+        if let Some(old) = self.old {
+            let _ = std::fs::write(Self::PATH, old.to_string());
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// lodgerd, seen over D-Bus
+
+/// A blocking D-Bus view of lodgerd: what it senses and decides, as often as the poll asks.
+struct View {
+    rt: tokio::runtime::Runtime,
+    proxy: ManagerProxy<'static>,
+}
+
+fn f64_of(d: &HashMap<String, OwnedValue>, key: &str) -> Option<f64> {
+    match d.get(key).map(|v| &**v) {
+        Some(Value::F64(x)) => Some(*x),
+        _ => None,
+    }
+}
+
+fn str_of(d: &HashMap<String, OwnedValue>, key: &str) -> Option<String> {
+    match d.get(key).map(|v| &**v) {
+        Some(Value::Str(s)) => Some(s.to_string()),
+        _ => None,
+    }
+}
+
+fn u64_of(d: &HashMap<String, OwnedValue>, key: &str) -> Option<u64> {
+    match d.get(key).map(|v| &**v) {
+        Some(Value::U64(x)) => Some(*x),
+        _ => None,
+    }
+}
+
+impl View {
+    fn connect(bus: &PrivateBus) -> View {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let proxy = rt.block_on(async {
+            let conn = zbus::connection::Builder::address(bus.address.as_str())
+                .expect("address")
+                .build()
+                .await
+                .expect("connect");
+            ManagerProxy::new(&conn).await.expect("proxy")
+        });
+        View { rt, proxy }
+    }
+
+    /// The job's GPU utilization as lodgerd last sensed it.
+    fn gpu_percent(&self, job: &str) -> Option<f64> {
+        let (_, jobs, _) = self.rt.block_on(self.proxy.get_observations()).ok()?;
+        f64_of(jobs.get(job)?, "gpu_percent")
+    }
+
+    fn throttle(&self, job: &str) -> Option<String> {
+        let d = self.rt.block_on(self.proxy.get_job(job)).ok()?;
+        str_of(&d, "throttle")
+    }
+
+    fn throttle_actions(&self) -> u64 {
+        self.rt
+            .block_on(self.proxy.get_status())
+            .ok()
+            .and_then(|s| u64_of(&s, "throttle_actions"))
+            .unwrap_or(0)
+    }
+}
+
+fn lodgerd(bus: &PrivateBus, dir: &Path, gpu_dir: &Path) -> Daemon {
+    Daemon::start(
+        bus,
+        dir,
+        DaemonOptions {
+            reserved: "",
+            interval_ms: 100,
+            extra: format!(
+                "[sense]\ninterval_ms = {SENSE_MS}\ngpu = \"emulated\"\nemulated_gpu_dir = \"{}\"\n\n\
+                 [contention]\nmode = \"enforce\"\npressure_ticks = {PRESSURE_TICKS}\n\
+                 calm_ticks = {CALM_TICKS}\n\n[inference]\nstop_grace_seconds = 1\n",
+                gpu_dir.display()
+            ),
+            ..DaemonOptions::default()
+        },
+    )
+}
+
+fn running_instances(job: &serde_json::Value) -> Vec<serde_json::Value> {
+    job["instances"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter(|i| i["state"] == "running" && i["pid"].as_u64().is_some_and(|p| p > 0))
+                .cloned()
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The stable level and noise an evidence string states ("... below its stable 95.3 by more
+/// than its noise 4.8 ...").
+fn level_and_noise(evidence: &str) -> Option<(f64, f64)> {
+    let number_after = |key: &str| -> Option<f64> {
+        let rest = &evidence[evidence.find(key)? + key.len()..];
+        rest.split(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .next()?
+            .parse()
+            .ok()
+    };
+    Some((
+        number_after("below its stable ")?,
+        number_after("its noise ")?,
+    ))
+}
+
+/// One reaction measurement, in sensing passes.
+struct Reaction {
+    /// First pass showing the drop -> throttle.
+    pressure_to_throttle: f64,
+    /// Antagonist start -> throttle.
+    start_to_throttle: f64,
+    /// First pass back within the noise -> cores given back.
+    calm_to_give_back: f64,
+    evidence: String,
+}
+
+/// Polls until `done` holds; returns the (time, GPU %) samples seen and when `done` held.
+fn poll_until(
+    view: &View,
+    d: &Daemon,
+    train: &str,
+    what: &str,
+    mut done: impl FnMut() -> bool,
+    diagnose: &dyn Fn() -> String,
+) -> (Vec<(Instant, f64)>, Instant) {
+    let deadline = Instant::now() + REACT;
+    let mut seen = Vec::new();
+    let mut unseen = 0u32;
+    loop {
+        let now = Instant::now();
+        match view.gpu_percent(train) {
+            Some(g) => seen.push((now, g)),
+            None => unseen += 1,
+        }
+        if done() {
+            return (seen, now);
+        }
+        assert!(
+            now < deadline,
+            "timed out after {REACT:?} waiting for {what}; GPU % lodgerd showed (last 40 of \
+             {}, {unseen} polls without): {:?}; status: {}\n{}\nlodgerd's log (end):\n{}",
+            seen.len(),
+            seen.iter()
+                .rev()
+                .take(40)
+                .map(|(_, g)| format!("{g:.0}"))
+                .collect::<Vec<_>>(),
+            d.ctl_json(&["status"]),
+            diagnose(),
+            log_tail(d)
+        );
+        std::thread::sleep(POLL);
+    }
+}
+
+fn passes(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0 / SENSE_MS as f64
+}
+
+/// The last 40 lines of lodgerd's log.
+fn log_tail(d: &Daemon) -> String {
+    let log = d.log();
+    let lines: Vec<&str> = log.lines().collect();
+    lines[lines.len().saturating_sub(40)..].join("\n")
+}
+
+fn reaction(
+    view: &View,
+    d: &Daemon,
+    (train, training_pid): (&str, u32),
+    hog: &str,
+    cpu: u32,
+) -> Reaction {
+    // With no reserved CPU, lodgerd and the benchmark move to the other CPU first, as lodgerd
+    // keeps to the reserved CPUs on a real node: the antagonist and training leave ordinary
+    // threads on training's CPU almost no time.
+    let other = 1 - cpu.min(1);
+    pin_threads(d.pid(), &[other]);
+    pin_threads(std::process::id(), &[other]);
+    let start = Instant::now();
+    let antagonist = RtAntagonist::start(cpu, ANTAGONIST_RT, ANTAGONIST_BUSY_PERCENT);
+    let threads = || {
+        let mut s = format!(
+            "antagonist {}",
+            thread_state(std::process::id(), antagonist.tid)
+        );
+        for tid in tids(training_pid) {
+            s.push_str(&format!("; training {}", thread_state(training_pid, tid)));
+        }
+        for tid in tids(d.pid()) {
+            s.push_str(&format!("; lodgerd {}", thread_state(d.pid(), tid)));
+        }
+        s
+    };
+    let (pressured, throttled_at) = poll_until(
+        view,
+        d,
+        train,
+        "the throttle",
+        || view.throttle(hog).is_some(),
+        &threads,
+    );
+    let evidence = view.throttle(hog).unwrap_or_default();
+    let (level, noise) = level_and_noise(&evidence)
+        .unwrap_or_else(|| panic!("no stable level and noise in the evidence: {evidence}"));
+    let onset = pressured
+        .iter()
+        .find(|(_, g)| level - g > noise)
+        .map_or(throttled_at, |(t, _)| *t);
+    drop(antagonist);
+    let stopped = Instant::now();
+    pin_threads(d.pid(), &[0, 1]);
+    pin_threads(std::process::id(), &[0, 1]);
+    let (calm, given_back_at) = poll_until(
+        view,
+        d,
+        train,
+        "the give-back",
+        || view.throttle(hog).is_none(),
+        &String::new,
+    );
+    let calm_from = calm
+        .iter()
+        .find(|(t, g)| *t >= stopped && level - g <= noise)
+        .map_or(given_back_at, |(t, _)| *t);
+    Reaction {
+        pressure_to_throttle: passes(throttled_at - onset),
+        start_to_throttle: passes(throttled_at - start),
+        calm_to_give_back: passes(given_back_at - calm_from),
+        evidence,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Arrangements
+
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Arr {
+    Alone,
+    AloneRr,
+    MemoryOnly,
+    Unmanaged,
+    Lodger,
+}
+
+const ARRS: [(Arr, &str); 5] = [
+    (Arr::Alone, "alone (SCHED_OTHER, CPU 1)"),
+    (Arr::AloneRr, "alone (SCHED_RR 10, CPU 1)"),
+    (
+        Arr::MemoryOnly,
+        "memory only: + hog on CPU 0 (training SCHED_OTHER on CPU 1)",
+    ),
+    (
+        Arr::Unmanaged,
+        "unmanaged: + one hog per CPU (CPUs 0, 1), all SCHED_OTHER",
+    ),
+    (
+        Arr::Lodger,
+        "under lodger: training placed SCHED_RR, hogs as an offline job (one instance per CPU)",
+    ),
+];
+
+/// One arrangement's window: training's mean iteration ms and CPU ms per iteration, a note,
+/// and (lodger only) a reaction.
+struct Measured {
+    ms: f64,
+    cpu_ms: f64,
+    note: String,
+    reaction: Option<Reaction>,
+}
+
+fn measure(b: &mut Bench, arr: Arr, lodger: &LodgerRig) -> Measured {
+    let (w, note) = match arr {
+        Arr::Alone | Arr::AloneRr => {
+            let t = b.train(Some(TRAIN_CPU), arr == Arr::AloneRr, None);
+            let w = window(&[&t], &[], b.window);
+            let note = format!("others {:.0}% of a CPU", w.others * 100.0);
+            (w, note)
+        }
+        Arr::MemoryOnly => {
+            let h = b.hog(OTHER_CPU);
+            let t = b.train(Some(TRAIN_CPU), false, None);
+            let w = window(&[&t, &h], &[], b.window);
+            let note = format!(
+                "hog {:.1} GB/s on {:.0}% of a CPU; others {:.0}%",
+                hog_gbps(&w.lines[1]),
+                w.cpu[1] * 100.0,
+                w.others * 100.0
+            );
+            (w, note)
+        }
+        Arr::Unmanaged => {
+            let h0 = b.hog(OTHER_CPU);
+            let h1 = b.hog(TRAIN_CPU);
+            let t = b.train(Some(TRAIN_CPU), false, None);
+            let w = window(&[&t, &h0, &h1], &[], b.window);
+            let note = format!(
+                "training on {:.0}% of a CPU; hogs {:.1} + {:.1} GB/s; others {:.0}%",
+                w.cpu[0] * 100.0,
+                hog_gbps(&w.lines[1]),
+                hog_gbps(&w.lines[2]),
+                w.others * 100.0
+            );
+            (w, note)
+        }
+        Arr::Lodger => return measure_lodger(b, lodger),
+    };
+    Measured {
+        ms: iter_ms(&w.lines[0]),
+        cpu_ms: w.cpu_ms_per_iteration(),
+        note,
+        reaction: None,
+    }
+}
+
+struct LodgerRig {
+    d: Daemon,
+    view: View,
+    gpu_dir: PathBuf,
+    _dirs: (tempfile::TempDir, tempfile::TempDir),
+}
+
+fn measure_lodger(b: &mut Bench, rig: &LodgerRig) -> Measured {
+    let d = &rig.d;
+    let t = b.train(None, false, Some(&rig.gpu_dir));
+    let v = d.ctl_json(&[
+        "register",
+        "training",
+        "--pid",
+        &t.pid().to_string(),
+        "--cores",
+        "1",
+        "--no-rightsize",
+    ]);
+    let train = v["id"].as_str().expect("id").to_string();
+    let cpus = d.job(&train)["cpus"].as_str().expect("cpus").to_string();
+    wait_until(WAIT, "training SCHED_RR on its CPU", || {
+        all_rr_on(t.pid(), 10, &cpus)
+    });
+    // lodgerd learns training's stable level from the last 10 passes with no lodger beside it.
+    wait_until(WAIT, "lodgerd to sense the emulated GPU", || {
+        rig.view.gpu_percent(&train).is_some()
+    });
+    let learning = Instant::now() + Duration::from_millis(SENSE_MS * 15);
+    let mut alone = Vec::new();
+    while Instant::now() < learning {
+        if let Some(g) = rig.view.gpu_percent(&train) {
+            if alone.last() != Some(&g) {
+                alone.push(g);
+            }
+        }
+        std::thread::sleep(POLL);
+    }
+    println!("lodger: training alone while lodgerd learns its level: GPU % {alone:.1?}");
+    let hog_bin = example("membw_hog").display().to_string();
+    let v = d.ctl_json(&[
+        "register",
+        "offline",
+        "--",
+        &hog_bin,
+        "--mib",
+        &HOG_MIB.to_string(),
+    ]);
+    let hog = v["id"].as_str().expect("id").to_string();
+    wait_until(WAIT, "two hog instances streaming", || {
+        running_instances(&d.job(&hog)).len() == 2
+    });
+    // First-touch of the hogs' buffers.
+    std::thread::sleep(Duration::from_secs(2));
+    let instance_pids: Vec<u32> = running_instances(&d.job(&hog))
+        .iter()
+        .filter_map(|i| i["pid"].as_u64().and_then(|p| u32::try_from(p).ok()))
+        .collect();
+    let actions = rig.view.throttle_actions();
+    let w = window(&[&t], &instance_pids, b.window);
+    let actions = rig.view.throttle_actions() - actions;
+    let mut note = format!(
+        "training alone showed GPU % {alone:.1?}; training on CPU {cpus}, {:.0}% of a CPU; hog instances {:.0}% of a CPU; {actions} \
+         throttle action(s) in the window; others {:.0}%",
+        w.cpu[0] * 100.0,
+        w.cpu[1..].iter().sum::<f64>() * 100.0,
+        w.others * 100.0
+    );
+    if let Some(t) = rig.view.throttle(&hog) {
+        // The hogs slowed training by themselves: the reaction is measured from unthrottled.
+        note.push_str(&format!("; throttled beside training: {t}"));
+        poll_until(
+            &rig.view,
+            d,
+            &train,
+            "the give-back before the reaction",
+            || rig.view.throttle(&hog).is_none(),
+            &String::new,
+        );
+    }
+    let cpu: u32 = cpus.parse().expect("training on one CPU");
+    let r = reaction(&rig.view, d, (&train, t.pid()), &hog, cpu);
+    d.ctl_ok(&["unregister", &hog]);
+    d.ctl_ok(&["unregister", &train]);
+    Measured {
+        ms: iter_ms(&w.lines[0]),
+        cpu_ms: w.cpu_ms_per_iteration(),
+        note,
+        reaction: Some(r),
+    }
+}
+
+/// Builds the release examples the benchmark runs (cargo bench builds only the benchmark and the
+/// binaries).
+fn build_examples() {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
+    let status = Command::new(cargo)
+        .args(["build", "--release", "--quiet", "--examples"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .status()
+        .expect("run cargo build --release --examples");
+    assert!(status.success(), "building the examples failed");
+}
+
+/// `--work-per-batch` that costs `BATCH_CPU_MS` of CPU here with the sample ring.
+fn calibrate() -> u32 {
+    let out = Command::new("taskset")
+        .args(["-c", TRAIN_CPU])
+        .arg(example("train_emulator"))
+        .args(["--workers", "1", "--iterations", "1", "--gpu-step-ms", "1"])
+        .args(["--batch-cpu-ms", &BATCH_CPU_MS.to_string()])
+        .args(["--loader-mib", &LOADER_MIB.to_string()])
+        .output()
+        .expect("run train_emulator");
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.split_whitespace()
+        .find_map(|w| w.strip_prefix("work_per_batch="))
+        .and_then(|v| v.parse().ok())
+        .expect("calibrated work_per_batch= in the emulator's output")
+}
+
+fn main() {
+    // `cargo bench` passes --bench; `cargo test --benches` does not, and must not start a
+    // two-minute benchmark.
+    if !std::env::args().any(|a| a == "--bench") {
+        println!("contention benchmark: run it with `cargo bench --bench contention`");
+        return;
+    }
+    if !need_root("contention benchmark") {
+        return;
+    }
+    let cpus = online_cpus();
+    if cpus != "0-1" {
+        println!(
+            "note: written for CPUs 0-1; this machine has {cpus} (only CPUs 0 and 1 are used)"
+        );
+    }
+    build_examples();
+    let total = Instant::now();
+    let window = Duration::from_secs(env_u64("LODGER_BENCH_WINDOW_S", 6));
+    let rounds = u32::try_from(env_u64("LODGER_BENCH_ROUNDS", 2)).unwrap_or(2);
+    let (_boost, boost_note) = AutogroupNice::raise();
+    let work_units = calibrate();
+    let mut b = Bench {
+        dir: tempfile::tempdir().expect("tempdir"),
+        seq: 0,
+        work_units,
+        window,
+    };
+    println!(
+        "contention benchmark: {rounds} rounds, {}-s windows after 1 s warm-up; training \
+         emulator --workers {TRAIN_WORKERS} --gpu-step-ms {GPU_STEP_MS} --loader-mib {LOADER_MIB} \
+         --work-per-batch {work_units} (~{BATCH_CPU_MS} ms CPU per batch); membw_hog --mib \
+         {HOG_MIB}; {boost_note}; load average at start {}",
+        window.as_secs(),
+        load_average()
+    );
+    let bus = PrivateBus::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let gpu = tmpfs_dir();
+    let gpu_dir = gpu.path().join("gpu");
+    let rig = LodgerRig {
+        d: lodgerd(&bus, dir.path(), &gpu_dir),
+        view: View::connect(&bus),
+        gpu_dir,
+        _dirs: (dir, gpu),
+    };
+    let mut ms: BTreeMap<Arr, Vec<f64>> = BTreeMap::new();
+    let mut cpu_ms: BTreeMap<Arr, Vec<f64>> = BTreeMap::new();
+    let mut reactions = Vec::new();
+    for round in 1..=rounds {
+        let order: Vec<usize> = if round % 2 == 0 {
+            (0..ARRS.len()).rev().collect()
+        } else {
+            (0..ARRS.len()).collect()
+        };
+        for k in order {
+            let (arr, name) = ARRS[k];
+            let m = measure(&mut b, arr, &rig);
+            println!(
+                "round {round}: {name}: mean iteration {:.2} ms, training CPU {:.2} ms per \
+                 iteration; {}",
+                m.ms, m.cpu_ms, m.note
+            );
+            if let Some(r) = &m.reaction {
+                println!(
+                    "round {round}: reaction: drop -> throttle {:.1} passes, antagonist start -> \
+                     throttle {:.1} passes, calm -> give-back {:.1} passes; evidence: {}",
+                    r.pressure_to_throttle, r.start_to_throttle, r.calm_to_give_back, r.evidence
+                );
+            }
+            ms.entry(arr).or_default().push(m.ms);
+            cpu_ms.entry(arr).or_default().push(m.cpu_ms);
+            reactions.extend(m.reaction);
+        }
+    }
+    let avg = |a: Arr| mean(&ms[&a]);
+    let rounds_of = |a: Arr| {
+        ms[&a]
+            .iter()
+            .map(|v| format!("{v:.2}"))
+            .collect::<Vec<_>>()
+            .join(" / ")
+    };
+    println!(
+        "\nsummary (load average at end {}, {:.0} s in all):",
+        load_average(),
+        total.elapsed().as_secs_f64()
+    );
+    let cpu_avg = |a: Arr| mean(&cpu_ms[&a]);
+    println!(
+        "| arrangement | mean iteration ms (per round) | vs alone | vs alone RR | training CPU \
+         ms per iteration | vs alone |"
+    );
+    println!("|---|---|---|---|---|---|");
+    for (arr, name) in ARRS {
+        println!(
+            "| {name} | {:.2} ({}) | {:.2}x | {:.2}x | {:.2} | {:.2}x |",
+            avg(arr),
+            rounds_of(arr),
+            avg(arr) / avg(Arr::Alone),
+            avg(arr) / avg(Arr::AloneRr),
+            cpu_avg(arr),
+            cpu_avg(arr) / cpu_avg(Arr::Alone)
+        );
+    }
+    let list = |f: fn(&Reaction) -> f64| {
+        reactions
+            .iter()
+            .map(|r| format!("{:.1}", f(r)))
+            .collect::<Vec<_>>()
+            .join(" / ")
+    };
+    println!(
+        "| reaction, in {SENSE_MS} ms sensing passes (per round) | first pressured pass -> \
+         throttle {} (expected {}); antagonist start -> throttle {}; first calm pass -> \
+         give-back {} (expected {}) | | | | |",
+        list(|r| r.pressure_to_throttle),
+        PRESSURE_TICKS - 1,
+        list(|r| r.start_to_throttle),
+        list(|r| r.calm_to_give_back),
+        CALM_TICKS - 1
+    );
+}
