@@ -718,6 +718,13 @@ fn lodgerd_shapes_while_a_multi_node_training_job_runs_and_cleans_up() {
     );
     let cpu = d.ctl_json(&["register", "offline", "--", "bash", "-c", &script]);
     let cpu_id = cpu["id"].as_str().expect("id").to_string();
+    common::wait_until(common::WAIT, "the CPU job's traffic", || {
+        receiver.counts().1 > 0
+    });
+    // Alone, unshaped, the CPU job can fill the line: so the 25% it gets below is lodger's doing.
+    std::thread::sleep(WARMUP);
+    let alone = receiver.measure(WINDOW);
+    eprintln!("{TEST}: CPU job alone: {alone}");
     let mut training = Sender::spawn_for(&ns.a, TRAINING_PORT, 1, 600);
     training.go();
     common::wait_until(common::WAIT, "both flows to carry traffic", || {
@@ -726,6 +733,7 @@ fn lodgerd_shapes_while_a_multi_node_training_job_runs_and_cleans_up() {
     });
     std::thread::sleep(WARMUP);
     let before = receiver.measure(WINDOW);
+    // (How TCP splits the line between them unshaped varies from run to run: reported only.)
     eprintln!("{TEST}: CPU job and unregistered training: {before}");
     assert_eq!(
         left(&ns.a, &mount.path, &parent),
@@ -860,11 +868,11 @@ fn lodgerd_shapes_while_a_multi_node_training_job_runs_and_cleans_up() {
     drop(ns);
     drop(mount);
 
-    // Unshaped, the CPU job's four connections must take most of the line, or the 75/25 below
-    // would prove nothing (a CPU-starved CPU job can land near 25% by itself).
+    // Unshaped and alone, the CPU job fills the line, or the 75/25 below would prove nothing
+    // (a CPU-starved CPU job can land near 25% by itself).
     assert!(
-        before.training_share() < 0.5,
-        "no contention to shape: {before}"
+        alone.cpu_job > 0.8 * LINK_MBIT as f64,
+        "the CPU job could not fill the line by itself: {alone}"
     );
     let share = after.training_share();
     assert!(
