@@ -41,6 +41,7 @@
 //! the antagonist stops, from the first calm pass to the give-back (expected: `calm_ticks` - 1).
 #[path = "../tests/common/mod.rs"]
 mod common;
+mod support;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
@@ -51,6 +52,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use lodger::api::proxy::ManagerProxy;
+use support::*;
 use zbus::zvariant::{OwnedValue, Value};
 
 const TRAIN_WORKERS: u32 = 1;
@@ -68,14 +70,6 @@ const ANTAGONIST_BUSY_PERCENT: u32 = 80;
 const WARMUP: Duration = Duration::from_secs(1);
 const POLL: Duration = Duration::from_millis(25);
 const REACT: Duration = Duration::from_secs(30);
-
-fn env_u64(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.trim().parse().ok())
-        .filter(|&v| v > 0)
-        .unwrap_or(default)
-}
 
 // ---------------------------------------------------------------------------------------------
 // Processes
@@ -122,32 +116,6 @@ impl Drop for Proc {
     fn drop(&mut self) {
         self.stop();
     }
-}
-
-/// The complete (newline-terminated) lines of a file.
-fn complete_lines(path: &Path) -> Vec<String> {
-    let mut text = String::new();
-    if let Ok(mut f) = File::open(path) {
-        let _ = f.read_to_string(&mut text);
-    }
-    let end = text.rfind('\n').map_or(0, |i| i + 1);
-    text[..end].lines().map(str::to_string).collect()
-}
-
-/// `program` on `cpus` (taskset), SCHED_RR 10 (chrt) if `rr`; both exec, so the child's pid is
-/// the workload's.
-fn command(program: &Path, cpus: Option<&str>, rr: bool) -> Command {
-    let mut argv: Vec<String> = Vec::new();
-    if rr {
-        argv.extend(["chrt", "-r", "10"].map(String::from));
-    }
-    if let Some(cpus) = cpus {
-        argv.extend(["taskset".to_string(), "-c".to_string(), cpus.to_string()]);
-    }
-    argv.push(program.display().to_string());
-    let mut cmd = Command::new(&argv[0]);
-    cmd.args(&argv[1..]);
-    cmd
 }
 
 struct Bench {
@@ -315,19 +283,6 @@ fn cpu_ticks() -> Vec<(u64, u64)> {
         .collect()
 }
 
-/// utime + stime of a process, in clock ticks.
-fn proc_ticks(pid: u32) -> u64 {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return 0;
-    };
-    let Some(close) = stat.rfind(')') else {
-        return 0;
-    };
-    let f: Vec<&str> = stat[close + 2..].split_whitespace().collect();
-    f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
-        + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
-}
-
 /// CPUs' worth used by `pids` and by everything else over a span.
 struct Meter {
     cpus: Vec<(u64, u64)>,
@@ -367,12 +322,6 @@ impl Meter {
         let others = (busy - ours.iter().sum::<f64>()).max(0.0);
         (ours, others)
     }
-}
-
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_default()
 }
 
 /// Raises this session's autogroup nice for the run (`LODGER_BENCH_AUTOGROUP_NICE`, default -20,
@@ -839,18 +788,6 @@ fn measure_lodger(b: &mut Bench, rig: &LodgerRig) -> Measured {
         note,
         reaction: Some(r),
     }
-}
-
-/// Builds the release examples the benchmark runs (cargo bench builds only the benchmark and the
-/// binaries).
-fn build_examples() {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
-    let status = Command::new(cargo)
-        .args(["build", "--release", "--quiet", "--examples"])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .status()
-        .expect("run cargo build --release --examples");
-    assert!(status.success(), "building the examples failed");
 }
 
 /// `--work-per-batch` that costs `BATCH_CPU_MS` of CPU here with the sample ring.

@@ -38,6 +38,7 @@
 //! of a CPU during it.
 #[path = "../tests/common/mod.rs"]
 mod common;
+mod support;
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -47,6 +48,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
+use support::*;
 
 /// Training emulator: one loader thread whose batch costs ~15 ms of CPU per 20 ms GPU step, so
 /// the training job keeps its one CPU ~75 % busy (calibrated once, then fixed for every run).
@@ -72,14 +74,6 @@ const SWEEP_WARMUP: Duration = Duration::from_millis(500);
 const WARMUP: Duration = Duration::from_secs(1);
 const TRAIN_CPU: &str = "1";
 const OTHER_CPU: &str = "0";
-
-fn env_u64(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.trim().parse().ok())
-        .filter(|&v| v > 0)
-        .unwrap_or(default)
-}
 
 // ---------------------------------------------------------------------------------------------
 // Processes
@@ -128,32 +122,6 @@ impl Drop for Proc {
     fn drop(&mut self) {
         self.stop();
     }
-}
-
-/// The complete (newline-terminated) lines of a file.
-fn complete_lines(path: &Path) -> Vec<String> {
-    let mut text = String::new();
-    if let Ok(mut f) = File::open(path) {
-        let _ = f.read_to_string(&mut text);
-    }
-    let end = text.rfind('\n').map_or(0, |i| i + 1);
-    text[..end].lines().map(str::to_string).collect()
-}
-
-/// `cmd` on `cpus` (taskset) and optionally SCHED_RR 10 (chrt); both exec, so the child's pid is
-/// the workload's.
-fn command(program: &Path, cpus: Option<&str>, rr: bool) -> Command {
-    let mut argv: Vec<String> = Vec::new();
-    if rr {
-        argv.extend(["chrt", "-r", "10"].map(String::from));
-    }
-    if let Some(cpus) = cpus {
-        argv.extend(["taskset".to_string(), "-c".to_string(), cpus.to_string()]);
-    }
-    argv.push(program.display().to_string());
-    let mut cmd = Command::new(&argv[0]);
-    cmd.args(&argv[1..]);
-    cmd
 }
 
 struct Bench {
@@ -359,19 +327,6 @@ fn cpu_ticks() -> Vec<(u64, u64)> {
         .collect()
 }
 
-/// utime + stime of a process (all its threads), in clock ticks.
-fn proc_ticks(pid: u32) -> u64 {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return 0;
-    };
-    let Some(close) = stat.rfind(')') else {
-        return 0;
-    };
-    let f: Vec<&str> = stat[close + 2..].split_whitespace().collect();
-    f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
-        + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
-}
-
 /// Run-queue wait (ns) and timeslices of a process's main thread, from /proc/PID/schedstat.
 fn sched_wait(pid: u32) -> (u64, u64) {
     let s = std::fs::read_to_string(format!("/proc/{pid}/schedstat")).unwrap_or_default();
@@ -533,12 +488,6 @@ impl CpuUse {
     fn foreign_total(&self) -> f64 {
         (self.busy.iter().sum::<f64>() - self.ours.iter().sum::<f64>()).max(0.0)
     }
-}
-
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_default()
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1391,18 +1340,6 @@ impl Drop for AutogroupNice {
             let _ = std::fs::write(Self::PATH, old.to_string());
         }
     }
-}
-
-/// Builds the release examples the benchmark runs (cargo bench builds only the benchmark and the
-/// binaries).
-fn build_examples() {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
-    let status = Command::new(cargo)
-        .args(["build", "--release", "--quiet", "--examples"])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .status()
-        .expect("run cargo build --release --examples");
-    assert!(status.success(), "building the examples failed");
 }
 
 /// `--work-per-batch` that costs `BATCH_CPU_MS` of CPU here (the emulator's own calibration).

@@ -1,0 +1,72 @@
+//! Helpers shared by the benchmarks that drive the bundled workloads (`lodgers`, `contention`):
+//! building the examples, starting commands on CPUs, reading /proc.
+
+use std::fs::File;
+use std::io::Read;
+use std::path::Path;
+use std::process::Command;
+
+pub fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .filter(|&v| v > 0)
+        .unwrap_or(default)
+}
+
+/// `cmd` on `cpus` (taskset) and optionally SCHED_RR 10 (chrt); both exec, so the child's pid is
+/// the workload's.
+pub fn command(program: &Path, cpus: Option<&str>, rr: bool) -> Command {
+    let mut argv: Vec<String> = Vec::new();
+    if rr {
+        argv.extend(["chrt", "-r", "10"].map(String::from));
+    }
+    if let Some(cpus) = cpus {
+        argv.extend(["taskset".to_string(), "-c".to_string(), cpus.to_string()]);
+    }
+    argv.push(program.display().to_string());
+    let mut cmd = Command::new(&argv[0]);
+    cmd.args(&argv[1..]);
+    cmd
+}
+
+/// Builds the release examples the benchmark runs (cargo bench builds only the benchmark and the
+/// binaries).
+pub fn build_examples() {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
+    let status = Command::new(cargo)
+        .args(["build", "--release", "--quiet", "--examples"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .status()
+        .expect("run cargo build --release --examples");
+    assert!(status.success(), "building the examples failed");
+}
+
+/// The complete (newline-terminated) lines of a file.
+pub fn complete_lines(path: &Path) -> Vec<String> {
+    let mut text = String::new();
+    if let Ok(mut f) = File::open(path) {
+        let _ = f.read_to_string(&mut text);
+    }
+    let end = text.rfind('\n').map_or(0, |i| i + 1);
+    text[..end].lines().map(str::to_string).collect()
+}
+
+/// utime + stime of a process (all its threads), in clock ticks.
+pub fn proc_ticks(pid: u32) -> u64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0;
+    };
+    let Some(close) = stat.rfind(')') else {
+        return 0;
+    };
+    let f: Vec<&str> = stat[close + 2..].split_whitespace().collect();
+    f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+        + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+}
+
+pub fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
