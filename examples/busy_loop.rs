@@ -8,16 +8,18 @@
 //!   t=<s>s iterations/s=<x>                         every second
 //!   final seconds=<x> iterations=<n> iterations/s=<x>   at the end (--seconds, SIGTERM or SIGINT)
 
+mod support;
+
 use std::hint::black_box;
 use std::io::Write;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
+use support::{install_signal_handlers, STOP};
 
 use clap::Parser;
-use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
 
 /// Iterations between looks at the stop flag: long enough to keep the loop free of memory
 /// traffic, short enough to stop within a millisecond.
@@ -34,27 +36,6 @@ struct Args {
     /// Seconds to run; 0 runs until SIGTERM or SIGINT.
     #[arg(long, default_value_t = 0)]
     seconds: u64,
-}
-
-static STOP: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_stop(_: libc::c_int) {
-    STOP.store(true, Ordering::SeqCst);
-}
-
-fn install_signal_handlers() -> nix::Result<()> {
-    let stop = SigAction::new(
-        SigHandler::Handler(on_stop),
-        SaFlags::SA_RESTART,
-        SigSet::empty(),
-    );
-    // SAFETY: the handler only stores to a lock-free static atomic, which is
-    // async-signal-safe.
-    unsafe {
-        sigaction(Signal::SIGTERM, &stop)?;
-        sigaction(Signal::SIGINT, &stop)?;
-    }
-    Ok(())
 }
 
 #[inline(always)]

@@ -8,17 +8,18 @@
 //!   t=<s>s accesses/s=<x>                           every second
 //!   final seconds=<x> accesses=<n> accesses/s=<x>   at the end (--seconds, SIGTERM or SIGINT)
 
+mod support;
+
 use std::hint::black_box;
 use std::io::Write;
-use std::path::Path;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
+use support::{install_signal_handlers, last_level_cache_bytes, STOP};
 
 use clap::Parser;
-use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
 
 const MIB: u64 = 1 << 20;
 /// Steps between looks at the stop flag.
@@ -54,68 +55,6 @@ struct Args {
     /// Seconds to run; 0 runs until SIGTERM or SIGINT.
     #[arg(long, default_value_t = 0)]
     seconds: u64,
-}
-
-static STOP: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_stop(_: libc::c_int) {
-    STOP.store(true, Ordering::SeqCst);
-}
-
-fn install_signal_handlers() -> nix::Result<()> {
-    let stop = SigAction::new(
-        SigHandler::Handler(on_stop),
-        SaFlags::SA_RESTART,
-        SigSet::empty(),
-    );
-    // SAFETY: the handler only stores to a lock-free static atomic, which is
-    // async-signal-safe.
-    unsafe {
-        sigaction(Signal::SIGTERM, &stop)?;
-        sigaction(Signal::SIGINT, &stop)?;
-    }
-    Ok(())
-}
-
-/// The largest data or unified cache of CPU 0, in bytes, if sysfs says.
-fn last_level_cache_bytes() -> Option<u64> {
-    let dir = Path::new("/sys/devices/system/cpu/cpu0/cache");
-    let mut best: Option<(u32, u64)> = None;
-    for entry in std::fs::read_dir(dir).ok()?.flatten() {
-        let path = entry.path();
-        let read = |name: &str| std::fs::read_to_string(path.join(name)).ok();
-        let Some(level) = read("level").and_then(|s| s.trim().parse::<u32>().ok()) else {
-            continue;
-        };
-        if read("type").is_some_and(|t| t.trim() == "Instruction") {
-            continue;
-        }
-        let Some(size) = read("size").and_then(|s| parse_cache_size(s.trim())) else {
-            continue;
-        };
-        match best {
-            Some((deepest, _)) if deepest >= level => {}
-            _ => best = Some((level, size)),
-        }
-    }
-    best.map(|(_, size)| size)
-}
-
-/// sysfs cache sizes read like `32768K` or `32M`.
-fn parse_cache_size(text: &str) -> Option<u64> {
-    let (digits, unit) = match text.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
-        Some((i, _)) => text.split_at(i),
-        None => (text, ""),
-    };
-    let n: u64 = digits.parse().ok()?;
-    let scale = match unit {
-        "" => 1,
-        "K" => 1 << 10,
-        "M" => 1 << 20,
-        "G" => 1 << 30,
-        _ => return None,
-    };
-    n.checked_mul(scale)
 }
 
 /// splitmix64: a small, good-enough generator; no dependency for a shuffle.
