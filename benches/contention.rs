@@ -47,7 +47,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -790,23 +790,6 @@ fn measure_lodger(b: &mut Bench, rig: &LodgerRig) -> Measured {
     }
 }
 
-/// `--work-per-batch` that costs `BATCH_CPU_MS` of CPU here with the sample ring.
-fn calibrate() -> u32 {
-    let out = Command::new("taskset")
-        .args(["-c", TRAIN_CPU])
-        .arg(example("train_emulator"))
-        .args(["--workers", "1", "--iterations", "1", "--gpu-step-ms", "1"])
-        .args(["--batch-cpu-ms", &BATCH_CPU_MS.to_string()])
-        .args(["--loader-mib", &LOADER_MIB.to_string()])
-        .output()
-        .expect("run train_emulator");
-    let text = String::from_utf8_lossy(&out.stdout);
-    text.split_whitespace()
-        .find_map(|w| w.strip_prefix("work_per_batch="))
-        .and_then(|v| v.parse().ok())
-        .expect("calibrated work_per_batch= in the emulator's output")
-}
-
 fn main() {
     // `cargo bench` passes --bench; `cargo test --benches` does not, and must not start a
     // two-minute benchmark.
@@ -828,7 +811,11 @@ fn main() {
     let window = Duration::from_secs(env_u64("LODGER_BENCH_WINDOW_S", 6));
     let rounds = u32::try_from(env_u64("LODGER_BENCH_ROUNDS", 2)).unwrap_or(2);
     let (_boost, boost_note) = AutogroupNice::raise();
-    let work_units = calibrate();
+    let work_units = calibrate(
+        TRAIN_CPU,
+        BATCH_CPU_MS,
+        &["--loader-mib", &LOADER_MIB.to_string()],
+    );
     let mut b = Bench {
         dir: tempfile::tempdir().expect("tempdir"),
         seq: 0,

@@ -632,6 +632,27 @@ fn tc_shapes_training_and_cpu_job_traffic_75_25() {
     }
 }
 
+/// lodgerd's network shaping in words (`lodgerctl status`).
+fn network_status(d: &common::Daemon) -> String {
+    d.ctl_json(&["status"])["network"]
+        .as_str()
+        .unwrap_or("")
+        .to_string()
+}
+
+/// Registers `pid` as a one-core multi-node training job; returns lodgerctl's JSON reply.
+fn register_multi_node(d: &common::Daemon, pid: u32) -> serde_json::Value {
+    d.ctl_json(&[
+        "register",
+        "training",
+        "--pid",
+        &pid.to_string(),
+        "--cores",
+        "1",
+        "--multi-node",
+    ])
+}
+
 /// What lodger keeps on the node's side while shaping: an HTB root on `lt0a`, its nftables table
 /// (this kernel has no cls_cgroup, so `auto` steering uses nftables) and its net_cls cgroup.
 #[derive(Debug, PartialEq, Eq)]
@@ -699,16 +720,10 @@ fn lodgerd_shapes_while_a_multi_node_training_job_runs_and_cleans_up() {
         },
     );
     let parent = d.parent.clone();
-    let status = |d: &common::Daemon| {
-        d.ctl_json(&["status"])["network"]
-            .as_str()
-            .unwrap_or("")
-            .to_string()
-    };
     assert!(
-        status(&d).starts_with("idle: no multi-node training job"),
+        network_status(&d).starts_with("idle: no multi-node training job"),
         "{}",
-        status(&d)
+        network_status(&d)
     );
 
     // A CPU job: an offline lodger whose instance keeps four connections busy.
@@ -742,23 +757,16 @@ fn lodgerd_shapes_while_a_multi_node_training_job_runs_and_cleans_up() {
     );
 
     // The training flow's process becomes a multi-node training job.
-    let t = d.ctl_json(&[
-        "register",
-        "training",
-        "--pid",
-        &training.pid().to_string(),
-        "--cores",
-        "1",
-        "--multi-node",
-    ]);
+    let t = register_multi_node(&d, training.pid());
     let t_id = t["id"].as_str().expect("id").to_string();
     common::wait_until(common::WAIT, "lodgerd to shape lt0a", || {
-        status(&d).starts_with("shaping")
+        network_status(&d).starts_with("shaping")
     });
     assert!(
-        status(&d).starts_with("shaping lt0a (100 Mbit/s): training 75%, CPU jobs 25% (ceil 25%)"),
+        network_status(&d)
+            .starts_with("shaping lt0a (100 Mbit/s): training 75%, CPU jobs 25% (ceil 25%)"),
         "{}",
-        status(&d)
+        network_status(&d)
     );
     let on = left(&ns.a, &mount.path, &parent);
     assert!(on.htb && on.net_cls_group, "{on:?}");
@@ -808,7 +816,7 @@ fn lodgerd_shapes_while_a_multi_node_training_job_runs_and_cleans_up() {
     );
     d.restart();
     common::wait_until(common::WAIT, "the restarted lodgerd to shape", || {
-        status(&d).starts_with("shaping")
+        network_status(&d).starts_with("shaping")
     });
     assert_eq!(
         left(&ns.a, &mount.path, &parent),
@@ -821,19 +829,15 @@ fn lodgerd_shapes_while_a_multi_node_training_job_runs_and_cleans_up() {
     common::wait_until(common::WAIT, "shaping to be removed", || {
         left(&ns.a, &mount.path, &parent) == NOTHING
     });
-    assert!(status(&d).starts_with("idle"), "{}", status(&d));
+    assert!(
+        network_status(&d).starts_with("idle"),
+        "{}",
+        network_status(&d)
+    );
     assert!(d.job(&cpu_id)["network"].is_null());
 
     // A clean stop removes it too.
-    d.ctl_json(&[
-        "register",
-        "training",
-        "--pid",
-        &training.pid().to_string(),
-        "--cores",
-        "1",
-        "--multi-node",
-    ]);
+    register_multi_node(&d, training.pid());
     common::wait_until(common::WAIT, "shaping again", || {
         left(&ns.a, &mount.path, &parent).htb
     });
@@ -915,12 +919,6 @@ fn lodgerd_moves_cpu_jobs_to_the_slower_network_while_multi_node_training_runs()
             ..common::DaemonOptions::default()
         },
     );
-    let status = |d: &common::Daemon| {
-        d.ctl_json(&["status"])["network"]
-            .as_str()
-            .unwrap_or("")
-            .to_string()
-    };
     let script =
         format!("while true; do cat /dev/zero > /dev/tcp/{PEER}/{CPU_JOB_PORT}; sleep 0.2; done");
     let cpu = d.ctl_json(&["register", "offline", "--", "bash", "-c", &script]);
@@ -950,21 +948,13 @@ fn lodgerd_moves_cpu_jobs_to_the_slower_network_while_multi_node_training_runs()
 
     let mut training = Sender::spawn_for(&ns.a, TRAINING_PORT, 1, 600);
     training.go();
-    let t = d.ctl_json(&[
-        "register",
-        "training",
-        "--pid",
-        &training.pid().to_string(),
-        "--cores",
-        "1",
-        "--multi-node",
-    ]);
+    let t = register_multi_node(&d, training.pid());
     let t_id = t["id"].as_str().expect("id").to_string();
     common::wait_until(common::WAIT, "lodgerd to route CPU jobs", || {
-        status(&d).starts_with("routing")
+        network_status(&d).starts_with("routing")
     });
     assert_eq!(
-        status(&d),
+        network_status(&d),
         "routing CPU jobs' IPv4 traffic via lt2a (the slower network)"
     );
     let rules = output("ip", &["-n", &ns.a, "rule", "show"]);
@@ -981,7 +971,7 @@ fn lodgerd_moves_cpu_jobs_to_the_slower_network_while_multi_node_training_runs()
 
     d.ctl_ok(&["unregister", &t_id]);
     common::wait_until(common::WAIT, "routing to be removed", || {
-        status(&d).starts_with("idle")
+        network_status(&d).starts_with("idle")
     });
     let rules_after = output("ip", &["-n", &ns.a, "rule", "show"]);
     let table_after = output("ip", &["-n", &ns.a, "route", "show", "table", "19524"]);

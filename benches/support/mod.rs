@@ -70,3 +70,21 @@ pub fn load_average() -> String {
         .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
         .unwrap_or_default()
 }
+
+/// `--work-per-batch` that costs `batch_cpu_ms` of CPU on `cpu` with the emulator's `extra`
+/// options (the emulator's own calibration, one iteration).
+pub fn calibrate(cpu: &str, batch_cpu_ms: u64, extra: &[&str]) -> u32 {
+    let out = Command::new("taskset")
+        .args(["-c", cpu])
+        .arg(crate::common::example("train_emulator"))
+        .args(["--workers", "1", "--iterations", "1", "--gpu-step-ms", "1"])
+        .args(["--batch-cpu-ms", &batch_cpu_ms.to_string()])
+        .args(extra)
+        .output()
+        .expect("run train_emulator");
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.split_whitespace()
+        .find_map(|w| w.strip_prefix("work_per_batch="))
+        .and_then(|v| v.parse().ok())
+        .expect("calibrated work_per_batch= in the emulator's output")
+}

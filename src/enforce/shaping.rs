@@ -23,8 +23,8 @@ use tracing::{info, warn};
 
 use super::route::CpuJobsRoute;
 use super::tc::{
-    read_pids, write_value, CpuJobMatch, CpuJobs, NetClsGroup, NetworkShaping, ShapingConfig,
-    Steering, TcError, TcRunner, DEFAULT_HANDLE,
+    dissolve_cgroup, read_pids, write_value, CpuJobMatch, CpuJobs, NetClsGroup, NetworkShaping,
+    ShapingConfig, Steering, TcError, TcRunner, DEFAULT_HANDLE,
 };
 use crate::job::JobId;
 
@@ -390,7 +390,7 @@ impl NetworkControl {
             if dir.is_dir() {
                 // Its processes go back to lodgerd's cgroup, where they came from.
                 let back = dir.parent().unwrap_or(root);
-                if let Err(e) = dissolve(&dir, back) {
+                if let Err(e) = dissolve_cgroup(&dir, back) {
                     problems.push(e.to_string());
                 }
             }
@@ -462,32 +462,6 @@ fn move_into<'a>(dir: &Path, pids: impl Iterator<Item = &'a u32>) -> Result<(), 
         }
     }
     Ok(())
-}
-
-/// Moves the processes of the cgroup `dir` to the cgroup `back` and removes `dir`.
-fn dissolve(dir: &Path, back: &Path) -> Result<(), TcError> {
-    for _ in 0..4 {
-        let procs = read_pids(&dir.join("cgroup.procs"))?;
-        if procs.is_empty() {
-            break;
-        }
-        for pid in procs {
-            match write_value(&back.join("cgroup.procs"), &pid.to_string()) {
-                Ok(()) => {}
-                Err(TcError::Write { source, .. })
-                    if source.raw_os_error() == Some(libc::ESRCH) => {}
-                Err(e) => return Err(e),
-            }
-        }
-    }
-    match std::fs::remove_dir(dir) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(source) => Err(TcError::Remove {
-            path: dir.to_path_buf(),
-            source,
-        }),
-    }
 }
 
 /// Every process of the cgroups `dirs` (instance cgroups: an instance and its children).

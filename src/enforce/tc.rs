@@ -1486,32 +1486,39 @@ impl NetClsGroup {
     /// Moves its processes back to the hierarchy's root and removes it. `Ok(false)` when it
     /// was already gone.
     pub fn remove(self) -> Result<bool, TcError> {
-        if !self.path.is_dir() {
-            return Ok(false);
+        dissolve_cgroup(&self.path, &self.hierarchy)
+    }
+}
+
+/// Moves the processes of the cgroup `dir` into the cgroup `back` (one that exits meanwhile is
+/// skipped; a few rounds, for processes forking while it runs) and removes `dir`. `Ok(false)`
+/// when it was already gone.
+pub(crate) fn dissolve_cgroup(dir: &Path, back: &Path) -> Result<bool, TcError> {
+    if !dir.is_dir() {
+        return Ok(false);
+    }
+    for _ in 0..4 {
+        let procs = read_pids(&dir.join(CGROUP_PROCS))?;
+        if procs.is_empty() {
+            break;
         }
-        for _ in 0..4 {
-            let procs = self.procs()?;
-            if procs.is_empty() {
-                break;
+        for pid in procs {
+            match write_value(&back.join(CGROUP_PROCS), &pid.to_string()) {
+                Ok(()) => {}
+                // Exited meanwhile.
+                Err(TcError::Write { source, .. })
+                    if source.raw_os_error() == Some(libc::ESRCH) => {}
+                Err(e) => return Err(e),
             }
-            for pid in procs {
-                match write_value(&self.hierarchy.join(CGROUP_PROCS), &pid.to_string()) {
-                    Ok(()) => {}
-                    // Exited meanwhile.
-                    Err(TcError::Write { source, .. })
-                        if source.raw_os_error() == Some(libc::ESRCH) => {}
-                    Err(e) => return Err(e),
-                }
-            }
         }
-        match fs::remove_dir(&self.path) {
-            Ok(()) => Ok(true),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
-            Err(source) => Err(TcError::Remove {
-                path: self.path,
-                source,
-            }),
-        }
+    }
+    match fs::remove_dir(dir) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(source) => Err(TcError::Remove {
+            path: dir.to_path_buf(),
+            source,
+        }),
     }
 }
 
