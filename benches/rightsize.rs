@@ -21,6 +21,7 @@
 //! settling, as a percentage of the best), and against keeping the requested count: cores
 //! wasted (above the knee) and utilization lost (below it), over a 1-hour job.
 
+use lodger::policy::rightsize::model::Curve;
 use std::time::Duration;
 
 use lodger::job::Category;
@@ -77,41 +78,6 @@ impl Rng {
         let u1 = self.unit().max(1e-300);
         let u2 = self.unit();
         (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
-    }
-}
-
-/// A job's GPU utilization (percent) against its cores.
-#[derive(Debug, Clone, Copy)]
-struct Curve {
-    gpus: u32,
-    /// Best-fit cores per GPU.
-    knee_per_gpu: u32,
-    /// Amdahl parallel fraction of the CPU side.
-    parallel: f64,
-    /// Utilization at and above the knee.
-    peak: f64,
-    /// Percentage points lost per core per GPU above the knee.
-    drop_above: f64,
-    /// Per-sample noise, percentage points.
-    sigma: f64,
-    /// Lag-1 autocorrelation of the noise.
-    rho: f64,
-}
-
-impl Curve {
-    fn speedup(&self, per_gpu: f64) -> f64 {
-        1.0 / ((1.0 - self.parallel) + self.parallel / per_gpu)
-    }
-
-    fn util(&self, cores: u32) -> f64 {
-        let per_gpu = f64::from(cores) / f64::from(self.gpus);
-        let knee = f64::from(self.knee_per_gpu);
-        let fed = (self.speedup(per_gpu) / self.speedup(knee)).min(1.0);
-        self.peak * fed - self.drop_above * (per_gpu - knee).max(0.0)
-    }
-
-    fn knee(&self) -> u32 {
-        self.knee_per_gpu * self.gpus
     }
 }
 

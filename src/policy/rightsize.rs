@@ -1001,9 +1001,53 @@ fn t_975(df: f64) -> f64 {
     Z + (t_last - Z) * d_last / df
 }
 
+/// A modelled training job's GPU utilization against its cores, for simulations (the
+/// right-sizing benchmark) and the tuner's tests: SODA §IV-B-1, §V-B describe it rising like a
+/// multithreaded job (Amdahl's law in the cores per GPU) up to the best-fit count, where the CPU
+/// side keeps up with the GPU, then flat or dropping slightly. Samples carry AR(1) Gaussian noise,
+/// drawn by the caller from `sigma` and `rho`.
+pub mod model {
+    #[derive(Debug, Clone, Copy)]
+    pub struct Curve {
+        pub gpus: u32,
+        /// Best-fit cores per GPU.
+        pub knee_per_gpu: u32,
+        /// Amdahl parallel fraction of the CPU side.
+        pub parallel: f64,
+        /// Utilization at and above the knee, percent.
+        pub peak: f64,
+        /// Percentage points lost per core per GPU above the knee.
+        pub drop_above: f64,
+        /// Per-sample noise, percentage points.
+        pub sigma: f64,
+        /// Lag-1 autocorrelation of the noise.
+        pub rho: f64,
+    }
+
+    impl Curve {
+        pub fn speedup(&self, per_gpu: f64) -> f64 {
+            1.0 / ((1.0 - self.parallel) + self.parallel / per_gpu)
+        }
+
+        /// Noise-free utilization at `cores`, percent.
+        pub fn util(&self, cores: u32) -> f64 {
+            let per_gpu = f64::from(cores) / f64::from(self.gpus);
+            let knee = f64::from(self.knee_per_gpu);
+            let fed = (self.speedup(per_gpu) / self.speedup(knee)).min(1.0);
+            self.peak * fed - self.drop_above * (per_gpu - knee).max(0.0)
+        }
+
+        /// The best-fit core count.
+        pub fn knee(&self) -> u32 {
+            self.knee_per_gpu * self.gpus
+        }
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
+    use super::model::Curve;
     use super::*;
     use proptest::prelude::*;
 
@@ -1041,37 +1085,7 @@ mod tests {
         }
     }
 
-    /// A training job's GPU utilization (percent) against its cores, as SODA describes it
-    /// (§IV-B-1, §V-B): rising like a multithreaded job (Amdahl's law in the cores per GPU) up
-    /// to the best-fit count, where the CPU side keeps up with the GPU, then flat or dropping
-    /// slightly. Samples carry AR(1) Gaussian noise.
-    #[derive(Debug, Clone, Copy)]
-    struct Curve {
-        gpus: u32,
-        knee_per_gpu: u32,
-        parallel: f64,
-        peak: f64,
-        drop_above: f64,
-        sigma: f64,
-        rho: f64,
-    }
-
     impl Curve {
-        fn speedup(&self, per_gpu: f64) -> f64 {
-            1.0 / ((1.0 - self.parallel) + self.parallel / per_gpu)
-        }
-
-        fn util(&self, cores: u32) -> f64 {
-            let per_gpu = f64::from(cores) / f64::from(self.gpus);
-            let knee = f64::from(self.knee_per_gpu);
-            let fed = (self.speedup(per_gpu) / self.speedup(knee)).min(1.0);
-            self.peak * fed - self.drop_above * (per_gpu - knee).max(0.0)
-        }
-
-        fn knee(&self) -> u32 {
-            self.knee_per_gpu * self.gpus
-        }
-
         /// The same job with utilization independent of its cores.
         fn flat(peak: f64, sigma: f64, rho: f64) -> Self {
             Self {
