@@ -73,9 +73,33 @@ impl JobKind {
         }
     }
 
+    /// Started by lodger's instance runner from a command (no pids or cgroup of its own).
     pub fn is_inference(self) -> bool {
         matches!(self, JobKind::Online | JobKind::Offline)
     }
+
+    /// What the job is to the node: the training it exists for, or a lodger in what training
+    /// leaves. The one place a new kind (batch) says which side it is on.
+    pub fn role(self) -> Role {
+        match self {
+            JobKind::Training => Role::Training,
+            JobKind::Online | JobKind::Offline => Role::Lodger,
+        }
+    }
+
+    /// Not training: placed around training, throttled first, never given SCHED_RR.
+    pub fn is_lodger(self) -> bool {
+        self.role() == Role::Lodger
+    }
+}
+
+/// A job's side on the node (see [`JobKind::role`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// The GPU training the node exists for: placed by the training policy, pinned, SCHED_RR.
+    Training,
+    /// A CPU job lodged in what training leaves (online or offline inference today).
+    Lodger,
 }
 
 /// How lodger finds a job's processes.

@@ -6,6 +6,7 @@
 pub mod agent;
 pub mod api;
 pub mod cli;
+pub mod clock;
 pub mod config;
 pub mod cpuset;
 pub mod enforce;

@@ -33,6 +33,7 @@ impl From<AgentError> for ApiError {
             AgentError::NoCapacity(_) => ApiError::NoCapacity(msg),
             AgentError::NotFound(_) => ApiError::NotFound(msg),
             AgentError::Conflict(_) => ApiError::Conflict(msg),
+            AgentError::AccessDenied(_) => ApiError::AccessDenied(msg),
             AgentError::Enforce(_) => ApiError::EnforcementFailed(msg),
             AgentError::Store(_) | AgentError::Stopped => ApiError::Failed(msg),
         }

@@ -17,7 +17,7 @@ use zbus::object_server::SignalEmitter;
 use zbus::zvariant::{ObjectPath, OwnedObjectPath, OwnedValue, Value};
 use zbus::{interface, Connection};
 
-use crate::agent::{AgentHandle, Event};
+use crate::agent::{AgentHandle, Caller, Event};
 use crate::job::JobId;
 pub use error::ApiError;
 
@@ -47,10 +47,14 @@ pub struct Authority {
     pub group: String,
 }
 
+/// Where the caller's command name is read (`<root>/<pid>/comm`).
+const DEFAULT_PROC_ROOT: &str = "/proc";
+
 impl Authority {
     /// Asks the bus daemon who the sender is (never trusts anything in the message) and whether
-    /// that user is root or in the configured group.
-    async fn check(&self, conn: &Connection, hdr: &Header<'_>) -> Result<u32, ApiError> {
+    /// that user is root or in the configured group. The caller's pid and command name are
+    /// looked up as well, best effort: they describe the caller, they never decide.
+    async fn check(&self, conn: &Connection, hdr: &Header<'_>) -> Result<Caller, ApiError> {
         let sender = hdr
             .sender()
             .ok_or_else(|| ApiError::AccessDenied("the call has no sender".into()))?;
@@ -59,22 +63,35 @@ impl Authority {
             .get_connection_unix_user(sender.clone().into())
             .await
             .map_err(|e| ApiError::AccessDenied(format!("cannot tell who the caller is: {e}")))?;
-        if uid == 0 {
-            return Ok(uid);
+        if uid != 0 {
+            let group = self.group.clone();
+            let member = tokio::task::spawn_blocking(move || user_in_group(uid, &group))
+                .await
+                .unwrap_or(false);
+            if !member {
+                return Err(ApiError::AccessDenied(format!(
+                    "uid {uid} may not change lodger's jobs: run as root or add the user to the '{}' group",
+                    self.group
+                )));
+            }
         }
-        let group = self.group.clone();
-        let member = tokio::task::spawn_blocking(move || user_in_group(uid, &group))
+        let pid = dbus
+            .get_connection_unix_process_id(sender.clone().into())
             .await
-            .unwrap_or(false);
-        if member {
-            Ok(uid)
-        } else {
-            Err(ApiError::AccessDenied(format!(
-                "uid {uid} may not change lodger's jobs: run as root or add the user to the '{}' group",
-                self.group
-            )))
-        }
+            .ok();
+        Ok(Caller {
+            uid,
+            pid,
+            comm: pid.and_then(|p| command_name(std::path::Path::new(DEFAULT_PROC_ROOT), p)),
+        })
     }
+}
+
+/// A process's command name (`<proc_root>/<pid>/comm`), if it can be read.
+fn command_name(proc_root: &std::path::Path, pid: u32) -> Option<String> {
+    std::fs::read_to_string(proc_root.join(pid.to_string()).join("comm"))
+        .ok()
+        .map(|s| s.trim_end().to_string())
 }
 
 /// NSS lookups (may block on LDAP/SSSD, hence `spawn_blocking`).
@@ -112,9 +129,10 @@ impl Manager {
         #[zbus(connection)] conn: &Connection,
         spec: HashMap<String, OwnedValue>,
     ) -> Result<(String, OwnedObjectPath), ApiError> {
-        let uid = self.auth.check(conn, &hdr).await?;
+        let caller = self.auth.check(conn, &hdr).await?;
+        let owner = spec::owner_from_dict(&spec).map_err(ApiError::InvalidSpec)?;
         let spec = spec::spec_from_dict(&spec).map_err(ApiError::InvalidSpec)?;
-        let job = self.agent.register(spec, uid).await?;
+        let job = self.agent.register(spec, owner, caller).await?;
         let path = job_path(&job.id);
         add_job_object(conn, &self.agent, &job.id, self.rt_priority).await;
         Ok((job.id.to_string(), path))
@@ -128,8 +146,8 @@ impl Manager {
         #[zbus(connection)] conn: &Connection,
         id: String,
     ) -> Result<(), ApiError> {
-        self.auth.check(conn, &hdr).await?;
-        Ok(self.agent.unregister(&id).await?)
+        let caller = self.auth.check(conn, &hdr).await?;
+        Ok(self.agent.unregister(&id, caller).await?)
     }
 
     /// (id, kind, state, object path) of every job.

@@ -25,6 +25,7 @@ pub const SPEC_KEYS: &[&str] = &[
     "rate_per_s",
     "max_batch",
     "max_instances",
+    "owner",
 ];
 
 fn unsigned(key: &str, v: &Value<'_>) -> Result<u32, String> {
@@ -102,6 +103,12 @@ fn unsigned_list(key: &str, v: &Value<'_>) -> Result<Vec<u32>, String> {
             other.value_signature()
         )),
     }
+}
+
+/// The `owner` key (u): the uid a job is registered for, when not the caller's. Only root may
+/// set it to another uid (Slurm and NRI register on a user's behalf); the agent checks that.
+pub fn owner_from_dict(dict: &HashMap<String, OwnedValue>) -> Result<Option<u32>, String> {
+    dict.get("owner").map(|v| unsigned("owner", v)).transpose()
 }
 
 /// Builds a `JobSpec` from a D-Bus dictionary. Refuses unknown keys and wrong types with a message
@@ -286,7 +293,7 @@ pub fn job_to_dict(job: &Job, rt_priority: i32) -> HashMap<String, Value<'static
     put("rr_threads", Value::from(job.rr_threads));
     put(
         "sched_policy",
-        Value::from(if job.spec.kind.is_inference() {
+        Value::from(if job.spec.kind.is_lodger() {
             "SCHED_OTHER".to_string()
         } else {
             sched_policy(rt_priority)

@@ -316,36 +316,26 @@ fn main() -> ExitCode {
         },
     };
     let store = Store::new(config.agent.state_dir.clone());
-    let agent = match Agent::start(settings, topology, reserved, enforcer, store) {
-        Ok(a) => a,
-        Err(e) => {
-            error!("{e}");
-            return ExitCode::from(1);
-        }
-    };
+    let mut agent = Agent::builder(settings, topology, reserved, enforcer, store);
     // MBA for contention control, where resctrl has it.
-    let agent = match MbaCaps::read(
+    match MbaCaps::read(
         &config.sense.resctrl_root,
         &CpuVendor::from_cpuinfo(&config.node.proc_root).unwrap_or(CpuVendor::Other(String::new())),
     ) {
         Ok(caps) if !cli.sim => {
-            agent.with_mba(MbaTarget::new(config.sense.resctrl_root.clone(), caps))
+            agent = agent.mba(MbaTarget::new(config.sense.resctrl_root.clone(), caps));
         }
-        Ok(_) => agent,
+        Ok(_) => {}
         Err(e) => {
             info!("memory-bandwidth allocation (MBA) unavailable, contention control halves cores instead: {e}");
-            agent
         }
-    };
-    let network = network_control(&config, runner.as_ref().map(|(r, _)| r), cli.sim);
-    let agent = match runner {
-        Some((r, probe)) => agent.with_runner(r, probe),
-        None => agent,
-    };
-    let agent = match network {
-        Some(n) => agent.with_network(n),
-        None => agent,
-    };
+    }
+    if let Some(n) = network_control(&config, runner.as_ref().map(|(r, _)| r), cli.sim) {
+        agent = agent.network(n);
+    }
+    if let Some((r, probe)) = runner {
+        agent = agent.runner(r, probe);
+    }
     let sampler = Sampler::open(SamplerSettings {
         interval: config.sense.interval(),
         proc_root: config.node.proc_root.clone(),
@@ -363,14 +353,20 @@ fn main() -> ExitCode {
         membw_peak_bytes_per_s: config.sense.membw_peak_bytes_per_s,
     });
     let mut sense_thread = None;
-    let agent = match sampler.spawn() {
+    match sampler.spawn() {
         Ok((link, join)) => {
             sense_thread = Some(join);
-            agent.with_sensor(link)
+            agent = agent.sensor(link);
         }
         Err(e) => {
             warn!("cannot start the sensing thread: {e}; running without measurements");
-            agent
+        }
+    }
+    let agent = match agent.start() {
+        Ok(a) => a,
+        Err(e) => {
+            error!("{e}");
+            return ExitCode::from(1);
         }
     };
     let (handle, join) = match agent.spawn() {

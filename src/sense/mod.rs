@@ -6,6 +6,7 @@
 
 pub mod cpu;
 pub mod gpu;
+pub mod link;
 pub mod membw;
 pub mod net;
 pub mod perf;

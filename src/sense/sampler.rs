@@ -19,12 +19,12 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tracing::{info, warn};
 
-use crate::agent::SensorLink;
 use crate::job::JobId;
 use crate::sense::cpu::{
     CpuReader, JobCpuRate, JobCpuSample, NodeCpuRates, PressureSample, StallRates, StatSample,
 };
 use crate::sense::gpu::{self, GpuSource, GpuSourceKind, GpuStatus};
+use crate::sense::link::SensorLink;
 use crate::sense::membw::{self, JobGroupNote, JobMonGroups, MbmReader, MbmSample, ObservedPeak};
 use crate::sense::net::{self, NetReader, NetSample};
 use crate::sense::perf::{Counters, PerfCounters, PerfRates, PerfSample, PerfSettings, PerfTarget};

@@ -1,0 +1,229 @@
+//! Contention control (SODA §V-E): one eliminator step per new sensing pass, throttle steps
+//! logged with their evidence and signalled, MBA applied through lodger's resctrl group. Core
+//! halving is handed to inference placement as [`Throttles`]. Touches resctrl (through
+//! `enforce::resctrl`) and the jobs lent by the tick.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use tracing::warn;
+
+use super::{Event, TickCx};
+use crate::enforce::resctrl::{LodgerGroup, DEFAULT_CONTROL_GROUP};
+use crate::job::JobKind;
+use crate::policy::contention::{
+    ContentionConfig, ContentionEliminator, ContentionObservations, JobObservation, MbaGroup,
+    Mechanism, NodeMembw, Role, Throttles,
+};
+use crate::sense::membw::MbaCaps;
+
+/// resctrl MBA, when the node has it.
+pub struct MbaTarget {
+    pub root: PathBuf,
+    pub caps: MbaCaps,
+    group: Option<LodgerGroup>,
+}
+
+impl MbaTarget {
+    pub fn new(root: PathBuf, caps: MbaCaps) -> Self {
+        Self {
+            root,
+            caps,
+            group: None,
+        }
+    }
+
+    /// Gives the throttled bandwidth back and removes lodger's group, if there is one.
+    /// `context` starts the warning when that fails.
+    fn remove_group(&mut self, context: &str) {
+        if let Some(group) = self.group.take() {
+            if let Err(e) = group.restore().and_then(|_| group.remove()) {
+                warn!("{context}cannot remove lodger's resctrl group: {e}");
+            }
+        }
+    }
+}
+
+/// Contention control and the sensing pass it last looked at.
+pub(super) struct Contention {
+    eliminator: ContentionEliminator,
+    seen_ms: u64,
+    /// Where MBA throttles are applied: resctrl's root and lodger's control group for lodgers.
+    mba: Option<MbaTarget>,
+    /// Throttle steps taken, for Prometheus.
+    actions: u64,
+}
+
+impl Contention {
+    /// With `mba`, throttles with resctrl MBA (SODA §V-E: MBA first, core halving only where MBA
+    /// is absent).
+    pub(super) fn new(config: ContentionConfig, mba: Option<MbaTarget>) -> Self {
+        Self {
+            eliminator: ContentionEliminator::new(config, mba.as_ref().map(|m| m.caps.clone())),
+            seen_ms: 0,
+            mba,
+            actions: 0,
+        }
+    }
+
+    /// The throttles in force, handed to inference placement (fewer cores for a throttled job).
+    pub(super) fn throttles(&self) -> Throttles {
+        self.eliminator.throttles()
+    }
+
+    /// Whether any throttle was decided (right-sizing never probes meanwhile, SODA §V-B).
+    pub(super) fn throttling(&self) -> bool {
+        self.eliminator.decided() != Throttles::default()
+    }
+
+    pub(super) fn actions(&self) -> u64 {
+        self.actions
+    }
+
+    /// Contention control in words for status.
+    pub(super) fn status(&self) -> String {
+        let t = self.eliminator.decided();
+        let mode = self.eliminator.config().mode.as_str();
+        if t == Throttles::default() {
+            format!("{mode}: no throttle")
+        } else {
+            format!(
+                "{mode}: {} MBA group(s), {} job(s) on fewer cores",
+                t.mba.len(),
+                t.cores.len()
+            )
+        }
+    }
+
+    /// One step per new sensing pass: detection from memory bandwidth or training progress,
+    /// throttle steps logged with their evidence and signalled, MBA applied here.
+    pub(super) fn tick(&mut self, cx: &mut TickCx<'_>) {
+        let obs = cx.observations;
+        if obs.unix_ms <= self.seen_ms {
+            return;
+        }
+        self.seen_ms = obs.unix_ms;
+        let membw = match (obs.node.membw_bytes_per_s, obs.node.membw_fraction_of_peak) {
+            (Some(bytes_per_s), Some(fraction_of_peak)) => Some(NodeMembw {
+                bytes_per_s,
+                fraction_of_peak,
+                domain_fractions: BTreeMap::new(),
+            }),
+            _ => None,
+        };
+        let jobs = cx
+            .state
+            .jobs
+            .values()
+            .map(|s| {
+                let role = match s.job.spec.kind {
+                    JobKind::Training => Role::Training,
+                    JobKind::Online => Role::Online,
+                    JobKind::Offline => Role::Offline,
+                };
+                let cores = u32::try_from(s.job.cpus.len()).unwrap_or(u32::MAX);
+                let m = obs.jobs.get(&s.job.id);
+                let mut o = JobObservation::new(s.job.id.clone(), role, cores);
+                o.membw_bytes_per_s = m.and_then(|m| m.membw_bytes_per_s);
+                o.progress = m.and_then(|m| m.gpu_percent);
+                if role == Role::Online {
+                    let slo = s.job.spec.inference.as_ref().and_then(|i| i.slo_ms);
+                    o.slo_met = slo.map(|slo| {
+                        s.job
+                            .instances
+                            .iter()
+                            .all(|i| i.p99_ms.is_some_and(|p| p <= slo))
+                    });
+                }
+                o
+            })
+            .collect();
+        let actions = self
+            .eliminator
+            .step(obs.unix_ms, &ContentionObservations { membw, jobs });
+        let throttles = self.eliminator.throttles();
+        for a in &actions {
+            self.actions += 1;
+            let verb = if a.advisory {
+                "would throttle"
+            } else {
+                "throttle"
+            };
+            warn!(
+                job = %a.job,
+                mechanism = %a.mechanism,
+                level = a.level,
+                "contention: {verb}: {}",
+                a.evidence
+            );
+            if let Some(stored) = cx.state.jobs.get_mut(&a.job) {
+                stored.job.throttle = match a.mechanism {
+                    Mechanism::Release => None,
+                    _ => Some(format!(
+                        "{}{} (level {}): {}",
+                        if a.advisory { "advise: " } else { "" },
+                        a.mechanism,
+                        a.level,
+                        a.evidence
+                    )),
+                };
+            }
+        }
+        cx.events.extend(actions.iter().map(|a| Event::Throttled {
+            id: a.job.clone(),
+            mechanism: a.mechanism.as_str().to_string(),
+            level: a.level.to_string(),
+        }));
+        self.apply_mba(cx, &throttles);
+    }
+
+    /// Makes lodger's resctrl group hold the offline jobs' instances at the decided MB values, or
+    /// removes it when no MBA throttle is in force.
+    fn apply_mba(&mut self, cx: &TickCx<'_>, throttles: &Throttles) {
+        let Some(mba) = &mut self.mba else {
+            return;
+        };
+        match throttles.mba.get(&MbaGroup::Lodgers) {
+            Some(values) => {
+                if mba.group.is_none() {
+                    match LodgerGroup::create(&mba.root, DEFAULT_CONTROL_GROUP, mba.caps.clone()) {
+                        Ok((g, _)) => mba.group = Some(g),
+                        Err(e) => {
+                            warn!("contention: cannot create lodger's resctrl group: {e}");
+                            return;
+                        }
+                    }
+                }
+                let Some(group) = &mba.group else { return };
+                if let Err(e) = group.set_mb(values) {
+                    warn!("contention: cannot write the MB schemata: {e}");
+                }
+                let pids: Vec<u32> = cx
+                    .state
+                    .jobs
+                    .values()
+                    .filter(|s| s.job.spec.kind == JobKind::Offline)
+                    .flat_map(|s| s.job.pids.iter().copied())
+                    .collect();
+                if let Err(e) = group.move_processes(cx.proc_root, &pids) {
+                    warn!("contention: cannot move lodgers into the resctrl group: {e}");
+                }
+            }
+            None => mba.remove_group("contention: "),
+        }
+    }
+
+    /// lodgerd is stopping: lodger's resctrl group goes (only lodgerd keeps it in step).
+    pub(super) fn shutdown(&mut self) {
+        if let Some(mba) = &mut self.mba {
+            mba.remove_group("");
+        }
+    }
+}
+
+/// A group left by an earlier lodgerd holds no throttle any more.
+pub(super) fn remove_stale_group(mba: &MbaTarget) {
+    if let Err(e) = crate::enforce::resctrl::remove_stale_group(&mba.root, DEFAULT_CONTROL_GROUP) {
+        warn!("cannot remove lodger's stale resctrl group: {e}");
+    }
+}

@@ -1,0 +1,237 @@
+//! The agent's API types: the handle the D-Bus layer (and anything else) talks through, the
+//! commands it sends, who sends them ([`Caller`]), the replies' errors, events and status.
+//! Touches nothing but the channels to the agent's thread.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
+
+use serde::Serialize;
+use tokio::sync::{broadcast, oneshot};
+
+use crate::cpuset::CpuSet;
+use crate::enforce::EnforceError;
+use crate::job::{Job, JobId, JobSpec, JobState, SpecError};
+use crate::policy::consolidate::NoCapacity;
+use crate::sense::Observations;
+use crate::store::StoreError;
+
+/// Why a command was refused. Mapped to D-Bus errors in one place (`api::error`).
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("{0}")]
+    InvalidSpec(String),
+    #[error("cannot place the job: {0}")]
+    NoCapacity(NoCapacity),
+    #[error("no job '{0}'; `lodgerctl list` shows the registered jobs")]
+    NotFound(String),
+    #[error("{0}")]
+    Conflict(String),
+    /// The caller may not make this change (the registry's one check, `Agent::authorize`).
+    #[error("{0}")]
+    AccessDenied(String),
+    #[error("{0}")]
+    Enforce(#[from] EnforceError),
+    #[error("{0}")]
+    Store(#[from] StoreError),
+    #[error("lodgerd is shutting down")]
+    Stopped,
+}
+
+impl From<SpecError> for AgentError {
+    fn from(e: SpecError) -> Self {
+        AgentError::InvalidSpec(e.to_string())
+    }
+}
+
+/// Who made a mutating call, as the bus daemon vouches for it (never taken from the message).
+/// Carried by every command that changes jobs and checked in one place in the registry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller {
+    pub uid: u32,
+    /// The caller's process, when the bus could say.
+    pub pid: Option<u32>,
+    /// That process's command name (`/proc/<pid>/comm`), when it could be read.
+    pub comm: Option<String>,
+}
+
+impl Caller {
+    /// A caller known only by its uid (tests, the simulator, in-process callers).
+    pub fn uid(uid: u32) -> Self {
+        Self {
+            uid,
+            pid: None,
+            comm: None,
+        }
+    }
+
+    pub fn is_root(&self) -> bool {
+        self.uid == 0
+    }
+}
+
+/// A change other parts of lodgerd (the D-Bus signals) want to hear about.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    JobAdded(JobId),
+    JobChanged(JobId, JobState),
+    JobRemoved(JobId),
+    /// An online job's measured demand (or expected rate) passed what its layout serves
+    /// (Cloud Reamer §III-C: the cluster scheduler may move it).
+    CapacityExceeded {
+        id: JobId,
+        demand_per_s: f64,
+        capacity_per_s: f64,
+    },
+    /// A contention throttle step or release (SODA §V-E).
+    Throttled {
+        id: JobId,
+        mechanism: String,
+        level: String,
+    },
+}
+
+/// The node as `lodgerctl status` shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct NodeStatus {
+    pub version: String,
+    pub cpus: CpuSet,
+    pub reserved: CpuSet,
+    pub training: CpuSet,
+    pub free: CpuSet,
+    pub numa_nodes: u32,
+    pub gpus: u32,
+    pub smt: bool,
+    pub jobs: u32,
+    pub enforcement: String,
+    pub rt_priority: i32,
+    pub interval_ms: u64,
+    pub ticks: u64,
+    /// Contention throttle steps and releases so far.
+    pub throttle_actions: u64,
+    /// Contention control in words (off, watching, throttling ...).
+    pub contention: String,
+    /// Network shaping in words (off, idle, shaping ...).
+    pub network: String,
+}
+
+/// Everything the read-only views (`lodgerctl top`, Prometheus) show, taken at one instant.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    pub jobs: Vec<Job>,
+    pub observations: Observations,
+    pub status: NodeStatus,
+}
+
+pub(super) enum Command {
+    Register {
+        spec: JobSpec,
+        /// The uid the job is registered for; None: the caller's.
+        owner: Option<u32>,
+        caller: Caller,
+        reply: oneshot::Sender<Result<Job, AgentError>>,
+    },
+    Unregister {
+        id: String,
+        caller: Caller,
+        reply: oneshot::Sender<Result<(), AgentError>>,
+    },
+    List {
+        reply: oneshot::Sender<Vec<Job>>,
+    },
+    Get {
+        id: String,
+        reply: oneshot::Sender<Result<Job, AgentError>>,
+    },
+    Status {
+        reply: oneshot::Sender<NodeStatus>,
+    },
+    Snapshot {
+        reply: oneshot::Sender<Snapshot>,
+    },
+    Stop,
+}
+
+/// The API's way in: cheap to clone, safe to use from any task.
+#[derive(Clone)]
+pub struct AgentHandle {
+    pub(super) tx: mpsc::Sender<Command>,
+    pub(super) events: broadcast::Sender<Event>,
+    pub(super) ticks: Arc<AtomicU64>,
+}
+
+impl AgentHandle {
+    async fn ask<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Command) -> Option<T> {
+        let (tx, rx) = oneshot::channel();
+        self.tx.send(make(tx)).ok()?;
+        rx.await.ok()
+    }
+
+    /// Registers `spec` for `owner` (None: the caller). Only root may name another owner.
+    pub async fn register(
+        &self,
+        spec: JobSpec,
+        owner: Option<u32>,
+        caller: Caller,
+    ) -> Result<Job, AgentError> {
+        self.ask(|reply| Command::Register {
+            spec,
+            owner,
+            caller,
+            reply,
+        })
+        .await
+        .unwrap_or(Err(AgentError::Stopped))
+    }
+
+    pub async fn unregister(&self, id: &str, caller: Caller) -> Result<(), AgentError> {
+        self.ask(|reply| Command::Unregister {
+            id: id.to_string(),
+            caller,
+            reply,
+        })
+        .await
+        .unwrap_or(Err(AgentError::Stopped))
+    }
+
+    pub async fn list(&self) -> Result<Vec<Job>, AgentError> {
+        self.ask(|reply| Command::List { reply })
+            .await
+            .ok_or(AgentError::Stopped)
+    }
+
+    pub async fn get(&self, id: &str) -> Result<Job, AgentError> {
+        self.ask(|reply| Command::Get {
+            id: id.to_string(),
+            reply,
+        })
+        .await
+        .unwrap_or(Err(AgentError::Stopped))
+    }
+
+    pub async fn status(&self) -> Result<NodeStatus, AgentError> {
+        self.ask(|reply| Command::Status { reply })
+            .await
+            .ok_or(AgentError::Stopped)
+    }
+
+    pub async fn snapshot(&self) -> Result<Snapshot, AgentError> {
+        self.ask(|reply| Command::Snapshot { reply })
+            .await
+            .ok_or(AgentError::Stopped)
+    }
+
+    pub fn subscribe(&self) -> broadcast::Receiver<Event> {
+        self.events.subscribe()
+    }
+
+    /// Ticks completed so far: a health signal (the watchdog pings only while it advances).
+    pub fn ticks(&self) -> u64 {
+        self.ticks.load(Ordering::Relaxed)
+    }
+
+    /// Asks the agent to finish its current work and stop. Jobs stay enforced (training keeps its
+    /// cpuset and SCHED_RR while lodgerd is down) and are re-adopted at the next start.
+    pub fn stop(&self) {
+        let _ = self.tx.send(Command::Stop);
+    }
+}

@@ -1,0 +1,289 @@
+//! Inference (Cloud Reamer §III-A/B): places, starts and supervises the online and offline
+//! jobs' instances each tick; an online job's layout comes from its search (`layout`). Touches
+//! the instance runner (`enforce::instances`) and the jobs lent by the tick.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use tracing::{info, warn};
+
+use super::layout::SearchRun;
+use super::{Event, TickCx};
+use crate::cpuset::CpuSet;
+use crate::enforce::instances::{InstanceSpec, InstanceState, InstanceStats, Instances};
+use crate::enforce::shaping::{procs_of, CpuJob};
+use crate::job::{InstanceView, JobId, JobKind, JobState};
+use crate::policy::contention::Throttles;
+use crate::policy::inference::{self, OfflineJobView, OnlineJobView};
+use crate::store::State;
+
+/// The instance runner and the online jobs' layout searches.
+pub(super) struct Inference {
+    pub(super) runner: Instances,
+    /// How long one layout probe of an online job is measured.
+    pub(super) probe_window: Duration,
+    /// Layout searches under way, by online job.
+    pub(super) searches: BTreeMap<JobId, SearchRun>,
+}
+
+impl Inference {
+    /// Takes the runner after sweeping the instances a previous lodgerd (killed before it could
+    /// stop them) left behind. `probe_window` is how long each layout probe is measured.
+    pub(super) fn new(mut runner: Instances, probe_window: Duration) -> Self {
+        match runner.sweep_leftovers() {
+            Ok(swept) if !swept.killed.is_empty() || !swept.removed_cgroups.is_empty() => info!(
+                "removed leftover inference instances: killed {:?}, cgroups {:?}",
+                swept.killed, swept.removed_cgroups
+            ),
+            Ok(_) => {}
+            Err(e) => warn!("cannot sweep leftover inference instances: {e}"),
+        }
+        Self {
+            runner,
+            probe_window,
+            searches: BTreeMap::new(),
+        }
+    }
+
+    /// Stops a job's instances and forgets its search.
+    pub(super) fn stop_job(&mut self, id: &JobId) {
+        let out = self.runner.stop_job(id);
+        for e in out.errors {
+            warn!(job = %id, "stopping instances: {e}");
+        }
+        self.searches.remove(id);
+    }
+
+    /// The instances' processes by job, for network shaping: an instance and every process it
+    /// started.
+    pub(super) fn cpu_jobs(&self) -> Vec<CpuJob> {
+        let mut cpu_jobs: BTreeMap<JobId, CpuJob> = BTreeMap::new();
+        for st in self.runner.stats() {
+            let entry = cpu_jobs.entry(st.job.clone()).or_insert_with(|| CpuJob {
+                job: st.job.clone(),
+                pids: Vec::new(),
+                cgroups: Vec::new(),
+            });
+            if let Some(cg) = &st.cgroup {
+                // An instance and every process it started.
+                entry.pids.extend(procs_of(&[self.runner.cgroup_dir(cg)]));
+                entry.cgroups.push(cg.clone());
+            }
+            entry.pids.extend(st.pid);
+        }
+        for j in cpu_jobs.values_mut() {
+            j.pids.sort_unstable();
+            j.pids.dedup();
+        }
+        cpu_jobs.into_values().collect()
+    }
+
+    /// Places, starts and supervises inference instances (Cloud Reamer §III-A/B): online
+    /// instances on exclusive leftover cores, offline ones on every non-reserved core, training's
+    /// included. `throttles` are contention's (a throttled job runs fewer instances). Returns
+    /// whether anything persisted changed.
+    pub(super) fn tick(&mut self, cx: &mut TickCx<'_>, throttles: &Throttles) -> bool {
+        let training = inference::training_cpus(&cx.state.plan);
+        let usable = cx
+            .topology
+            .online()
+            .difference(cx.reserved)
+            .difference(&training);
+        let stats = self.runner.stats();
+        let ids: Vec<(JobId, JobKind)> = cx
+            .state
+            .jobs
+            .values()
+            .filter(|s| s.job.spec.kind.is_inference())
+            .map(|s| (s.job.id.clone(), s.job.spec.kind))
+            .collect();
+        let mut online = Vec::new();
+        let mut offline = Vec::new();
+        let mut free = u32::try_from(usable.len()).unwrap_or(u32::MAX);
+        for (id, kind) in &ids {
+            if *kind == JobKind::Online {
+                if let Some(mut layout) = self.online_layout(cx, id, free, &stats) {
+                    if let Some(cores) = throttles.cores.get(id).copied() {
+                        let per = layout.cores_per_instance.max(1);
+                        layout.instances = layout.instances.min((cores / per).max(1));
+                    }
+                    free = free.saturating_sub(layout.cpus());
+                    online.push(OnlineJobView {
+                        id: id.clone(),
+                        layout,
+                    });
+                }
+            } else if let Some(inf) = cx
+                .state
+                .jobs
+                .get(id)
+                .and_then(|s| s.job.spec.inference.as_ref())
+            {
+                // SODA §V-E without MBA: a throttled job runs on fewer cores.
+                let throttled = throttles.cores.get(id).copied();
+                let max_instances = match (inf.max_instances, throttled) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+                offline.push(OfflineJobView {
+                    id: id.clone(),
+                    batch: inf.max_batch,
+                    max_instances,
+                });
+            }
+        }
+        let plan = inference::place(
+            cx.topology,
+            cx.reserved,
+            &training,
+            &online,
+            &offline,
+            &cx.state.inference,
+        );
+        let desired = desired_instances(cx.state, &plan);
+        let mut dirty = plan != cx.state.inference;
+        cx.state.inference = plan;
+        match self.runner.reconcile(&desired) {
+            Ok(out) => {
+                for e in out.errors {
+                    warn!("inference instances: {e}");
+                }
+            }
+            Err(e) => warn!("inference instances not reconciled: {e}"),
+        }
+        // The runner logs exits and restarts itself.
+        let _ = self.runner.poll();
+        let stats = self.runner.stats();
+        for (id, _) in &ids {
+            dirty |= self.show(cx, id, &stats);
+        }
+        dirty
+    }
+
+    /// Brings one job's view up to date from its instances: pids, state, layout, online
+    /// capacity (Cloud Reamer §III-C). Returns whether what persists across a restart changed.
+    fn show(&self, cx: &mut TickCx<'_>, id: &JobId, stats: &[InstanceStats]) -> bool {
+        let Some(stored) = cx.state.jobs.get_mut(id) else {
+            return false;
+        };
+        let before = stored.clone();
+        let mine: Vec<&InstanceStats> = stats.iter().filter(|s| s.job == *id).collect();
+        stored.job.instances = mine
+            .iter()
+            .map(|s| InstanceView {
+                index: s.index,
+                pid: s.pid,
+                cpus: s.cpus.clone(),
+                threads: s.threads,
+                batch: s.batch,
+                state: s.state.as_str().to_string(),
+                restarts: s.restarts,
+                items_per_s: s.items_per_s,
+                p50_ms: s.latency_p50_ms,
+                p99_ms: s.latency_p99_ms,
+            })
+            .collect();
+        stored.job.pids = mine.iter().filter_map(|s| s.pid).collect();
+        stored.job.threads = mine.iter().map(|s| s.threads).sum();
+        stored.job.cpus = mine.iter().fold(CpuSet::new(), |acc, s| acc.union(&s.cpus));
+        let running = mine
+            .iter()
+            .filter(|s| matches!(s.state, InstanceState::Running))
+            .count();
+        stored.job.state = if running > 0 {
+            JobState::Running
+        } else if mine
+            .iter()
+            .any(|s| s.last_error.is_some() || s.restarts > 0)
+        {
+            JobState::Error
+        } else {
+            JobState::Pending
+        };
+        stored.job.last_error = mine.iter().find_map(|s| {
+            s.last_error
+                .clone()
+                .or_else(|| s.last_exit.clone().filter(|_| s.restarts > 0))
+        });
+        let searching = self.searches.get(id);
+        stored.job.layout = match (searching, &stored.lodging.outcome) {
+            (Some(run), _) => Some(format!(
+                "searching: probe {} of at most {} ({})",
+                run.search.probes_used() + 1,
+                inference::DEFAULT_PROBE_BUDGET,
+                run.probe
+            )),
+            (None, Some(o)) => Some(format!(
+                "{}{}",
+                o.config,
+                if o.meets_slo {
+                    ""
+                } else {
+                    " (no layout meets the SLO)"
+                }
+            )),
+            (None, None) if stored.job.spec.kind == JobKind::Offline => {
+                Some(format!("{} single-thread instance(s)", mine.len()))
+            }
+            (None, None) => None,
+        };
+        if let (Some(inf), Some(outcome)) = (&stored.job.spec.inference, &stored.lodging.outcome) {
+            if let (Some(rate), Some(measured)) = (inf.rate_per_s, &outcome.measured) {
+                let check = inference::check_capacity(
+                    &outcome.config,
+                    measured.throughput_per_s,
+                    u32::try_from(mine.len()).unwrap_or(u32::MAX),
+                    rate,
+                    None,
+                );
+                let was = stored.lodging.capacity.map(|c| c.exceeded).unwrap_or(false);
+                if check.exceeded && !was {
+                    warn!(
+                        job = %id,
+                        demand = check.demand_per_s,
+                        capacity = check.capacity_per_s,
+                        "online job's demand exceeds what this node serves"
+                    );
+                    cx.events.push(Event::CapacityExceeded {
+                        id: id.clone(),
+                        demand_per_s: check.demand_per_s,
+                        capacity_per_s: check.capacity_per_s,
+                    });
+                }
+                stored.lodging.capacity = Some(check);
+            }
+        }
+        if stored.job.state != before.job.state {
+            cx.events
+                .push(Event::JobChanged(id.clone(), stored.job.state));
+        }
+        // Rates change every tick; persist only what matters across a restart.
+        stored.lodging != before.lodging || stored.job.state != before.job.state
+    }
+}
+
+/// The instances the inference plan asks for, with each job's command.
+fn desired_instances(state: &State, plan: &inference::InferencePlan) -> Vec<InstanceSpec> {
+    let mut desired = Vec::new();
+    for (id, instances) in plan.online.iter().chain(plan.offline.iter()) {
+        let Some(inf) = state
+            .jobs
+            .get(id)
+            .and_then(|s| s.job.spec.inference.as_ref())
+        else {
+            continue;
+        };
+        for (index, inst) in instances {
+            desired.push(InstanceSpec {
+                job: id.clone(),
+                index: *index,
+                argv: inf.command.clone(),
+                cpus: inst.cpus.clone(),
+                mems: inst.mems.clone(),
+                threads: inst.threads,
+                batch: inst.batch,
+            });
+        }
+    }
+    desired
+}

@@ -1,0 +1,149 @@
+//! The online jobs' layout search (Cloud Reamer §III-B): which layout a job runs now (a probe,
+//! the search's outcome or a cached one) and what a finished probe measured. Part of the
+//! inference controller; touches only its searches and the jobs lent by the tick.
+
+use std::time::{Duration, Instant};
+
+use tracing::{debug, info};
+
+use super::inference::Inference;
+use super::TickCx;
+use crate::enforce::instances::{InstanceState, InstanceStats};
+use crate::job::JobId;
+use crate::policy::inference::{LayoutConfig, LayoutSearch, ProbeResult, SearchStart, SearchStep};
+
+/// An online job's layout search between two probes.
+pub(super) struct SearchRun {
+    pub(super) search: LayoutSearch,
+    pub(super) probe: LayoutConfig,
+    since: Instant,
+    free_cores: u32,
+}
+
+impl Inference {
+    /// The layout an online job runs now: a probe of its search, the search's outcome for this
+    /// many free cores, or a cached one (Cloud Reamer §III-B).
+    pub(super) fn online_layout(
+        &mut self,
+        cx: &mut TickCx<'_>,
+        id: &JobId,
+        free_cores: u32,
+        stats: &[InstanceStats],
+    ) -> Option<LayoutConfig> {
+        let stored = cx.state.jobs.get_mut(id)?;
+        let inf = stored.job.spec.inference.as_ref()?;
+        let slo = inf.slo_ms.unwrap_or(f64::MAX);
+        let max_batch = inf.max_batch;
+        let max_instances = inf.max_instances.unwrap_or(free_cores.max(1));
+        let now = Instant::now();
+        if let Some(run) = self.searches.get_mut(id) {
+            if run.free_cores == free_cores {
+                let measured = probe_result(
+                    id,
+                    run.probe,
+                    stats,
+                    cx.observations.jobs.get(id),
+                    self.probe_window,
+                );
+                let overdue = now.duration_since(run.since) > self.probe_window * 3;
+                if measured.is_none() && !overdue {
+                    return Some(run.probe);
+                }
+                match run.search.next(measured) {
+                    SearchStep::Probe(cfg) => {
+                        debug!(job = %id, probe = %cfg, probes = run.search.probes_used(), "layout probe");
+                        run.probe = cfg;
+                        run.since = now;
+                        return Some(cfg);
+                    }
+                    SearchStep::Done(outcome) => {
+                        info!(
+                            job = %id,
+                            layout = %outcome.config,
+                            probes = outcome.probes,
+                            meets_slo = outcome.meets_slo,
+                            "layout search done"
+                        );
+                        self.searches.remove(id);
+                        stored.lodging.cache.insert(outcome.clone());
+                        let cfg = outcome.config;
+                        stored.lodging.outcome = Some(outcome);
+                        return Some(cfg);
+                    }
+                }
+            }
+            // The free cores changed under the search: start again for the new count.
+            self.searches.remove(id);
+        }
+        if let Some(o) = &stored.lodging.outcome {
+            if o.free_cores == free_cores {
+                return Some(o.config);
+            }
+        }
+        match stored
+            .lodging
+            .cache
+            .begin(free_cores, slo, max_batch, max_instances)
+        {
+            SearchStart::Cached(outcome) => {
+                let cfg = outcome.config;
+                stored.lodging.outcome = Some(outcome);
+                Some(cfg)
+            }
+            SearchStart::Search(mut search) => match search.next(None) {
+                SearchStep::Probe(cfg) => {
+                    info!(job = %id, free_cores, "searching for the best layout");
+                    self.searches.insert(
+                        id.clone(),
+                        SearchRun {
+                            search,
+                            probe: cfg,
+                            since: now,
+                            free_cores,
+                        },
+                    );
+                    Some(cfg)
+                }
+                SearchStep::Done(outcome) => {
+                    let cfg = outcome.config;
+                    stored.lodging.outcome = Some(outcome);
+                    Some(cfg)
+                }
+            },
+        }
+    }
+}
+
+/// The measurement of one layout probe of an online job: throughput summed over its instances,
+/// the worst instance's p99, IPC and cache misses from the sensor. `None` until every instance of
+/// the probed layout has run for most of a window.
+fn probe_result(
+    id: &JobId,
+    probe: LayoutConfig,
+    stats: &[InstanceStats],
+    sensed: Option<&crate::sense::JobMetrics>,
+    window: Duration,
+) -> Option<ProbeResult> {
+    let mine: Vec<&InstanceStats> = stats.iter().filter(|s| s.job == *id).collect();
+    let ready = u32::try_from(mine.len()).unwrap_or(0) == probe.instances
+        && mine.iter().all(|s| {
+            matches!(s.state, InstanceState::Running)
+                && s.threads == probe.cores_per_instance
+                && s.batch == probe.batch
+                && s.span * 5 >= window * 4
+        });
+    if !ready || probe.instances == 0 {
+        return None;
+    }
+    let p99 = mine
+        .iter()
+        .map(|s| s.latency_p99_ms)
+        .try_fold(0.0f64, |acc, p| p.map(|p| acc.max(p)))?;
+    Some(ProbeResult {
+        config: probe,
+        throughput_per_s: mine.iter().map(|s| s.items_per_s).sum(),
+        p99_latency_ms: p99,
+        ipc: sensed.and_then(|m| m.ipc),
+        cache_miss_ratio: sensed.and_then(|m| m.cache_miss_percent).map(|p| p / 100.0),
+    })
+}

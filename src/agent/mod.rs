@@ -1,0 +1,315 @@
+//! The agent: the loop and the node's state. It is the only place that calls decide, enforce and
+//! store, and the only owner of the jobs; the D-Bus API talks to it through [`AgentHandle`]
+//! (a command with a oneshot reply) and hears about changes through [`Event`]s.
+//!
+//! It runs on its own OS thread, not on the tokio runtime: enforcement is blocking I/O and system
+//! calls (cgroupfs, /proc, sched_setscheduler), and keeping it off the runtime means a slow cgroupfs
+//! never stalls the bus. Commands are handled between ticks, one at a time, so a registration and
+//! a sweep can never interleave.
+//!
+//! A small core (the registry of jobs, the store, the loop: `registry`, `run`) and one controller
+//! per concern, each owning its state and stepped once a tick through a [`TickCx`] that lends it
+//! the jobs, the observations, the topology and an event buffer: `training`, `rightsize`,
+//! `contention`, `inference` (with `layout`), `network`. What one concern hands another
+//! (contention's throttles, the instances' processes) is passed as a value by `run::tick`.
+//! May touch everything below it (sense, policy, enforce, store); nothing below imports it.
+
+mod contention;
+mod handle;
+mod inference;
+mod layout;
+mod network;
+mod registry;
+mod rightsize;
+mod run;
+mod training;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::broadcast;
+use tracing::{info, warn};
+
+pub use self::contention::MbaTarget;
+pub use self::handle::{AgentError, AgentHandle, Caller, Event, NodeStatus, Snapshot};
+pub use self::training::Enforce;
+pub use crate::sense::link::SensorLink;
+
+use self::contention::Contention;
+use self::inference::Inference;
+use self::network::Network;
+use self::rightsize::Rightsize;
+use self::training::Training;
+use crate::cpuset::CpuSet;
+use crate::enforce::instances::Instances;
+use crate::enforce::shaping::NetworkControl;
+use crate::job::{Job, JobId, Target};
+use crate::policy::contention::ContentionConfig;
+use crate::policy::{Plan, TrainingJobView};
+use crate::sense::{Observations, SensedJob};
+use crate::store::{Loaded, State, Store, StoreError, StoredJob};
+use crate::topology::Topology;
+
+/// The agent's own settings, taken from the config by lodgerd.
+#[derive(Debug, Clone)]
+pub struct AgentSettings {
+    pub interval: Duration,
+    pub rt_priority: i32,
+    pub proc_root: PathBuf,
+    pub rightsize: RightsizeSettings,
+    /// Contention control (SODA §V-E); None: off.
+    pub contention: Option<ContentionConfig>,
+}
+
+/// Right-sizing of training jobs (SODA §V-B), from `[rightsize]`.
+#[derive(Debug, Clone)]
+pub struct RightsizeSettings {
+    /// None: off. Some(true): resize; Some(false): advise only.
+    pub enforce: Option<bool>,
+    pub warmup: Duration,
+    pub window: Duration,
+    pub shrink: bool,
+    pub tolerance: u32,
+}
+
+impl Default for RightsizeSettings {
+    fn default() -> Self {
+        Self {
+            enforce: None,
+            warmup: Duration::from_secs(180),
+            window: Duration::from_secs(60),
+            shrink: true,
+            tolerance: 1,
+        }
+    }
+}
+
+/// What one tick lends each controller: the node, the latest observations, the jobs (with the
+/// plans and histories persisted beside them) and a buffer for the events it raises (sent in
+/// order once the tick is done).
+pub(crate) struct TickCx<'a> {
+    pub(crate) topology: &'a Topology,
+    pub(crate) reserved: &'a CpuSet,
+    pub(crate) proc_root: &'a Path,
+    pub(crate) observations: &'a Observations,
+    pub(crate) state: &'a mut State,
+    pub(crate) events: Vec<Event>,
+}
+
+pub struct Agent {
+    settings: AgentSettings,
+    topology: Topology,
+    reserved: CpuSet,
+    store: Store,
+    state: State,
+    events: broadcast::Sender<Event>,
+    ticks: Arc<AtomicU64>,
+    /// The sensor's latest pass, and the channels to it (absent in tests and `--sim` without
+    /// sensing).
+    observations: Observations,
+    sensor: Option<SensorLink>,
+    // The controllers, in the order a tick steps them (see `run::tick`).
+    rightsize: Rightsize,
+    /// Contention control (SODA §V-E); absent when off.
+    contention: Option<Contention>,
+    training: Training,
+    /// Runs inference instances; absent in `--sim` and unit tests (inference jobs are refused).
+    inference: Option<Inference>,
+    /// Network shaping while multi-node training runs (SODA §V-E); absent when no interface
+    /// is configured.
+    network: Option<Network>,
+}
+
+/// Everything the agent is wired to, gathered before it starts so it never ticks half-wired.
+pub struct AgentBuilder {
+    settings: AgentSettings,
+    topology: Topology,
+    reserved: CpuSet,
+    enforcer: Box<dyn Enforce>,
+    store: Store,
+    runner: Option<(Instances, Duration)>,
+    network: Option<NetworkControl>,
+    mba: Option<MbaTarget>,
+    sensor: Option<SensorLink>,
+}
+
+impl AgentBuilder {
+    /// The inference instance runner. `probe_window` is how long each layout probe of an online
+    /// job is measured. Instances left behind by a previous lodgerd (killed before it could stop
+    /// them) are swept at the start.
+    pub fn runner(mut self, runner: Instances, probe_window: Duration) -> Self {
+        self.runner = Some((runner, probe_window));
+        self
+    }
+
+    /// Network shaping (SODA §V-E). The first tick applies it if a multi-node training job runs,
+    /// and otherwise removes anything a previous lodgerd left.
+    pub fn network(mut self, network: NetworkControl) -> Self {
+        self.network = Some(network);
+        self
+    }
+
+    /// resctrl MBA for contention control to throttle with (SODA §V-E: MBA first, core halving
+    /// only where MBA is absent).
+    pub fn mba(mut self, mba: MbaTarget) -> Self {
+        self.mba = Some(mba);
+        self
+    }
+
+    /// The sensing thread: the agent tells it which jobs to measure and keeps its latest
+    /// observations.
+    pub fn sensor(mut self, link: SensorLink) -> Self {
+        self.sensor = Some(link);
+        self
+    }
+
+    /// Loads the state file and re-adopts the jobs it lists: a job with a live process is enforced
+    /// again, one whose processes died while lodgerd was down is cleaned up and forgotten.
+    pub fn start(self) -> Result<Agent, StoreError> {
+        let store = self.store;
+        store.ensure_dir()?;
+        let state = match store.load()? {
+            Loaded::Fresh(s) => s,
+            Loaded::Found(s) => {
+                info!(jobs = s.jobs.len(), path = %store.path().display(), "read state");
+                s
+            }
+            Loaded::SetAside {
+                state,
+                set_aside,
+                reason,
+            } => {
+                warn!(
+                    "state file {} could not be read ({reason}); kept it as {} and started with no jobs",
+                    store.path().display(),
+                    set_aside.display()
+                );
+                state
+            }
+        };
+        if let Some(mba) = &self.mba {
+            contention::remove_stale_group(mba);
+        }
+        let (events, _) = broadcast::channel(256);
+        let mut agent = Agent {
+            rightsize: Rightsize::new(self.settings.rightsize.clone()),
+            contention: self
+                .settings
+                .contention
+                .clone()
+                .map(|c| Contention::new(c, self.mba)),
+            training: Training::new(self.enforcer),
+            inference: self
+                .runner
+                .map(|(runner, probe_window)| Inference::new(runner, probe_window)),
+            network: self.network.map(Network::new),
+            settings: self.settings,
+            topology: self.topology,
+            reserved: self.reserved,
+            store,
+            state,
+            events,
+            ticks: Arc::new(AtomicU64::new(0)),
+            observations: Observations::default(),
+            sensor: self.sensor,
+        };
+        let adopted = agent.state.jobs.len();
+        agent.tick();
+        if adopted > 0 {
+            info!(
+                "re-adopted {} of {} job(s) from the state file",
+                agent.state.jobs.len(),
+                adopted
+            );
+        }
+        agent.send_jobs_to_sensor();
+        Ok(agent)
+    }
+}
+
+impl Agent {
+    /// Gathers what the agent is wired to; [`AgentBuilder::start`] starts it.
+    pub fn builder(
+        settings: AgentSettings,
+        topology: Topology,
+        reserved: CpuSet,
+        enforcer: Box<dyn Enforce>,
+        store: Store,
+    ) -> AgentBuilder {
+        AgentBuilder {
+            settings,
+            topology,
+            reserved,
+            enforcer,
+            store,
+            runner: None,
+            network: None,
+            mba: None,
+            sensor: None,
+        }
+    }
+
+    fn send_jobs_to_sensor(&self) {
+        if let Some(link) = &self.sensor {
+            let jobs = self
+                .state
+                .jobs
+                .values()
+                .map(|s| SensedJob {
+                    id: s.job.id.clone(),
+                    pids: s.job.pids.clone(),
+                    cgroup: match &s.job.spec.target {
+                        Target::Cgroup(c) => Some(c.clone()),
+                        Target::Pids(_) => s.record.pids.as_ref().and_then(|p| p.cgroup.clone()),
+                        Target::Instances => None,
+                    },
+                    gpus: s.job.spec.gpus.clone(),
+                })
+                .collect();
+            let _ = link.jobs.send(jobs);
+        }
+    }
+
+    /// Keeps the newest of the passes the sensor finished since the last look.
+    fn take_observations(&mut self) {
+        if let Some(link) = &self.sensor {
+            while let Ok(obs) = link.observations.try_recv() {
+                self.observations = obs;
+            }
+        }
+    }
+
+    fn find(&self, id: &str) -> Result<&StoredJob, AgentError> {
+        JobId::parse(id)
+            .and_then(|jid| self.state.jobs.get(&jid))
+            .ok_or_else(|| AgentError::NotFound(id.to_string()))
+    }
+
+    fn views(&self) -> Vec<TrainingJobView> {
+        training::views(&self.state, self.rightsize.enforce())
+    }
+
+    fn emit(&self, event: Event) {
+        // No receiver (no D-Bus yet, or tests) is fine.
+        let _ = self.events.send(event);
+    }
+
+    /// The jobs, for tests and the simulator.
+    pub fn jobs(&self) -> BTreeMap<JobId, Job> {
+        self.state
+            .jobs
+            .iter()
+            .map(|(k, v)| (k.clone(), v.job.clone()))
+            .collect()
+    }
+
+    pub fn plan(&self) -> &Plan {
+        &self.state.plan
+    }
+}

@@ -1,0 +1,288 @@
+//! The registry of jobs: who may change it (one check, [`Agent::authorize`]), what a new job
+//! must satisfy (`check_spec`), registration and unregistration, one way to build a new
+//! [`Job`] and one save-or-rollback. Touches the store and, to admit or release a training job,
+//! enforcement.
+
+use tracing::info;
+
+use super::{Agent, AgentError, Caller, Event};
+use crate::clock::now_secs;
+use crate::cpuset::CpuSet;
+use crate::enforce::JobRecord;
+use crate::job::{Job, JobId, JobSpec, JobState, Target};
+use crate::policy::{self, Plan, TrainingJobView};
+use crate::store::{Lodging, StoredJob};
+
+/// A mutating command, as the one caller check sees it.
+pub(super) enum Change<'a> {
+    /// Register a job for `owner` (None: for the caller).
+    Register { owner: Option<u32> },
+    Unregister {
+        #[allow(dead_code)] // Ownership rules (issue: caller identity) will look at it.
+        id: &'a str,
+    },
+}
+
+/// A job as registered, before it runs: `Pending`, no CPUs, no processes.
+fn new_job(id: JobId, spec: JobSpec, owner_uid: u32) -> Job {
+    Job {
+        id,
+        owner_uid,
+        state: JobState::Pending,
+        cpus: CpuSet::new(),
+        mems: CpuSet::new(),
+        pids: Vec::new(),
+        threads: 0,
+        rr_threads: 0,
+        last_error: None,
+        registered_at: now_secs(),
+        instances: Vec::new(),
+        layout: None,
+        rightsize: None,
+        tuning: Vec::new(),
+        throttle: None,
+        network: None,
+        spec,
+    }
+}
+
+impl Agent {
+    /// The one place a caller is checked against what it asks. Returns the uid the change acts
+    /// for. Today's rules: any caller the API let through (root, or the configured group) may
+    /// register and unregister any job; only root may register a job for another user.
+    pub(super) fn authorize(
+        &self,
+        caller: &Caller,
+        change: &Change<'_>,
+    ) -> Result<u32, AgentError> {
+        match change {
+            Change::Register { owner: Some(owner) } if *owner != caller.uid => {
+                if caller.is_root() {
+                    Ok(*owner)
+                } else {
+                    Err(AgentError::AccessDenied(format!(
+                        "uid {} may not register a job for uid {owner}: only root may set 'owner'",
+                        caller.uid
+                    )))
+                }
+            }
+            Change::Register { .. } | Change::Unregister { .. } => Ok(caller.uid),
+        }
+    }
+
+    /// Checks a spec against the node and the other jobs, without changing anything.
+    fn check_spec(&self, spec: &JobSpec) -> Result<(), AgentError> {
+        spec.validate()?;
+        for &gpu in &spec.gpus {
+            if self.topology.gpu(gpu).is_none() {
+                let known: CpuSet = self.topology.gpus.iter().map(|g| g.index).collect();
+                return Err(AgentError::InvalidSpec(if known.is_empty() {
+                    format!(
+                        "GPU {gpu} does not exist: lodger sees no NVIDIA GPU on this node; \
+                         leave gpus empty or declare the GPUs under [[node.gpu]] in the config"
+                    )
+                } else {
+                    format!("GPU {gpu} does not exist on this node (GPUs: {known})")
+                }));
+            }
+        }
+        match &spec.target {
+            Target::Pids(pids) => {
+                for &pid in pids {
+                    if !self.settings.proc_root.join(pid.to_string()).exists() {
+                        return Err(AgentError::InvalidSpec(format!(
+                            "process {pid} does not exist (has it exited?)"
+                        )));
+                    }
+                    if let Some(other) =
+                        self.state.jobs.values().find(|s| s.job.pids.contains(&pid))
+                    {
+                        return Err(AgentError::Conflict(format!(
+                            "process {pid} already belongs to job {}; unregister it first",
+                            other.job.id
+                        )));
+                    }
+                }
+            }
+            Target::Cgroup(path) => {
+                if let Some(other) = self
+                    .state
+                    .jobs
+                    .values()
+                    .find(|s| s.job.spec.target == Target::Cgroup(path.clone()))
+                {
+                    return Err(AgentError::Conflict(format!(
+                        "cgroup {path} is already registered as job {}; unregister it first",
+                        other.job.id
+                    )));
+                }
+            }
+            Target::Instances => {}
+        }
+        Ok(())
+    }
+
+    /// Adds a job (with the plan it is placed in, for training) and remembers it. Nothing may
+    /// change when the registration cannot be remembered: on a failed save the state is rolled
+    /// back and the error returned.
+    fn admit(&mut self, stored: StoredJob, plan: Option<Plan>) -> Result<(), AgentError> {
+        let before = self.state.clone();
+        self.state.next_seq += 1;
+        if let Some(plan) = plan {
+            self.state.plan = plan;
+        }
+        self.state.jobs.insert(stored.job.id.clone(), stored);
+        if let Err(e) = self.store.save(&self.state) {
+            self.state = before;
+            return Err(e.into());
+        }
+        Ok(())
+    }
+
+    /// Registers `spec` for `owner_uid` (already authorized).
+    pub(super) fn register(&mut self, spec: JobSpec, owner_uid: u32) -> Result<Job, AgentError> {
+        self.check_spec(&spec)?;
+        let id = JobId::from_seq(self.state.next_seq);
+        if spec.kind.is_inference() {
+            return self.register_inference(id, spec, owner_uid);
+        }
+        let mut views = self.views();
+        views.push(TrainingJobView {
+            id: id.clone(),
+            cores: spec.cores,
+            gpus: spec.gpus.clone(),
+        });
+        let plan = policy::decide(&self.topology, &self.reserved, &views, &self.state.plan);
+        if let Some(no) = plan.unplaced.get(&id) {
+            return Err(AgentError::NoCapacity(no.clone()));
+        }
+        let placement = plan.training.get(&id).cloned().ok_or_else(|| {
+            AgentError::InvalidSpec("the policy gave the job no placement".into())
+        })?;
+
+        let mut record = JobRecord::default();
+        let outcome = match self
+            .training
+            .enforcer
+            .apply(&id, &spec.target, &placement, &mut record)
+        {
+            Ok(o) if o.alive => o,
+            Ok(_) => {
+                self.training.release_quietly(&id, &spec.target, &record);
+                return Err(AgentError::InvalidSpec(
+                    "the job has no running process (did it exit?)".into(),
+                ));
+            }
+            Err(e) => {
+                self.training.release_quietly(&id, &spec.target, &record);
+                return Err(e.into());
+            }
+        };
+        let job = Job {
+            state: JobState::Running,
+            cpus: placement.cpus.clone(),
+            mems: placement.mems.clone(),
+            pids: outcome.pids.clone(),
+            threads: outcome.threads,
+            rr_threads: outcome.rr_threads,
+            ..new_job(id.clone(), spec, owner_uid)
+        };
+        let tuning = self.rightsize.new_tuning(
+            &id,
+            &job,
+            &plan,
+            &self.state,
+            &self.topology,
+            &self.reserved,
+        );
+        let stored = StoredJob {
+            job: job.clone(),
+            record: record.clone(),
+            lodging: Lodging::default(),
+            tuning,
+        };
+        if let Err(e) = self.admit(stored, Some(plan)) {
+            self.training
+                .release_quietly(&id, &job.spec.target, &record);
+            return Err(e);
+        }
+        info!(job = %id, cpus = %job.cpus, pids = ?job.pids, threads = job.threads, "registered training job");
+        self.send_jobs_to_sensor();
+        self.emit(Event::JobAdded(id));
+        Ok(job)
+    }
+
+    fn register_inference(
+        &mut self,
+        id: JobId,
+        spec: JobSpec,
+        owner_uid: u32,
+    ) -> Result<Job, AgentError> {
+        if self.inference.is_none() {
+            return Err(AgentError::InvalidSpec(
+                "this lodgerd runs no inference instances (simulated enforcement, or the instance \
+                 runner could not start: see its log)"
+                    .into(),
+            ));
+        }
+        let command = spec
+            .inference
+            .as_ref()
+            .map(|i| i.command.clone())
+            .unwrap_or_default();
+        crate::enforce::instances::validate_template(&id, &command)
+            .map_err(|e| AgentError::InvalidSpec(e.to_string()))?;
+        let job = new_job(id.clone(), spec, owner_uid);
+        let stored = StoredJob {
+            job: job.clone(),
+            record: JobRecord::default(),
+            lodging: Lodging::default(),
+            tuning: None,
+        };
+        self.admit(stored, None)?;
+        info!(job = %id, kind = job.spec.kind.as_str(), "registered inference job");
+        self.emit(Event::JobAdded(id.clone()));
+        // Place and start its instances now rather than at the next tick.
+        self.tick();
+        Ok(self
+            .state
+            .jobs
+            .get(&id)
+            .map(|s| s.job.clone())
+            .unwrap_or(job))
+    }
+
+    /// Unregisters a job (already authorized): its processes are released, or its instances
+    /// stopped, and its cores freed.
+    pub(super) fn unregister(&mut self, id: &str) -> Result<(), AgentError> {
+        let jid = self.find(id)?.job.id.clone();
+        let Some(stored) = self.state.jobs.remove(&jid) else {
+            return Err(AgentError::NotFound(id.to_string()));
+        };
+        if stored.job.spec.kind.is_inference() {
+            if let Some(inference) = &mut self.inference {
+                inference.stop_job(&jid);
+            }
+            self.state.inference.online.remove(&jid);
+            self.state.inference.offline.remove(&jid);
+        } else {
+            self.training
+                .release_quietly(&jid, &stored.job.spec.target, &stored.record);
+        }
+        self.state.plan = policy::decide(
+            &self.topology,
+            &self.reserved,
+            &self.views(),
+            &self.state.plan,
+        );
+        self.store.save(&self.state)?;
+        if self.state.jobs.is_empty() {
+            self.training.enforcer.tidy();
+        }
+        info!(job = %jid, cpus = %stored.job.cpus, "unregistered; cores freed");
+        self.send_jobs_to_sensor();
+        self.emit(Event::JobChanged(jid.clone(), JobState::Exited));
+        self.emit(Event::JobRemoved(jid));
+        Ok(())
+    }
+}

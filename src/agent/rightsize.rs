@@ -1,0 +1,179 @@
+//! Right-sizing of training jobs (SODA §V-B): a tuner per job, fed each new GPU utilization
+//! sample; its state lives in `StoredJob::tuning` and the owners' history in `State`. Touches
+//! only the jobs and observations lent by the tick.
+
+use tracing::{debug, info};
+
+use super::{RightsizeSettings, TickCx};
+use crate::clock::wall_clock;
+use crate::cpuset::CpuSet;
+use crate::job::{Job, JobId, TuningView};
+use crate::policy::rightsize::{self, CoreLimits, StartHints, Tuner, TunerAction, TunerSettings};
+use crate::policy::Plan;
+use crate::store::{State, Tuning};
+use crate::topology::Topology;
+
+pub(super) struct Rightsize {
+    settings: RightsizeSettings,
+}
+
+impl Rightsize {
+    pub(super) fn new(settings: RightsizeSettings) -> Self {
+        Self { settings }
+    }
+
+    /// None: off. Some(true): resize; Some(false): advise only.
+    pub(super) fn enforce(&self) -> Option<bool> {
+        self.settings.enforce
+    }
+
+    /// A tuner for a new training job (SODA §V-B-1 start point), unless right-sizing is off or
+    /// the job opted out. `plan` is the plan the job is placed in.
+    pub(super) fn new_tuning(
+        &self,
+        id: &JobId,
+        job: &Job,
+        plan: &Plan,
+        state: &State,
+        topology: &Topology,
+        reserved: &CpuSet,
+    ) -> Option<Tuning> {
+        let rs = &self.settings;
+        rs.enforce?;
+        if !job.spec.rightsize {
+            return None;
+        }
+        let others: CpuSet = plan
+            .training
+            .iter()
+            .filter(|(jid, _)| *jid != id)
+            .fold(CpuSet::new(), |acc, (_, p)| acc.union(&p.cpus));
+        let could_have = topology
+            .online()
+            .difference(reserved)
+            .difference(&others)
+            .len();
+        let gpus = u32::try_from(job.spec.gpus.len()).unwrap_or(u32::MAX);
+        let limits = CoreLimits {
+            floor: rightsize::default_floor(gpus, job.spec.cores, rs.shrink),
+            max: u32::try_from(could_have).unwrap_or(u32::MAX),
+        };
+        let start = rightsize::start_cores(
+            &state.owner_history,
+            job.owner_uid,
+            job.spec.category,
+            job.spec.cores,
+            gpus,
+            StartHints {
+                pipelined_loader: job.spec.pipeline,
+                ..StartHints::default()
+            },
+            limits,
+        );
+        let settings = TunerSettings {
+            warmup: rs.warmup,
+            window: rs.window,
+            tolerance: rs.tolerance,
+            ..TunerSettings::new(start, limits)
+        };
+        Some(Tuning {
+            tuner: Tuner::new(settings, wall_clock()),
+            last_sample_ms: 0,
+            recorded: false,
+        })
+    }
+
+    /// Feeds each right-sized training job's newest GPU utilization sample to its tuner
+    /// (SODA §V-B-2). `throttled`: a contention throttle is active on the node (handed over by
+    /// the contention controller). Returns whether any tuner changed.
+    pub(super) fn tick(&mut self, cx: &mut TickCx<'_>, throttled: bool) -> bool {
+        let Some(enforce) = self.settings.enforce else {
+            return false;
+        };
+        let now = wall_clock();
+        let obs = cx.observations;
+        let state = &mut *cx.state;
+        let mut changed = false;
+        for stored in state.jobs.values_mut() {
+            let Some(tuning) = &mut stored.tuning else {
+                continue;
+            };
+            let before = tuning.clone();
+            let mut samples = Vec::new();
+            if obs.unix_ms > tuning.last_sample_ms {
+                if let Some(gpu) = obs.jobs.get(&stored.job.id).and_then(|m| m.gpu_percent) {
+                    samples.push(gpu);
+                }
+                tuning.last_sample_ms = obs.unix_ms;
+            }
+            if !enforce {
+                // Probing needs the job at the probed count: without resizing every window would
+                // measure the same count and look like "no change". Advise mode reports the
+                // SODA §V-B-1 start point, the one recommendation lodger can make honestly.
+                stored.job.rightsize = Some(format!(
+                    "advise: start at {} cores (SODA start point; probing needs rightsize.mode = \"enforce\")",
+                    tuning.tuner.settings().start
+                ));
+                continue;
+            }
+            let action = tuning.tuner.step(now, &samples, throttled);
+            if let TunerAction::Settle(n) = action {
+                if !tuning.recorded {
+                    let gpus = u32::try_from(stored.job.spec.gpus.len()).unwrap_or(u32::MAX);
+                    state.owner_history.record(
+                        stored.job.owner_uid,
+                        stored.job.spec.category,
+                        n,
+                        gpus,
+                    );
+                    tuning.recorded = true;
+                    info!(job = %stored.job.id, cores = n, probes = tuning.tuner.probes(), "right-sizing settled");
+                }
+            }
+            if let TunerAction::Resize(n) = action {
+                if Some(n) != before.tuner.settled() {
+                    debug!(job = %stored.job.id, cores = n, "right-sizing probe");
+                }
+            }
+            let cores = tuning.tuner.cores();
+            stored.job.rightsize = Some(match (tuning.tuner.settled(), action, enforce) {
+                (Some(n), _, true) => format!(
+                    "settled at {n} cores after {} probes",
+                    tuning.tuner.probes()
+                ),
+                (Some(n), _, false) => format!(
+                    "advise: {n} cores (settled after {} probes; not applied)",
+                    tuning.tuner.probes()
+                ),
+                (None, TunerAction::Hold(why), _) if obs.sources.gpu.starts_with("unavailable") => {
+                    format!(
+                        "not tuned, at {cores} cores: no GPU utilization can be attributed to \
+                         this job (GPU sensing {}); {why}",
+                        obs.sources.gpu
+                    )
+                }
+                (None, TunerAction::Hold(why), _) => {
+                    format!("at {cores} cores, not measuring: {why}")
+                }
+                (None, _, true) => format!(
+                    "tuning: at {cores} cores, {} probes so far",
+                    tuning.tuner.probes()
+                ),
+                (None, _, false) => format!("advise: tuning, would run {cores} cores"),
+            });
+            stored.job.tuning = tuning
+                .tuner
+                .history()
+                .iter()
+                .map(|p| TuningView {
+                    cores: p.cores,
+                    gpu_percent: p.mean_util,
+                    noise: p.noise,
+                    decision: p.decision.to_string(),
+                })
+                .collect();
+            changed |= *tuning != before;
+        }
+        changed
+    }
+}

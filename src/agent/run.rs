@@ -1,0 +1,207 @@
+//! The agent's loop: its thread, the commands handled between ticks, the tick itself (which
+//! only orchestrates the controllers, in a fixed order), status and shutdown.
+
+use std::sync::atomic::Ordering;
+use std::sync::mpsc;
+use std::thread;
+use std::time::Instant;
+
+use tracing::{info, warn};
+
+use super::handle::Command;
+use super::registry::Change;
+use super::{training, Agent, AgentHandle, NodeStatus, Snapshot, TickCx};
+use crate::cpuset::CpuSet;
+use crate::policy::{self, contention::Throttles};
+
+impl Agent {
+    /// Starts the agent's thread. The handle is how everything else talks to it.
+    pub fn spawn(self) -> std::io::Result<(AgentHandle, thread::JoinHandle<()>)> {
+        let (tx, rx) = mpsc::channel();
+        let handle = AgentHandle {
+            tx,
+            events: self.events.clone(),
+            ticks: self.ticks.clone(),
+        };
+        let join = thread::Builder::new()
+            .name("lodger-agent".into())
+            .spawn(move || self.run(rx))?;
+        Ok((handle, join))
+    }
+
+    fn run(mut self, rx: mpsc::Receiver<Command>) {
+        let mut next_tick = Instant::now() + self.settings.interval;
+        loop {
+            let now = Instant::now();
+            if now >= next_tick {
+                self.tick();
+                next_tick = Instant::now() + self.settings.interval;
+                continue;
+            }
+            match rx.recv_timeout(next_tick - now) {
+                Ok(Command::Stop) | Err(mpsc::RecvTimeoutError::Disconnected) => break,
+                Ok(cmd) => self.handle(cmd),
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+            }
+        }
+        self.shutdown();
+        info!(
+            "agent stopped; {} job(s) stay enforced",
+            self.state.jobs.len()
+        );
+    }
+
+    /// lodgerd is stopping: training jobs stay enforced (a restart re-adopts them), but what
+    /// only lodgerd keeps in step goes: network shaping and lodger's resctrl group. The
+    /// instances themselves are stopped when the runner is dropped.
+    fn shutdown(&mut self) {
+        if let Some(network) = &mut self.network {
+            for e in network.shutdown() {
+                self.emit(e);
+            }
+        }
+        if let Some(contention) = &mut self.contention {
+            contention.shutdown();
+        }
+    }
+
+    fn handle(&mut self, cmd: Command) {
+        match cmd {
+            Command::Register {
+                spec,
+                owner,
+                caller,
+                reply,
+            } => {
+                let result = self
+                    .authorize(&caller, &Change::Register { owner })
+                    .and_then(|owner_uid| self.register(spec, owner_uid));
+                let _ = reply.send(result);
+            }
+            Command::Unregister { id, caller, reply } => {
+                let result = self
+                    .authorize(&caller, &Change::Unregister { id: &id })
+                    .and_then(|_| self.unregister(&id));
+                let _ = reply.send(result);
+            }
+            Command::List { reply } => {
+                let _ = reply.send(self.state.jobs.values().map(|s| s.job.clone()).collect());
+            }
+            Command::Get { id, reply } => {
+                let _ = reply.send(self.find(&id).map(|s| s.job.clone()));
+            }
+            Command::Status { reply } => {
+                let _ = reply.send(self.status());
+            }
+            Command::Snapshot { reply } => {
+                self.take_observations();
+                let _ = reply.send(Snapshot {
+                    jobs: self.state.jobs.values().map(|s| s.job.clone()).collect(),
+                    observations: self.observations.clone(),
+                    status: self.status(),
+                });
+            }
+            Command::Stop => {}
+        }
+    }
+
+    pub(super) fn status(&self) -> NodeStatus {
+        let online = self.topology.online();
+        let training: CpuSet = self
+            .state
+            .plan
+            .training
+            .values()
+            .fold(CpuSet::new(), |acc, p| acc.union(&p.cpus));
+        NodeStatus {
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            free: online.difference(&self.reserved).difference(&training),
+            cpus: online,
+            reserved: self.reserved.clone(),
+            training,
+            numa_nodes: u32::try_from(self.topology.numa_nodes.len()).unwrap_or(u32::MAX),
+            gpus: u32::try_from(self.topology.gpus.len()).unwrap_or(u32::MAX),
+            smt: self.topology.has_smt(),
+            jobs: u32::try_from(self.state.jobs.len()).unwrap_or(u32::MAX),
+            enforcement: self.training.enforcer.describe(),
+            rt_priority: self.settings.rt_priority,
+            interval_ms: u64::try_from(self.settings.interval.as_millis()).unwrap_or(u64::MAX),
+            ticks: self.ticks.load(Ordering::Relaxed),
+            throttle_actions: self.contention.as_ref().map_or(0, |c| c.actions())
+                + self.network.as_ref().map_or(0, |n| n.actions()),
+            network: match &self.network {
+                None => "off (no [[network.link]] in the config)".into(),
+                Some(n) => n.status(),
+            },
+            contention: match &self.contention {
+                None => "off".into(),
+                Some(c) => c.status(),
+            },
+        }
+    }
+
+    /// One pass of the loop: right-sizing, contention, decide, training enforcement, inference,
+    /// network, then reap the jobs that ended and persist what changed. Each concern is its
+    /// controller's; this only orchestrates and hands one concern's output to the next.
+    pub fn tick(&mut self) {
+        self.take_observations();
+        // SODA §V-B: never probe while a contention throttle is active on the node.
+        let throttling = self.contention.as_ref().is_some_and(|c| c.throttling());
+        let rightsize_enforce = self.rightsize.enforce();
+        let mut cx = TickCx {
+            topology: &self.topology,
+            reserved: &self.reserved,
+            proc_root: &self.settings.proc_root,
+            observations: &self.observations,
+            state: &mut self.state,
+            events: Vec::new(),
+        };
+        let tuned = self.rightsize.tick(&mut cx, throttling);
+        let throttles = match &mut self.contention {
+            Some(c) => {
+                c.tick(&mut cx);
+                c.throttles()
+            }
+            None => Throttles::default(),
+        };
+        let plan = policy::decide(
+            cx.topology,
+            cx.reserved,
+            &training::views(cx.state, rightsize_enforce),
+            &cx.state.plan,
+        );
+        let mut dirty = tuned || plan != cx.state.plan;
+        cx.state.plan = plan;
+        let (changed, gone) = self.training.tick(&mut cx);
+        dirty |= changed;
+        if let Some(inference) = &mut self.inference {
+            dirty |= inference.tick(&mut cx, &throttles);
+        }
+        if let Some(network) = &mut self.network {
+            let cpu_jobs = self
+                .inference
+                .as_ref()
+                .map(|i| i.cpu_jobs())
+                .unwrap_or_default();
+            dirty |= network.tick(&mut cx, cpu_jobs);
+        }
+        dirty |= self.training.reap(&mut cx, gone);
+        for event in cx.events {
+            self.emit(event);
+        }
+        self.take_observations();
+        if dirty {
+            self.send_jobs_to_sensor();
+            self.state.plan = policy::decide(
+                &self.topology,
+                &self.reserved,
+                &self.views(),
+                &self.state.plan,
+            );
+            if let Err(e) = self.store.save(&self.state) {
+                warn!("{e}");
+            }
+        }
+        self.ticks.fetch_add(1, Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,459 @@
+//! The agent's tests: a fake enforcer and node, driven through registration, ticks and restarts.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::RightsizeSettings;
+use super::{Agent, AgentBuilder, AgentError, AgentSettings, Enforce, Event, MbaTarget};
+use crate::cpuset::CpuSet;
+use crate::enforce::{EnforceError, JobRecord, Outcome};
+use crate::job::{Category, JobId, JobKind, JobSpec, JobState, Target};
+use crate::policy::contention::ContentionConfig;
+use crate::policy::Placement;
+use crate::sense::Observations;
+use crate::store::{Lodging, Store, StoredJob};
+use crate::topology::Topology;
+
+/// What the fake node looks like: which pids live, and what was applied/released.
+#[derive(Default)]
+struct FakeNode {
+    alive: BTreeSet<u32>,
+    applied: BTreeMap<JobId, CpuSet>,
+    released: Vec<JobId>,
+    fail_next_apply: Option<EnforceError>,
+}
+
+struct FakeEnforcer(Arc<Mutex<FakeNode>>);
+
+impl Enforce for FakeEnforcer {
+    fn apply(
+        &mut self,
+        id: &JobId,
+        target: &Target,
+        placement: &Placement,
+        _record: &mut JobRecord,
+    ) -> Result<Outcome, EnforceError> {
+        let mut node = self.0.lock().unwrap();
+        if let Some(e) = node.fail_next_apply.take() {
+            return Err(e);
+        }
+        let pids: Vec<u32> = match target {
+            Target::Pids(p) => p
+                .iter()
+                .copied()
+                .filter(|p| node.alive.contains(p))
+                .collect(),
+            Target::Cgroup(_) | Target::Instances => vec![1],
+        };
+        node.applied.insert(id.clone(), placement.cpus.clone());
+        Ok(Outcome {
+            alive: !pids.is_empty(),
+            threads: u32::try_from(pids.len()).unwrap(),
+            rr_threads: u32::try_from(pids.len()).unwrap(),
+            pids,
+            ..Outcome::default()
+        })
+    }
+
+    fn release(
+        &mut self,
+        id: &JobId,
+        _target: &Target,
+        _record: &JobRecord,
+    ) -> Result<(), EnforceError> {
+        let mut node = self.0.lock().unwrap();
+        node.applied.remove(id);
+        node.released.push(id.clone());
+        Ok(())
+    }
+
+    fn describe(&self) -> String {
+        "fake".into()
+    }
+}
+
+fn spec(pids: Vec<u32>, cores: u32) -> JobSpec {
+    JobSpec {
+        kind: JobKind::Training,
+        name: None,
+        target: Target::Pids(pids),
+        gpus: vec![],
+        cores,
+        category: Category::Other,
+        pipeline: false,
+        multi_node: false,
+        inference: None,
+        rightsize: true,
+    }
+}
+
+struct Rig {
+    node: Arc<Mutex<FakeNode>>,
+    dir: tempfile::TempDir,
+    proc_root: tempfile::TempDir,
+}
+
+impl Rig {
+    fn new() -> Rig {
+        Rig {
+            node: Arc::new(Mutex::new(FakeNode::default())),
+            dir: tempfile::tempdir().unwrap(),
+            proc_root: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn spawn(&self, pid: u32) {
+        std::fs::create_dir_all(self.proc_root.path().join(pid.to_string())).unwrap();
+        self.node.lock().unwrap().alive.insert(pid);
+    }
+
+    fn kill(&self, pid: u32) {
+        std::fs::remove_dir_all(self.proc_root.path().join(pid.to_string())).unwrap();
+        self.node.lock().unwrap().alive.remove(&pid);
+    }
+
+    fn agent(&self) -> Agent {
+        self.builder().start().unwrap()
+    }
+
+    fn builder(&self) -> AgentBuilder {
+        // 2 sockets x 1 node x 4 cores x 2 threads = 16 CPUs; reserve CPU 0 and its sibling 8.
+        let topo = Topology::synthetic(2, 1, 4, 2, 0);
+        let settings = AgentSettings {
+            interval: Duration::from_millis(100),
+            rt_priority: 10,
+            proc_root: self.proc_root.path().to_path_buf(),
+            rightsize: RightsizeSettings::default(),
+            contention: Some(ContentionConfig {
+                baseline_ticks: 3,
+                pressure_ticks: 2,
+                ..ContentionConfig::default()
+            }),
+        };
+        Agent::builder(
+            settings,
+            topo,
+            CpuSet::parse("0,8").unwrap(),
+            Box::new(FakeEnforcer(self.node.clone())),
+            Store::new(self.dir.path()),
+        )
+    }
+}
+
+#[test]
+fn register_places_enforces_and_persists() {
+    let rig = Rig::new();
+    rig.spawn(100);
+    let mut agent = rig.agent();
+    let job = agent.register(spec(vec![100], 2), 0).unwrap();
+    assert_eq!(job.id.as_str(), "j1");
+    assert_eq!(job.cpus.len(), 2);
+    assert!(!job.cpus.contains(0) && !job.cpus.contains(8));
+    assert_eq!(
+        rig.node.lock().unwrap().applied.get(&job.id),
+        Some(&job.cpus)
+    );
+    // A second agent on the same state dir sees the job.
+    drop(agent);
+    let agent = rig.agent();
+    assert_eq!(agent.jobs().len(), 1);
+    assert_eq!(agent.jobs()[&job.id].cpus, job.cpus);
+}
+
+#[test]
+fn refusals_change_nothing() {
+    let rig = Rig::new();
+    rig.spawn(100);
+    let mut agent = rig.agent();
+    let err = agent.register(spec(vec![101], 1), 0).unwrap_err();
+    assert!(matches!(err, AgentError::InvalidSpec(_)), "{err}");
+    let err = agent.register(spec(vec![100], 15), 0).unwrap_err();
+    assert!(matches!(err, AgentError::NoCapacity(_)), "{err}");
+    assert!(err.to_string().contains("14"), "{err}");
+    let mut with_gpu = spec(vec![100], 1);
+    with_gpu.gpus = vec![0];
+    let err = agent.register(with_gpu, 0).unwrap_err();
+    assert!(err.to_string().contains("GPU 0"), "{err}");
+    rig.node.lock().unwrap().fail_next_apply = Some(EnforceError::EmptyPlacement);
+    let err = agent.register(spec(vec![100], 1), 0).unwrap_err();
+    assert!(matches!(err, AgentError::Enforce(_)), "{err}");
+    assert!(agent.jobs().is_empty());
+    assert!(agent.plan().training.is_empty());
+    // The failed registration was undone.
+    assert_eq!(rig.node.lock().unwrap().released.len(), 1);
+    // And the ids were not consumed.
+    assert_eq!(
+        agent.register(spec(vec![100], 1), 0).unwrap().id.as_str(),
+        "j1"
+    );
+    let err = agent.register(spec(vec![100], 1), 0).unwrap_err();
+    assert!(matches!(err, AgentError::Conflict(_)), "{err}");
+}
+
+#[test]
+fn exit_and_unregister_free_cores_and_ids_are_not_reused() {
+    let rig = Rig::new();
+    rig.spawn(100);
+    rig.spawn(200);
+    let mut agent = rig.agent();
+    let a = agent.register(spec(vec![100], 14), 0).unwrap();
+    assert!(matches!(
+        agent.register(spec(vec![200], 1), 0),
+        Err(AgentError::NoCapacity(_))
+    ));
+    rig.kill(100);
+    let mut events = agent.events.subscribe();
+    agent.tick();
+    assert!(agent.jobs().is_empty());
+    assert_eq!(rig.node.lock().unwrap().released, vec![a.id.clone()]);
+    assert_eq!(
+        events.try_recv().unwrap(),
+        Event::JobChanged(a.id.clone(), JobState::Exited)
+    );
+    assert_eq!(events.try_recv().unwrap(), Event::JobRemoved(a.id.clone()));
+    let b = agent.register(spec(vec![200], 14), 0).unwrap();
+    assert_eq!(b.id.as_str(), "j2");
+    agent.unregister("j2").unwrap();
+    assert!(agent.plan().training.is_empty());
+    assert!(matches!(
+        agent.unregister("j2"),
+        Err(AgentError::NotFound(_))
+    ));
+    assert!(matches!(
+        agent.unregister("../x"),
+        Err(AgentError::NotFound(_))
+    ));
+}
+
+#[test]
+fn restart_cleans_up_jobs_that_died_while_down() {
+    let rig = Rig::new();
+    rig.spawn(100);
+    rig.spawn(200);
+    let mut agent = rig.agent();
+    agent.register(spec(vec![100], 2), 0).unwrap();
+    let b = agent.register(spec(vec![200], 2), 0).unwrap();
+    drop(agent);
+    rig.kill(100);
+    let agent = rig.agent();
+    let jobs = agent.jobs();
+    assert_eq!(jobs.keys().cloned().collect::<Vec<_>>(), vec![b.id.clone()]);
+    assert_eq!(jobs[&b.id].cpus, b.cpus, "a re-adopted job keeps its CPUs");
+    assert_eq!(rig.node.lock().unwrap().released.len(), 1);
+}
+
+#[test]
+fn ticks_are_idempotent_on_the_plan() {
+    let rig = Rig::new();
+    rig.spawn(100);
+    let mut agent = rig.agent();
+    agent.register(spec(vec![100], 3), 0).unwrap();
+    let plan = agent.plan().clone();
+    let before = std::fs::read(rig.dir.path().join(crate::store::STATE_FILE)).unwrap();
+    agent.tick();
+    agent.tick();
+    assert_eq!(agent.plan(), &plan);
+    let after = std::fs::read(rig.dir.path().join(crate::store::STATE_FILE)).unwrap();
+    assert_eq!(
+        before, after,
+        "an idle tick must not rewrite the state file"
+    );
+}
+
+/// SODA §V-E without MBM: a training job's GPU utilization falls below its learnt level while
+/// an offline lodger runs; the lodger's cores are halved, the step is signalled with its
+/// evidence, and right-sizing would hold meanwhile.
+#[test]
+fn contention_halves_an_offline_lodger_when_training_progress_drops() {
+    let rig = Rig::new();
+    rig.spawn(100);
+    let mut agent = rig.agent();
+    let train = agent.register(spec(vec![100], 2), 0).unwrap();
+    let mut events = agent.events.subscribe();
+    let pass = |agent: &mut Agent, ms: u64, gpu: f64| {
+        let mut obs = Observations {
+            unix_ms: ms,
+            ..Observations::default()
+        };
+        obs.jobs.insert(
+            train.id.clone(),
+            crate::sense::JobMetrics {
+                gpu_percent: Some(gpu),
+                ..Default::default()
+            },
+        );
+        agent.observations = obs;
+        agent.tick();
+    };
+    // The stable level is learnt while no lodger runs.
+    for (i, gpu) in [90.0, 91.0, 89.5, 90.5].into_iter().enumerate() {
+        pass(&mut agent, 1000 + i as u64, gpu);
+    }
+    // An offline lodger on 4 CPUs arrives (inserted directly: no instance runner here).
+    let lodger = JobId::from_seq(99);
+    let mut job = agent.state.jobs[&train.id].job.clone();
+    job.id = lodger.clone();
+    job.spec.kind = JobKind::Offline;
+    job.spec.target = Target::Instances;
+    job.cpus = CpuSet::parse("2-5").unwrap();
+    agent.state.jobs.insert(
+        lodger.clone(),
+        StoredJob {
+            job,
+            record: JobRecord::default(),
+            lodging: Lodging::default(),
+            tuning: None,
+        },
+    );
+    // pressure_ticks = 2: halved after two low passes, and again after two more.
+    for i in 0..2u64 {
+        pass(&mut agent, 2000 + i, 45.0);
+    }
+    let throttles = agent.contention.as_ref().unwrap().throttles();
+    assert_eq!(throttles.cores.get(&lodger), Some(&2), "{throttles:?}");
+    for i in 2..4u64 {
+        pass(&mut agent, 2000 + i, 45.0);
+    }
+    let throttles = agent.contention.as_ref().unwrap().throttles();
+    assert_eq!(throttles.cores.get(&lodger), Some(&1), "{throttles:?}");
+    assert!(
+        !throttles.cores.contains_key(&train.id),
+        "training is never throttled"
+    );
+    let text = agent.state.jobs[&lodger].job.throttle.clone().unwrap();
+    assert!(text.contains("cores"), "{text}");
+    let mut levels = Vec::new();
+    while let Ok(e) = events.try_recv() {
+        if let Event::Throttled {
+            id,
+            mechanism,
+            level,
+        } = e
+        {
+            assert_eq!(id, lodger);
+            assert_eq!(mechanism, "cores");
+            levels.push(level);
+        }
+    }
+    assert_eq!(levels, ["1", "2"], "a Throttled event per step");
+    assert!(agent
+        .status()
+        .contention
+        .contains("1 job(s) on fewer cores"));
+    assert_eq!(agent.status().throttle_actions, 2);
+    // Training recovers: after calm passes the steps are given back one at a time.
+    for i in 0..40u64 {
+        pass(&mut agent, 3000 + i, 90.0);
+    }
+    let throttles = agent.contention.as_ref().unwrap().throttles();
+    assert!(throttles.cores.is_empty(), "{throttles:?}");
+}
+
+/// SODA §V-E with MBA, through the agent, on a copy of the recorded Intel resctrl tree:
+/// node bandwidth over the threshold lowers lodger's group's MB schemata step by step with
+/// the offline lodger's threads in it, and calm gives the bandwidth back.
+#[test]
+fn contention_throttles_offline_lodgers_with_mba_on_an_intel_tree() {
+    use crate::sense::membw::{CpuVendor, MbaCaps};
+    let resctrl = crate::testutil::copy_of(&crate::testutil::resctrl_fixture("intel-mba-mbm"));
+    let schemata = resctrl.path().join("lodger-lodgers/schemata");
+    let tasks = resctrl.path().join("lodger-lodgers/tasks");
+    // The recorded group was left throttled by an earlier run; start from unthrottled.
+    std::fs::write(&schemata, "MB:0=100;1=100\n").unwrap();
+    std::fs::write(&tasks, "").unwrap();
+    let caps = MbaCaps::read(resctrl.path(), &CpuVendor::Intel).unwrap();
+
+    let rig = Rig::new();
+    rig.spawn(100);
+    // The offline lodger's process, with two threads.
+    for tid in [300, 301] {
+        std::fs::create_dir_all(rig.proc_root.path().join(format!("300/task/{tid}"))).unwrap();
+    }
+    let mut agent = rig
+        .builder()
+        .mba(MbaTarget::new(resctrl.path().to_path_buf(), caps))
+        .start()
+        .unwrap();
+    let train = agent.register(spec(vec![100], 2), 0).unwrap();
+    let lodger = JobId::from_seq(99);
+    let mut job = agent.state.jobs[&train.id].job.clone();
+    job.id = lodger.clone();
+    job.spec.kind = JobKind::Offline;
+    job.spec.target = Target::Instances;
+    job.pids = vec![300];
+    agent.state.jobs.insert(
+        lodger.clone(),
+        StoredJob {
+            job,
+            record: JobRecord::default(),
+            lodging: Lodging::default(),
+            tuning: None,
+        },
+    );
+    let mut events = agent.events.subscribe();
+    let pass = |agent: &mut Agent, ms: u64, fraction: f64| {
+        let mut obs = Observations {
+            unix_ms: ms,
+            ..Observations::default()
+        };
+        obs.node.membw_bytes_per_s = Some(fraction * 100e9);
+        obs.node.membw_fraction_of_peak = Some(fraction);
+        agent.observations = obs;
+        agent.tick();
+    };
+    let mb = || std::fs::read_to_string(&schemata).unwrap();
+    pass(&mut agent, 1000, 0.5);
+    assert_eq!(mb(), "MB:0=100;1=100\n", "no pressure, no throttle");
+    // Two pressured passes (pressure_ticks = 2): one step down, the lodger's threads moved.
+    pass(&mut agent, 1001, 0.95);
+    pass(&mut agent, 1002, 0.95);
+    let first = mb();
+    assert_ne!(first, "MB:0=100;1=100\n");
+    let moved = std::fs::read_to_string(&tasks).unwrap();
+    assert_eq!(
+        moved.split_whitespace().collect::<Vec<_>>(),
+        ["300", "301"],
+        "{moved}"
+    );
+    // Still pressured: a further step, values multiples of the granularity (10 here).
+    pass(&mut agent, 1003, 0.95);
+    pass(&mut agent, 1004, 0.95);
+    let second = mb();
+    let values = |s: &str| -> Vec<u32> {
+        s.trim()
+            .trim_start_matches("MB:")
+            .split(';')
+            .map(|d| d.split('=').nth(1).unwrap().parse().unwrap())
+            .collect()
+    };
+    assert!(values(&second) < values(&first), "{first} -> {second}");
+    assert!(
+        values(&second).iter().all(|v| v % 10 == 0 && *v >= 10),
+        "{second}"
+    );
+    assert!(agent.state.jobs[&lodger]
+        .job
+        .throttle
+        .as_deref()
+        .is_some_and(|t| t.contains(" MB:")));
+    assert!(
+        agent.state.jobs[&train.id].job.throttle.is_none(),
+        "training never"
+    );
+    let mut mechanisms = Vec::new();
+    while let Ok(e) = events.try_recv() {
+        if let Event::Throttled { id, mechanism, .. } = e {
+            assert_eq!(id, lodger);
+            mechanisms.push(mechanism);
+        }
+    }
+    // One per L3 domain per step: two domains, two steps.
+    assert_eq!(mechanisms, ["mba"; 4]);
+    // Calm for long enough: every step given back, the schemata unthrottled.
+    for i in 0..60u64 {
+        pass(&mut agent, 2000 + i, 0.3);
+    }
+    assert_eq!(mb(), "MB:0=100;1=100\n");
+    assert!(agent.state.jobs[&lodger].job.throttle.is_none());
+}

@@ -1,0 +1,217 @@
+//! Training placement: the [`Enforce`] seam and the controller that makes every training job's
+//! processes match the plan each tick, and notices the jobs whose processes are gone. Touches
+//! enforcement (through `Enforce`) and the jobs lent by the tick.
+
+use tracing::{debug, info, warn};
+
+use super::{Event, TickCx};
+use crate::enforce::{EnforceError, JobRecord, Outcome};
+use crate::job::{JobId, JobState, Role, Target};
+use crate::policy::{Placement, TrainingJobView};
+use crate::store::State;
+
+/// What the agent needs from enforcement. [`crate::enforce::Enforcer`] is the real one;
+/// [`crate::enforce::sim::SimulatedEnforcer`] records instead of touching the kernel (`--sim`).
+pub trait Enforce: Send {
+    /// Makes the job's processes match `placement`; idempotent. Sweeps for new threads.
+    fn apply(
+        &mut self,
+        id: &JobId,
+        target: &Target,
+        placement: &Placement,
+        record: &mut JobRecord,
+    ) -> Result<Outcome, EnforceError>;
+    /// Undoes everything `apply` did for the job, for whatever still exists.
+    fn release(
+        &mut self,
+        id: &JobId,
+        target: &Target,
+        record: &JobRecord,
+    ) -> Result<(), EnforceError>;
+    /// One line for status: which cgroup mode and pinning method are in use.
+    fn describe(&self) -> String;
+    /// Removes what enforcement left that no job needs any more (lodger's empty parent cgroup).
+    fn tidy(&mut self) {}
+}
+
+impl Enforce for crate::enforce::Enforcer {
+    fn apply(
+        &mut self,
+        id: &JobId,
+        target: &Target,
+        placement: &Placement,
+        record: &mut JobRecord,
+    ) -> Result<Outcome, EnforceError> {
+        crate::enforce::Enforcer::apply(self, id, target, &placement.cpus, &placement.mems, record)
+    }
+
+    fn release(
+        &mut self,
+        id: &JobId,
+        target: &Target,
+        record: &JobRecord,
+    ) -> Result<(), EnforceError> {
+        crate::enforce::Enforcer::release(self, id, target, record)
+    }
+
+    fn describe(&self) -> String {
+        self.mode().to_string()
+    }
+
+    fn tidy(&mut self) {
+        crate::enforce::Enforcer::tidy(self)
+    }
+}
+
+impl Enforce for crate::enforce::sim::SimulatedEnforcer {
+    fn apply(
+        &mut self,
+        _id: &JobId,
+        target: &Target,
+        _placement: &Placement,
+        _record: &mut JobRecord,
+    ) -> Result<Outcome, EnforceError> {
+        self.observe(target)
+    }
+
+    fn release(
+        &mut self,
+        _id: &JobId,
+        _target: &Target,
+        _record: &JobRecord,
+    ) -> Result<(), EnforceError> {
+        Ok(())
+    }
+
+    fn describe(&self) -> String {
+        "simulated (nothing on the node is changed)".into()
+    }
+}
+
+/// The training jobs as the placement policy sees them: their cores are the right-sizing tuner's
+/// when it resizes (`rightsize_enforce == Some(true)`), else what they asked for.
+pub(super) fn views(state: &State, rightsize_enforce: Option<bool>) -> Vec<TrainingJobView> {
+    state
+        .jobs
+        .values()
+        .filter(|s| s.job.spec.kind.role() == Role::Training)
+        .map(|s| TrainingJobView {
+            id: s.job.id.clone(),
+            cores: match (&s.tuning, rightsize_enforce) {
+                (Some(t), Some(true)) => t.tuner.cores(),
+                _ => s.job.spec.cores,
+            },
+            gpus: s.job.spec.gpus.clone(),
+        })
+        .collect()
+}
+
+/// Jobs whose processes are gone, with why; reaped at the end of the tick.
+pub(super) type Gone = Vec<(JobId, String)>;
+
+/// Keeps training jobs pinned where the plan puts them.
+pub(super) struct Training {
+    pub(super) enforcer: Box<dyn Enforce>,
+}
+
+impl Training {
+    pub(super) fn new(enforcer: Box<dyn Enforce>) -> Self {
+        Self { enforcer }
+    }
+
+    /// Makes every training job match `cx.state.plan`. Returns whether any job changed, and the
+    /// jobs whose last process exited.
+    pub(super) fn tick(&mut self, cx: &mut TickCx<'_>) -> (bool, Gone) {
+        let ids: Vec<JobId> = cx.state.jobs.keys().cloned().collect();
+        let mut dirty = false;
+        let mut gone = Vec::new();
+        let mut changed = Vec::new();
+        for id in ids {
+            let placement = cx.state.plan.training.get(&id).cloned();
+            let Some(stored) = cx.state.jobs.get_mut(&id) else {
+                continue;
+            };
+            if stored.job.spec.kind.is_lodger() {
+                continue;
+            }
+            let before = stored.clone();
+            let result = match &placement {
+                Some(p) => {
+                    stored.job.cpus = p.cpus.clone();
+                    stored.job.mems = p.mems.clone();
+                    self.enforcer
+                        .apply(&id, &stored.job.spec.target, p, &mut stored.record)
+                }
+                None => {
+                    let why = cx
+                        .state
+                        .plan
+                        .unplaced
+                        .get(&id)
+                        .map(|n| n.to_string())
+                        .unwrap_or_else(|| "no placement".into());
+                    stored.job.state = JobState::Error;
+                    stored.job.last_error = Some(format!("cannot place the job: {why}"));
+                    Ok(Outcome {
+                        alive: true,
+                        ..Outcome::default()
+                    })
+                }
+            };
+            match result {
+                Ok(o) if !o.alive => gone.push((id.clone(), "its last process exited".to_string())),
+                Ok(o) => {
+                    stored.job.pids = o.pids;
+                    stored.job.threads = o.threads;
+                    stored.job.rr_threads = o.rr_threads;
+                    if placement.is_some() {
+                        stored.job.state = JobState::Running;
+                        stored.job.last_error = None;
+                    }
+                    for w in o.warnings {
+                        debug!(job = %id, "{w}");
+                    }
+                }
+                Err(e) if e.is_gone() => gone.push((id.clone(), e.to_string())),
+                Err(e) => {
+                    if stored.job.last_error.as_deref() != Some(&e.to_string()) {
+                        warn!(job = %id, "enforcement failed: {e}");
+                    }
+                    stored.job.state = JobState::Error;
+                    stored.job.last_error = Some(e.to_string());
+                }
+            }
+            if *stored != before {
+                dirty = true;
+                if stored.job.state != before.job.state {
+                    changed.push(Event::JobChanged(id.clone(), stored.job.state));
+                }
+            }
+        }
+        cx.events.extend(changed);
+        (dirty, gone)
+    }
+
+    /// Forgets the jobs whose processes are gone and releases what enforcement did for them.
+    /// Returns whether any was reaped.
+    pub(super) fn reap(&mut self, cx: &mut TickCx<'_>, gone: Gone) -> bool {
+        let mut dirty = false;
+        for (id, why) in gone {
+            if let Some(stored) = cx.state.jobs.remove(&id) {
+                self.release_quietly(&id, &stored.job.spec.target, &stored.record);
+                info!(job = %id, cpus = %stored.job.cpus, "job ended ({why}); cores freed");
+                cx.events
+                    .push(Event::JobChanged(id.clone(), JobState::Exited));
+                cx.events.push(Event::JobRemoved(id));
+                dirty = true;
+            }
+        }
+        dirty
+    }
+
+    pub(super) fn release_quietly(&mut self, id: &JobId, target: &Target, record: &JobRecord) {
+        if let Err(e) = self.enforcer.release(id, target, record) {
+            warn!(job = %id, "cleanup incomplete: {e}");
+        }
+    }
+}
