@@ -329,12 +329,7 @@ fn record(class: SkipClass, test: &str, reason: &str) {
     if let Some(dir) = log.parent() {
         let _ = std::fs::create_dir_all(dir);
     }
-    let line = format!(
-        "{}\t{}\t{}\n",
-        class.as_str(),
-        test.replace(['\t', '\n'], " "),
-        reason.replace(['\t', '\n'], " ")
-    );
+    let line = log_line(class, test, reason);
     // One write of one short line with O_APPEND: lines from parallel tests do not interleave.
     if let Ok(mut f) = std::fs::OpenOptions::new()
         .create(true)
@@ -342,5 +337,72 @@ fn record(class: SkipClass, test: &str, reason: &str) {
         .open(&log)
     {
         let _ = f.write_all(line.as_bytes());
+    }
+}
+
+/// One skip log line: `CLASS<TAB>TEST<TAB>REASON` and a newline, tabs and newlines in the test
+/// name and reason turned into spaces.
+fn log_line(class: SkipClass, test: &str, reason: &str) -> String {
+    format!(
+        "{}\t{}\t{}\n",
+        class.as_str(),
+        test.replace(['\t', '\n'], " "),
+        reason.replace(['\t', '\n'], " ")
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classes_name_their_require_variable() {
+        assert_eq!(SkipClass::Privilege.require_env(), Some(REQUIRE_ENV));
+        assert_eq!(
+            SkipClass::Hardware.require_env(),
+            Some(REQUIRE_HARDWARE_ENV)
+        );
+        assert_eq!(SkipClass::NotApplicable.require_env(), None);
+        assert_eq!(SkipClass::NotApplicable.as_str(), "not-applicable");
+    }
+
+    #[test]
+    fn a_log_line_has_three_tab_separated_fields() {
+        let line = log_line(SkipClass::Hardware, "a\ttest", "no PMU\nhere");
+        assert_eq!(line, "hardware\ta test\tno PMU here\n");
+    }
+
+    #[test]
+    fn the_skip_log_is_named_after_the_test_binary() {
+        // Under cargo: target/<profile>/deps/lodger-HASH, so target/lodger-skips/lodger-HASH.log
+        // (unless LODGER_SKIP_DIR says otherwise).
+        let log = skip_log().expect("a skip log path");
+        let exe = std::env::current_exe().expect("exe");
+        let name = exe
+            .file_name()
+            .expect("name")
+            .to_string_lossy()
+            .into_owned();
+        assert_eq!(
+            log.file_name(),
+            Some(std::ffi::OsStr::new(&format!("{name}.log")))
+        );
+        if std::env::var_os(SKIP_DIR_ENV).is_none() {
+            assert_eq!(
+                log.parent().and_then(|p| p.file_name()),
+                Some(std::ffi::OsStr::new("lodger-skips"))
+            );
+        }
+    }
+
+    #[test]
+    fn the_host_shape_names_cpus_and_cgroup_mode() {
+        assert!(online_cpu_count() >= 1);
+        let shape = host_shape();
+        assert!(
+            shape.contains(&format!("{} CPUs", online_cpu_count())),
+            "{shape}"
+        );
+        assert!(shape.contains("cgroup"), "{shape}");
     }
 }
