@@ -133,6 +133,8 @@ fn bad_requests_are_refused_with_a_clear_error_and_change_nothing() {
     let d = Daemon::start(&bus, dir.path(), DaemonOptions::default());
     let w = Workload::train(1);
     let pid = w.pid().to_string();
+    // More cores than the host has, whatever it has.
+    let too_many = (online_set().len() + 1).to_string();
     let cases: Vec<(Vec<&str>, i32, &str)> = vec![
         (
             vec!["register", "training", "--pid", "999999999", "--cores", "1"],
@@ -145,16 +147,17 @@ fn bad_requests_are_refused_with_a_clear_error_and_change_nothing() {
             "cores must be at least 1",
         ),
         (
-            vec!["register", "training", "--pid", &pid, "--cores", "64"],
+            vec!["register", "training", "--pid", &pid, "--cores", &too_many],
             1,
             "free",
         ),
         (
             vec![
-                "register", "training", "--pid", &pid, "--cores", "1", "--gpus", "3",
+                "register", "training", "--pid", &pid, "--cores", "1", "--gpus", "999",
             ],
             1,
-            "GPU 3 does not exist",
+            // No host has a thousand GPUs.
+            "GPU 999 does not exist",
         ),
         (
             vec![
