@@ -3,8 +3,12 @@
 //! nvml-wrapper's library path (`NvmlSource::open_library`). So the NVML path (device figures,
 //! per-process memory and SM attribution) runs for real in CI. Needs no privileges.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+use common::*;
 
 use lodger::sense::gpu::{GpuSource, GpuSourceKind, NvmlSource};
 
@@ -98,5 +102,60 @@ fn a_library_without_nvml_is_refused_with_the_reason() {
     assert!(
         e.to_string().contains(&not_nvml.display().to_string()),
         "{e}"
+    );
+}
+
+/// lodgerd itself on NVML (`sense.gpu = "nvml"`), loading the fake through `LD_LIBRARY_PATH`:
+/// the node's GPUs and a training job's GPU share come from NVML's per-process figures.
+#[test]
+fn lodgerd_attributes_nvml_process_utilization_to_the_job() {
+    let test = "lodgerd_attributes_nvml_process_utilization_to_the_job";
+    if !need_root(test) {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let lib_dir = dir.path().join("nvml");
+    std::fs::create_dir(&lib_dir).expect("mkdir");
+    let Some(_lib) = build_fake_nvml(test, &lib_dir) else {
+        return;
+    };
+    let bus = PrivateBus::start();
+    let w = Workload::train(1);
+    let d = Daemon::start(
+        &bus,
+        dir.path(),
+        DaemonOptions {
+            extra: "[sense]\ninterval_ms = 200\ngpu = \"nvml\"\n".into(),
+            env: vec![
+                ("LD_LIBRARY_PATH".into(), lib_dir.display().to_string()),
+                ("FAKE_NVML_PIDS".into(), w.pid().to_string()),
+            ],
+            ..DaemonOptions::default()
+        },
+    );
+    let id = d.register_pid(w.pid(), 1);
+    let deadline = std::time::Instant::now() + WAIT;
+    let last = loop {
+        let last = d.ctl_json(&["top", "--once"]);
+        if last["jobs"][0]["metrics"]["gpu_percent"].is_number() {
+            break last;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "top never showed the job's GPU use; last: {last}\n{}",
+            d.log()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    let job = &last["jobs"][0];
+    assert_eq!(job["id"], id.as_str());
+    assert_eq!(job["metrics"]["gpu_source"], "nvml", "{last}");
+    let gpu = job["metrics"]["gpu_percent"].as_f64().expect("gpu");
+    assert!((gpu - 60.0).abs() < 0.5, "the fake's 60 % SM: {last}");
+    assert_eq!(last["node"]["gpus"][0]["source"], "nvml", "{last}");
+    assert_eq!(
+        last["node"]["gpus"].as_array().map(|g| g.len()),
+        Some(2),
+        "{last}"
     );
 }

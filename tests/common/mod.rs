@@ -147,6 +147,7 @@ pub struct Daemon {
     pub parent: String,
     log: PathBuf,
     netns: Option<String>,
+    env: Vec<(String, String)>,
 }
 
 pub struct DaemonOptions {
@@ -162,6 +163,8 @@ pub struct DaemonOptions {
     /// Run lodgerd in this network namespace (`/run/netns/NAME`; only the network namespace,
     /// unlike `ip netns exec`, which would also hide the cgroup mounts under a new /sys).
     pub netns: Option<String>,
+    /// More environment for lodgerd (e.g. `LD_LIBRARY_PATH` to a test's fake NVML).
+    pub env: Vec<(String, String)>,
 }
 
 impl Default for DaemonOptions {
@@ -174,6 +177,7 @@ impl Default for DaemonOptions {
             extra: String::new(),
             sim: false,
             netns: None,
+            env: Vec::new(),
         }
     }
 }
@@ -208,6 +212,7 @@ impl Daemon {
             parent,
             log: dir.join("lodgerd.log"),
             netns: opts.netns.clone(),
+            env: opts.env.clone(),
         };
         d.restart_with(opts.sim);
         d
@@ -224,6 +229,7 @@ impl Daemon {
         cmd.arg("--config")
             .arg(&self.config)
             .env("DBUS_SYSTEM_BUS_ADDRESS", &self.bus_address)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())
             .stderr(log);
         if sim {
