@@ -34,13 +34,19 @@ const ANTAGONIST_RT: i32 = TRAINING_RT + 1;
 const ANTAGONIST_BUSY_PERCENT: u32 = 80;
 const REACT: Duration = Duration::from_secs(30);
 
-fn daemon(bus: &PrivateBus, dir: &std::path::Path, gpu_dir: &std::path::Path) -> Daemon {
+fn daemon(
+    bus: &PrivateBus,
+    dir: &std::path::Path,
+    gpu_dir: &std::path::Path,
+    reserved: &'static str,
+) -> Daemon {
     Daemon::start(
         bus,
         dir,
         DaemonOptions {
-            // Both CPUs for jobs: the offline job gets one instance per CPU, two to halve.
-            reserved: "",
+            // Two CPUs for jobs whatever the host has (the others reserved): the offline job gets
+            // one instance per CPU, two to halve.
+            reserved,
             interval_ms: 100,
             extra: format!(
                 "[sense]\ninterval_ms = {SENSE_MS}\ngpu = \"emulated\"\nemulated_gpu_dir = \"{}\"\n\n\
@@ -151,12 +157,15 @@ fn slowed_training_halves_the_offline_hogs_beside_it_until_it_is_calm_again() {
     if !need_root("contention_halves_offline_hogs") {
         return;
     }
+    let Some((reserved, two)) = two_job_cpus("contention_halves_offline_hogs") else {
+        return;
+    };
     let _measuring = measuring();
     let bus = PrivateBus::start();
     let dir = tempfile::tempdir().expect("tempdir");
     let gpu = tmpfs_dir();
     let gpu_dir = gpu.path().join("gpu");
-    let d = daemon(&bus, dir.path(), &gpu_dir);
+    let d = daemon(&bus, dir.path(), &gpu_dir, reserved);
     let signals = ThrottledSignals::subscribe(&bus);
 
     // Training: one loader with 12 ms of CPU per 20 ms emulated GPU step, on one core.
@@ -230,7 +239,8 @@ fn slowed_training_halves_the_offline_hogs_beside_it_until_it_is_calm_again() {
     // reserved CPU, lodgerd and this test move to the other CPU first, as lodgerd keeps to the
     // reserved CPUs on a real node: the antagonist and training leave ordinary threads on
     // training's CPU almost no time.
-    let other = 1 - cpu.min(1);
+    assert!(two.contains(&cpu), "training on {cpu}, not one of {two:?}");
+    let other = if cpu == two[0] { two[1] } else { two[0] };
     pin_threads(d.pid(), &[other]);
     pin_threads(std::process::id(), &[other]);
     let antagonist = RtAntagonist::start(cpu, ANTAGONIST_RT, ANTAGONIST_BUSY_PERCENT);

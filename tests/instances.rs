@@ -1,4 +1,4 @@
-//! Inference instances for real, as root on this machine's cgroup v1 cpuset hierarchy: the bundled
+//! Inference instances for real, as root on this machine's cpuset hierarchy (v1 or v2): the bundled
 //! inference worker (and the Python client of docs/) started by `enforce::instances`, checked from
 //! /proc and cgroupfs. Each test has its own parent cgroup.
 
@@ -19,8 +19,6 @@ use lodger::enforce::PinMethod;
 use lodger::job::JobId;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
-
-const CPUSET_ROOT: &str = "/sys/fs/cgroup/cpuset";
 
 fn job(id: &str) -> JobId {
     JobId::parse(id).expect("job id")
@@ -88,21 +86,20 @@ fn settings(parent: &str, logs: &Path, placement: InstancePlacement) -> Instance
     }
 }
 
+/// A cgroup's directory in this host's cpuset hierarchy (v1: /sys/fs/cgroup/cpuset, v2:
+/// /sys/fs/cgroup), as lodger finds it.
 fn cgroup_dir(cgroup: &str) -> PathBuf {
-    Path::new(CPUSET_ROOT).join(cgroup.trim_start_matches('/'))
+    cgroup_path(cgroup)
 }
 
-/// The cpuset cgroup of a process, from /proc/PID/cgroup.
-fn cpuset_cgroup_of(pid: u32) -> Option<String> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
-    text.lines().find_map(|l| {
-        let mut parts = l.splitn(3, ':');
-        let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
-        controllers
-            .split(',')
-            .any(|c| c == "cpuset")
-            .then(|| path.to_string())
-    })
+/// The placement that puts instances in cgroups on this host: `auto` on cgroup v1 (which picks
+/// cgroups there), `cgroup` on v2 (where `auto` picks affinity unless cpuset is delegated to the
+/// test's parent, which does not exist yet).
+fn cgroup_placement() -> InstancePlacement {
+    match host_cgroup() {
+        HostCgroup::V2 => InstancePlacement::Cgroup,
+        _ => InstancePlacement::Auto,
+    }
 }
 
 /// A variable of a process's (initial) environment.
@@ -252,7 +249,7 @@ impl Drop for Fixture {
 fn instances_run_on_their_cpus_with_their_threads_and_report() {
     let Some(mut f) = Fixture::new(
         "instances_run_on_their_cpus_with_their_threads_and_report",
-        InstancePlacement::Auto,
+        cgroup_placement(),
     ) else {
         return;
     };
@@ -321,7 +318,7 @@ fn instances_run_on_their_cpus_with_their_threads_and_report() {
 fn a_killed_instance_restarts_with_backoff() {
     let Some(mut f) = Fixture::new(
         "a_killed_instance_restarts_with_backoff",
-        InstancePlacement::Auto,
+        cgroup_placement(),
     ) else {
         return;
     };
@@ -375,7 +372,7 @@ fn a_killed_instance_restarts_with_backoff() {
 fn a_changed_spec_restarts_only_that_instance() {
     let Some(mut f) = Fixture::new(
         "a_changed_spec_restarts_only_that_instance",
-        InstancePlacement::Auto,
+        cgroup_placement(),
     ) else {
         return;
     };
@@ -462,7 +459,11 @@ fn a_changed_spec_restarts_only_that_instance() {
     let out = f.inst().reconcile(&desired).expect("reconcile");
     assert!(!out.changed, "{out:?}");
 
-    // Dropping one instance from the plan stops it; the others stay.
+    // Dropping one instance from the plan stops it (and its cgroup, there until now); the
+    // others stay.
+    let j4_1 = format!("{}/j4-1", f.lodgers());
+    assert_eq!(cpuset_cgroup_of(new1).as_deref(), Some(j4_1.as_str()));
+    assert!(cgroup_dir(&j4_1).is_dir());
     desired.remove(1);
     let out = f.inst().reconcile(&desired).expect("reconcile");
     assert_eq!(out.stopping.len(), 1);
@@ -474,13 +475,11 @@ fn a_changed_spec_restarts_only_that_instance() {
 
 #[test]
 fn stop_leaves_no_process_and_no_cgroup() {
-    let Some(mut f) = Fixture::new(
-        "stop_leaves_no_process_and_no_cgroup",
-        InstancePlacement::Auto,
-    ) else {
+    let Some(mut f) = Fixture::new("stop_leaves_no_process_and_no_cgroup", cgroup_placement())
+    else {
         return;
     };
-    let mut s = f.settings(InstancePlacement::Auto);
+    let mut s = f.settings(cgroup_placement());
     s.stop_grace = Duration::from_millis(700);
     f.inst = Some(Instances::new(s).expect("Instances"));
     // j6-1 ignores SIGTERM (and so does its child): only SIGKILL ends it.
@@ -506,6 +505,11 @@ fn stop_leaves_no_process_and_no_cgroup() {
     let j7 = procs_of(&format!("{lodgers}/j7-0"));
     assert_eq!(j6.len(), 3, "{j6:?}");
     assert_eq!(j7.len(), 2, "sh and its worker: {j7:?}");
+    // The cgroups checked gone below exist now.
+    for cg in ["j6-0", "j6-1", "j7-0"] {
+        let dir = cgroup_dir(&format!("{lodgers}/{cg}"));
+        assert!(dir.is_dir(), "{} does not exist", dir.display());
+    }
 
     // One job: SIGTERM, and SIGKILL for the one that ignores it.
     let t0 = Instant::now();
@@ -546,10 +550,10 @@ fn stop_leaves_no_process_and_no_cgroup() {
 
 #[test]
 fn sweep_cleans_up_after_a_crash() {
-    let Some(f) = Fixture::new("sweep_cleans_up_after_a_crash", InstancePlacement::Auto) else {
+    let Some(f) = Fixture::new("sweep_cleans_up_after_a_crash", cgroup_placement()) else {
         return;
     };
-    let s = f.settings(InstancePlacement::Auto);
+    let s = f.settings(cgroup_placement());
     let lodgers = f.lodgers();
     // A lodgerd that dies without cleaning up: its supervising thread goes away.
     let (tx, rx) = mpsc::channel();
@@ -586,9 +590,10 @@ fn sweep_cleans_up_after_a_crash() {
     assert_eq!(orphans.len(), 1, "{wrapped:?} {direct:?}");
     assert!(alive(orphans[0]));
     assert_eq!(procs_of(&format!("{lodgers}/j8-1")), orphans);
+    assert!(cgroup_dir(&format!("{lodgers}/j8-1")).is_dir());
 
     // The next lodgerd sweeps before it starts anything.
-    let mut next = Instances::new(f.settings(InstancePlacement::Auto)).expect("Instances");
+    let mut next = Instances::new(f.settings(cgroup_placement())).expect("Instances");
     let swept = next.sweep_leftovers().expect("sweep");
     assert_eq!(swept.killed, orphans);
     let mut removed = swept.removed_cgroups.clone();
@@ -689,7 +694,7 @@ fn affinity_placement_pins_moves_and_sweeps_without_cgroups() {
 fn dropping_the_supervisor_kills_its_instances() {
     let Some(mut f) = Fixture::new(
         "dropping_the_supervisor_kills_its_instances",
-        InstancePlacement::Auto,
+        cgroup_placement(),
     ) else {
         return;
     };
@@ -701,6 +706,7 @@ fn dropping_the_supervisor_kills_its_instances() {
         running_with_reports(&s[0], 1) && procs_of(&format!("{lodgers}/j10-0")).len() == 2
     });
     let procs = procs_of(&format!("{lodgers}/j10-0"));
+    assert!(cgroup_dir(&lodgers).is_dir());
     drop(f.inst.take());
     for pid in &procs {
         assert!(!alive(*pid), "{pid} survived its supervisor");

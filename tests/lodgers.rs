@@ -45,6 +45,8 @@ fn online_never_on_training_cpus_offline_shares_them_and_nothing_is_left_behind(
     let w = Workload::train(1);
     let train = d.register_pid(w.pid(), 1);
     let training_cpus = d.job(&train)["cpus"].as_str().expect("cpus").to_string();
+    // No CPU is reserved: offline runs one single-thread instance on each online CPU.
+    let per_cpu = online_set().len();
 
     // Offline: single-thread instances on every CPU, the training CPU included, SCHED_OTHER.
     let off = d.ctl_json(&[
@@ -60,11 +62,15 @@ fn online_never_on_training_cpus_offline_shares_them_and_nothing_is_left_behind(
     ]);
     let off_id = off["id"].as_str().expect("id").to_string();
     let mut job = serde_json::Value::Null;
-    wait_until(WAIT, "two offline instances running", || {
+    wait_until(WAIT, "one offline instance per CPU running", || {
         job = d.job(&off_id);
-        running_pids(&job).len() == 2
+        running_pids(&job).len() == per_cpu
     });
     let mut on_training = false;
+    let mut cpus_seen = lodger::cpuset::CpuSet::new();
+    // The instances' cgroups (pinned by cgroup): proved to exist now, checked gone at the end.
+    let lodgers_cgroup = format!("/{}/lodgers/", d.parent);
+    let mut instance_cgroups = Vec::new();
     for i in instances(&job) {
         let pid = i["pid"].as_u64().expect("pid") as u32;
         let cpus = i["cpus"].as_str().expect("cpus");
@@ -79,7 +85,21 @@ fn online_never_on_training_cpus_offline_shares_them_and_nothing_is_left_behind(
             "OMP_NUM_THREADS not set"
         );
         on_training |= cpus == training_cpus;
+        cpus_seen = cpus_seen.union(&common::cpus(cpus));
+        let cgroup = cpuset_cgroup_of(pid).unwrap_or_default();
+        if cgroup.starts_with(&lodgers_cgroup) {
+            let path = cgroup_path(&cgroup);
+            assert!(path.is_dir(), "{} does not exist", path.display());
+            instance_cgroups.push(path);
+        } else {
+            assert_ne!(
+                host_cgroup(),
+                HostCgroup::V1,
+                "on cgroup v1 instances are placed in cgroups under {lodgers_cgroup}: {cgroup}"
+            );
+        }
     }
+    assert_eq!(cpus_seen, online_set(), "one instance on every CPU: {job}");
     assert!(
         on_training,
         "an offline instance shares the training CPU: {job}"
@@ -97,7 +117,7 @@ fn online_never_on_training_cpus_offline_shares_them_and_nothing_is_left_behind(
     wait_until(WAIT, "the killed instance to be restarted", || {
         let j = d.job(&off_id);
         let pids = running_pids(&j);
-        pids.len() == 2 && !pids.contains(&victim)
+        pids.len() == per_cpu && !pids.contains(&victim)
     });
 
     // Online: only on the CPU training does not hold; offline moves off it.
@@ -131,10 +151,23 @@ fn online_never_on_training_cpus_offline_shares_them_and_nothing_is_left_behind(
         }
         std::thread::sleep(std::time::Duration::from_millis(200));
     }
-    wait_until(WAIT, "offline to leave the online CPU", || {
-        let j = d.job(&off_id);
-        let i = instances(&j);
-        i.len() == 1 && i[0]["cpus"] == training_cpus.as_str()
+    // Offline leaves the online instances' CPUs and keeps the training CPU (on two CPUs: one
+    // instance, on the training CPU).
+    let cpus_of = |job: &serde_json::Value| {
+        instances(job)
+            .iter()
+            .filter_map(|i| i["cpus"].as_str().map(common::cpus))
+            .fold(lodger::cpuset::CpuSet::new(), |a, b| a.union(&b))
+    };
+    wait_until(WAIT, "offline to leave the online CPUs", || {
+        let online_held = cpus_of(&d.job(&on_id));
+        let offline = d.job(&off_id);
+        let offline_cpus = cpus_of(&offline);
+        !online_held.is_empty()
+            && offline_cpus.is_disjoint(&online_held)
+            && instances(&offline)
+                .iter()
+                .any(|i| i["cpus"] == training_cpus.as_str())
     });
 
     // Unregistering leaves no instance process and no instance cgroup.
@@ -152,9 +185,10 @@ fn online_never_on_training_cpus_offline_shares_them_and_nothing_is_left_behind(
                     .unwrap_or(true)
         });
     }
-    let lodgers = std::path::Path::new("/sys/fs/cgroup/cpuset")
-        .join(&d.parent)
-        .join("lodgers");
+    for path in &instance_cgroups {
+        assert!(!path.exists(), "instance cgroup {} left", path.display());
+    }
+    let lodgers = cgroup_path(&d.parent).join("lodgers");
     let left: Vec<_> = std::fs::read_dir(&lodgers)
         .map(|rd| {
             rd.filter_map(|e| e.ok())

@@ -10,6 +10,33 @@ use nix::sys::signal::Signal;
 
 const PRIO: i32 = 10;
 
+/// lodgerd's reserved CPUs in these tests (the default of `DaemonOptions`).
+const RESERVED: &str = "0";
+
+/// The CPUs a job may get here: the online CPUs less the reserved one.
+fn for_jobs() -> lodger::cpuset::CpuSet {
+    job_cpus(RESERVED)
+}
+
+/// The CPUs lodgerd gave job `id`; asserts they are `cores` of the CPUs jobs may use.
+fn cpus_of(d: &Daemon, id: &str, cores: usize) -> String {
+    let job = d.job(id);
+    let list = job["cpus"].as_str().expect("cpus").to_string();
+    let got = cpus(&list);
+    assert_eq!(got.len(), cores, "{job}");
+    assert!(
+        got.is_subset(&for_jobs()),
+        "job on {list}, outside the CPUs for jobs {}: {job}",
+        for_jobs()
+    );
+    list
+}
+
+/// What `status` shows as free once jobs hold `taken`.
+fn free_after(taken: &str) -> String {
+    for_jobs().difference(&cpus(taken)).to_list()
+}
+
 fn setup(test: &str) -> Option<(PrivateBus, tempfile::TempDir)> {
     if !need_root(test) {
         return None;
@@ -26,14 +53,15 @@ fn register_pins_every_thread_and_unregister_reverts() {
     let w = Workload::train(3);
     let pid = w.pid();
     let before = cpus_allowed(pid, pid).expect("cpus");
+    let cgroup_before = cpuset_cgroup_of(pid);
     assert!(all_other(pid));
 
     let id = d.register_pid(pid, 1);
     let job = d.job(&id);
-    let cpus = job["cpus"].as_str().expect("cpus").to_string();
-    // Reserved CPU 0 is never given out; the only other CPU here is 1.
-    assert_eq!(cpus, "1", "{job}");
+    // Reserved CPU 0 is never given out: one of the others.
+    let cpus = cpus_of(&d, &id, 1);
     assert_eq!(job["state"], "running");
+    let job_cgroup = d.prove_job_cgroup(&id, pid, &cgroup_before);
     // RegisterJob returns after enforcement: no waiting needed.
     assert!(all_rr_on(pid, PRIO, &cpus), "threads not RR on {cpus}");
     let threads = tids(pid).len();
@@ -54,14 +82,12 @@ fn register_pins_every_thread_and_unregister_reverts() {
     assert_eq!(cpus_allowed(pid, pid).as_deref(), Some(before.as_str()));
     let list = d.ctl_json(&["list"]);
     assert_eq!(list.as_array().map(|a| a.len()), Some(0), "{list}");
-    // lodger's cgroup for the job is gone.
-    assert!(
-        !std::path::Path::new("/sys/fs/cgroup/cpuset")
-            .join(&d.parent)
-            .join(&id)
-            .exists(),
-        "job cgroup left behind"
-    );
+    // lodger's cgroup for the job (proved to exist above, when it pins by cgroup) is gone, and
+    // the process is back where it was.
+    if let Some(path) = job_cgroup {
+        assert!(!path.exists(), "job cgroup {} left behind", path.display());
+    }
+    assert_eq!(cpuset_cgroup_of(pid), cgroup_before);
 }
 
 #[test]
@@ -71,10 +97,13 @@ fn killing_the_job_frees_its_cores() {
     };
     let d = Daemon::start(&bus, dir.path(), DaemonOptions::default());
     let mut w = Workload::train(2);
+    let cgroup_before = cpuset_cgroup_of(w.pid());
     let id = d.register_pid(w.pid(), 1);
+    let taken = cpus_of(&d, &id, 1);
+    let job_cgroup = d.prove_job_cgroup(&id, w.pid(), &cgroup_before);
     let status = d.ctl_json(&["status"]);
-    assert_eq!(status["free"], "", "{status}");
-    assert_eq!(status["training_cpus"], "1", "{status}");
+    assert_eq!(status["free"], free_after(&taken).as_str(), "{status}");
+    assert_eq!(status["training_cpus"], taken.as_str(), "{status}");
     w.kill();
     wait_until(WAIT, "the job to be forgotten", || {
         d.ctl_json(&["list"])
@@ -82,14 +111,18 @@ fn killing_the_job_frees_its_cores() {
             .is_some_and(|a| a.is_empty())
     });
     let status = d.ctl_json(&["status"]);
-    assert_eq!(status["free"], "1", "{status}");
+    assert_eq!(status["free"], for_jobs().to_list().as_str(), "{status}");
     let out = d.ctl(&["show", &id]);
     assert_eq!(out.status.code(), Some(1));
-    wait_until(WAIT, "the job cgroup to be removed", || {
-        !std::path::Path::new("/sys/fs/cgroup/cpuset")
-            .join(&d.parent)
-            .exists()
-    });
+    if let Some(path) = job_cgroup {
+        wait_until(WAIT, "the job cgroup to be removed", || {
+            !path.exists() && !cgroup_path(&d.parent).exists()
+        });
+    }
+    assert!(
+        !cgroup_path(&d.parent).join(&id).exists(),
+        "no job cgroup is left"
+    );
 }
 
 #[test]
@@ -100,6 +133,8 @@ fn bad_requests_are_refused_with_a_clear_error_and_change_nothing() {
     let d = Daemon::start(&bus, dir.path(), DaemonOptions::default());
     let w = Workload::train(1);
     let pid = w.pid().to_string();
+    // More cores than the host has, whatever it has.
+    let too_many = (online_set().len() + 1).to_string();
     let cases: Vec<(Vec<&str>, i32, &str)> = vec![
         (
             vec!["register", "training", "--pid", "999999999", "--cores", "1"],
@@ -112,16 +147,17 @@ fn bad_requests_are_refused_with_a_clear_error_and_change_nothing() {
             "cores must be at least 1",
         ),
         (
-            vec!["register", "training", "--pid", &pid, "--cores", "64"],
+            vec!["register", "training", "--pid", &pid, "--cores", &too_many],
             1,
             "free",
         ),
         (
             vec![
-                "register", "training", "--pid", &pid, "--cores", "1", "--gpus", "3",
+                "register", "training", "--pid", &pid, "--cores", "1", "--gpus", "999",
             ],
             1,
-            "GPU 3 does not exist",
+            // No host has a thousand GPUs.
+            "GPU 999 does not exist",
         ),
         (
             vec![
@@ -153,7 +189,10 @@ fn bad_requests_are_refused_with_a_clear_error_and_change_nothing() {
         .as_array()
         .is_some_and(|a| a.is_empty()));
     assert!(all_other(w.pid()));
-    assert_eq!(d.ctl_json(&["status"])["free"], "1");
+    assert_eq!(
+        d.ctl_json(&["status"])["free"],
+        for_jobs().to_list().as_str()
+    );
 
     // The same process twice is a conflict.
     let id = d.register_pid(w.pid(), 1);
@@ -196,7 +235,8 @@ fn a_caller_that_is_not_root_nor_in_the_group_is_refused() {
     let id = d.register_pid(w.pid(), 1);
     let out = d.ctl_as(Some(nobody), &["unregister", &id]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(all_rr_on(w.pid(), PRIO, "1"));
+    let taken = cpus_of(&d, &id, 1);
+    assert!(all_rr_on(w.pid(), PRIO, &taken));
 }
 
 #[test]
@@ -204,7 +244,7 @@ fn busctl_calls_as_documented() {
     let Some((bus, dir)) = setup("busctl_calls_as_documented") else {
         return;
     };
-    let _daemon = Daemon::start(&bus, dir.path(), DaemonOptions::default());
+    let daemon = Daemon::start(&bus, dir.path(), DaemonOptions::default());
     let w = Workload::train(1);
     let busctl = |args: &[&str]| {
         Command::new("busctl")
@@ -244,7 +284,8 @@ fn busctl_calls_as_documented() {
         stdout.starts_with("so \"j1\" \"/org/lodger1/job/j1\""),
         "{stdout}"
     );
-    assert!(all_rr_on(w.pid(), PRIO, "1"));
+    let taken = cpus_of(&daemon, "j1", 1);
+    assert!(all_rr_on(w.pid(), PRIO, &taken));
 
     let out = busctl(&[
         "get-property",
@@ -253,7 +294,10 @@ fn busctl_calls_as_documented() {
         "org.lodger1.Job",
         "Cpus",
     ]);
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "s \"1\"");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("s \"{taken}\"")
+    );
     let out = busctl(&[
         "get-property",
         "org.lodger1",
@@ -261,7 +305,10 @@ fn busctl_calls_as_documented() {
         "org.lodger1.Manager",
         "Free",
     ]);
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "s \"\"");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("s \"{}\"", free_after(&taken))
+    );
 
     // A wrong type is a named error naming the key.
     let out = busctl(&[
@@ -321,18 +368,21 @@ fn jobs_survive_a_restart_and_dead_ones_are_cleaned_up() {
     };
     let mut d = Daemon::start(&bus, dir.path(), DaemonOptions::default());
     let mut w = Workload::train(2);
+    let cgroup_before = cpuset_cgroup_of(w.pid());
     let id = d.register_pid(w.pid(), 1);
+    let taken = cpus_of(&d, &id, 1);
+    let job_cgroup = d.prove_job_cgroup(&id, w.pid(), &cgroup_before);
     d.stop();
     // While lodgerd is down the job keeps its cpuset and policy.
-    assert!(all_rr_on(w.pid(), PRIO, "1"));
+    assert!(all_rr_on(w.pid(), PRIO, &taken));
     d.restart();
     let job = d.job(&id);
     assert_eq!(job["state"], "running", "{job}");
-    assert_eq!(job["cpus"], "1");
+    assert_eq!(job["cpus"], taken.as_str());
     // Threads created while it was down are caught after the restart.
     w.signal(Signal::SIGUSR1);
     wait_until(WAIT, "the new thread to be swept", || {
-        all_rr_on(w.pid(), PRIO, "1")
+        all_rr_on(w.pid(), PRIO, &taken)
     });
 
     // A job that dies while lodgerd is down is cleaned up at the next start.
@@ -343,10 +393,14 @@ fn jobs_survive_a_restart_and_dead_ones_are_cleaned_up() {
         .ctl_json(&["list"])
         .as_array()
         .is_some_and(|a| a.is_empty()));
-    assert_eq!(d.ctl_json(&["status"])["free"], "1");
-    assert!(!std::path::Path::new("/sys/fs/cgroup/cpuset")
-        .join(&d.parent)
-        .exists());
+    assert_eq!(
+        d.ctl_json(&["status"])["free"],
+        for_jobs().to_list().as_str()
+    );
+    if let Some(path) = job_cgroup {
+        assert!(!path.exists(), "job cgroup {} left behind", path.display());
+    }
+    assert!(!cgroup_path(&d.parent).join(&id).exists());
     // Ids are never reused.
     let w2 = Workload::train(1);
     let id2 = d.register_pid(w2.pid(), 1);
@@ -404,17 +458,23 @@ fn affinity_pinning_leaves_the_cgroup_alone_and_sweeps_escapes() {
     let pid = w.pid();
     let cgroup_before = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).expect("cgroup");
     let id = d.register_pid(pid, 1);
-    assert!(all_rr_on(pid, PRIO, "1"));
+    let taken = cpus_of(&d, &id, 1);
+    assert!(all_rr_on(pid, PRIO, &taken));
     assert_eq!(
         std::fs::read_to_string(format!("/proc/{pid}/cgroup")).expect("cgroup"),
         cgroup_before,
         "affinity pinning must not move the process"
     );
     let status = d.ctl_json(&["status"]);
+    let version = match host_cgroup() {
+        HostCgroup::V2 => "v2",
+        _ => "v1",
+    };
     assert_eq!(
         status["enforcement"],
-        "cgroup v1, pid jobs pinned by affinity"
+        format!("cgroup {version}, pid jobs pinned by affinity").as_str()
     );
+    assert!(!cgroup_path(&d.parent).join(&id).exists());
     // A thread that widens its own affinity and drops RR is put back by the sweep.
     let n = tids(pid).len();
     w.signal(Signal::SIGUSR2);
@@ -422,7 +482,7 @@ fn affinity_pinning_leaves_the_cgroup_alone_and_sweeps_escapes() {
         tids(pid).len() > n
     });
     wait_until(WAIT, "the escaping thread to be swept", || {
-        all_rr_on(pid, PRIO, "1")
+        all_rr_on(pid, PRIO, &taken)
     });
     d.ctl_ok(&["unregister", &id]);
     assert!(all_other(pid));
@@ -432,7 +492,9 @@ fn affinity_pinning_leaves_the_cgroup_alone_and_sweeps_escapes() {
     );
 }
 
-/// A v1 cpuset cgroup holding a process, as a Slurm step would; removed on drop.
+/// A cpuset cgroup holding a process, as a Slurm step would, in this host's hierarchy (v1:
+/// under /sys/fs/cgroup/cpuset with its own cpus and mems; v2: under /sys/fs/cgroup, with the
+/// cpuset controller enabled at the root); removed on drop.
 struct StepCgroup {
     path: std::path::PathBuf,
     rel: String,
@@ -441,10 +503,19 @@ struct StepCgroup {
 impl StepCgroup {
     fn new(pid: u32) -> StepCgroup {
         let rel = format!("/{}", unique("slurm-step"));
-        let path = std::path::Path::new("/sys/fs/cgroup/cpuset").join(&rel[1..]);
+        let path = cgroup_path(&rel);
+        if host_cgroup() == HostCgroup::V2 {
+            let control = cpuset_root().join("cgroup.subtree_control");
+            let enabled = std::fs::read_to_string(&control).unwrap_or_default();
+            if !enabled.split_whitespace().any(|c| c == "cpuset") {
+                std::fs::write(&control, "+cpuset").expect("enable cpuset at the v2 root");
+            }
+        }
         std::fs::create_dir(&path).expect("mkdir cgroup");
-        std::fs::write(path.join("cpuset.mems"), "0").expect("mems");
-        std::fs::write(path.join("cpuset.cpus"), online_cpus()).expect("cpus");
+        if host_cgroup() == HostCgroup::V1 {
+            std::fs::write(path.join("cpuset.mems"), "0").expect("mems");
+            std::fs::write(path.join("cpuset.cpus"), online_cpus()).expect("cpus");
+        }
         std::fs::write(path.join("cgroup.procs"), pid.to_string()).expect("attach");
         StepCgroup { path, rel }
     }
@@ -461,47 +532,72 @@ impl Drop for StepCgroup {
     fn drop(&mut self) {
         if let Ok(procs) = std::fs::read_to_string(self.path.join("cgroup.procs")) {
             for p in procs.lines() {
-                let _ = std::fs::write("/sys/fs/cgroup/cpuset/cgroup.procs", p);
+                let _ = std::fs::write(cpuset_root().join("cgroup.procs"), p);
             }
         }
         let _ = std::fs::remove_dir(&self.path);
     }
 }
 
-#[test]
-fn a_cgroup_job_gets_its_cpuset_set_and_restored() {
-    let Some((bus, dir)) = setup("a_cgroup_job") else {
+/// Registers the step cgroup as a job and checks its cpuset is set, then restored.
+fn cgroup_job_gets_its_cpuset_set_and_restored(test: &str) {
+    let Some((bus, dir)) = setup(test) else {
         return;
     };
     let d = Daemon::start(&bus, dir.path(), DaemonOptions::default());
     let w = Workload::train(2);
     let step = StepCgroup::new(w.pid());
+    assert_eq!(
+        cpuset_cgroup_of(w.pid()).as_deref(),
+        Some(step.rel.as_str())
+    );
     let before = step.cpus();
     let out = d.ctl_json(&[
         "register", "training", "--cgroup", &step.rel, "--cores", "1",
     ]);
     let id = out["id"].as_str().expect("id").to_string();
     assert_eq!(out["cgroup"], step.rel.as_str());
-    assert_eq!(step.cpus(), "1");
-    assert!(all_rr_on(w.pid(), PRIO, "1"));
+    let taken = cpus_of(&d, &id, 1);
+    assert_eq!(step.cpus(), taken);
+    assert!(all_rr_on(w.pid(), PRIO, &taken));
     assert_eq!(out["pids"], serde_json::json!([w.pid()]));
     d.ctl_ok(&["unregister", &id]);
     assert_eq!(step.cpus(), before, "the step's cpuset was not restored");
     assert!(all_other(w.pid()));
+    // The step's cgroup is the job's: lodger leaves it (and the process in it) where it was.
+    assert!(step.path.is_dir());
+    assert_eq!(
+        cpuset_cgroup_of(w.pid()).as_deref(),
+        Some(step.rel.as_str())
+    );
+}
+
+#[test]
+fn a_cgroup_job_gets_its_cpuset_set_and_restored() {
+    let test = "a_cgroup_job_v1";
+    if need_cgroup_v1(test) {
+        cgroup_job_gets_its_cpuset_set_and_restored(test);
+    }
+}
+
+#[test]
+fn a_v2_cgroup_job_gets_its_cpuset_set_and_restored() {
+    let test = "a_cgroup_job_v2";
+    if need_cgroup_v2(test) {
+        cgroup_job_gets_its_cpuset_set_and_restored(test);
+    }
 }
 
 #[test]
 fn rt_group_scheduling_without_budget_is_refused_with_the_file_to_change() {
+    // A kernel without RT group scheduling is a shape this test does not apply to, not a
+    // missing privilege.
+    if !need_rt_group_sched("rt_group_budget") {
+        return;
+    }
     let Some((bus, dir)) = setup("rt_group_budget") else {
         return;
     };
-    if !std::path::Path::new("/sys/fs/cgroup/cpu/cpu.rt_runtime_us").exists() {
-        lodger::privileged::skip(
-            "rt_group_budget",
-            "the kernel has no RT group scheduling (no v1 cpu.rt_runtime_us)",
-        );
-        return;
-    }
     let d = Daemon::start(&bus, dir.path(), DaemonOptions::default());
     let w = Workload::train(1);
     // A v1 cpu cgroup has no RT budget until someone grants one.

@@ -488,7 +488,8 @@ fn prerequisites(test: &str) -> Option<NetClsMount> {
         }
     }
     if net_cls_cgroups().is_none() {
-        skip(test, "the kernel has no net_cls cgroup controller");
+        // A kernel built without CONFIG_CGROUP_NET_CLASSID: a shape, not a privilege.
+        lodger::privileged::not_applicable(test, "the kernel has no net_cls cgroup controller");
         return None;
     }
     match NetClsMount::find_or_mount() {

@@ -1,6 +1,7 @@
 //! The topology reader and the consolidation policy against whole machine shapes: the generated
 //! fixtures in `tests/fixtures/sysfs/` and the trees recorded from real machines in
-//! `../shared/fixtures/sysfs/` (unpacked into a temporary directory).
+//! `$LODGER_FIXTURES/sysfs/` (default `../shared/fixtures/sysfs/`; unpacked into a temporary
+//! directory).
 #![allow(clippy::unwrap_used)]
 
 use std::collections::BTreeSet;
@@ -206,19 +207,10 @@ fn this_host() {
 }
 
 /// Unpacks one recorded tree and returns the directory to read as `/sys`, or None (after a
-/// printed skip) when `../shared` is absent.
+/// printed skip) when tar cannot unpack it. The trees are fixtures: when they are missing
+/// (`$LODGER_FIXTURES/sysfs`, by default `../shared/fixtures/sysfs`) the test fails.
 fn real_tree(test: &str, archive: &str, name: &str) -> Option<(TempDir, PathBuf)> {
-    let shared = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/sysfs");
-    if !shared.is_dir() {
-        skip(
-            test,
-            &format!(
-                "{} is absent: the recorded real-machine trees live there",
-                shared.display()
-            ),
-        );
-        return None;
-    }
+    let shared = lodger::privileged::fixture("sysfs");
     let tmp = TempDir::new().unwrap();
     let output = Command::new("tar")
         .arg("xjf")

@@ -10,7 +10,10 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 #[allow(unused_imports)]
-pub use lodger::privileged::need_root;
+pub use lodger::privileged::{
+    cpuset_root, host_cgroup, need_cgroup_v1, need_cgroup_v2, need_cpus, need_root,
+    need_rt_group_sched, not_applicable, HostCgroup,
+};
 
 static SEQ: AtomicU32 = AtomicU32::new(0);
 
@@ -144,6 +147,7 @@ pub struct Daemon {
     pub parent: String,
     log: PathBuf,
     netns: Option<String>,
+    env: Vec<(String, String)>,
 }
 
 pub struct DaemonOptions {
@@ -159,6 +163,8 @@ pub struct DaemonOptions {
     /// Run lodgerd in this network namespace (`/run/netns/NAME`; only the network namespace,
     /// unlike `ip netns exec`, which would also hide the cgroup mounts under a new /sys).
     pub netns: Option<String>,
+    /// More environment for lodgerd (e.g. `LD_LIBRARY_PATH` to a test's fake NVML).
+    pub env: Vec<(String, String)>,
 }
 
 impl Default for DaemonOptions {
@@ -171,6 +177,7 @@ impl Default for DaemonOptions {
             extra: String::new(),
             sim: false,
             netns: None,
+            env: Vec::new(),
         }
     }
 }
@@ -205,6 +212,7 @@ impl Daemon {
             parent,
             log: dir.join("lodgerd.log"),
             netns: opts.netns.clone(),
+            env: opts.env.clone(),
         };
         d.restart_with(opts.sim);
         d
@@ -221,6 +229,7 @@ impl Daemon {
         cmd.arg("--config")
             .arg(&self.config)
             .env("DBUS_SYSTEM_BUS_ADDRESS", &self.bus_address)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())
             .stderr(log);
         if sim {
@@ -364,8 +373,83 @@ impl Drop for Daemon {
             }
         }
         self.stop();
-        let _ = std::fs::remove_dir(Path::new("/sys/fs/cgroup/cpuset").join(&self.parent));
+        remove_cgroup_tree(&self.parent);
     }
+}
+
+/// Removes the (empty) cgroup `rel` and the empty cgroups under it, deepest first, in the cpuset
+/// hierarchy of this host's mode (v1: /sys/fs/cgroup/cpuset, v2: /sys/fs/cgroup).
+pub fn remove_cgroup_tree(rel: &str) {
+    fn remove(dir: &Path) {
+        if let Ok(rd) = std::fs::read_dir(dir) {
+            for e in rd.flatten() {
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    remove(&e.path());
+                }
+            }
+        }
+        let _ = std::fs::remove_dir(dir);
+    }
+    let rel = rel.trim_start_matches('/');
+    if !rel.is_empty() {
+        remove(&cpuset_root().join(rel));
+    }
+}
+
+/// The cgroup of `pid` that holds its cpuset: the `cpuset` line of /proc/PID/cgroup on v1, the
+/// `0::` line on v2. A path within the hierarchy (`/a/b`).
+pub fn cpuset_cgroup_of(pid: u32) -> Option<String> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    let v2 = host_cgroup() == HostCgroup::V2;
+    text.lines().find_map(|l| {
+        let mut parts = l.splitn(3, ':');
+        let (id, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+        let hit = if v2 {
+            id == "0" && controllers.is_empty()
+        } else {
+            controllers.split(',').any(|c| c == "cpuset")
+        };
+        hit.then(|| path.to_string())
+    })
+}
+
+/// The directory of cgroup `rel` in this host's cpuset hierarchy.
+pub fn cgroup_path(rel: &str) -> PathBuf {
+    cpuset_root().join(rel.trim_start_matches('/'))
+}
+
+/// The online CPUs as a set.
+pub fn online_set() -> lodger::cpuset::CpuSet {
+    lodger::cpuset::CpuSet::parse(&online_cpus()).expect("online cpu list")
+}
+
+/// Parses a CPU list the test got from lodger or the kernel.
+pub fn cpus(list: &str) -> lodger::cpuset::CpuSet {
+    lodger::cpuset::CpuSet::parse(list).unwrap_or_else(|e| panic!("cpu list '{list}': {e}"))
+}
+
+/// The CPUs jobs may use given lodgerd's `reserved` list: the online CPUs less the reserved.
+pub fn job_cpus(reserved: &str) -> lodger::cpuset::CpuSet {
+    online_set().difference(&cpus(reserved))
+}
+
+/// A shape pinned to two CPUs for jobs whatever the host has: the reserved list that leaves
+/// exactly the two highest online CPUs to jobs (empty on a 2-CPU host), and those two CPUs.
+/// For tests whose figures (instances per CPU, halving 2 -> 1, right-sizing 1 <-> 2 cores) are
+/// about two job CPUs. None (recorded as not applicable) on a host with fewer than two CPUs.
+pub fn two_job_cpus(test: &str) -> Option<(&'static str, [u32; 2])> {
+    if !need_cpus(test, 2) {
+        return None;
+    }
+    let online: Vec<u32> = online_set().iter().collect();
+    let (rest, two) = online.split_at(online.len() - 2);
+    let mut reserved = lodger::cpuset::CpuSet::new();
+    for &c in rest {
+        reserved.insert(c);
+    }
+    // Leaked: one short string per test, for `DaemonOptions::reserved`.
+    let reserved: &'static str = Box::leak(reserved.to_list().into_boxed_str());
+    Some((reserved, [two[0], two[1]]))
 }
 
 /// A running training emulator with `workers` preprocessing threads.
@@ -625,4 +709,52 @@ pub fn tmpfs_dir() -> tempfile::TempDir {
         .tempdir_in("/dev/shm")
         .or_else(|_| tempfile::tempdir())
         .expect("tempdir")
+}
+
+impl Daemon {
+    /// True when lodgerd pins pid jobs by cgroup (its `status` says `pid jobs pinned by cgroup`),
+    /// false when by affinity.
+    pub fn pins_pid_jobs_by_cgroup(&self) -> bool {
+        let status = self.ctl_json(&["status"]);
+        let how = status["enforcement"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        assert!(
+            how.ends_with("pinned by cgroup") || how.ends_with("pinned by affinity"),
+            "unexpected enforcement '{how}'"
+        );
+        how.ends_with("pinned by cgroup")
+    }
+
+    /// The cgroup lodgerd gives pid job `id` when it pins by cgroup: `/PARENT/ID`.
+    pub fn job_cgroup(&self, id: &str) -> String {
+        format!("/{}/{id}", self.parent)
+    }
+
+    /// Proves where pid job `id` (process `pid`, which was in cgroup `before`) was put: pinned by
+    /// cgroup, the process is in `/PARENT/ID` and that directory exists (returned, for the
+    /// check that it is gone later); pinned by affinity, the process stayed in `before` and no
+    /// job cgroup was made (None).
+    pub fn prove_job_cgroup(&self, id: &str, pid: u32, before: &Option<String>) -> Option<PathBuf> {
+        let job_cg = self.job_cgroup(id);
+        let path = cgroup_path(&job_cg);
+        if self.pins_pid_jobs_by_cgroup() {
+            assert_eq!(
+                cpuset_cgroup_of(pid).as_deref(),
+                Some(job_cg.as_str()),
+                "pinned by cgroup: the process is in the job's cgroup"
+            );
+            assert!(path.is_dir(), "{} does not exist", path.display());
+            Some(path)
+        } else {
+            assert_eq!(
+                &cpuset_cgroup_of(pid),
+                before,
+                "pinned by affinity: the process stays in its cgroup"
+            );
+            assert!(!path.exists(), "{} made under affinity", path.display());
+            None
+        }
+    }
 }

@@ -65,9 +65,11 @@ command -v mkfs.ext4 >/dev/null || need+=(e2fsprogs)
 if [ ${#need[@]} -gt 0 ]; then
     command -v apt-get >/dev/null || die "install ${need[*]} (no apt-get here)"
     say "installing ${need[*]}"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >&2 ||
+    # --no-remove: apt aborts rather than remove a package to satisfy the install.
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends --no-remove \
+        "${need[@]}" >&2 ||
         { apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-            --no-install-recommends "${need[@]}" >&2; } || die "cannot install ${need[*]}"
+            --no-install-recommends --no-remove "${need[@]}" >&2; } || die "cannot install ${need[*]}"
 fi
 
 # --- the mirror: whatever this host's apt uses for the suite ---
