@@ -2,12 +2,14 @@
 //!
 //! The loop (see `docs/design.md`): `sense` → `policy` (pure) → `enforce` (idempotent), driven by
 //! the `agent`, which alone owns the state; `api` turns D-Bus calls into agent commands.
+//! `daemon` wires the `config` into all of them and runs lodgerd.
 
 pub mod agent;
 pub mod api;
 pub mod cli;
 pub mod config;
 pub mod cpuset;
+pub mod daemon;
 pub mod enforce;
 pub mod job;
 pub mod policy;
