@@ -18,7 +18,7 @@ use crate::enforce::instances::{InstanceSettings, Instances};
 use crate::enforce::route::CpuJobsRoute;
 use crate::enforce::shaping::{Classifier, NetworkControl, CPU_JOBS_MARK, NET_CLS_GROUP};
 use crate::enforce::sim::SimulatedEnforcer;
-use crate::enforce::tc::{find_net_cls_mount, CommandRunner};
+use crate::enforce::tc::{find_net_cls_mount, CommandRunner, Steering};
 use crate::enforce::{CgroupDriver, EnforceSettings, Enforcer, PidPinning, PinMethod};
 use crate::policy::contention::{ContentionConfig, Mode as ContentionMode};
 use crate::sense::membw::{CpuVendor, MbaCaps};
@@ -137,6 +137,16 @@ impl From<config::GpuSourceChoice> for GpuChoice {
             config::GpuSourceChoice::Nvml => GpuChoice::Nvml,
             config::GpuSourceChoice::Emulated => GpuChoice::Emulated,
             config::GpuSourceChoice::Off => GpuChoice::Off,
+        }
+    }
+}
+
+impl From<config::NetSteering> for Steering {
+    fn from(steering: config::NetSteering) -> Self {
+        match steering {
+            config::NetSteering::Auto => Steering::Auto,
+            config::NetSteering::TcFilter => Steering::TcFilter,
+            config::NetSteering::Nft => Steering::Nft,
         }
     }
 }
@@ -293,12 +303,9 @@ fn network_control(
     let control = match (shaping, slow) {
         (_, Some(slow)) => CpuJobsRoute::new(slow, CPU_JOBS_MARK)
             .map(|route| NetworkControl::routing(route, runner, classifier)),
-        (Some(shaping), None) => NetworkControl::new(
-            &shaping,
-            config.network.steering.to_steering(),
-            runner,
-            classifier,
-        ),
+        (Some(shaping), None) => {
+            NetworkControl::new(&shaping, config.network.steering.into(), runner, classifier)
+        }
         (None, None) => return None,
     };
     match control {
@@ -544,5 +551,56 @@ async fn wait_for_signal() {
     tokio::select! {
         _ = term.recv() => {}
         _ = int.recv() => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The shipped defaults, wired: right-sizing and contention both enforce, contention's calm
+    /// level 0.15 under its threshold, GPUs sensed with NVML when there.
+    #[test]
+    fn defaults_wire_through() {
+        let defaults = Config::default();
+        let agent = agent_settings(&defaults);
+        assert_eq!(agent.interval, Duration::from_secs(1));
+        assert_eq!(agent.rightsize.enforce, Some(true));
+        assert_eq!(agent.rightsize.warmup, Duration::from_secs(180));
+        let contention = agent.contention.expect("contention on by default");
+        assert_eq!(contention.mode, ContentionMode::Enforce);
+        assert!((contention.membw_calm - 0.60).abs() < 1e-9);
+        let enforce = enforce_settings(&defaults);
+        assert_eq!(enforce.driver, CgroupDriver::Auto);
+        assert_eq!(enforce.pid_jobs, PidPinning::Auto);
+        assert_eq!(enforce.grant_rt_budget_us, None);
+        let sampler = sampler_settings(&defaults);
+        assert_eq!(sampler.gpu, GpuChoice::Auto);
+        assert_eq!(sampler.perf_max_fds, 65536);
+    }
+
+    #[test]
+    fn modes_map_as_documented() {
+        let mut c = Config::default();
+        c.rightsize.mode = config::RightsizeMode::Advise;
+        c.contention.mode = config::RightsizeMode::Advise;
+        let agent = agent_settings(&c);
+        assert_eq!(agent.rightsize.enforce, Some(false));
+        let contention = agent.contention.expect("advise keeps contention on");
+        assert_eq!(contention.mode, ContentionMode::Advise);
+        c.rightsize.mode = config::RightsizeMode::Off;
+        c.contention.mode = config::RightsizeMode::Off;
+        let agent = agent_settings(&c);
+        assert_eq!(agent.rightsize.enforce, None);
+        assert!(agent.contention.is_none());
+        assert_eq!(Bus::from(config::BusKind::Session), Bus::Session);
+        assert_eq!(
+            Steering::from(config::NetSteering::TcFilter),
+            Steering::TcFilter
+        );
+        assert_eq!(
+            GpuChoice::from(config::GpuSourceChoice::Emulated),
+            GpuChoice::Emulated
+        );
     }
 }

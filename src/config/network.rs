@@ -78,16 +78,6 @@ named_enum! {
     }
 }
 
-impl NetSteering {
-    pub fn to_steering(self) -> crate::enforce::tc::Steering {
-        match self {
-            NetSteering::Auto => crate::enforce::tc::Steering::Auto,
-            NetSteering::TcFilter => crate::enforce::tc::Steering::TcFilter,
-            NetSteering::Nft => crate::enforce::tc::Steering::Nft,
-        }
-    }
-}
-
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, expecting = "a table")]
 pub(super) struct RawNetwork {
