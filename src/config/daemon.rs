@@ -1,0 +1,210 @@
+//! config::daemon: the daemon's own sections: `[agent]` (the loop's interval, the state
+//! directory), `[api]` (the D-Bus bus and the group allowed to change things), `[log]` and
+//! `[metrics]`. Touches no file.
+
+use std::ops::RangeInclusive;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use toml::Spanned;
+
+use super::value::{absolute, in_range, named_enum, one_of};
+use super::{ConfigError, Cx};
+
+/// Valid `agent.interval_ms`. Below 10 ms the agent would spend its time sensing; above a
+/// minute it would react to nothing.
+pub const INTERVAL_MS_RANGE: RangeInclusive<i64> = 10..=60_000;
+
+/// Longest group name accepted (shadow-utils' default limit).
+const GROUP_NAME_MAX: usize = 32;
+
+/// `[agent]`: the loop.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct AgentConfig {
+    pub interval_ms: u64,
+    pub state_dir: PathBuf,
+}
+
+impl AgentConfig {
+    /// The agent's tick.
+    pub fn interval(&self) -> Duration {
+        Duration::from_millis(self.interval_ms)
+    }
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        Self {
+            interval_ms: 1000,
+            state_dir: PathBuf::from("/var/lib/lodger"),
+        }
+    }
+}
+
+/// `[api]`: the D-Bus surface.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ApiConfig {
+    /// Root and members of this group may make mutating calls.
+    pub group: String,
+    pub bus: BusKind,
+}
+
+named_enum! {
+    /// `api.bus`: which D-Bus bus lodgerd serves on.
+    BusKind {
+        System => "system",
+        /// For tests and development.
+        Session => "session",
+    }
+}
+
+impl Default for ApiConfig {
+    fn default() -> Self {
+        Self {
+            group: "lodger".to_string(),
+            bus: BusKind::System,
+        }
+    }
+}
+
+/// `[log]`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LogConfig {
+    pub level: LogLevel,
+}
+
+named_enum! {
+    /// `log.level`. `as_str` is also a valid `tracing` filter directive.
+    LogLevel {
+        Error => "error",
+        Warn => "warn",
+        Info => "info",
+        Debug => "debug",
+        Trace => "trace",
+    }
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        Self {
+            level: LogLevel::Info,
+        }
+    }
+}
+
+/// `[metrics]`: the Prometheus endpoint.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct MetricsConfig {
+    /// `host:port` to serve `/metrics` on; empty: off.
+    pub listen: String,
+}
+
+impl MetricsConfig {
+    /// The address to listen on, when the endpoint is on (checked at load).
+    pub fn address(&self) -> Option<std::net::SocketAddr> {
+        self.listen.parse().ok()
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a table")]
+pub(super) struct RawAgent {
+    interval_ms: Option<Spanned<i64>>,
+    state_dir: Option<Spanned<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a table")]
+pub(super) struct RawApi {
+    group: Option<Spanned<String>>,
+    bus: Option<Spanned<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a table")]
+pub(super) struct RawLog {
+    level: Option<Spanned<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a table")]
+pub(super) struct RawMetrics {
+    listen: Option<Spanned<String>>,
+}
+
+impl Cx<'_> {
+    pub(super) fn agent(&mut self, raw: Option<RawAgent>) -> Result<AgentConfig, ConfigError> {
+        let d = AgentConfig::default();
+        let Some(raw) = raw else { return Ok(d) };
+        Ok(AgentConfig {
+            interval_ms: self.field("agent.interval_ms", raw.interval_ms, d.interval_ms, |v| {
+                in_range(v, &INTERVAL_MS_RANGE)
+            })?,
+            state_dir: self.field("agent.state_dir", raw.state_dir, d.state_dir, absolute)?,
+        })
+    }
+
+    pub(super) fn api(&mut self, raw: Option<RawApi>) -> Result<ApiConfig, ConfigError> {
+        let d = ApiConfig::default();
+        let Some(raw) = raw else { return Ok(d) };
+        Ok(ApiConfig {
+            group: self.field("api.group", raw.group, d.group, group_name)?,
+            bus: self.field("api.bus", raw.bus, d.bus, |s| {
+                one_of(&s, BusKind::from_name, BusKind::NAMES)
+            })?,
+        })
+    }
+
+    pub(super) fn log(&mut self, raw: Option<RawLog>) -> Result<LogConfig, ConfigError> {
+        let d = LogConfig::default();
+        let Some(raw) = raw else { return Ok(d) };
+        Ok(LogConfig {
+            level: self.field("log.level", raw.level, d.level, |s| {
+                one_of(&s, LogLevel::from_name, LogLevel::NAMES)
+            })?,
+        })
+    }
+
+    pub(super) fn metrics(
+        &mut self,
+        raw: Option<RawMetrics>,
+    ) -> Result<MetricsConfig, ConfigError> {
+        let d = MetricsConfig::default();
+        let Some(raw) = raw else { return Ok(d) };
+        Ok(MetricsConfig {
+            listen: self.field("metrics.listen", raw.listen, d.listen, |s| {
+                if s.is_empty() || s.parse::<std::net::SocketAddr>().is_ok() {
+                    Ok(s)
+                } else {
+                    Err(format!(
+                        "must be empty (off) or an address and port such as \"127.0.0.1:9464\" (got \"{s}\")"
+                    ))
+                }
+            })?,
+        })
+    }
+}
+
+/// A POSIX-portable group name, as `groupadd` accepts by default: letters, digits, `_` and `-`,
+/// not starting with a digit or `-`, an optional trailing `$`.
+pub(super) fn group_name(value: String) -> Result<String, String> {
+    let body = value.strip_suffix('$').unwrap_or(&value);
+    let valid = !body.is_empty()
+        && value.len() <= GROUP_NAME_MAX
+        && body
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && body
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+    if valid {
+        Ok(value)
+    } else {
+        Err(format!(
+            "\"{value}\" is not a valid group name (up to {GROUP_NAME_MAX} letters, digits, '_' \
+             or '-', starting with a letter or '_')"
+        ))
+    }
+}

@@ -1,0 +1,261 @@
+//! config::node: `[node]` and `[[node.gpu]]`: the reserved CPUs, where sysfs and procfs are,
+//! GPU locality overrides; and the checks that need the node itself (which CPUs and NUMA nodes
+//! exist), run once the topology is read. Touches no file.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::ops::RangeInclusive;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize, Serializer};
+use toml::Spanned;
+
+use super::value::{absolute, in_range};
+use super::{Config, ConfigError, Cx, Location};
+use crate::cpuset::CpuSet;
+
+/// GPU indices and NUMA node ids accepted in `[[node.gpu]]` before the node is known. The
+/// kernel's MAX_NUMNODES is at most 1024.
+const GPU_INDEX_RANGE: RangeInclusive<i64> = 0..=255;
+
+const NUMA_NODE_RANGE: RangeInclusive<i64> = 0..=1023;
+
+/// `[node]`: what lodger must know about the machine beyond what it reads from sysfs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct NodeConfig {
+    pub reserved_cpus: ReservedCpus,
+    pub sysfs_root: PathBuf,
+    pub proc_root: PathBuf,
+    /// `[[node.gpu]]`: GPU locality overrides, each index at most once.
+    pub gpu: Vec<GpuOverride>,
+}
+
+/// `node.reserved_cpus`: CPUs no job is ever placed on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReservedCpus {
+    /// CPU 0 and its SMT siblings; see [`Config::resolve_reserved`].
+    Auto,
+    /// Exactly these CPUs (possibly none).
+    List(CpuSet),
+}
+
+/// One `[[node.gpu]]` table: the NUMA node GPU `index` is attached to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct GpuOverride {
+    pub index: u32,
+    pub numa_node: u32,
+}
+
+impl NodeConfig {
+    /// The NUMA node `[[node.gpu]]` declares for GPU `index`, if any.
+    pub fn gpu_numa_node(&self, index: u32) -> Option<u32> {
+        self.gpu
+            .iter()
+            .find(|g| g.index == index)
+            .map(|g| g.numa_node)
+    }
+}
+
+impl ReservedCpus {
+    /// Reads the TOML spelling: `auto`, a cpulist, or the empty string for none.
+    pub fn parse(text: &str) -> Result<Self, crate::cpuset::CpuListError> {
+        if text.trim() == "auto" {
+            Ok(ReservedCpus::Auto)
+        } else {
+            CpuSet::parse(text).map(ReservedCpus::List)
+        }
+    }
+}
+
+impl fmt::Display for ReservedCpus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ReservedCpus::Auto => f.write_str("auto"),
+            ReservedCpus::List(set) => write!(f, "{set}"),
+        }
+    }
+}
+
+/// Serialized in its TOML spelling, so a dumped config reads like the file.
+impl Serialize for ReservedCpus {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl Default for NodeConfig {
+    fn default() -> Self {
+        Self {
+            reserved_cpus: ReservedCpus::Auto,
+            sysfs_root: PathBuf::from("/sys"),
+            proc_root: PathBuf::from("/proc"),
+            gpu: Vec::new(),
+        }
+    }
+}
+
+impl Config {
+    /// The CPUs to keep free of jobs on this node. `online` is the node's online CPUs and
+    /// `cpu0_siblings` CPU 0's SMT siblings (with or without CPU 0 itself).
+    ///
+    /// A list must name only online CPUs and leave at least one for jobs. `auto` adapts
+    /// instead of failing: CPU 0 and its siblings, or just CPU 0 if they are every online CPU
+    /// (a 2-thread VM), or nothing on a single-CPU node.
+    pub fn resolve_reserved(
+        &self,
+        online: &CpuSet,
+        cpu0_siblings: &CpuSet,
+    ) -> Result<CpuSet, ConfigError> {
+        const KEY: &str = "node.reserved_cpus";
+        match &self.node.reserved_cpus {
+            ReservedCpus::Auto => {
+                let mut core0 = cpu0_siblings.clone();
+                core0.insert(0);
+                let core0 = core0.intersection(online);
+                if core0.len() < online.len() {
+                    Ok(core0)
+                } else if online.len() > 1 {
+                    Ok(core0.first().into_iter().collect())
+                } else {
+                    Ok(CpuSet::new())
+                }
+            }
+            ReservedCpus::List(wanted) => {
+                let missing = wanted.difference(online);
+                if !missing.is_empty() {
+                    let (noun, verb) = if missing.len() == 1 {
+                        ("CPU", "is")
+                    } else {
+                        ("CPUs", "are")
+                    };
+                    return Err(self.error_at(
+                        KEY,
+                        format!(
+                            "{noun} {missing} {verb} not online on this node (online: {online})"
+                        ),
+                    ));
+                }
+                if !online.is_empty() && online.is_subset(wanted) {
+                    return Err(self.error_at(
+                        KEY,
+                        format!(
+                            "reserves every online CPU ({online}); leave at least one for jobs"
+                        ),
+                    ));
+                }
+                Ok(wanted.clone())
+            }
+        }
+    }
+
+    /// Refuses a `[[node.gpu]]` whose `numa_node` is not one of the node's `numa_nodes`.
+    pub fn check_gpu_overrides(&self, numa_nodes: &CpuSet) -> Result<(), ConfigError> {
+        for (i, gpu) in self.node.gpu.iter().enumerate() {
+            if !numa_nodes.contains(gpu.numa_node) {
+                return Err(self.error_at(
+                    &format!("node.gpu[{i}].numa_node"),
+                    format!(
+                        "NUMA node {} does not exist on this node (nodes: {numa_nodes})",
+                        gpu.numa_node
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a table")]
+pub(super) struct RawNode {
+    reserved_cpus: Option<Spanned<String>>,
+    sysfs_root: Option<Spanned<String>>,
+    proc_root: Option<Spanned<String>>,
+    gpu: Option<Vec<Spanned<RawGpu>>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a table")]
+pub(super) struct RawGpu {
+    index: Option<Spanned<i64>>,
+    numa_node: Option<Spanned<i64>>,
+}
+
+impl Cx<'_> {
+    pub(super) fn node(&mut self, raw: Option<RawNode>) -> Result<NodeConfig, ConfigError> {
+        let d = NodeConfig::default();
+        let Some(raw) = raw else { return Ok(d) };
+        Ok(NodeConfig {
+            reserved_cpus: self.field(
+                "node.reserved_cpus",
+                raw.reserved_cpus,
+                d.reserved_cpus,
+                |s| {
+                    ReservedCpus::parse(&s).map_err(|e| {
+                        format!("must be \"auto\", \"\" (none) or a cpulist such as \"0,32\": {e}")
+                    })
+                },
+            )?,
+            sysfs_root: self.field("node.sysfs_root", raw.sysfs_root, d.sysfs_root, absolute)?,
+            proc_root: self.field("node.proc_root", raw.proc_root, d.proc_root, absolute)?,
+            gpu: self.gpus(raw.gpu.unwrap_or_default())?,
+        })
+    }
+
+    pub(super) fn gpus(
+        &mut self,
+        raw: Vec<Spanned<RawGpu>>,
+    ) -> Result<Vec<GpuOverride>, ConfigError> {
+        let mut gpus = Vec::with_capacity(raw.len());
+        // GPU index → line of the entry that first gave it.
+        let mut seen: BTreeMap<u32, usize> = BTreeMap::new();
+        for (i, entry) in raw.into_iter().enumerate() {
+            let entry_key = format!("node.gpu[{i}]");
+            let entry_span = entry.span();
+            self.lines
+                .insert(entry_key.clone(), self.line(entry_span.start));
+            let entry = entry.into_inner();
+            let (index, numa_node) = match (entry.index, entry.numa_node) {
+                (Some(index), Some(numa_node)) => (index, numa_node),
+                (index, numa_node) => {
+                    let absent: Vec<&str> = [
+                        ("index", index.is_none()),
+                        ("numa_node", numa_node.is_none()),
+                    ]
+                    .into_iter()
+                    .filter_map(|(name, absent)| absent.then_some(name))
+                    .collect();
+                    return Err(ConfigError::Invalid {
+                        at: self.at(Some(entry_span)),
+                        key: entry_key,
+                        message: format!(
+                            "missing {} {}; each [[node.gpu]] needs index and numa_node",
+                            if absent.len() == 1 { "key" } else { "keys" },
+                            absent.join(" and ")
+                        ),
+                    });
+                }
+            };
+            let index_line = self.line(index.span().start);
+            let index = self.field(&format!("{entry_key}.index"), Some(index), 0, |v| {
+                in_range(v, &GPU_INDEX_RANGE)
+            })?;
+            if let Some(first) = seen.insert(index, index_line) {
+                return Err(ConfigError::Invalid {
+                    at: Location {
+                        path: Some(self.path.to_path_buf()),
+                        line: Some(index_line),
+                    },
+                    key: format!("{entry_key}.index"),
+                    message: format!("GPU {index} is already given at line {first}"),
+                });
+            }
+            let numa_node =
+                self.field(&format!("{entry_key}.numa_node"), Some(numa_node), 0, |v| {
+                    in_range(v, &NUMA_NODE_RANGE)
+                })?;
+            gpus.push(GpuOverride { index, numa_node });
+        }
+        Ok(gpus)
+    }
+}

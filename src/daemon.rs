@@ -1,0 +1,604 @@
+//! daemon: lodgerd's body. Reads the config and the node, turns the config's sections into the
+//! settings of enforce, sense, policy, agent and api, starts the agent and the sensing thread and
+//! serves `org.lodger1` (and the metrics endpoint) until SIGTERM/SIGINT. The one room that may
+//! import every other; `config` stays below it and knows nothing of the types it is wired into.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use tracing::{error, info, warn};
+
+use crate::agent::{Agent, AgentHandle, AgentSettings, Enforce, MbaTarget, RightsizeSettings};
+use crate::api::{self, Authority, Bus};
+use crate::config::{self, Config, ConfigError};
+use crate::cpuset::CpuSet;
+use crate::enforce::cgroup::CgroupVersion;
+use crate::enforce::instances::{InstanceSettings, Instances};
+use crate::enforce::route::CpuJobsRoute;
+use crate::enforce::shaping::{Classifier, NetworkControl, CPU_JOBS_MARK, NET_CLS_GROUP};
+use crate::enforce::sim::SimulatedEnforcer;
+use crate::enforce::tc::{find_net_cls_mount, CommandRunner, Steering};
+use crate::enforce::{CgroupDriver, EnforceSettings, Enforcer, PidPinning, PinMethod};
+use crate::policy::contention::{ContentionConfig, Mode as ContentionMode};
+use crate::sense::membw::{CpuVendor, MbaCaps};
+use crate::sense::sampler::{GpuChoice, Sampler, SamplerSettings};
+use crate::store::Store;
+use crate::topology::{Topology, TopologyError};
+
+/// The config, checked against this node: what `--check-config` reports and [`run`] starts
+/// from.
+pub struct Prepared {
+    pub config: Config,
+    pub topology: Topology,
+    /// The CPUs kept free of jobs (`node.reserved_cpus`, resolved on this node).
+    pub reserved: CpuSet,
+}
+
+/// Why lodgerd cannot start on this node with this config (exit status 2).
+#[derive(Debug, thiserror::Error)]
+pub enum PrepareError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("cannot read the node's topology under {}: {source}", root.display())]
+    Topology {
+        root: PathBuf,
+        source: TopologyError,
+    },
+    /// A `[[node.gpu]]` override the topology refuses.
+    #[error(transparent)]
+    GpuOverride(TopologyError),
+}
+
+/// Loads the config (`path`, or the default file when it exists, else the built-in defaults),
+/// reads the node's topology and checks the config against it.
+pub fn prepare(path: Option<&Path>) -> Result<Prepared, PrepareError> {
+    let config = match path {
+        Some(path) => Config::load(path)?,
+        None => {
+            let path = PathBuf::from(config::DEFAULT_CONFIG_PATH);
+            if path.exists() {
+                Config::load(&path)?
+            } else {
+                Config::default()
+            }
+        }
+    };
+    let mut topology =
+        Topology::read(&config.node.sysfs_root).map_err(|source| PrepareError::Topology {
+            root: config.node.sysfs_root.clone(),
+            source,
+        })?;
+    let nodes: CpuSet = topology.numa_nodes.keys().copied().collect();
+    config.check_gpu_overrides(&nodes)?;
+    for gpu in &config.node.gpu {
+        topology
+            .override_gpu(gpu.index, gpu.numa_node)
+            .map_err(PrepareError::GpuOverride)?;
+    }
+    let cpu0_siblings = topology
+        .online()
+        .first()
+        .and_then(|c| topology.siblings(c).cloned())
+        .unwrap_or_default();
+    let reserved = config.resolve_reserved(&topology.online(), &cpu0_siblings)?;
+    Ok(Prepared {
+        config,
+        topology,
+        reserved,
+    })
+}
+
+impl Prepared {
+    /// One line on what lodgerd found: CPUs, NUMA nodes, GPUs and the reserved CPUs.
+    pub fn summary(&self) -> String {
+        format!(
+            "{} CPUs, {} NUMA node(s), {} GPU(s), reserved CPUs {}",
+            self.topology.online().len(),
+            self.topology.numa_nodes.len(),
+            self.topology.gpus.len(),
+            if self.reserved.is_empty() {
+                "none".to_string()
+            } else {
+                self.reserved.to_string()
+            }
+        )
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Config → settings. The config's enums carry the file's spelling; these are the types the
+// rooms below take.
+
+impl From<config::CgroupDriver> for CgroupDriver {
+    fn from(driver: config::CgroupDriver) -> Self {
+        match driver {
+            config::CgroupDriver::Auto => CgroupDriver::Auto,
+            config::CgroupDriver::V1 => CgroupDriver::V1,
+            config::CgroupDriver::V2 => CgroupDriver::V2,
+        }
+    }
+}
+
+impl From<config::PidJobs> for PidPinning {
+    fn from(pid_jobs: config::PidJobs) -> Self {
+        match pid_jobs {
+            config::PidJobs::Auto => PidPinning::Auto,
+            config::PidJobs::Cgroup => PidPinning::Cgroup,
+            config::PidJobs::Affinity => PidPinning::Affinity,
+        }
+    }
+}
+
+impl From<config::GpuSourceChoice> for GpuChoice {
+    fn from(gpu: config::GpuSourceChoice) -> Self {
+        match gpu {
+            config::GpuSourceChoice::Auto => GpuChoice::Auto,
+            config::GpuSourceChoice::Nvml => GpuChoice::Nvml,
+            config::GpuSourceChoice::Emulated => GpuChoice::Emulated,
+            config::GpuSourceChoice::Off => GpuChoice::Off,
+        }
+    }
+}
+
+impl From<config::NetSteering> for Steering {
+    fn from(steering: config::NetSteering) -> Self {
+        match steering {
+            config::NetSteering::Auto => Steering::Auto,
+            config::NetSteering::TcFilter => Steering::TcFilter,
+            config::NetSteering::Nft => Steering::Nft,
+        }
+    }
+}
+
+impl From<config::BusKind> for Bus {
+    fn from(bus: config::BusKind) -> Self {
+        match bus {
+            config::BusKind::System => Bus::System,
+            config::BusKind::Session => Bus::Session,
+        }
+    }
+}
+
+/// `[cgroup]` and `[training]`: how training jobs are pinned and scheduled.
+fn enforce_settings(config: &Config) -> EnforceSettings {
+    EnforceSettings {
+        cgroup_root: config.cgroup.root.clone(),
+        proc_root: config.node.proc_root.clone(),
+        driver: config.cgroup.driver.into(),
+        parent: config.cgroup.parent.clone(),
+        pid_jobs: config.cgroup.pid_jobs.into(),
+        rt_priority: config.training.rt_priority,
+        allow_unthrottled_rt: config.training.allow_unthrottled_rt,
+        grant_rt_budget_us: config.training.grant_rt_budget_us(),
+    }
+}
+
+/// `[inference]`: the instance runner's settings and the layout probe's length.
+fn instance_settings(config: &Config, enforce: &EnforceSettings) -> (InstanceSettings, Duration) {
+    let probe = Duration::from_secs(config.inference.probe_seconds);
+    let settings = InstanceSettings {
+        stop_grace: Duration::from_secs(config.inference.stop_grace_seconds),
+        window: probe,
+        ..InstanceSettings::with_enforce(enforce)
+    };
+    (settings, probe)
+}
+
+/// `[agent]`, `[rightsize]` and `[contention]`: the agent loop's settings.
+fn agent_settings(config: &Config) -> AgentSettings {
+    AgentSettings {
+        interval: config.interval(),
+        rt_priority: config.training.rt_priority,
+        proc_root: config.node.proc_root.clone(),
+        rightsize: RightsizeSettings {
+            enforce: match config.rightsize.mode {
+                config::RightsizeMode::Enforce => Some(true),
+                config::RightsizeMode::Advise => Some(false),
+                config::RightsizeMode::Off => None,
+            },
+            warmup: Duration::from_secs(config.rightsize.warmup_seconds),
+            window: Duration::from_secs(config.rightsize.window_seconds),
+            shrink: config.rightsize.shrink,
+            tolerance: config.rightsize.tolerance_cores,
+        },
+        contention: match config.contention.mode {
+            config::RightsizeMode::Off => None,
+            mode => Some(ContentionConfig {
+                mode: if mode == config::RightsizeMode::Advise {
+                    ContentionMode::Advise
+                } else {
+                    ContentionMode::Enforce
+                },
+                membw_threshold: config.contention.membw_threshold,
+                membw_calm: (config.contention.membw_threshold - 0.15).max(0.05),
+                pressure_ticks: config.contention.pressure_ticks,
+                calm_ticks: config.contention.calm_ticks,
+                ..ContentionConfig::default()
+            }),
+        },
+    }
+}
+
+/// `[sense]`: the sensing thread's settings.
+fn sampler_settings(config: &Config) -> SamplerSettings {
+    SamplerSettings {
+        interval: config.sense.interval(),
+        proc_root: config.node.proc_root.clone(),
+        sysfs_root: config.node.sysfs_root.clone(),
+        gpu: config.sense.gpu.into(),
+        emulated_gpu_dir: config.sense.emulated_gpu_dir.clone(),
+        perf: config.sense.perf,
+        perf_max_fds: usize::try_from(config.sense.perf_max_fds).unwrap_or(usize::MAX),
+        resctrl_root: config.sense.resctrl_root.clone(),
+        membw_peak_bytes_per_s: config.sense.membw_peak_bytes_per_s,
+    }
+}
+
+/// Network shaping (SODA §V-E) when `[[network.link]]` names interfaces, with the way CPU
+/// jobs' traffic is told apart on this node's cgroups.
+fn network_control(
+    config: &Config,
+    runner: Option<&Instances>,
+    sim: bool,
+) -> Option<NetworkControl> {
+    let shaping = config.network.shaping();
+    let slow = config.network.slow_network();
+    if shaping.is_none() && slow.is_none() {
+        info!("network shaping off: no [[network.link]] (or network.cpu_jobs_interface) in the config");
+        return None;
+    }
+    if sim {
+        info!("network shaping off: --sim changes nothing on the node");
+        return None;
+    }
+    let classifier = match runner {
+        None => Classifier::Unavailable("inference instances are unavailable".into()),
+        Some(r) => match (r.cgroup_version(), r.placement()) {
+            (CgroupVersion::V1, _) => {
+                let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+                match find_net_cls_mount(&mountinfo) {
+                    Some(hierarchy) => Classifier::NetCls {
+                        hierarchy,
+                        relative: format!("{}/{}", config.cgroup.parent, NET_CLS_GROUP),
+                    },
+                    None => Classifier::Unavailable(
+                        "cgroup v1 without the net_cls controller mounted; mount it \
+                         (mount -t cgroup -o net_cls net_cls /sys/fs/cgroup/net_cls) and restart lodgerd"
+                            .into(),
+                    ),
+                }
+            }
+            (CgroupVersion::V2, PinMethod::Cgroup) => Classifier::CgroupV2,
+            // Instances stay in lodgerd's own cgroup: shaping moves them into a child of it.
+            (CgroupVersion::V2, PinMethod::Affinity) => {
+                let own = std::fs::read_to_string("/proc/self/cgroup")
+                    .ok()
+                    .and_then(|t| {
+                        t.lines()
+                            .find_map(|l| l.strip_prefix("0::").map(|p| p.trim().to_string()))
+                    });
+                match own {
+                    Some(own) => {
+                        let own = own.trim_matches('/');
+                        Classifier::OwnCgroupV2 {
+                            root: config.cgroup.root.clone(),
+                            relative: if own.is_empty() {
+                                format!("lodger-{NET_CLS_GROUP}")
+                            } else {
+                                format!("{own}/{NET_CLS_GROUP}")
+                            },
+                        }
+                    }
+                    None => Classifier::Unavailable(
+                        "instances have no cgroups of their own and lodgerd's cgroup2 path is \
+                         not in /proc/self/cgroup"
+                            .into(),
+                    ),
+                }
+            }
+        },
+    };
+    let runner = Box::new(CommandRunner::new());
+    let control = match (shaping, slow) {
+        (_, Some(slow)) => CpuJobsRoute::new(slow, CPU_JOBS_MARK)
+            .map(|route| NetworkControl::routing(route, runner, classifier)),
+        (Some(shaping), None) => {
+            NetworkControl::new(&shaping, config.network.steering.into(), runner, classifier)
+        }
+        (None, None) => return None,
+    };
+    match control {
+        Ok(n) => {
+            info!("{}", n.status());
+            Some(n)
+        }
+        Err(e) => {
+            warn!("network shaping off: {e}");
+            None
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Running.
+
+/// Keeps lodgerd's own threads on the reserved (housekeeping) CPUs, so the training jobs'
+/// SCHED_RR threads can never starve the agent. Set before any thread starts: threads inherit it.
+fn pin_self(reserved: &CpuSet) {
+    if reserved.is_empty() {
+        return;
+    }
+    let mut set = nix::sched::CpuSet::new();
+    for cpu in reserved {
+        let Ok(cpu) = usize::try_from(cpu) else {
+            continue;
+        };
+        if set.set(cpu).is_err() {
+            return;
+        }
+    }
+    if let Err(e) = nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set) {
+        warn!("cannot keep lodgerd on the reserved CPUs {reserved}: {e}");
+    }
+}
+
+/// Runs lodgerd on a prepared node until SIGTERM/SIGINT: enforcement (simulated with `sim`),
+/// the agent with its runner, MBA, network control and sensing thread, then D-Bus and metrics.
+/// Logging must be set up first. Returns the exit status (1: could not start).
+pub fn run(prepared: Prepared, sim: bool) -> ExitCode {
+    let Prepared {
+        config,
+        topology,
+        reserved,
+    } = prepared;
+    pin_self(&reserved);
+
+    let mut runner = None;
+    let enforcer: Box<dyn Enforce> = if sim {
+        info!("simulated enforcement: no cgroup or scheduling policy will be changed");
+        Box::new(SimulatedEnforcer::new(config.node.proc_root.clone()))
+    } else {
+        let settings = enforce_settings(&config);
+        let (instance_settings, probe) = instance_settings(&config, &settings);
+        match Instances::new(instance_settings) {
+            Ok(r) => runner = Some((r, probe)),
+            Err(e) => warn!("inference instances unavailable: {e}"),
+        }
+        match Enforcer::new(settings) {
+            Ok(e) => Box::new(e),
+            Err(e) => {
+                error!("{e}");
+                eprintln!("lodgerd: {e}");
+                return ExitCode::from(1);
+            }
+        }
+    };
+    info!(
+        cpus = %topology.online(),
+        reserved = %reserved,
+        numa_nodes = topology.numa_nodes.len(),
+        gpus = topology.gpus.len(),
+        enforcement = %enforcer.describe(),
+        "lodgerd {} starting",
+        env!("CARGO_PKG_VERSION")
+    );
+    if topology.gpus.is_empty() {
+        info!("no NVIDIA GPU found in sysfs: jobs get no GPU locality preference");
+    }
+
+    let settings = agent_settings(&config);
+    let store = Store::new(config.agent.state_dir.clone());
+    let mut agent = Agent::builder(settings, topology, reserved, enforcer, store);
+    // MBA for contention control, where resctrl has it.
+    match MbaCaps::read(
+        &config.sense.resctrl_root,
+        &CpuVendor::from_cpuinfo(&config.node.proc_root).unwrap_or(CpuVendor::Other(String::new())),
+    ) {
+        Ok(caps) if !sim => {
+            agent = agent.mba(MbaTarget::new(config.sense.resctrl_root.clone(), caps));
+        }
+        Ok(_) => {}
+        Err(e) => {
+            info!("memory-bandwidth allocation (MBA) unavailable, contention control halves cores instead: {e}");
+        }
+    }
+    if let Some(n) = network_control(&config, runner.as_ref().map(|(r, _)| r), sim) {
+        agent = agent.network(n);
+    }
+    if let Some((r, probe)) = runner {
+        agent = agent.runner(r, probe);
+    }
+    let sampler = Sampler::open(sampler_settings(&config));
+    let mut sense_thread = None;
+    match sampler.spawn() {
+        Ok((link, join)) => {
+            sense_thread = Some(join);
+            agent = agent.sensor(link);
+        }
+        Err(e) => {
+            warn!("cannot start the sensing thread: {e}; running without measurements");
+        }
+    }
+    let agent = match agent.start() {
+        Ok(a) => a,
+        Err(e) => {
+            error!("{e}");
+            return ExitCode::from(1);
+        }
+    };
+    let (handle, join) = match agent.spawn() {
+        Ok(x) => x,
+        Err(e) => {
+            error!("cannot start the agent thread: {e}");
+            return ExitCode::from(1);
+        }
+    };
+
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            error!("cannot start the runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let code = serve(&rt, &config, &handle);
+    handle.stop();
+    if join.join().is_err() {
+        error!("the agent thread panicked");
+        return ExitCode::from(1);
+    }
+    // The sensing thread ends once the agent is gone, removing the jobs' resctrl monitoring
+    // groups on its way out: wait for it (at most one sensing interval and a pass).
+    if let Some(sense) = sense_thread {
+        if sense.join().is_err() {
+            error!("the sensing thread panicked");
+        }
+    }
+    code
+}
+
+/// Serves `org.lodger1` on the configured bus (and metrics, and the systemd watchdog) on `rt`
+/// until SIGTERM/SIGINT.
+fn serve(rt: &tokio::runtime::Runtime, config: &Config, handle: &AgentHandle) -> ExitCode {
+    let bus = Bus::from(config.api.bus);
+    let auth = Authority {
+        group: config.api.group.clone(),
+    };
+    let rt_priority = config.training.rt_priority;
+    rt.block_on(async {
+        let conn = match api::serve(bus, handle.clone(), auth, rt_priority).await {
+            Ok(c) => c,
+            Err(e) => {
+                error!(
+                    "cannot serve {} on the {:?} bus: {e} (is another lodgerd running, and does the D-Bus policy allow root to own the name?)",
+                    api::BUS_NAME,
+                    bus
+                );
+                return ExitCode::from(1);
+            }
+        };
+        info!("serving {} on the {:?} bus", api::BUS_NAME, bus);
+        // READY only now: the bus name is owned and the state file's jobs are re-adopted.
+        notify(&[sd_notify::NotifyState::Ready]);
+        if let Some(listen) = config.metrics.address() {
+            let agent = handle.clone();
+            tokio::spawn(async move {
+                if let Err(e) = api::metrics::serve(listen, agent).await {
+                    error!("cannot serve Prometheus metrics on {listen}: {e}");
+                }
+            });
+        }
+        if let Some(period) = sd_notify::watchdog_enabled() {
+            tokio::spawn(watchdog(handle.clone(), period, config.interval()));
+        }
+        wait_for_signal().await;
+        notify(&[sd_notify::NotifyState::Stopping]);
+        info!("stopping");
+        drop(conn);
+        ExitCode::SUCCESS
+    })
+}
+
+/// Tells systemd (Type=notify) about our state; a no-op when not started by systemd.
+fn notify(state: &[sd_notify::NotifyState]) {
+    if let Err(e) = sd_notify::notify(state) {
+        warn!("cannot notify systemd: {e}");
+    }
+}
+
+/// Pings systemd's watchdog only while the agent loop makes progress: a wedged agent (stuck in a
+/// kernel call, deadlocked) stops the pings and systemd restarts lodgerd. Not a bare timer.
+async fn watchdog(agent: AgentHandle, period: Duration, interval: Duration) {
+    let mut seen = agent.ticks();
+    let mut last_progress = Instant::now();
+    let mut every = tokio::time::interval(period / 2);
+    loop {
+        every.tick().await;
+        let now = agent.ticks();
+        if now != seen {
+            seen = now;
+            last_progress = Instant::now();
+        }
+        // A tick is due every `interval`; allow two to be late before going quiet.
+        if last_progress.elapsed() <= interval * 2 + period / 2 {
+            notify(&[sd_notify::NotifyState::Watchdog]);
+        } else {
+            warn!(
+                "agent loop made no progress for {:?}; not pinging the watchdog",
+                last_progress.elapsed()
+            );
+        }
+    }
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        // Without signal handlers the default action (exit) still stops lodgerd.
+        std::future::pending::<()>().await;
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The shipped defaults, wired: right-sizing and contention both enforce, contention's calm
+    /// level 0.15 under its threshold, GPUs sensed with NVML when there.
+    #[test]
+    fn defaults_wire_through() {
+        let defaults = Config::default();
+        let agent = agent_settings(&defaults);
+        assert_eq!(agent.interval, Duration::from_secs(1));
+        assert_eq!(agent.rightsize.enforce, Some(true));
+        assert_eq!(agent.rightsize.warmup, Duration::from_secs(180));
+        let contention = agent.contention.expect("contention on by default");
+        assert_eq!(contention.mode, ContentionMode::Enforce);
+        assert!((contention.membw_calm - 0.60).abs() < 1e-9);
+        let enforce = enforce_settings(&defaults);
+        assert_eq!(enforce.driver, CgroupDriver::Auto);
+        assert_eq!(enforce.pid_jobs, PidPinning::Auto);
+        assert_eq!(enforce.grant_rt_budget_us, None);
+        let sampler = sampler_settings(&defaults);
+        assert_eq!(sampler.gpu, GpuChoice::Auto);
+        assert_eq!(sampler.perf_max_fds, 65536);
+    }
+
+    #[test]
+    fn modes_map_as_documented() {
+        let mut c = Config::default();
+        c.rightsize.mode = config::RightsizeMode::Advise;
+        c.contention.mode = config::RightsizeMode::Advise;
+        let agent = agent_settings(&c);
+        assert_eq!(agent.rightsize.enforce, Some(false));
+        let contention = agent.contention.expect("advise keeps contention on");
+        assert_eq!(contention.mode, ContentionMode::Advise);
+        c.rightsize.mode = config::RightsizeMode::Off;
+        c.contention.mode = config::RightsizeMode::Off;
+        let agent = agent_settings(&c);
+        assert_eq!(agent.rightsize.enforce, None);
+        assert!(agent.contention.is_none());
+        assert_eq!(Bus::from(config::BusKind::Session), Bus::Session);
+        assert_eq!(
+            Steering::from(config::NetSteering::TcFilter),
+            Steering::TcFilter
+        );
+        assert_eq!(
+            GpuChoice::from(config::GpuSourceChoice::Emulated),
+            GpuChoice::Emulated
+        );
+    }
+}
