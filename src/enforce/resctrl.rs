@@ -20,8 +20,8 @@ use std::fs::{self, OpenOptions};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
-use crate::enforce::procs::{ProcError, ProcReader};
 use crate::sense::membw::{parse_mb_schemata, MbaCaps, MembwError, TaskMove};
+use crate::sys::procfs::{ProcError, ProcReader};
 
 /// The control group lodger throttles batch and offline jobs in.
 pub const DEFAULT_CONTROL_GROUP: &str = "lodger-lodgers";

@@ -7,7 +7,7 @@
 //! list without the CPU number (wrong as soon as a CPU is offline), its `CpuPressure` requires the
 //! `full` line that kernels before 5.13 do not write for cpu, and `/proc/PID/stat` is read for
 //! every process of every job each tick, where a reused buffer beats a fifty-field struct (the
-//! reasoning of `enforce::procs`). The crate is used for `ticks_per_second`.
+//! reasoning of `sys::procfs`). The crate is used for `ticks_per_second`.
 //!
 //! Samples are raw monotonic counters with the instant they were taken; rates are pure functions
 //! of two samples.

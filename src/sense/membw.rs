@@ -22,8 +22,8 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::enforce::procs::ProcReader;
 use crate::job::JobId;
+use crate::sys::procfs::ProcReader;
 
 /// Where the kernel mounts resctrl.
 pub const DEFAULT_RESCTRL_ROOT: &str = "/sys/fs/resctrl";
@@ -869,7 +869,7 @@ impl MonGroup {
         for &pid in pids {
             let before = tids.len();
             let alive = reader.threads(pid, &mut tids).map_err(|e| match e {
-                crate::enforce::procs::ProcError::Read { path, source } => {
+                crate::sys::procfs::ProcError::Read { path, source } => {
                     MembwError::Io { path, source }
                 }
             })?;

@@ -33,8 +33,8 @@ use perf_event::{Builder, Counter, ReadFormat};
 use serde::Serialize;
 
 use crate::cpuset::CpuSet;
-use crate::enforce::procs::ProcReader;
 use crate::job::JobId;
+use crate::sys::procfs::ProcReader;
 
 /// `kernel.perf_event_paranoid`, relative to the proc root.
 pub const PARANOID_FILE: &str = "sys/kernel/perf_event_paranoid";
@@ -208,7 +208,7 @@ pub enum PerfError {
     #[error("job {job}: no process of {target} is alive")]
     TargetGone { job: JobId, target: String },
     #[error(transparent)]
-    Proc(#[from] crate::enforce::procs::ProcError),
+    Proc(#[from] crate::sys::procfs::ProcError),
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -5,7 +5,7 @@
 //! Hand-written rather than through the procfs crate on this path: it runs every tick for every
 //! process of every job and needs three fields of `stat`; the crate parses all fifty-odd fields
 //! into a fresh struct (and a `String` for the command name) per call. The crate is used where it
-//! fits (`/proc/PID/cgroup`, in `cgroup.rs` and `rtgroup.rs`).
+//! fits (`/proc/PID/cgroup`, in `enforce::cgroup` and `enforce::rtgroup`).
 
 use std::fs::{self, File};
 use std::io::{self, Read};

@@ -1,0 +1,1 @@
+//! resctrl (`/sys/fs/resctrl`): its files, read and written.
