@@ -37,9 +37,9 @@ use crate::policy::inference::{
 };
 use crate::policy::rightsize::{self, CoreLimits, StartHints, Tuner, TunerAction, TunerSettings};
 use crate::policy::{self, Placement, Plan, TrainingJobView};
-use crate::sense::membw::MbaCaps;
 use crate::sense::{Observations, SensedJob};
 use crate::store::{Loaded, Lodging, State, Store, StoreError, StoredJob, Tuning};
+use crate::sys::resctrlfs::MbaCaps;
 use crate::topology::Topology;
 
 /// What the agent needs from enforcement. [`crate::enforce::Enforcer`] is the real one;
@@ -611,7 +611,7 @@ impl Agent {
         }
         if let Some(mba) = &mut self.mba {
             if let Some(group) = mba.group.take() {
-                if let Err(e) = group.restore().and_then(|_| group.remove()) {
+                if let Err(e) = group.restore_and_remove() {
                     warn!("cannot remove lodger's resctrl group: {e}");
                 }
             }
@@ -1361,7 +1361,7 @@ impl Agent {
             }
             None => {
                 if let Some(group) = mba.group.take() {
-                    if let Err(e) = group.restore().and_then(|_| group.remove()) {
+                    if let Err(e) = group.restore_and_remove() {
                         warn!("contention: cannot remove lodger's resctrl group: {e}");
                     }
                 }
@@ -2149,7 +2149,7 @@ mod tests {
     /// the offline lodger's threads in it, and calm gives the bandwidth back.
     #[test]
     fn contention_throttles_offline_lodgers_with_mba_on_an_intel_tree() {
-        use crate::sense::membw::{CpuVendor, MbaCaps};
+        use crate::sys::resctrlfs::{CpuVendor, MbaCaps};
         let resctrl = crate::testutil::copy_of(&crate::testutil::resctrl_fixture("intel-mba-mbm"));
         let schemata = resctrl.path().join("lodger-lodgers/schemata");
         let tasks = resctrl.path().join("lodger-lodgers/tasks");

@@ -21,9 +21,9 @@ use lodger::enforce::sim::SimulatedEnforcer;
 use lodger::enforce::tc::{find_net_cls_mount, CommandRunner};
 use lodger::enforce::{CgroupDriver, EnforceSettings, Enforcer, PidPinning, PinMethod};
 use lodger::policy::contention::{ContentionConfig, Mode as ContentionMode};
-use lodger::sense::membw::{CpuVendor, MbaCaps};
 use lodger::sense::sampler::{GpuChoice, Sampler, SamplerSettings};
 use lodger::store::Store;
+use lodger::sys::resctrlfs::{CpuVendor, MbaCaps};
 use lodger::topology::Topology;
 
 fn init_logging(level: &str) {

@@ -122,6 +122,20 @@ impl ProcReader {
         Ok(true)
     }
 
+    /// The thread ids of each of `pids`, appended to `tids` (for moving whole processes into a
+    /// resctrl group, which moves single threads). Returns the pids that are gone or list no
+    /// thread.
+    pub fn threads_of(&mut self, pids: &[u32], tids: &mut Vec<u32>) -> Result<Vec<u32>, ProcError> {
+        let mut gone = Vec::new();
+        for &pid in pids {
+            let before = tids.len();
+            if !self.threads(pid, tids)? || tids.len() == before {
+                gone.push(pid);
+            }
+        }
+        Ok(gone)
+    }
+
     /// The pid of the most recently created task (the fifth field of `/proc/loadavg`). It moves on
     /// every fork and clone, so an unchanged value means no process appeared since it was read.
     pub fn last_pid(&mut self) -> Option<u32> {
