@@ -169,7 +169,7 @@ pub(crate) fn read_text(path: &Path) -> Result<String, ResctrlfsError> {
     fs::read_to_string(path).map_err(io_err(path))
 }
 
-pub(crate) fn parse_u32(path: &Path, text: &str) -> Result<u32, ResctrlfsError> {
+fn parse_u32(path: &Path, text: &str) -> Result<u32, ResctrlfsError> {
     let value = text.trim();
     value.parse().map_err(|_| ResctrlfsError::Parse {
         path: path.to_path_buf(),
@@ -178,7 +178,7 @@ pub(crate) fn parse_u32(path: &Path, text: &str) -> Result<u32, ResctrlfsError> 
     })
 }
 
-pub(crate) fn read_u32(path: &Path) -> Result<u32, ResctrlfsError> {
+fn read_u32(path: &Path) -> Result<u32, ResctrlfsError> {
     parse_u32(path, &read_text(path)?)
 }
 
