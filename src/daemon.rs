@@ -21,7 +21,7 @@ use crate::enforce::sim::SimulatedEnforcer;
 use crate::enforce::tc::{find_net_cls_mount, CommandRunner, Steering};
 use crate::enforce::{CgroupDriver, EnforceSettings, Enforcer, PidPinning, PinMethod};
 use crate::policy::contention::{ContentionConfig, Mode as ContentionMode};
-use crate::sense::membw::{CpuVendor, MbaCaps};
+use crate::sys::resctrlfs::{CpuVendor, MbaCaps};
 use crate::sense::sampler::{GpuChoice, Sampler, SamplerSettings};
 use crate::store::Store;
 use crate::topology::{Topology, TopologyError};

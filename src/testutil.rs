@@ -51,3 +51,27 @@ pub fn simulate_kernel_rmdir(group: &Path) {
         }
     }
 }
+
+/// Writes `content` to `path`, making its parent directories.
+pub fn write(path: &Path, content: &str) {
+    if let Some(parent) = path.parent() {
+        fs::create_dir_all(parent).expect("create parent");
+    }
+    fs::write(path, content).expect("write file");
+}
+
+/// A minimal mounted resctrl with MBM and the given default-group counter contents.
+pub fn minimal_resctrl(root: &Path, domains: &[(&str, &str)]) {
+    use crate::sys::resctrlfs::{MBM_TOTAL_BYTES, MON_DATA, MON_FEATURES, NUM_RMIDS};
+    write(
+        &root.join(MON_FEATURES),
+        "llc_occupancy\nmbm_total_bytes\nmbm_local_bytes\n",
+    );
+    write(&root.join(NUM_RMIDS), "224\n");
+    for (domain, content) in domains {
+        write(
+            &root.join(MON_DATA).join(domain).join(MBM_TOTAL_BYTES),
+            content,
+        );
+    }
+}

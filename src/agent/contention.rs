@@ -15,7 +15,7 @@ use crate::policy::contention::{
     ContentionConfig, ContentionEliminator, ContentionObservations, JobObservation, MbaGroup,
     Mechanism, NodeMembw, Role, Throttles,
 };
-use crate::sense::membw::MbaCaps;
+use crate::sys::resctrlfs::MbaCaps;
 
 /// resctrl MBA, when the node has it.
 pub struct MbaTarget {
@@ -37,7 +37,7 @@ impl MbaTarget {
     /// `context` starts the warning when that fails.
     fn remove_group(&mut self, context: &str) {
         if let Some(group) = self.group.take() {
-            if let Err(e) = group.restore().and_then(|_| group.remove()) {
+            if let Err(e) = group.restore_and_remove() {
                 warn!("{context}cannot remove lodger's resctrl group: {e}");
             }
         }

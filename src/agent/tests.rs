@@ -355,7 +355,7 @@ fn contention_halves_an_offline_lodger_when_training_progress_drops() {
 /// the offline lodger's threads in it, and calm gives the bandwidth back.
 #[test]
 fn contention_throttles_offline_lodgers_with_mba_on_an_intel_tree() {
-    use crate::sense::membw::{CpuVendor, MbaCaps};
+    use crate::sys::resctrlfs::{CpuVendor, MbaCaps};
     let resctrl = crate::testutil::copy_of(&crate::testutil::resctrl_fixture("intel-mba-mbm"));
     let schemata = resctrl.path().join("lodger-lodgers/schemata");
     let tasks = resctrl.path().join("lodger-lodgers/tasks");

@@ -49,11 +49,11 @@ use super::cgroup::{
     self, child_of, CgroupDriver, CgroupError, CgroupVersion, CpusetFile, CpusetHierarchy,
     CpusetTarget,
 };
-use super::procs::{self, ProcError, ProcReader, ProcessTable};
 use super::sched::{self, AffinityState, CpuMask, SchedError};
 use super::{PinMethod, DEFAULT_PARENT};
 use crate::cpuset::CpuSet;
 use crate::job::JobId;
+use crate::sys::procfs::{self, ProcError, ProcReader, ProcessTable};
 
 /// The cgroup under lodger's parent that holds one cgroup per instance.
 pub const LODGERS_CGROUP: &str = "lodgers";
@@ -136,7 +136,7 @@ impl Default for InstanceSettings {
     fn default() -> Self {
         Self {
             cgroup_root: PathBuf::from(cgroup::DEFAULT_CGROUP_ROOT),
-            proc_root: PathBuf::from(procs::DEFAULT_PROC_ROOT),
+            proc_root: PathBuf::from(procfs::DEFAULT_PROC_ROOT),
             driver: CgroupDriver::Auto,
             parent: DEFAULT_PARENT.to_string(),
             placement: InstancePlacement::Auto,

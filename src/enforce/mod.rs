@@ -12,7 +12,6 @@
 
 pub mod cgroup;
 pub mod instances;
-pub mod procs;
 pub mod resctrl;
 pub mod route;
 pub mod rtgroup;
@@ -36,12 +35,11 @@ use crate::job::{JobId, Target};
 
 use self::cgroup::{child_of, parent_of, CpusetFile, CpusetTarget};
 pub use self::cgroup::{CgroupDriver, CgroupError, CgroupVersion, CpusetHierarchy};
-pub use self::procs::ProcError;
-use self::procs::{ProcReader, ProcStat, ProcessTable};
 use self::rtgroup::RtGroups;
 pub use self::rtgroup::{RtGrant, RtGroupError};
 pub use self::sched::SchedError;
 use self::sched::{AffinityState, CpuMask, RrState};
+use crate::sys::procfs::{self, ProcError, ProcReader, ProcStat, ProcessTable};
 
 /// Default name of lodger's own parent cgroup.
 pub const DEFAULT_PARENT: &str = "lodger";
@@ -103,7 +101,7 @@ impl Default for EnforceSettings {
     fn default() -> Self {
         Self {
             cgroup_root: PathBuf::from(cgroup::DEFAULT_CGROUP_ROOT),
-            proc_root: PathBuf::from(procs::DEFAULT_PROC_ROOT),
+            proc_root: PathBuf::from(procfs::DEFAULT_PROC_ROOT),
             driver: CgroupDriver::Auto,
             parent: DEFAULT_PARENT.to_string(),
             pid_jobs: PidPinning::Auto,

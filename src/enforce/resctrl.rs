@@ -1,7 +1,8 @@
 //! Memory-bandwidth throttling through resctrl MBA (SODA §V-E): lodger's own control group (by
 //! default `lodger-lodgers`), its `MB:` schemata line per L3 domain, the threads in it, and
 //! restoring and removing it. Touches only `<resctrl root>/<group>/` and the default group's
-//! `tasks` (to give threads back); the root is an argument (`DEFAULT_RESCTRL_ROOT` at the top).
+//! `tasks` (to give threads back), through `sys::resctrlfs`; the root is an argument
+//! (`DEFAULT_RESCTRL_ROOT` at the top).
 //!
 //! resctrl semantics that a fixture tree cannot show: `mkdir` makes the kernel populate the
 //! group (`schemata` at the unthrottled values, `tasks`, `cpus`, `mon_data/...`) and take a
@@ -16,28 +17,26 @@
 //! same throttle twice changes nothing the second time.
 
 use std::collections::BTreeMap;
-use std::fs::{self, OpenOptions};
-use std::io::{self, Write};
+use std::fs;
+use std::io;
 use std::path::{Path, PathBuf};
 
-use crate::enforce::procs::{ProcError, ProcReader};
-use crate::sense::membw::{parse_mb_schemata, MbaCaps, MembwError, TaskMove};
+use crate::sys::procfs::{ProcError, ProcReader};
+use crate::sys::resctrlfs::{
+    check_mba, format_mb_schemata, group_name_problem, parse_mb_schemata, read_tasks, remove_group,
+    write_line, write_tasks, GroupKind, MbaCaps, ResctrlfsError, TaskMove, MB_NUM_CLOSIDS,
+    SCHEMATA, TASKS,
+};
 
 /// The control group lodger throttles batch and offline jobs in.
 pub const DEFAULT_CONTROL_GROUP: &str = "lodger-lodgers";
 
-const INFO: &str = "info";
-const SCHEMATA: &str = "schemata";
-const TASKS: &str = "tasks";
-const LAST_CMD_STATUS: &str = "info/last_cmd_status";
-const MB_NUM_CLOSIDS: &str = "info/MB/num_closids";
-
 #[derive(Debug, thiserror::Error)]
 pub enum ResctrlError {
-    /// resctrl or MBA is missing (see [`ResctrlError::is_unavailable`]), or a resctrl file did
-    /// not parse.
+    /// resctrl or MBA is missing (see [`ResctrlError::is_unavailable`]), or reading, writing or
+    /// removing a resctrl file failed (the error carries the path and the value).
     #[error(transparent)]
-    Membw(#[from] MembwError),
+    Resctrlfs(#[from] ResctrlfsError),
     #[error("'{name}' cannot be a resctrl control group name: {reason}")]
     BadGroupName { name: String, reason: &'static str },
     #[error("{path}: MB domain {domain} does not exist (this node's domains: {known})")]
@@ -55,18 +54,6 @@ pub enum ResctrlError {
     },
     #[error("cannot read {path}: {source}")]
     Read { path: PathBuf, source: io::Error },
-    #[error("cannot write '{value}' to {path}: {source}{status}")]
-    Write {
-        path: PathBuf,
-        value: String,
-        source: io::Error,
-        /// The kernel's `info/last_cmd_status` after the failure, when it says more than "ok".
-        status: String,
-    },
-    #[error("{path}: '{value}' is not a thread id")]
-    BadTask { path: PathBuf, value: String },
-    #[error("cannot remove resctrl group {path}: {source}")]
-    Remove { path: PathBuf, source: io::Error },
     #[error(transparent)]
     Proc(#[from] ProcError),
 }
@@ -75,7 +62,7 @@ impl ResctrlError {
     /// True when resctrl or MBA is absent (as opposed to present but failing): throttling by
     /// MBA is off and core halving takes over.
     pub fn is_unavailable(&self) -> bool {
-        matches!(self, ResctrlError::Membw(e) if e.is_unavailable())
+        matches!(self, ResctrlError::Resctrlfs(e) if e.is_unavailable())
     }
 }
 
@@ -193,8 +180,7 @@ impl LodgerGroup {
         if desired == current {
             return Ok(false);
         }
-        let line = mb_line(&desired);
-        write_file(&self.root, &path, &line)?;
+        write_line(&self.root, &path, &format_mb_schemata(&desired))?;
         Ok(true)
     }
 
@@ -206,7 +192,7 @@ impl LodgerGroup {
 
     /// The TIDs in the group.
     pub fn tasks(&self) -> Result<Vec<u32>, ResctrlError> {
-        read_tasks(&self.path.join(TASKS))
+        Ok(read_tasks(&self.path.join(TASKS))?)
     }
 
     /// Moves threads into the group, one write per TID not already in it. resctrl moves single
@@ -218,20 +204,18 @@ impl LodgerGroup {
             .copied()
             .filter(|t| !present.contains(t))
             .collect();
-        write_tasks(&self.root, &self.path.join(TASKS), &wanted)
+        Ok(write_tasks(
+            &self.root,
+            &self.path.join(TASKS),
+            GroupKind::Control,
+            &wanted,
+        )?)
     }
 
     /// Moves every current thread of each process (from `<proc_root>/<pid>/task`).
     pub fn move_processes(&self, proc_root: &Path, pids: &[u32]) -> Result<TaskMove, ResctrlError> {
-        let mut reader = ProcReader::new(proc_root);
         let mut tids = Vec::new();
-        let mut gone = Vec::new();
-        for &pid in pids {
-            let before = tids.len();
-            if !reader.threads(pid, &mut tids)? || tids.len() == before {
-                gone.push(pid);
-            }
-        }
+        let gone = ProcReader::new(proc_root).threads_of(pids, &mut tids)?;
         let mut done = self.move_threads(&tids)?;
         done.gone.extend(gone);
         Ok(done)
@@ -239,7 +223,12 @@ impl LodgerGroup {
 
     /// Gives threads back to the default group (a job left the lodgers, or was unregistered).
     pub fn release_threads(&self, tids: &[u32]) -> Result<TaskMove, ResctrlError> {
-        write_tasks(&self.root, &self.root.join(TASKS), tids)
+        Ok(write_tasks(
+            &self.root,
+            &self.root.join(TASKS),
+            GroupKind::Control,
+            tids,
+        )?)
     }
 
     /// Unthrottles the group and gives every thread in it back to the default group; the
@@ -257,7 +246,14 @@ impl LodgerGroup {
     /// Removes the group (its tasks go back to the default group). `Ok(false)` when it was
     /// already gone.
     pub fn remove(self) -> Result<bool, ResctrlError> {
-        remove_group(&self.path)
+        Ok(remove_group(&self.path)?)
+    }
+
+    /// Restores the group ([`LodgerGroup::restore`]), then removes it: no throttle in force any
+    /// more, or lodgerd stopping. `Ok(false)` when it was already gone.
+    pub fn restore_and_remove(self) -> Result<bool, ResctrlError> {
+        self.restore()?;
+        self.remove()
     }
 }
 
@@ -265,25 +261,7 @@ impl LodgerGroup {
 /// (cleanup at start or stop). `Ok(false)` when there is none.
 pub fn remove_stale_group(root: &Path, name: &str) -> Result<bool, ResctrlError> {
     check_group_name(name)?;
-    remove_group(&root.join(name))
-}
-
-fn remove_group(path: &Path) -> Result<bool, ResctrlError> {
-    // rmdir, never a recursive delete: resctrl removes the files itself and refuses unlink.
-    match fs::remove_dir(path) {
-        Ok(()) => Ok(true),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
-        Err(source) => Err(ResctrlError::Remove {
-            path: path.to_path_buf(),
-            source,
-        }),
-    }
-}
-
-/// `MB:0=50;1=50` plus a newline.
-fn mb_line(values: &BTreeMap<u32, u32>) -> String {
-    let items: Vec<String> = values.iter().map(|(d, v)| format!("{d}={v}")).collect();
-    format!("MB:{}\n", items.join(";"))
+    Ok(remove_group(&root.join(name))?)
 }
 
 fn join<'a>(ids: impl Iterator<Item = &'a u32>) -> String {
@@ -295,118 +273,8 @@ fn join<'a>(ids: impl Iterator<Item = &'a u32>) -> String {
     }
 }
 
-/// resctrl with MBA mounted at `root`: `info/MB` exists. The errors are those of
-/// [`MbaCaps::read`], so a caller sees one wording.
-fn check_mba(root: &Path) -> Result<(), ResctrlError> {
-    if !root.is_dir() {
-        return Err(unavailable(
-            root,
-            "no resctrl: the kernel lacks CONFIG_X86_CPU_RESCTRL or the CPU lacks RDT",
-        ));
-    }
-    if !root.join(INFO).is_dir() {
-        return Err(unavailable(
-            root,
-            &format!(
-                "resctrl is not mounted (mount -t resctrl resctrl {})",
-                root.display()
-            ),
-        ));
-    }
-    let mb = root.join("info/MB");
-    if !mb.is_dir() {
-        return Err(unavailable(
-            &mb,
-            "no memory-bandwidth allocation (MBA): the CPU lacks it or it is turned off",
-        ));
-    }
-    Ok(())
-}
-
-fn unavailable(path: &Path, reason: &str) -> ResctrlError {
-    ResctrlError::Membw(MembwError::Unavailable {
-        path: path.to_path_buf(),
-        reason: reason.to_string(),
-    })
-}
-
-fn read_tasks(path: &Path) -> Result<Vec<u32>, ResctrlError> {
-    let text = match fs::read_to_string(path) {
-        Ok(text) => text,
-        // A fixture group made by mkdir has no tasks file until something is written.
-        Err(e)
-            if e.kind() == io::ErrorKind::NotFound && path.parent().is_some_and(Path::is_dir) =>
-        {
-            String::new()
-        }
-        Err(source) => {
-            return Err(ResctrlError::Read {
-                path: path.to_path_buf(),
-                source,
-            })
-        }
-    };
-    text.lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .map(|l| {
-            l.parse().map_err(|_| ResctrlError::BadTask {
-                path: path.to_path_buf(),
-                value: l.to_string(),
-            })
-        })
-        .collect()
-}
-
-/// One write per TID (older kernels take one id per write); ESRCH means the thread exited.
-fn write_tasks(root: &Path, path: &Path, tids: &[u32]) -> Result<TaskMove, ResctrlError> {
-    let mut done = TaskMove::default();
-    if tids.is_empty() {
-        return Ok(done);
-    }
-    // `create` only matters on a fixture tree: on resctrl the file exists, and append is ignored.
-    let mut file = OpenOptions::new()
-        .append(true)
-        .create(true)
-        .open(path)
-        .map_err(|source| write_error(root, path, "", source))?;
-    for &tid in tids {
-        match file.write_all(format!("{tid}\n").as_bytes()) {
-            Ok(()) => done.moved.push(tid),
-            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => done.gone.push(tid),
-            Err(source) => return Err(write_error(root, path, &tid.to_string(), source)),
-        }
-    }
-    Ok(done)
-}
-
-fn write_file(root: &Path, path: &Path, value: &str) -> Result<(), ResctrlError> {
-    // One write(2) of the whole line: resctrl parses each write as a unit.
-    let mut file = OpenOptions::new()
-        .write(true)
-        .truncate(true)
-        .open(path)
-        .map_err(|source| write_error(root, path, value.trim_end(), source))?;
-    file.write_all(value.as_bytes())
-        .map_err(|source| write_error(root, path, value.trim_end(), source))
-}
-
-fn write_error(root: &Path, path: &Path, value: &str, source: io::Error) -> ResctrlError {
-    let status = fs::read_to_string(root.join(LAST_CMD_STATUS))
-        .map(|s| s.trim().to_string())
-        .ok()
-        .filter(|s| !s.is_empty() && s != "ok")
-        .map_or_else(String::new, |s| format!(" (resctrl says: {s})"));
-    ResctrlError::Write {
-        path: path.to_path_buf(),
-        value: value.to_string(),
-        source,
-        status,
-    }
-}
-
 fn check_group_name(name: &str) -> Result<(), ResctrlError> {
-    match crate::sense::membw::group_name_problem(name) {
+    match group_name_problem(name) {
         Some(reason) => Err(ResctrlError::BadGroupName {
             name: name.to_string(),
             reason,
@@ -425,7 +293,7 @@ mod tests {
     fn copy_of(name: &str) -> tempfile::TempDir {
         copy_tree_of(&fixture(name))
     }
-    use crate::sense::membw::CpuVendor;
+    use crate::sys::resctrlfs::CpuVendor;
 
     fn read(path: &Path) -> String {
         fs::read_to_string(path).expect("read")
@@ -647,33 +515,6 @@ mod tests {
         fs::write(group.path().join(TASKS), "12\nabc\n").expect("garbage tasks");
         let err = group.tasks().expect_err("garbage");
         assert!(err.to_string().contains("'abc'"), "{err}");
-    }
-
-    #[test]
-    fn write_errors_include_last_cmd_status() {
-        let tmp = copy_of("intel-mba-mbm");
-        let root = tmp.path();
-        fs::write(
-            root.join(LAST_CMD_STATUS),
-            "MB value 5 out of range [10,100]\n",
-        )
-        .expect("status");
-        // What a refused schemata write reports: the kernel's reason from last_cmd_status.
-        let err = write_error(
-            root,
-            &root.join("lodger-lodgers/schemata"),
-            "MB:0=5",
-            io::Error::from_raw_os_error(libc::EINVAL),
-        );
-        let text = err.to_string();
-        assert!(
-            text.contains("resctrl says: MB value 5 out of range"),
-            "{text}"
-        );
-        assert!(text.contains("'MB:0=5'"), "{text}");
-        fs::write(root.join(LAST_CMD_STATUS), "ok\n").expect("status");
-        let err = write_error(root, root, "x", io::Error::from_raw_os_error(libc::EINVAL));
-        assert!(!err.to_string().contains("resctrl says"), "{err}");
     }
 
     #[test]

@@ -5,9 +5,9 @@
 
 use std::path::Path;
 
-use crate::enforce::procs::ProcReader;
 use crate::enforce::{EnforceError, Outcome};
 use crate::job::Target;
+use crate::sys::procfs::ProcReader;
 
 pub struct SimulatedEnforcer {
     reader: ProcReader,

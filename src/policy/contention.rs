@@ -33,7 +33,7 @@ use std::fmt::Write as _;
 use serde::{Deserialize, Serialize};
 
 use crate::job::JobId;
-use crate::sense::membw::{MbaCaps, MbaUnit};
+use crate::sys::resctrlfs::{MbaCaps, MbaUnit};
 
 /// The largest number of steps any ladder has (bounds loops on odd configurations).
 const MAX_LEVEL: u32 = 64;

@@ -530,7 +530,8 @@ impl Sampler {
         }
     }
 
-    /// Starts the sensing thread. The returned link goes to the agent ([`crate::agent::Agent::with_sensor`]).
+    /// Starts the sensing thread. The returned link goes to the agent, which sends the jobs to
+    /// measure through it and receives the observations.
     /// The thread ends, and removes the jobs' monitoring groups, once the agent drops the link:
     /// join it after the agent's thread so that happens before the process exits.
     pub fn spawn(mut self) -> std::io::Result<(SensorLink, thread::JoinHandle<()>)> {

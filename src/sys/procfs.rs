@@ -5,7 +5,7 @@
 //! Hand-written rather than through the procfs crate on this path: it runs every tick for every
 //! process of every job and needs three fields of `stat`; the crate parses all fifty-odd fields
 //! into a fresh struct (and a `String` for the command name) per call. The crate is used where it
-//! fits (`/proc/PID/cgroup`, in `cgroup.rs` and `rtgroup.rs`).
+//! fits (`/proc/PID/cgroup`, in `enforce::cgroup` and `enforce::rtgroup`).
 
 use std::fs::{self, File};
 use std::io::{self, Read};
@@ -120,6 +120,20 @@ impl ProcReader {
             }
         }
         Ok(true)
+    }
+
+    /// The thread ids of each of `pids`, appended to `tids` (for moving whole processes into a
+    /// resctrl group, which moves single threads). Returns the pids that are gone or list no
+    /// thread.
+    pub fn threads_of(&mut self, pids: &[u32], tids: &mut Vec<u32>) -> Result<Vec<u32>, ProcError> {
+        let mut gone = Vec::new();
+        for &pid in pids {
+            let before = tids.len();
+            if !self.threads(pid, tids)? || tids.len() == before {
+                gone.push(pid);
+            }
+        }
+        Ok(gone)
     }
 
     /// The pid of the most recently created task (the fifth field of `/proc/loadavg`). It moves on
