@@ -21,9 +21,9 @@ use crate::enforce::sim::SimulatedEnforcer;
 use crate::enforce::tc::{find_net_cls_mount, CommandRunner, Steering};
 use crate::enforce::{CgroupDriver, EnforceSettings, Enforcer, PidPinning, PinMethod};
 use crate::policy::contention::{ContentionConfig, Mode as ContentionMode};
-use crate::sys::resctrlfs::{CpuVendor, MbaCaps};
 use crate::sense::sampler::{GpuChoice, Sampler, SamplerSettings};
 use crate::store::Store;
+use crate::sys::resctrlfs::{CpuVendor, MbaCaps};
 use crate::topology::{Topology, TopologyError};
 
 /// The config, checked against this node: what `--check-config` reports and [`run`] starts

@@ -17,8 +17,9 @@ use std::fmt;
 use std::fs::{self, File};
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
+use crate::clock::unix_ms;
 use nvml_wrapper::enum_wrappers::device::{Clock, PcieUtilCounter};
 use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::error::NvmlError;
@@ -448,7 +449,7 @@ impl NvmlSource {
         }
         Ok(GpuSnapshot {
             source: GpuSourceKind::Nvml,
-            taken_unix_ms: unix_ms(SystemTime::now()),
+            taken_unix_ms: unix_ms(),
             devices,
             processes,
         })
@@ -575,12 +576,6 @@ fn nvml_unavailable(library: &str, e: NvmlError) -> GpuError {
     }
 }
 
-fn unix_ms(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-        .unwrap_or(0)
-}
-
 // ---------------------------------------------------------------------------------------------
 // The emulated source.
 
@@ -610,7 +605,7 @@ impl EmulatedGpuRecord {
             gpu,
             busy,
             iters_per_s,
-            updated_unix_ms: unix_ms(SystemTime::now()),
+            updated_unix_ms: unix_ms(),
         }
     }
 
@@ -715,7 +710,7 @@ impl EmulatedSource {
 
     fn read(&mut self) -> Result<GpuSnapshot, GpuError> {
         self.ignored.clear();
-        let now_ms = unix_ms(SystemTime::now());
+        let now_ms = unix_ms();
         let mut records = Vec::new();
         let entries = match fs::read_dir(&self.dir) {
             Ok(entries) => entries,

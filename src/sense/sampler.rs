@@ -15,10 +15,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::mpsc;
 use std::thread;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use tracing::{info, warn};
 
+use crate::clock::unix_ms;
 use crate::job::JobId;
 use crate::sense::cpu::{
     CpuReader, JobCpuRate, JobCpuSample, NodeCpuRates, PressureSample, StallRates, StatSample,
@@ -130,13 +131,6 @@ pub struct Sampler {
     net_sample: Option<NetSample>,
     jobs: BTreeMap<JobId, Tracked>,
     sources: SourceStatus,
-}
-
-fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-        .unwrap_or(0)
 }
 
 impl Sampler {

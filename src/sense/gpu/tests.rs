@@ -240,7 +240,7 @@ fn emulated_reads_fresh_records_and_ignores_the_rest() {
 fn emulated_rejects_out_of_range_and_mismatched_records() {
     let dir = tempfile::tempdir().expect("tempdir");
     let procs = proc_with(&[7, 8, 9]);
-    let now = unix_ms(SystemTime::now());
+    let now = unix_ms();
     let write = |name: &str, body: String| {
         fs::write(dir.path().join(name), body).expect("write record");
     };
