@@ -59,30 +59,49 @@ fn nvml_absent_library_is_a_clear_error_not_a_panic() {
 }
 
 #[test]
-fn nvml_default_open_fails_cleanly_or_samples() {
-    // Without the driver (this build machine) open fails with the reason; with it, a
-    // sample comes back marked nvml.
-    match NvmlSource::open() {
-        Err(e) => {
-            // What lodgerd logs once at start.
-            eprintln!("GPU sensing off: {e}");
-            assert!(matches!(e, GpuError::NvmlUnavailable { .. }), "{e}");
-            assert!(e.to_string().contains(NVML_LIBRARY), "{e}");
-        }
-        Ok(mut nvml) => {
-            let s = nvml.sample().expect("sample real GPUs");
-            assert_eq!(s.source, GpuSourceKind::Nvml);
-            assert_eq!(nvml.kind(), GpuSourceKind::Nvml);
-        }
+fn nvml_default_open_fails_cleanly_without_a_driver() {
+    const NAME: &str = "nvml_default_open_fails_cleanly_without_a_driver";
+    if Path::new("/dev/nvidiactl").exists() {
+        crate::privileged::not_applicable(NAME, "this host has an NVIDIA driver (/dev/nvidiactl)");
+        return;
     }
+    // Without the driver open fails with the reason lodgerd logs once at start.
+    let e = match NvmlSource::open() {
+        Err(e) => e,
+        Ok(_) => panic!("NVML opened on a host without /dev/nvidiactl"),
+    };
+    eprintln!("GPU sensing off: {e}");
+    assert!(matches!(e, GpuError::NvmlUnavailable { .. }), "{e}");
+    assert!(e.to_string().contains(NVML_LIBRARY), "{e}");
     match open_source(
         GpuSourceKind::Nvml,
         Path::new("/nonexistent"),
         Path::new("/proc"),
     ) {
         Err(e) => assert!(e.to_string().starts_with("NVML unavailable"), "{e}"),
-        Ok(source) => assert_eq!(source.kind(), GpuSourceKind::Nvml),
+        Ok(_) => panic!("an NVML source opened on a host without /dev/nvidiactl"),
     }
+}
+
+#[test]
+fn nvml_default_open_samples_with_a_driver() {
+    const NAME: &str = "nvml_default_open_samples_with_a_driver";
+    if !Path::new("/dev/nvidiactl").exists() {
+        crate::privileged::skip_hardware(NAME, "no NVIDIA driver (/dev/nvidiactl is absent)");
+        return;
+    }
+    // With the driver, a sample comes back marked nvml.
+    let mut nvml = NvmlSource::open().expect("open NVML on a host with a driver");
+    let s = nvml.sample().expect("sample real GPUs");
+    assert_eq!(s.source, GpuSourceKind::Nvml);
+    assert_eq!(nvml.kind(), GpuSourceKind::Nvml);
+    let source = open_source(
+        GpuSourceKind::Nvml,
+        Path::new("/nonexistent"),
+        Path::new("/proc"),
+    )
+    .expect("an NVML source opens where the driver is");
+    assert_eq!(source.kind(), GpuSourceKind::Nvml);
 }
 
 #[test]

@@ -345,21 +345,33 @@ fn mon_group_refuses_bad_names_and_unmounted_roots() {
 }
 
 #[test]
-fn this_machine_resctrl_state_is_reported_not_guessed() {
-    // Whatever this host has, open either works or says why not; it never panics.
-    match MbmReader::open(DEFAULT_RESCTRL_ROOT) {
-        Ok(reader) => {
-            reader.sample().expect("sample the real resctrl");
-        }
-        Err(e) => {
-            // What lodgerd logs once at start.
-            eprintln!("memory bandwidth sensing off: {e}");
-            assert!(
-                e.is_unavailable() || matches!(e, MembwError::Io { .. }),
-                "{e}"
-            );
-        }
+fn resctrl_absent_is_reported_unavailable() {
+    const NAME: &str = "resctrl_absent_is_reported_unavailable";
+    if Path::new(DEFAULT_RESCTRL_ROOT).join("info").exists() {
+        crate::privileged::not_applicable(NAME, "this host has resctrl mounted");
+        return;
     }
+    // Without resctrl, open says why (what lodgerd logs once at start); it never guesses.
+    let e = match MbmReader::open(DEFAULT_RESCTRL_ROOT) {
+        Err(e) => e,
+        Ok(_) => panic!("MBM opened where resctrl is not mounted"),
+    };
+    eprintln!("memory bandwidth sensing off: {e}");
+    assert!(
+        e.is_unavailable() || matches!(e, MembwError::Io { .. }),
+        "{e}"
+    );
+}
+
+#[test]
+fn real_resctrl_is_sampled() {
+    const NAME: &str = "real_resctrl_is_sampled";
+    if !Path::new(DEFAULT_RESCTRL_ROOT).join("info").exists() {
+        crate::privileged::skip_hardware(NAME, "resctrl is not mounted (no RDT/MBM here)");
+        return;
+    }
+    let reader = MbmReader::open(DEFAULT_RESCTRL_ROOT).expect("open the real resctrl");
+    reader.sample().expect("sample the real resctrl");
 }
 
 // -----------------------------------------------------------------------------------------
