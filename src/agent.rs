@@ -20,8 +20,8 @@ use tracing::{debug, info, warn};
 
 use crate::cpuset::CpuSet;
 use crate::enforce::instances::{InstanceSpec, InstanceState, InstanceStats, Instances};
+use crate::enforce::network::node::{procs_of, CpuJob, NetworkControl, NetworkEvent, NetworkWant};
 use crate::enforce::resctrl::LodgerGroup;
-use crate::enforce::shaping::{procs_of, CpuJob, NetworkControl, NetworkEvent, NetworkWant};
 use crate::enforce::{EnforceError, JobRecord, Outcome};
 use crate::job::{
     InstanceView, Job, JobId, JobKind, JobSpec, JobState, SpecError, Target, TuningView,

@@ -14,6 +14,7 @@ pub mod policy;
 pub mod privileged;
 pub mod sense;
 pub mod store;
+pub mod sys;
 pub mod topology;
 
 #[cfg(test)]

@@ -13,17 +13,17 @@ use lodger::api::{self, Authority, Bus};
 use lodger::cli::lodgerd::Cli;
 use lodger::config::{self, Config};
 use lodger::cpuset::CpuSet;
-use lodger::enforce::cgroup::CgroupVersion;
 use lodger::enforce::instances::{InstanceSettings, Instances};
-use lodger::enforce::route::CpuJobsRoute;
-use lodger::enforce::shaping::{Classifier, NetworkControl, CPU_JOBS_MARK, NET_CLS_GROUP};
+use lodger::enforce::network::node::{Classifier, NetworkControl, CPU_JOBS_MARK, NET_CLS_GROUP};
+use lodger::enforce::network::route::CpuJobsRoute;
 use lodger::enforce::sim::SimulatedEnforcer;
-use lodger::enforce::tc::{find_net_cls_mount, CommandRunner};
 use lodger::enforce::{CgroupDriver, EnforceSettings, Enforcer, PidPinning, PinMethod};
 use lodger::policy::contention::{ContentionConfig, Mode as ContentionMode};
 use lodger::sense::membw::{CpuVendor, MbaCaps};
 use lodger::sense::sampler::{GpuChoice, Sampler, SamplerSettings};
 use lodger::store::Store;
+use lodger::sys::cgroupfs::{find_net_cls_mount, CgroupVersion};
+use lodger::sys::command::CommandRunner;
 use lodger::topology::Topology;
 
 fn init_logging(level: &str) {

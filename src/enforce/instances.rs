@@ -45,15 +45,13 @@ use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
 use tracing::{debug, info, warn};
 
-use super::cgroup::{
-    self, child_of, CgroupDriver, CgroupError, CgroupVersion, CpusetFile, CpusetHierarchy,
-    CpusetTarget,
-};
+use super::cpusets::{self, CpusetFile, CpusetHierarchy, CpusetTarget};
 use super::procs::{self, ProcError, ProcReader, ProcessTable};
 use super::sched::{self, AffinityState, CpuMask, SchedError};
 use super::{PinMethod, DEFAULT_PARENT};
 use crate::cpuset::CpuSet;
 use crate::job::JobId;
+use crate::sys::cgroupfs::{self as cgroup, child_of, CgroupDriver, CgroupError, CgroupVersion};
 
 /// The cgroup under lodger's parent that holds one cgroup per instance.
 pub const LODGERS_CGROUP: &str = "lodgers";
@@ -1017,7 +1015,7 @@ impl Instances {
             return Err(CgroupError::BadPath(settings.parent.clone()).into());
         }
         let version = cgroup::detect(&settings.cgroup_root, settings.driver)?;
-        let cpusets = cgroup::open(&settings.cgroup_root, version);
+        let cpusets = cpusets::open(&settings.cgroup_root, version);
         let node = match version {
             CgroupVersion::V1 => cpusets.read("/", CpusetFile::Cpus)?,
             CgroupVersion::V2 => cpusets.effective_cpus("/")?,
@@ -1643,7 +1641,7 @@ impl Host {
                 }
             }
         }
-        cgroup::write_nested(h, &entries)
+        cpusets::write_nested(h, &entries)
     }
 
     /// Starts the slot's process (its state becomes `Running`); on failure the slot backs off.

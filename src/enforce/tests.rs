@@ -600,7 +600,7 @@ fn v2_cpuset_not_enabled_names_the_file_to_write() {
 #[test]
 fn v2_enables_cpuset_only_inside_the_delegated_subtree() {
     let v2 = v2_fixture();
-    let h = cgroup::V2Cpuset::new(v2.path().to_path_buf());
+    let h = cpusets::V2Cpuset::new(v2.path().to_path_buf());
     for (rel, controllers) in [
         ("lodger", "cpuset cpu io memory pids"),
         ("lodger/inner", "cpu"),
