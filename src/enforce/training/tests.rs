@@ -10,8 +10,12 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Instant;
 
+use super::error::MAX_REPORTED;
+use super::rtgroup::RtGrant;
 use super::*;
+use crate::enforce::sched::SchedError;
 use crate::privileged::need_root;
+use crate::sys::cgroupfs::CgroupDriver;
 
 const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 const CPUSET_V1: &str = "/sys/fs/cgroup/cpuset";
