@@ -49,31 +49,18 @@ pub use self::report::{parse_report, Report};
 pub use self::supervisor::{backoff_delay, Instances};
 pub use self::template::{find_program, show_argv, validate_template, Placeholder, Template};
 
-use std::collections::VecDeque;
 use std::fmt;
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::fs::PermissionsExt;
-use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::time::{Duration, Instant};
+use std::os::fd::RawFd;
+use std::path::PathBuf;
+use std::time::Duration;
 
-use nix::errno::Errno;
-use nix::sys::signal::{kill, killpg, Signal};
-use nix::sys::wait::{waitid, waitpid, Id, WaitPidFlag, WaitStatus};
-use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
-use tracing::{debug, info, warn};
 
 use crate::cpuset::CpuSet;
-use crate::enforce::cpusets::{self, CpusetFile, CpusetHierarchy, CpusetTarget};
-use crate::enforce::procs::{self, ProcError, ProcReader, ProcessTable};
-use crate::enforce::sched::{self, AffinityState, CpuMask, SchedError};
-use crate::enforce::{EnforceSettings, PinMethod, DEFAULT_PARENT};
+use crate::enforce::procs;
+use crate::enforce::DEFAULT_PARENT;
 use crate::job::JobId;
-use crate::sys::cgroupfs::{self as cgroup, child_of, CgroupDriver, CgroupError, CgroupVersion};
+use crate::sys::cgroupfs::{self as cgroup, CgroupDriver};
 
 /// The cgroup under lodger's parent that holds one cgroup per instance.
 pub const LODGERS_CGROUP: &str = "lodgers";

@@ -2,47 +2,26 @@
 //! the setup the child does before exec (process group, death signal, cgroup or affinity, the
 //! report descriptor). Touches fork/exec and the child's cgroupfs and affinity.
 
-use std::collections::VecDeque;
-use std::fmt;
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read};
+use std::fs::{File, OpenOptions};
+use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::fs::PermissionsExt;
-use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::time::{Duration, Instant};
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+use std::time::Instant;
 
-use nix::errno::Errno;
-use nix::sys::signal::{kill, killpg, Signal};
-use nix::sys::wait::{waitid, waitpid, Id, WaitPidFlag, WaitStatus};
-use nix::unistd::Pid;
-use serde::{Deserialize, Serialize};
-use tracing::{debug, info, warn};
+use tracing::debug;
 
-use super::error::{InstanceError, TemplateProblem, KNOWN};
+use super::error::{InstanceError, TemplateProblem};
 use super::host::Host;
-use super::report::{parse_report, weighted_percentile, Report, ReportLog, WindowSummary};
-use super::supervisor::{
-    backoff_delay, describe_exit, invalid, pid_of, Instances, Run, Slot, SlotState,
-};
-use super::template::{
-    executable, find_program, parse_arg, placeholder_value, search_path, show_argv,
-    validate_template, ArgProblem, Piece, Placeholder, Template,
-};
+use super::supervisor::{Run, Slot};
+use super::template::show_argv;
 use super::{
-    InstanceKey, InstanceOutput, InstancePlacement, InstanceSettings, InstanceSpec, InstanceState,
-    InstanceStats, PollOutcome, ReconcileOutcome, StopOutcome, SweepOutcome, CGROUP_KILL,
-    ENV_BATCH, ENV_CPUS, ENV_INSTANCE, ENV_JOB, ENV_PARENT, ENV_REPORT_FD, ENV_THREADS, KILL_WAIT,
-    LODGERS_CGROUP, MAX_REPORT_LINE, REMOVE_WAIT, REPORT_FD, REPORT_PIPE_BYTES, STEP, THREAD_ENV,
+    InstanceOutput, ENV_BATCH, ENV_CPUS, ENV_INSTANCE, ENV_JOB, ENV_PARENT, ENV_REPORT_FD,
+    ENV_THREADS, REPORT_FD, REPORT_PIPE_BYTES, THREAD_ENV,
 };
-use crate::cpuset::CpuSet;
-use crate::enforce::cpusets::{self, CpusetFile, CpusetHierarchy, CpusetTarget};
-use crate::enforce::procs::{self, ProcError, ProcReader, ProcessTable};
-use crate::enforce::sched::{self, AffinityState, CpuMask, SchedError};
-use crate::enforce::{EnforceSettings, PinMethod, DEFAULT_PARENT};
-use crate::job::JobId;
-use crate::sys::cgroupfs::{self as cgroup, child_of, CgroupDriver, CgroupError, CgroupVersion};
+use crate::enforce::sched::CpuMask;
+use crate::enforce::PinMethod;
+use crate::sys::cgroupfs as cgroup;
 
 impl Host {
     pub(super) fn spawn(&mut self, slot: &mut Slot, now: Instant) -> Result<Run, InstanceError> {

@@ -2,48 +2,16 @@
 //! start-up sweep of what a previous lodgerd left, and `Drop`, which kills whatever still runs.
 //! Touches signals and lodger's instance cgroups through [`Host`](super::host::Host).
 
-use std::collections::VecDeque;
-use std::fmt;
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::fs::PermissionsExt;
-use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use nix::errno::Errno;
-use nix::sys::signal::{kill, killpg, Signal};
-use nix::sys::wait::{waitid, waitpid, Id, WaitPidFlag, WaitStatus};
+use nix::sys::wait::{waitpid, WaitPidFlag};
 use nix::unistd::Pid;
-use serde::{Deserialize, Serialize};
-use tracing::{debug, info, warn};
+use tracing::warn;
 
-use super::error::{InstanceError, TemplateProblem, KNOWN};
-use super::host::Host;
-use super::report::{parse_report, weighted_percentile, Report, ReportLog, WindowSummary};
-use super::spawn::{report_pipe, ChildSetup};
-use super::supervisor::{
-    backoff_delay, describe_exit, invalid, pid_of, Instances, Run, Slot, SlotState,
-};
-use super::template::{
-    executable, find_program, parse_arg, placeholder_value, search_path, show_argv,
-    validate_template, ArgProblem, Piece, Placeholder, Template,
-};
-use super::{
-    InstanceKey, InstanceOutput, InstancePlacement, InstanceSettings, InstanceSpec, InstanceState,
-    InstanceStats, PollOutcome, ReconcileOutcome, StopOutcome, SweepOutcome, CGROUP_KILL,
-    ENV_BATCH, ENV_CPUS, ENV_INSTANCE, ENV_JOB, ENV_PARENT, ENV_REPORT_FD, ENV_THREADS, KILL_WAIT,
-    LODGERS_CGROUP, MAX_REPORT_LINE, REMOVE_WAIT, REPORT_FD, REPORT_PIPE_BYTES, STEP, THREAD_ENV,
-};
-use crate::cpuset::CpuSet;
-use crate::enforce::cpusets::{self, CpusetFile, CpusetHierarchy, CpusetTarget};
-use crate::enforce::procs::{self, ProcError, ProcReader, ProcessTable};
-use crate::enforce::sched::{self, AffinityState, CpuMask, SchedError};
-use crate::enforce::{EnforceSettings, PinMethod, DEFAULT_PARENT};
+use super::error::InstanceError;
+use super::supervisor::{Instances, SlotState};
+use super::{InstanceKey, StopOutcome, SweepOutcome, KILL_WAIT, STEP};
 use crate::job::JobId;
-use crate::sys::cgroupfs::{self as cgroup, child_of, CgroupDriver, CgroupError, CgroupVersion};
 
 impl Instances {
     /// Stops every instance of `job` and waits for them (SIGTERM, SIGKILL after the grace

@@ -2,45 +2,30 @@
 //! reconcile with what the plan wants, poll for exits and reports, stats. Touches the node only
 //! through [`Host`](super::host::Host).
 
-use std::collections::VecDeque;
-use std::fmt;
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::fs::PermissionsExt;
-use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::fs::{self, File};
+use std::os::unix::process::ExitStatusExt;
+use std::path::PathBuf;
+use std::process::{Child, ExitStatus};
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
-use nix::sys::signal::{kill, killpg, Signal};
-use nix::sys::wait::{waitid, waitpid, Id, WaitPidFlag, WaitStatus};
+use nix::sys::signal::{killpg, Signal};
+use nix::sys::wait::{waitid, Id, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
-use serde::{Deserialize, Serialize};
 use tracing::{debug, info, warn};
 
-use super::error::{InstanceError, TemplateProblem, KNOWN};
+use super::error::InstanceError;
 use super::host::Host;
-use super::report::{parse_report, weighted_percentile, Report, ReportLog, WindowSummary};
-use super::spawn::{report_pipe, ChildSetup};
-use super::template::{
-    executable, find_program, parse_arg, placeholder_value, search_path, show_argv,
-    validate_template, ArgProblem, Piece, Placeholder, Template,
-};
+use super::report::ReportLog;
+use super::template::{validate_template, Placeholder, Template};
 use super::{
-    InstanceKey, InstanceOutput, InstancePlacement, InstanceSettings, InstanceSpec, InstanceState,
-    InstanceStats, PollOutcome, ReconcileOutcome, StopOutcome, SweepOutcome, CGROUP_KILL,
-    ENV_BATCH, ENV_CPUS, ENV_INSTANCE, ENV_JOB, ENV_PARENT, ENV_REPORT_FD, ENV_THREADS, KILL_WAIT,
-    LODGERS_CGROUP, MAX_REPORT_LINE, REMOVE_WAIT, REPORT_FD, REPORT_PIPE_BYTES, STEP, THREAD_ENV,
+    InstanceKey, InstancePlacement, InstanceSettings, InstanceSpec, InstanceState, InstanceStats,
+    PollOutcome, ReconcileOutcome, KILL_WAIT, LODGERS_CGROUP,
 };
-use crate::cpuset::CpuSet;
-use crate::enforce::cpusets::{self, CpusetFile, CpusetHierarchy, CpusetTarget};
-use crate::enforce::procs::{self, ProcError, ProcReader, ProcessTable};
-use crate::enforce::sched::{self, AffinityState, CpuMask, SchedError};
-use crate::enforce::{EnforceSettings, PinMethod, DEFAULT_PARENT};
-use crate::job::JobId;
-use crate::sys::cgroupfs::{self as cgroup, child_of, CgroupDriver, CgroupError, CgroupVersion};
+use crate::enforce::cpusets::{self, CpusetFile};
+use crate::enforce::procs::{ProcReader, ProcessTable};
+use crate::enforce::PinMethod;
+use crate::sys::cgroupfs::{self as cgroup, child_of, CgroupError, CgroupVersion};
 
 // ---------------------------------------------------------------------------------------------
 // The supervisor

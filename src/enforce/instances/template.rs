@@ -2,44 +2,13 @@
 //! placeholders, expanding them for one instance, showing an argv quoted, and finding the program
 //! as execvp would. Touches the filesystem only to look the program up on `PATH`.
 
-use std::collections::VecDeque;
-use std::fmt;
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::fs;
 use std::os::unix::fs::PermissionsExt;
-use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::time::{Duration, Instant};
 
-use nix::errno::Errno;
-use nix::sys::signal::{kill, killpg, Signal};
-use nix::sys::wait::{waitid, waitpid, Id, WaitPidFlag, WaitStatus};
-use nix::unistd::Pid;
-use serde::{Deserialize, Serialize};
-use tracing::{debug, info, warn};
-
-use super::error::{InstanceError, TemplateProblem, KNOWN};
-use super::host::Host;
-use super::report::{parse_report, weighted_percentile, Report, ReportLog, WindowSummary};
-use super::spawn::{report_pipe, ChildSetup};
-use super::supervisor::{
-    backoff_delay, describe_exit, invalid, pid_of, Instances, Run, Slot, SlotState,
-};
-use super::{
-    InstanceKey, InstanceOutput, InstancePlacement, InstanceSettings, InstanceSpec, InstanceState,
-    InstanceStats, PollOutcome, ReconcileOutcome, StopOutcome, SweepOutcome, CGROUP_KILL,
-    ENV_BATCH, ENV_CPUS, ENV_INSTANCE, ENV_JOB, ENV_PARENT, ENV_REPORT_FD, ENV_THREADS, KILL_WAIT,
-    LODGERS_CGROUP, MAX_REPORT_LINE, REMOVE_WAIT, REPORT_FD, REPORT_PIPE_BYTES, STEP, THREAD_ENV,
-};
-use crate::cpuset::CpuSet;
-use crate::enforce::cpusets::{self, CpusetFile, CpusetHierarchy, CpusetTarget};
-use crate::enforce::procs::{self, ProcError, ProcReader, ProcessTable};
-use crate::enforce::sched::{self, AffinityState, CpuMask, SchedError};
-use crate::enforce::{EnforceSettings, PinMethod, DEFAULT_PARENT};
+use super::error::{InstanceError, TemplateProblem};
+use super::InstanceSpec;
 use crate::job::JobId;
-use crate::sys::cgroupfs::{self as cgroup, child_of, CgroupDriver, CgroupError, CgroupVersion};
 
 // ---------------------------------------------------------------------------------------------
 // Templates

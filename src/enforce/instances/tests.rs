@@ -1,43 +1,19 @@
 //! Tests of the instance runner that need no root: templates, finding programs, report lines and
 //! windows, back-off, exit descriptions.
 
-use std::collections::VecDeque;
-use std::fmt;
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::fs;
 use std::os::unix::fs::PermissionsExt;
-use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::os::unix::process::ExitStatusExt;
+use std::process::ExitStatus;
 use std::time::{Duration, Instant};
 
-use nix::errno::Errno;
-use nix::sys::signal::{kill, killpg, Signal};
-use nix::sys::wait::{waitid, waitpid, Id, WaitPidFlag, WaitStatus};
-use nix::unistd::Pid;
-use serde::{Deserialize, Serialize};
-use tracing::{debug, info, warn};
-
-use super::error::{InstanceError, TemplateProblem, KNOWN};
-use super::host::Host;
-use super::report::{parse_report, weighted_percentile, Report, ReportLog, WindowSummary};
-use super::spawn::{report_pipe, ChildSetup};
-use super::supervisor::{
-    backoff_delay, describe_exit, invalid, pid_of, Instances, Run, Slot, SlotState,
-};
-use super::template::{
-    executable, find_program, parse_arg, placeholder_value, search_path, show_argv,
-    validate_template, ArgProblem, Piece, Placeholder, Template,
-};
+use super::error::{InstanceError, TemplateProblem};
+use super::report::{parse_report, weighted_percentile, ReportLog};
+use super::supervisor::{backoff_delay, describe_exit};
+use super::template::{find_program, show_argv, validate_template, Placeholder, Template};
 use super::*;
 use crate::cpuset::CpuSet;
-use crate::enforce::cpusets::{self, CpusetFile, CpusetHierarchy, CpusetTarget};
-use crate::enforce::procs::{self, ProcError, ProcReader, ProcessTable};
-use crate::enforce::sched::{self, AffinityState, CpuMask, SchedError};
-use crate::enforce::{EnforceSettings, PinMethod, DEFAULT_PARENT};
 use crate::job::JobId;
-use crate::sys::cgroupfs::{self as cgroup, child_of, CgroupDriver, CgroupError, CgroupVersion};
 
 fn job() -> JobId {
     JobId::parse("j7").expect("job id")
