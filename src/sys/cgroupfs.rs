@@ -435,8 +435,6 @@ fn unescape_mountinfo(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// A v1 `net_cls` cgroup whose sockets carry a class id: where a CPU job's processes go so the
-
 #[cfg(test)]
 mod tests {
     use super::*;

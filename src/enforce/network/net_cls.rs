@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use super::{TcError, NET_CLS_CLASSID};
 use crate::sys::cgroupfs::CGROUP_PROCS;
 
+/// A v1 `net_cls` cgroup whose sockets carry a class id: where a CPU job's processes go so the
 /// `cgroup` classifier (or nftables `meta cgroup`) finds their packets. The class id sticks to a
 /// socket when it is created and when its process moves in.
 #[derive(Debug, Clone, PartialEq, Eq)]
