@@ -58,7 +58,7 @@ pub fn open(cgroup_root: &Path, version: CgroupVersion) -> Box<dyn CpusetHierarc
 // ---------------------------------------------------------------------------------------------
 // The trait
 
-/// The cpuset hierarchy of one cgroup version. Cgroup paths are normalized (see [`normalize`]),
+/// The cpuset hierarchy of one cgroup version. Cgroup paths are normalized (see [`normalize`](crate::sys::cgroupfs::normalize)),
 /// relative to the hierarchy root.
 pub trait CpusetHierarchy: Send + Sync + fmt::Debug {
     fn version(&self) -> CgroupVersion;

@@ -5,7 +5,7 @@
 //! `<parent>/lodgers` subtree of the cpuset hierarchy), /proc, fork/exec, signals and the
 //! instances' report pipes.
 //!
-//! Where an instance runs ([`PinMethod`], chosen once by [`Instances::new`]):
+//! Where an instance runs ([`PinMethod`](crate::enforce::PinMethod), chosen once by [`Instances::new`]):
 //! - cgroup v1: in its own cpuset cgroup `<cpuset root>/<parent>/lodgers/<job>-<index>`. Its mems
 //!   and then its cpus are written before any task is attached, and the child attaches itself in
 //!   `pre_exec` (it writes `0`, "the writer", to the cgroup's `cgroup.procs`), so not one
@@ -28,9 +28,9 @@
 //! instance exits whatever it left in its group and cgroup is killed before it starts again.
 //!
 //! Rooms: [`template`] (command templates and finding the program), [`report`] (the report
-//! protocol and per-window rates), [`supervisor`] (the slots and [`Instances`]' reconcile and
-//! poll), [`stop`] (stopping, the start-up sweep, `Drop`), [`host`] (cgroups and signals),
-//! [`spawn`] (fork/exec and the child's setup), [`error`]. May touch `sys/`,
+//! protocol and per-window rates), `supervisor` (the slots and [`Instances`]' reconcile and
+//! poll), `stop` (stopping, the start-up sweep, `Drop`), `host` (cgroups and signals),
+//! `spawn` (fork/exec and the child's setup), [`error`]. May touch `sys/`,
 //! `enforce::{cpusets, sched, procs}`; nothing above enforce.
 
 pub mod error;
@@ -91,7 +91,7 @@ const KILL_WAIT: Duration = Duration::from_secs(5);
 const REMOVE_WAIT: Duration = Duration::from_millis(200);
 const STEP: Duration = Duration::from_millis(10);
 
-/// Which placement [`Instances`] uses (resolved to a [`PinMethod`]).
+/// Which placement [`Instances`] uses (resolved to a [`PinMethod`](crate::enforce::PinMethod)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum InstancePlacement {

@@ -10,8 +10,8 @@
 //! (`/proc/loadavg`), with cgroup pinning only after processes were moved (a child forked during
 //! the move stays outside). Timing `apply` on an enforced job times the sweep.
 //!
-//! Rooms: [`cgroup_jobs`] (jobs registered by cgroup), [`pid_jobs`] (jobs registered by pids),
-//! [`rr`] (the SCHED_RR sweep over every thread), [`rtgroup`] (v1 RT budgets), [`record`] and
+//! Rooms: `cgroup_jobs` (jobs registered by cgroup), `pid_jobs` (jobs registered by pids),
+//! `rr` (the SCHED_RR sweep over every thread), [`rtgroup`] (v1 RT budgets), [`record`] and
 //! [`error`]. May touch `sys/`, `enforce::{cpusets, sched, procs}`; nothing above enforce.
 
 mod cgroup_jobs;
