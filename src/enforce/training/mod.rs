@@ -35,8 +35,7 @@ pub use self::record::{
 };
 use self::rr::RrSweep;
 use self::rtgroup::RtGroups;
-use super::cpusets::CpusetFile;
-use super::cpusets::{self, CpusetHierarchy};
+use super::cpusets::{self, CpusetFile, CpusetHierarchy};
 use super::procs::{ProcError, ProcReader, ProcessTable};
 use super::sched;
 use super::{EnforceSettings, PidPinning, PinMethod};
