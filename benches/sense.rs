@@ -21,13 +21,13 @@ use std::time::{Duration, Instant};
 
 use common::{example, online_cpus, unique};
 use lodger::cpuset::CpuSet;
-use lodger::enforce::cgroup::CgroupVersion;
 use lodger::job::JobId;
 use lodger::sense::cpu::{CgroupCpuReader, CpuReader};
 use lodger::sense::perf::{
     perf_cgroup_root, Counters, EventSource, FdBudget, Grouping, PerfCounters, PerfSettings,
     PerfTarget,
 };
+use lodger::sys::cgroupfs::CgroupVersion;
 
 const JOB_COUNTS: [usize; 3] = [1, 10, 50];
 const BIG_HOST_CPUS: usize = 192;

@@ -13,16 +13,18 @@ use crate::agent::{Agent, AgentHandle, AgentSettings, Enforce, MbaTarget, Rights
 use crate::api::{self, Authority, Bus};
 use crate::config::{self, Config, ConfigError};
 use crate::cpuset::CpuSet;
-use crate::enforce::cgroup::CgroupVersion;
 use crate::enforce::instances::{InstanceSettings, Instances};
-use crate::enforce::route::CpuJobsRoute;
-use crate::enforce::shaping::{Classifier, NetworkControl, CPU_JOBS_MARK, NET_CLS_GROUP};
+use crate::enforce::network::node::{Classifier, NetworkControl, CPU_JOBS_MARK, NET_CLS_GROUP};
+use crate::enforce::network::route::CpuJobsRoute;
+use crate::enforce::network::Steering;
 use crate::enforce::sim::SimulatedEnforcer;
-use crate::enforce::tc::{find_net_cls_mount, CommandRunner, Steering};
 use crate::enforce::{CgroupDriver, EnforceSettings, Enforcer, PidPinning, PinMethod};
 use crate::policy::contention::{ContentionConfig, Mode as ContentionMode};
 use crate::sense::sampler::{GpuChoice, Sampler, SamplerSettings};
 use crate::store::Store;
+use crate::sys::cgroupfs::find_net_cls_mount;
+use crate::sys::cgroupfs::CgroupVersion;
+use crate::sys::command::CommandRunner;
 use crate::sys::resctrlfs::{CpuVendor, MbaCaps};
 use crate::topology::{Topology, TopologyError};
 

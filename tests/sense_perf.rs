@@ -17,7 +17,6 @@ use std::time::Duration;
 
 use common::*;
 use lodger::cpuset::CpuSet;
-use lodger::enforce::cgroup::CgroupVersion;
 use lodger::job::JobId;
 use lodger::privileged::skip;
 use lodger::sense::cpu::{CgroupCpuReader, CpuReader, JobCpuRate, StallRates};
@@ -25,6 +24,7 @@ use lodger::sense::perf::{
     perf_cgroup_root, Counters, EventSource, Grouping, PerfCounters, PerfError, PerfRates,
     PerfSample, PerfSettings, PerfTarget,
 };
+use lodger::sys::cgroupfs::CgroupVersion;
 
 /// A workload child that has printed its `ready` line; killed on drop.
 struct Running(Child);

@@ -30,11 +30,12 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use lodger::enforce::tc::{
-    find_net_cls_mount, CommandRunner, CpuJobs, Link, NetClsGroup, NetworkShaping, ShapingConfig,
-    Steering, TcRunner,
+use lodger::enforce::network::{
+    CpuJobs, Link, NetClsGroup, NetworkShaping, ShapingConfig, Steering,
 };
 use lodger::privileged::{need_root, skip};
+use lodger::sys::cgroupfs::find_net_cls_mount;
+use lodger::sys::command::CommandRunner;
 
 const TEST: &str = "tc_netns";
 const LINK_MBIT: u64 = 100;

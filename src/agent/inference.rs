@@ -11,7 +11,7 @@ use super::layout::SearchRun;
 use super::{Event, TickCx};
 use crate::cpuset::CpuSet;
 use crate::enforce::instances::{InstanceSpec, InstanceState, InstanceStats, Instances};
-use crate::enforce::shaping::{procs_of, CpuJob};
+use crate::enforce::network::node::{procs_of, CpuJob};
 use crate::job::{InstanceView, JobId, JobKind, JobState};
 use crate::policy::contention::Throttles;
 use crate::policy::inference::{self, OfflineJobView, OnlineJobView};

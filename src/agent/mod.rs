@@ -48,7 +48,7 @@ use self::rightsize::Rightsize;
 use self::training::Training;
 use crate::cpuset::CpuSet;
 use crate::enforce::instances::Instances;
-use crate::enforce::shaping::NetworkControl;
+use crate::enforce::network::node::NetworkControl;
 use crate::job::{Job, JobId, Target};
 use crate::policy::contention::ContentionConfig;
 use crate::policy::{Plan, TrainingJobView};

@@ -5,7 +5,7 @@
 use tracing::info;
 
 use super::{Event, TickCx};
-use crate::enforce::shaping::{CpuJob, NetworkControl, NetworkEvent, NetworkWant};
+use crate::enforce::network::node::{CpuJob, NetworkControl, NetworkEvent, NetworkWant};
 use crate::job::{JobId, Role};
 
 pub(super) struct Network {

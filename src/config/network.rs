@@ -1,6 +1,6 @@
 //! config::network: `[network]` and `[[network.link]]` (SODA §V-E): shaping or the
 //! two-network option while a multi-node training job runs. Uses the shaping vocabulary of
-//! `enforce::tc` and `enforce::route` (interface names, links, settings); touches no file.
+//! `enforce::network` and `enforce::network::route` (interface names, links, settings); touches no file.
 
 use serde::{Deserialize, Serialize};
 use toml::Spanned;
@@ -12,7 +12,7 @@ use super::{ConfigError, Cx};
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct NetworkSection {
     /// The interfaces to shape (`[[network.link]]`); none: shaping is off.
-    pub link: Vec<crate::enforce::tc::Link>,
+    pub link: Vec<crate::enforce::network::Link>,
     pub training_percent: u32,
     pub cpu_jobs_percent: u32,
     pub cpu_jobs_ceil_percent: u32,
@@ -27,7 +27,7 @@ pub struct NetworkSection {
 
 impl Default for NetworkSection {
     fn default() -> Self {
-        let d = crate::enforce::tc::ShapingConfig::default();
+        let d = crate::enforce::network::ShapingConfig::default();
         Self {
             link: Vec::new(),
             training_percent: d.training_percent,
@@ -43,25 +43,25 @@ impl Default for NetworkSection {
 
 impl NetworkSection {
     /// The two-network option's slower network, when `cpu_jobs_interface` is set.
-    pub fn slow_network(&self) -> Option<crate::enforce::route::SlowNetwork> {
-        (!self.cpu_jobs_interface.is_empty()).then(|| crate::enforce::route::SlowNetwork {
+    pub fn slow_network(&self) -> Option<crate::enforce::network::route::SlowNetwork> {
+        (!self.cpu_jobs_interface.is_empty()).then(|| crate::enforce::network::route::SlowNetwork {
             interface: self.cpu_jobs_interface.clone(),
             gateway: self.cpu_jobs_gateway,
         })
     }
 
     /// The shaping settings, or `None` when no interface is configured (shaping off).
-    pub fn shaping(&self) -> Option<crate::enforce::tc::ShapingConfig> {
+    pub fn shaping(&self) -> Option<crate::enforce::network::ShapingConfig> {
         if self.link.is_empty() {
             return None;
         }
-        Some(crate::enforce::tc::ShapingConfig {
+        Some(crate::enforce::network::ShapingConfig {
             links: self.link.clone(),
             training_percent: self.training_percent,
             cpu_jobs_percent: self.cpu_jobs_percent,
             cpu_jobs_ceil_percent: self.cpu_jobs_ceil_percent,
             replace_foreign_root: self.replace_foreign_root,
-            ..crate::enforce::tc::ShapingConfig::default()
+            ..crate::enforce::network::ShapingConfig::default()
         })
     }
 }
@@ -124,7 +124,7 @@ impl Cx<'_> {
                 Some(interface),
                 String::new(),
                 |s| {
-                    if crate::enforce::tc::check_interface(&s).is_ok() {
+                    if crate::enforce::network::check_interface(&s).is_ok() {
                         Ok(s)
                     } else {
                         Err(format!("'{s}' is not an interface name"))
@@ -133,7 +133,7 @@ impl Cx<'_> {
             )?;
             if link
                 .iter()
-                .any(|l: &crate::enforce::tc::Link| l.interface == interface)
+                .any(|l: &crate::enforce::network::Link| l.interface == interface)
             {
                 return Err(self.error_here(
                     &format!("{key}.interface"),
@@ -144,7 +144,7 @@ impl Cx<'_> {
                 self.field(&format!("{key}.line_rate_mbit"), Some(rate), 0, |v| {
                     in_range(v, &(1..=10_000_000))
                 })?;
-            link.push(crate::enforce::tc::Link {
+            link.push(crate::enforce::network::Link {
                 interface,
                 line_rate_mbit,
             });
@@ -183,7 +183,7 @@ impl Cx<'_> {
                 raw.cpu_jobs_interface,
                 d.cpu_jobs_interface,
                 |s| {
-                    if s.is_empty() || crate::enforce::tc::check_interface(&s).is_ok() {
+                    if s.is_empty() || crate::enforce::network::check_interface(&s).is_ok() {
                         Ok(s)
                     } else {
                         Err(format!("'{s}' is not an interface name"))

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::enforce::cgroup::CgroupVersion;
+use crate::sys::cgroupfs::CgroupVersion;
 
 /// Relative to the proc root.
 pub const PROC_STAT: &str = "stat";

@@ -1,6 +1,9 @@
-//! The kernel vocabularies that sensing and enforcement share: how `/proc` and resctrl are laid
-//! out, read and written. Each module takes its root (`/proc`, `/sys/fs/resctrl`) as an
-//! argument; nothing here imports `sense`, `policy`, `enforce` or `agent`.
+//! The kernel vocabularies that sensing and enforcement share, one module per interface: how
+//! `/proc`, cgroupfs and resctrl are laid out, read and written, and the one runner for external
+//! programs (`tc`, `ip`, `nft`). Each takes its root (or program) as an argument; nothing here
+//! imports `sense`, `policy`, `enforce` or `agent`.
 
+pub mod cgroupfs;
+pub mod command;
 pub mod procfs;
 pub mod resctrlfs;

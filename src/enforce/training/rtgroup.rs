@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use cgroups_rs::fs::cpu::CpuController;
 use serde::{Deserialize, Serialize};
 
-use super::cgroup::{ancestors, normalize, V1_CPU_DIR};
+use crate::sys::cgroupfs::{ancestors, normalize, V1_CPU_DIR};
 
 pub const CPU_RT_RUNTIME_US: &str = "cpu.rt_runtime_us";
 /// The controller name in `/proc/PID/cgroup`.

@@ -1,7 +1,7 @@
-//! The agent's side of network shaping (SODA §V-E, from §IV-C-2): decides each tick whether
+//! The agent's side of network shaping (the node's `NetworkControl`) (SODA §V-E, from §IV-C-2): decides each tick whether
 //! the node's interfaces are shaped, keeps CPU jobs' processes classified, and reports what it
 //! did. The kernel side (HTB tree, filters, nftables table, `net_cls` cgroups) is
-//! [`super::tc`]; this module only drives it.
+//! [`super`]; this module only drives it.
 //!
 //! - While at least one multi-node training job runs, every configured interface is shaped and
 //!   every CPU job's processes are classified into the CPU-jobs class: on cgroup v1 by moving
@@ -14,7 +14,7 @@
 //!   in between, nothing is forked unless what should be shaped changed.
 //!
 //! On v1 a new CPU-job process is classified at the next tick: what it sends before then is
-//! training's. Processes in their own network namespace are not seen (see [`super::tc`]).
+//! training's. Processes in their own network namespace are not seen (see [`super`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use tracing::{info, warn};
 
 use super::route::CpuJobsRoute;
-use super::tc::{
+use super::{
     dissolve_cgroup, read_pids, write_value, CpuJobMatch, CpuJobs, NetClsGroup, NetworkShaping,
     ShapingConfig, Steering, TcError, TcRunner, DEFAULT_HANDLE,
 };
@@ -480,7 +480,7 @@ pub fn procs_of(dirs: &[PathBuf]) -> Vec<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::enforce::tc::{Link, RecordingRunner};
+    use crate::enforce::network::{Link, RecordingRunner};
     use std::sync::{Arc, Mutex};
 
     /// A recording runner shared with the test, on a node with nothing of lodger's yet.
@@ -751,7 +751,7 @@ mod tests {
             )
             .reply(&["ip", "-4", "rule", "show"], "0:\tfrom all lookup local\n");
         let route = CpuJobsRoute::new(
-            crate::enforce::route::SlowNetwork {
+            crate::enforce::network::route::SlowNetwork {
                 interface: "eth1".into(),
                 gateway: None,
             },

@@ -10,8 +10,12 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Instant;
 
+use super::error::MAX_REPORTED;
+use super::rtgroup::RtGrant;
 use super::*;
+use crate::enforce::sched::SchedError;
 use crate::privileged::need_root;
+use crate::sys::cgroupfs::CgroupDriver;
 
 const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 const CPUSET_V1: &str = "/sys/fs/cgroup/cpuset";
@@ -600,7 +604,7 @@ fn v2_cpuset_not_enabled_names_the_file_to_write() {
 #[test]
 fn v2_enables_cpuset_only_inside_the_delegated_subtree() {
     let v2 = v2_fixture();
-    let h = cgroup::V2Cpuset::new(v2.path().to_path_buf());
+    let h = cpusets::V2Cpuset::new(v2.path().to_path_buf());
     for (rel, controllers) in [
         ("lodger", "cpuset cpu io memory pids"),
         ("lodger/inner", "cpu"),

@@ -27,7 +27,7 @@ use std::net::Ipv4Addr;
 
 use serde::{Deserialize, Serialize};
 
-use super::tc::{CpuJobMatch, TcError, TcRunner};
+use super::{CpuJobMatch, TcError, TcRunner};
 
 /// lodger's routing table and rule priority; the mark is the CPU jobs' class id, as shaping's.
 pub const ROUTE_TABLE: u32 = 0x4c44;
@@ -60,7 +60,7 @@ impl CpuJobsRoute {
     /// `mark` is what CPU jobs' packets carry (shaping's class id, so one value means "CPU
     /// job" everywhere).
     pub fn new(slow: SlowNetwork, mark: u32) -> Result<Self, TcError> {
-        super::tc::check_interface(&slow.interface)?;
+        super::check_interface(&slow.interface)?;
         Ok(Self { slow, mark })
     }
 
@@ -130,7 +130,7 @@ impl CpuJobsRoute {
     ) -> Result<bool, TcError> {
         for m in matches {
             if let CpuJobMatch::CgroupV2(path) = m {
-                super::tc::check_cgroup_path(path)?;
+                super::check_cgroup_path(path)?;
             }
         }
         let mut changed = false;
@@ -182,7 +182,7 @@ impl CpuJobsRoute {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::enforce::tc::RecordingRunner;
+    use crate::enforce::network::RecordingRunner;
 
     fn route(gateway: Option<Ipv4Addr>) -> CpuJobsRoute {
         CpuJobsRoute::new(

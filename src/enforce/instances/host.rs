@@ -1,0 +1,488 @@
+//! Everything of the instance runner that touches the node apart from the slots: the cpuset
+//! hierarchy (lodger's `<parent>/lodgers` subtree), moving and killing processes, removing
+//! cgroups, reading report pipes. Touches cgroupfs, /proc and signals.
+
+use std::fs;
+use std::io::{self, Read};
+use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::sys::signal::{kill, killpg, Signal};
+use tracing::{info, warn};
+
+use super::error::InstanceError;
+use super::supervisor::{backoff_delay, invalid, pid_of, Slot, SlotState};
+use super::template::Template;
+use super::{
+    InstanceKey, InstanceSettings, InstanceSpec, CGROUP_KILL, ENV_PARENT, REMOVE_WAIT, STEP,
+};
+use crate::cpuset::CpuSet;
+use crate::enforce::cpusets::{self, CpusetFile, CpusetHierarchy, CpusetTarget};
+use crate::enforce::sched::{self, AffinityState, CpuMask};
+use crate::enforce::PinMethod;
+use crate::sys::cgroupfs::{child_of, CgroupError, CgroupVersion};
+use crate::sys::procfs::{ProcError, ProcReader, ProcessTable};
+
+/// Everything that touches the node, apart from the slots.
+#[derive(Debug)]
+pub(super) struct Host {
+    pub(super) settings: InstanceSettings,
+    pub(super) version: CgroupVersion,
+    pub(super) placement: PinMethod,
+    pub(super) cpusets: Box<dyn CpusetHierarchy>,
+    /// Normalized `settings.parent`.
+    pub(super) parent: String,
+    /// `<parent>/lodgers`.
+    pub(super) lodgers: String,
+    /// The CPUs of the node (the cpuset hierarchy's root).
+    pub(super) node: CpuSet,
+    pub(super) reader: ProcReader,
+    pub(super) table: ProcessTable,
+    /// lodger's parent cgroup was created here (not by the training enforcer): remove it with the
+    /// last instance.
+    pub(super) created_parent: bool,
+    /// Instance cgroups whose killed processes had not left yet: removal is retried.
+    pub(super) pending_removal: Vec<String>,
+    pub(super) buf: Vec<u8>,
+}
+
+impl Host {
+    pub(super) fn check_spec(&self, spec: &InstanceSpec) -> Result<(), InstanceError> {
+        let key = spec.key();
+        if spec.threads == 0 {
+            return Err(invalid(&key, "threads must be at least 1".to_string()));
+        }
+        if spec.batch == 0 {
+            return Err(invalid(&key, "batch must be at least 1".to_string()));
+        }
+        if spec.cpus.is_empty() {
+            return Err(invalid(&key, "it has no CPU".to_string()));
+        }
+        if !self.node.is_empty() && !spec.cpus.is_subset(&self.node) {
+            return Err(invalid(
+                &key,
+                format!(
+                    "CPUs {} are not all on this node (it has {})",
+                    spec.cpus, self.node
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    pub(super) fn instance_cgroup(&self, key: &InstanceKey) -> String {
+        child_of(&self.lodgers, &key.to_string())
+    }
+
+    /// Creates `<parent>`, `<parent>/lodgers` and the instance's cgroup as needed, and gives it
+    /// `cpus` and `mems` (mems first; v1: the ancestors grow first, they never shrink).
+    pub(super) fn ensure_cgroup(
+        &mut self,
+        cg: &str,
+        cpus: &CpuSet,
+        mems: &CpuSet,
+    ) -> Result<bool, CgroupError> {
+        let h = &*self.cpusets;
+        let mut changed = false;
+        if !h.exists(&self.parent) {
+            h.create(&self.parent)?;
+            self.created_parent = true;
+            changed = true;
+        }
+        for c in [self.lodgers.as_str(), cg] {
+            if !h.exists(c) {
+                // v2: the cgroup gets cpuset files only if its parent enables the controller,
+                // which lodger may do inside its own cgroup only.
+                h.enable_cpuset(c, &self.parent)?;
+                h.create(c)?;
+                changed = true;
+            }
+            if !h.cpuset_enabled(c)? {
+                h.enable_cpuset(c, &self.parent)?;
+                changed = true;
+            }
+        }
+        changed |= self.set_cpuset(cg, cpus, mems)?;
+        Ok(changed)
+    }
+
+    pub(super) fn set_cpuset(
+        &self,
+        cg: &str,
+        cpus: &CpuSet,
+        mems: &CpuSet,
+    ) -> Result<bool, CgroupError> {
+        let h = &*self.cpusets;
+        let cur_cpus = h.read(cg, CpusetFile::Cpus)?;
+        let cur_mems = h.read(cg, CpusetFile::Mems)?;
+        let want_mems = (!mems.is_empty()).then(|| mems.clone());
+        if cur_cpus == *cpus && want_mems.as_ref().map_or(true, |m| *m == cur_mems) {
+            return Ok(false);
+        }
+        let mut entries = vec![CpusetTarget {
+            cgroup: cg.to_string(),
+            current_cpus: cur_cpus,
+            current_mems: cur_mems,
+            cpus: Some(cpus.clone()),
+            mems: want_mems.clone(),
+        }];
+        if h.nested_subsets() {
+            // Other instances (and, for the parent, training jobs) live below: only grow.
+            for a in [self.parent.as_str(), self.lodgers.as_str()] {
+                let a_cpus = h.read(a, CpusetFile::Cpus)?;
+                let a_mems = h.read(a, CpusetFile::Mems)?;
+                let grow_mems = want_mems.as_ref().filter(|m| !m.is_subset(&a_mems));
+                if !cpus.is_subset(&a_cpus) || grow_mems.is_some() {
+                    entries.push(CpusetTarget {
+                        cgroup: a.to_string(),
+                        cpus: Some(a_cpus.union(cpus)),
+                        mems: grow_mems.map(|m| a_mems.union(m)),
+                        current_cpus: a_cpus,
+                        current_mems: a_mems,
+                    });
+                }
+            }
+        }
+        cpusets::write_nested(h, &entries)
+    }
+
+    /// Starts the slot's process (its state becomes `Running`); on failure the slot backs off.
+    pub(super) fn start(&mut self, slot: &mut Slot, now: Instant) -> Result<(), InstanceError> {
+        match self.spawn(slot, now) {
+            Ok(run) => {
+                info!(
+                    instance = %slot.key(),
+                    pid = run.pid,
+                    cpus = %slot.spec.cpus,
+                    threads = slot.spec.threads,
+                    batch = slot.spec.batch,
+                    "instance started"
+                );
+                slot.run = Some(run);
+                slot.state = SlotState::Running;
+                slot.last_error = None;
+                slot.reports.restart();
+                Ok(())
+            }
+            Err(e) => {
+                slot.failures = slot.failures.saturating_add(1);
+                slot.backoff = backoff_delay(
+                    slot.failures,
+                    self.settings.backoff_initial,
+                    self.settings.backoff_max,
+                );
+                slot.state = SlotState::BackingOff {
+                    at: now + slot.backoff,
+                };
+                slot.last_error = Some(e.to_string());
+                warn!(instance = %slot.key(), "cannot start: {e}; retrying in {:?}", slot.backoff);
+                Err(e)
+            }
+        }
+    }
+
+    /// CPUs (and memory nodes) changed alone: move the running instance. Returns whether
+    /// anything was written.
+    pub(super) fn move_in_place(
+        &mut self,
+        slot: &Slot,
+        spec: &InstanceSpec,
+    ) -> Result<bool, InstanceError> {
+        let key = slot.key();
+        match (self.placement, &slot.cgroup) {
+            (PinMethod::Cgroup, Some(cg)) => self
+                .set_cpuset(cg, &spec.cpus, &spec.mems)
+                .map_err(|source| InstanceError::Cgroup { key, source }),
+            (PinMethod::Cgroup, None) => Ok(false),
+            (PinMethod::Affinity, _) => {
+                let Some(run) = &slot.run else {
+                    return Ok(false);
+                };
+                if slot.spec.cpus == spec.cpus {
+                    return Ok(false);
+                }
+                let mask = CpuMask::from_cpuset(&spec.cpus);
+                self.table.rescan(&mut self.reader)?;
+                let mut pids = vec![run.pid];
+                self.table.descendants(&[run.pid], &mut pids);
+                let mut changed = false;
+                let mut tids = Vec::new();
+                for pid in pids {
+                    tids.clear();
+                    self.reader.threads(pid, &mut tids)?;
+                    for &tid in &tids {
+                        match sched::ensure_affinity(tid, &mask) {
+                            Ok(AffinityState::Changed) => changed = true,
+                            Ok(_) => {}
+                            Err(source) => {
+                                return Err(InstanceError::Sched {
+                                    key: key.clone(),
+                                    source,
+                                })
+                            }
+                        }
+                    }
+                }
+                Ok(changed)
+            }
+        }
+    }
+
+    /// SIGTERM to the instance's process group; the slot starts stopping.
+    pub(super) fn terminate(
+        &self,
+        slot: &mut Slot,
+        now: Instant,
+        next: Option<(InstanceSpec, Template)>,
+    ) {
+        if let Some(run) = &slot.run {
+            if let Some(pgid) = pid_of(run.pid) {
+                // ESRCH: it exited meanwhile; `poll` reaps it.
+                let _ = killpg(pgid, Signal::SIGTERM);
+            }
+        }
+        slot.state = SlotState::Stopping {
+            kill_at: now + self.settings.stop_grace,
+            killed_at: None,
+            stuck: false,
+            next,
+        };
+    }
+
+    /// SIGKILL to the instance's process group and everything in its cgroup.
+    pub(super) fn kill_run(&self, slot: &Slot, errors: &mut Vec<InstanceError>) {
+        if let Some(run) = &slot.run {
+            if let Some(pgid) = pid_of(run.pid) {
+                match killpg(pgid, Signal::SIGKILL) {
+                    Ok(()) | Err(Errno::ESRCH) => {}
+                    Err(errno) => errors.push(InstanceError::Signal {
+                        key: slot.key(),
+                        pid: run.pid,
+                        signal: Signal::SIGKILL,
+                        errno,
+                    }),
+                }
+            }
+        }
+        if let Some(cg) = &slot.cgroup {
+            if let Err(e) = self.kill_cgroup(cg) {
+                errors.push(e);
+            }
+        }
+    }
+
+    /// The process is gone (reaped, its group killed by [`Run::reap`]): kill what it left in its
+    /// cgroup, read its last reports.
+    pub(super) fn finish_run(
+        &mut self,
+        slot: &mut Slot,
+        now: Instant,
+        errors: &mut Vec<InstanceError>,
+    ) {
+        self.read_reports(slot, now);
+        if let Some(cg) = &slot.cgroup {
+            if let Err(e) = self.kill_cgroup(cg) {
+                errors.push(e);
+            }
+        }
+        slot.run = None;
+    }
+
+    /// An instance exited on its own: back off before the restart.
+    pub(super) fn on_exit(
+        &mut self,
+        slot: &mut Slot,
+        now: Instant,
+        how: &str,
+        errors: &mut Vec<InstanceError>,
+    ) {
+        let ran = slot
+            .run
+            .as_ref()
+            .map_or(Duration::ZERO, |r| now.saturating_duration_since(r.started));
+        self.finish_run(slot, now, errors);
+        if ran >= self.settings.stable_after {
+            slot.failures = 0;
+        }
+        slot.failures = slot.failures.saturating_add(1);
+        slot.backoff = backoff_delay(
+            slot.failures,
+            self.settings.backoff_initial,
+            self.settings.backoff_max,
+        );
+        slot.last_exit = Some(how.to_string());
+        slot.state = SlotState::BackingOff {
+            at: now + slot.backoff,
+        };
+    }
+
+    /// A slot leaves for good: its cgroup goes.
+    pub(super) fn discard(&mut self, slot: &Slot, errors: &mut Vec<InstanceError>) {
+        if let Some(cg) = &slot.cgroup {
+            if let Err(source) = self.remove_cgroup(cg, REMOVE_WAIT) {
+                errors.push(InstanceError::Cgroup {
+                    key: slot.key(),
+                    source,
+                });
+            }
+        }
+        info!(instance = %slot.key(), "instance removed");
+    }
+
+    /// Reads what the instance wrote since the last call; returns the good lines.
+    pub(super) fn read_reports(&mut self, slot: &mut Slot, now: Instant) -> u64 {
+        let key = slot.key();
+        let Some(run) = slot.run.as_mut() else {
+            return 0;
+        };
+        let Some(pipe) = run.report.as_mut() else {
+            return 0;
+        };
+        let mut good = 0;
+        loop {
+            match pipe.read(&mut self.buf) {
+                Ok(0) => {
+                    run.report = None;
+                    break;
+                }
+                Ok(n) => {
+                    let bytes = self.buf.get(..n).unwrap_or_default();
+                    good += slot.reports.feed(&key, bytes, now);
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => {
+                    warn!(instance = %key, "cannot read its report pipe: {e}");
+                    run.report = None;
+                    break;
+                }
+            }
+        }
+        good
+    }
+
+    /// SIGKILL to every process of a cgroup; returns their pids.
+    pub(super) fn kill_cgroup(&self, cg: &str) -> Result<Vec<u32>, InstanceError> {
+        let h = &*self.cpusets;
+        let mut pids = Vec::new();
+        match h.procs(cg, &mut pids) {
+            Ok(()) => {}
+            Err(e) if e.is_gone() => return Ok(pids),
+            Err(e) => return Err(e.into()),
+        }
+        if pids.is_empty() {
+            return Ok(pids);
+        }
+        let kill_file = h.dir(cg).join(CGROUP_KILL);
+        if self.version == CgroupVersion::V2
+            && kill_file.is_file()
+            && fs::write(&kill_file, "1").is_ok()
+        {
+            return Ok(pids);
+        }
+        for &pid in &pids {
+            let Some(p) = pid_of(pid) else { continue };
+            match kill(p, Signal::SIGKILL) {
+                Ok(()) | Err(Errno::ESRCH) => {}
+                Err(errno) => return Err(InstanceError::Leftover { pid, errno }),
+            }
+        }
+        Ok(pids)
+    }
+
+    /// Waits up to `wait` for the cgroup to empty, then removes it. `Ok(false)`: still in use, to
+    /// be retried by `poll`.
+    pub(super) fn remove_cgroup(&mut self, cg: &str, wait: Duration) -> Result<bool, CgroupError> {
+        let h = &*self.cpusets;
+        let deadline = Instant::now() + wait;
+        loop {
+            match h.remove_if_unused(cg) {
+                Ok(true) => {
+                    self.pending_removal.retain(|c| c != cg);
+                    return Ok(true);
+                }
+                Ok(false) if Instant::now() < deadline => std::thread::sleep(STEP),
+                Ok(false) => {
+                    if !self.pending_removal.iter().any(|c| c == cg) {
+                        self.pending_removal.push(cg.to_string());
+                    }
+                    return Ok(false);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    pub(super) fn retry_removals(&mut self) {
+        for cg in std::mem::take(&mut self.pending_removal) {
+            let _ = self.kill_cgroup(&cg);
+            match self.remove_cgroup(&cg, Duration::ZERO) {
+                Ok(_) => {}
+                Err(e) => warn!("cannot remove instance cgroup {cg}: {e}"),
+            }
+        }
+    }
+
+    /// Removes `<parent>/lodgers` when no instance cgroup is left, and `<parent>` if it was
+    /// created here and nothing else uses it.
+    pub(super) fn remove_lodgers(&mut self, errors: &mut Vec<InstanceError>) {
+        if !self.pending_removal.is_empty() {
+            return;
+        }
+        let h = &*self.cpusets;
+        match h.remove_if_unused(&self.lodgers) {
+            Ok(true) => {}
+            Ok(false) => return,
+            Err(e) => {
+                errors.push(e.into());
+                return;
+            }
+        }
+        if self.created_parent {
+            match h.remove_if_unused(&self.parent) {
+                Ok(true) => self.created_parent = false,
+                Ok(false) => {}
+                Err(e) => errors.push(e.into()),
+            }
+        }
+    }
+
+    /// SIGKILL to every process whose environment holds `LODGER_PARENT=<parent>`.
+    pub(super) fn kill_marked(&mut self) -> Result<Vec<u32>, InstanceError> {
+        let mark = format!("{ENV_PARENT}={}", self.parent).into_bytes();
+        let me = std::process::id();
+        let root = self.settings.proc_root.clone();
+        let entries = fs::read_dir(&root).map_err(|source| ProcError::Read {
+            path: root.clone(),
+            source,
+        })?;
+        let mut killed = Vec::new();
+        for entry in entries {
+            let Ok(entry) = entry else { continue };
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|s| s.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            if pid == me {
+                continue;
+            }
+            // Gone, a kernel thread, a zombie: nothing to read, nothing to kill.
+            let Ok(environ) = fs::read(entry.path().join("environ")) else {
+                continue;
+            };
+            if !environ.split(|&b| b == 0).any(|var| var == mark.as_slice()) {
+                continue;
+            }
+            let Some(p) = pid_of(pid) else { continue };
+            match kill(p, Signal::SIGKILL) {
+                Ok(()) => killed.push(pid),
+                Err(Errno::ESRCH) => {}
+                Err(errno) => return Err(InstanceError::Leftover { pid, errno }),
+            }
+        }
+        Ok(killed)
+    }
+}

@@ -1,0 +1,240 @@
+//! Starting one instance: fork/exec with its environment and placeholders, the report pipe, and
+//! the setup the child does before exec (process group, death signal, cgroup or affinity, the
+//! report descriptor). Touches fork/exec and the child's cgroupfs and affinity.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use tracing::debug;
+
+use super::error::{InstanceError, TemplateProblem};
+use super::host::Host;
+use super::supervisor::{Run, Slot};
+use super::template::show_argv;
+use super::{
+    InstanceOutput, ENV_BATCH, ENV_CPUS, ENV_INSTANCE, ENV_JOB, ENV_PARENT, ENV_REPORT_FD,
+    ENV_THREADS, REPORT_FD, REPORT_PIPE_BYTES, THREAD_ENV,
+};
+use crate::enforce::sched::CpuMask;
+use crate::enforce::PinMethod;
+use crate::sys::cgroupfs as cgroup;
+
+impl Host {
+    pub(super) fn spawn(&mut self, slot: &mut Slot, now: Instant) -> Result<Run, InstanceError> {
+        let key = slot.key();
+        let spec = &slot.spec;
+        let argv = slot.template.expand(spec);
+        let Some((program, args)) = argv.split_first() else {
+            return Err(InstanceError::Template {
+                job: spec.job.clone(),
+                template: show_argv(&spec.argv),
+                problem: TemplateProblem::Empty,
+            });
+        };
+
+        let mut procs_file = None;
+        let mut mask = None;
+        match self.placement {
+            PinMethod::Cgroup => {
+                let cg = self.instance_cgroup(&key);
+                let cgroup_err = |source| InstanceError::Cgroup {
+                    key: key.clone(),
+                    source,
+                };
+                self.ensure_cgroup(&cg, &spec.cpus, &spec.mems)
+                    .map_err(cgroup_err)?;
+                slot.cgroup = Some(cg.clone());
+                // Whatever is still in it was left by an earlier process of this instance.
+                let mut left = Vec::new();
+                self.cpusets.procs(&cg, &mut left).map_err(cgroup_err)?;
+                if !left.is_empty() {
+                    // Usually what an earlier process left, killed and not yet gone.
+                    debug!(instance = %key, "killing leftover processes {left:?} in its cgroup");
+                    self.kill_cgroup(&cg).map_err(|e| match e {
+                        InstanceError::Hierarchy(source) => cgroup_err(source),
+                        e => e,
+                    })?;
+                }
+                let path = self.cpusets.dir(&cg).join(cgroup::CGROUP_PROCS);
+                let file = OpenOptions::new()
+                    .write(true)
+                    .open(&path)
+                    .map_err(|source| InstanceError::OpenProcs {
+                        key: key.clone(),
+                        path: path.clone(),
+                        source,
+                    })?;
+                procs_file = Some(file);
+            }
+            PinMethod::Affinity => mask = Some(CpuMask::from_cpuset(&spec.cpus)),
+        }
+
+        let (report_read, report_write) = report_pipe().map_err(|source| InstanceError::Pipe {
+            key: key.clone(),
+            source,
+        })?;
+
+        let mut cmd = Command::new(program);
+        cmd.args(args)
+            .stdin(Stdio::null())
+            .env(ENV_REPORT_FD, REPORT_FD.to_string())
+            .env(ENV_THREADS, spec.threads.to_string())
+            .env(ENV_BATCH, spec.batch.to_string())
+            .env(ENV_INSTANCE, spec.index.to_string())
+            .env(ENV_CPUS, spec.cpus.to_string())
+            .env(ENV_JOB, spec.job.as_str())
+            .env(ENV_PARENT, &self.parent)
+            .process_group(0);
+        for var in THREAD_ENV {
+            cmd.env(var, spec.threads.to_string());
+        }
+        match &self.settings.output {
+            InstanceOutput::Inherit => {}
+            InstanceOutput::Null => {
+                cmd.stdout(Stdio::null()).stderr(Stdio::null());
+            }
+            InstanceOutput::Directory(dir) => {
+                let path = dir.join(format!("{key}.log"));
+                let open = || OpenOptions::new().create(true).append(true).open(&path);
+                let (out, err) =
+                    open()
+                        .and_then(|f| Ok((f.try_clone()?, f)))
+                        .map_err(|source| InstanceError::Output {
+                            key: key.clone(),
+                            path: path.clone(),
+                            source,
+                        })?;
+                cmd.stdout(out).stderr(err);
+            }
+        }
+        let setup = ChildSetup {
+            parent_pid: nix::unistd::getpid().as_raw(),
+            death_signal: libc::c_ulong::try_from(libc::SIGKILL).unwrap_or(9),
+            // SAFETY: sched_param is plain integers (one on glibc, padding on musl): all-zero is
+            // valid, and is priority 0.
+            param: unsafe { std::mem::zeroed() },
+            procs_fd: procs_file.as_ref().map(AsRawFd::as_raw_fd),
+            mask,
+            report_fd: report_write.as_raw_fd(),
+        };
+        // SAFETY: the closure runs in the forked child before exec and only makes
+        // async-signal-safe system calls (prctl, getppid, sched_setscheduler, write,
+        // sched_setaffinity, dup2, fcntl) on values prepared before the fork: it allocates
+        // nothing, takes no lock and touches no state shared with other threads.
+        unsafe {
+            cmd.pre_exec(move || setup.apply());
+        }
+        let child = cmd.spawn().map_err(|source| InstanceError::Spawn {
+            key: key.clone(),
+            program: program.clone(),
+            source,
+        })?;
+        // The child has its own copies (or has exec'd): without ours, the pipe ends when the
+        // instance and its children are gone.
+        drop(report_write);
+        drop(procs_file);
+        Ok(Run {
+            pid: child.id(),
+            child,
+            started: now,
+            report: Some(File::from(report_read)),
+        })
+    }
+}
+
+/// A pipe for one instance's reports: (read end, non-blocking; write end), both close-on-exec.
+/// The write end is never one of the standard descriptors (the child's stdio is set up before
+/// `pre_exec` moves the write end to [`REPORT_FD`]).
+pub(super) fn report_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds: [RawFd; 2] = [-1, -1];
+    // SAFETY: `fds` is a writable array of two descriptors, as pipe2 requires.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: pipe2 succeeded: both descriptors are open and owned by nobody else.
+    let (read, mut write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    if write.as_raw_fd() < REPORT_FD {
+        // SAFETY: F_DUPFD_CLOEXEC on an open descriptor; the result is checked.
+        let dup = unsafe { libc::fcntl(write.as_raw_fd(), libc::F_DUPFD_CLOEXEC, REPORT_FD + 1) };
+        if dup < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: fcntl returned a new open descriptor nobody else owns.
+        write = unsafe { OwnedFd::from_raw_fd(dup) };
+    }
+    // SAFETY: fcntl on an open descriptor we own; F_GETFL/F_SETFL take and return plain flags.
+    unsafe {
+        let flags = libc::fcntl(read.as_raw_fd(), libc::F_GETFL);
+        if flags < 0 || libc::fcntl(read.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // Best effort: the default 64 KiB also works, with an earlier block for a chatty instance.
+        libc::fcntl(read.as_raw_fd(), libc::F_SETPIPE_SZ, REPORT_PIPE_BYTES);
+    }
+    Ok((read, write))
+}
+
+/// What the forked child does before exec. Built before the fork: `apply` allocates nothing.
+pub(super) struct ChildSetup {
+    pub(super) parent_pid: libc::pid_t,
+    pub(super) death_signal: libc::c_ulong,
+    /// Priority 0, for SCHED_OTHER.
+    pub(super) param: libc::sched_param,
+    /// Cgroup placement: `cgroup.procs` of the instance's cgroup, open for writing.
+    pub(super) procs_fd: Option<RawFd>,
+    /// Affinity placement: the instance's CPUs.
+    pub(super) mask: Option<CpuMask>,
+    pub(super) report_fd: RawFd,
+}
+
+impl ChildSetup {
+    /// Runs in the child between fork and exec: async-signal-safe system calls only.
+    pub(super) fn apply(&self) -> io::Result<()> {
+        let fail = || Err(io::Error::last_os_error());
+        // SAFETY: prctl with integer arguments only.
+        if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, self.death_signal) } != 0 {
+            return fail();
+        }
+        // lodgerd died between fork and prctl: the death signal was missed, do not start.
+        // SAFETY: getppid has no arguments and cannot fail.
+        if unsafe { libc::getppid() } != self.parent_pid {
+            return Err(io::Error::from_raw_os_error(libc::ESRCH));
+        }
+        // A child inherits the spawning thread's policy: instances are always SCHED_OTHER, the
+        // class training's SCHED_RR pre-empts (Cloud Reamer §III-A).
+        // SAFETY: `self.param` is a valid sched_param that outlives the call.
+        if unsafe { libc::sched_setscheduler(0, libc::SCHED_OTHER, &self.param) } != 0 {
+            return fail();
+        }
+        if let Some(fd) = self.procs_fd {
+            // "0" moves the writing process: the child joins its cgroup before the program runs.
+            // SAFETY: writes one byte from a static buffer to an open descriptor.
+            if unsafe { libc::write(fd, b"0".as_ptr().cast(), 1) } != 1 {
+                return fail();
+            }
+        }
+        if let Some(mask) = &self.mask {
+            // One sched_setaffinity system call on the calling thread (tid 0).
+            if let Err(errno) = mask.apply_to(0) {
+                return Err(io::Error::from_raw_os_error(errno as i32));
+            }
+        }
+        if self.report_fd == REPORT_FD {
+            // dup2 onto itself keeps close-on-exec: clear it instead.
+            // SAFETY: fcntl on an open descriptor with an integer argument.
+            if unsafe { libc::fcntl(REPORT_FD, libc::F_SETFD, 0) } != 0 {
+                return fail();
+            }
+        } else {
+            // SAFETY: dup2 between descriptors; the new one does not have close-on-exec.
+            if unsafe { libc::dup2(self.report_fd, REPORT_FD) } != REPORT_FD {
+                return fail();
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,515 @@
+//! The supervisor: one slot per wanted instance, its run and back-off, and [`Instances`]: create,
+//! reconcile with what the plan wants, poll for exits and reports, stats. Touches the node only
+//! through [`Host`](super::host::Host).
+
+use std::fs::{self, File};
+use std::os::unix::process::ExitStatusExt;
+use std::path::PathBuf;
+use std::process::{Child, ExitStatus};
+use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::sys::signal::{killpg, Signal};
+use nix::sys::wait::{waitid, Id, WaitPidFlag, WaitStatus};
+use nix::unistd::Pid;
+use tracing::{debug, info, warn};
+
+use super::error::InstanceError;
+use super::host::Host;
+use super::report::ReportLog;
+use super::template::{validate_template, Placeholder, Template};
+use super::{
+    InstanceKey, InstancePlacement, InstanceSettings, InstanceSpec, InstanceState, InstanceStats,
+    PollOutcome, ReconcileOutcome, KILL_WAIT, LODGERS_CGROUP,
+};
+use crate::enforce::cpusets::{self, CpusetFile};
+use crate::enforce::PinMethod;
+use crate::sys::cgroupfs::{self as cgroup, child_of, CgroupError, CgroupVersion};
+use crate::sys::procfs::{ProcReader, ProcessTable};
+
+// ---------------------------------------------------------------------------------------------
+// The supervisor
+
+/// The live process of an instance.
+#[derive(Debug)]
+pub(super) struct Run {
+    pub(super) child: Child,
+    pub(super) pid: u32,
+    pub(super) started: Instant,
+    /// The read end of the report pipe, non-blocking; `None` after end of file.
+    pub(super) report: Option<File>,
+}
+
+impl Run {
+    /// If the process exited: kills what it left in its process group, then reaps it and says
+    /// how it ended. The group is killed before the reap: until then the zombie holds the
+    /// group's id, so no other process can have come to own it.
+    pub(super) fn reap(&mut self) -> Option<String> {
+        if let Some(pid) = pid_of(self.pid) {
+            let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
+            match waitid(Id::Pid(pid), flags) {
+                Ok(WaitStatus::StillAlive) | Err(Errno::EINTR) => return None,
+                Ok(_) => {
+                    let _ = killpg(pid, Signal::SIGKILL);
+                }
+                // ECHILD: reaped elsewhere (SIGCHLD ignored); `try_wait` says so.
+                Err(_) => {}
+            }
+        }
+        match self.child.try_wait() {
+            Ok(status) => status.map(describe_exit),
+            Err(e) => Some(format!("gone ({e})")),
+        }
+    }
+}
+
+#[derive(Debug)]
+pub(super) enum SlotState {
+    Running,
+    BackingOff {
+        at: Instant,
+    },
+    Stopping {
+        kill_at: Instant,
+        killed_at: Option<Instant>,
+        /// `Unkillable` was reported (once).
+        stuck: bool,
+        next: Option<(InstanceSpec, Template)>,
+    },
+}
+
+#[derive(Debug)]
+pub(super) struct Slot {
+    pub(super) spec: InstanceSpec,
+    pub(super) template: Template,
+    /// Its cgroup once created (cgroup placement).
+    pub(super) cgroup: Option<String>,
+    pub(super) run: Option<Run>,
+    pub(super) state: SlotState,
+    pub(super) restarts: u32,
+    pub(super) failures: u32,
+    pub(super) backoff: Duration,
+    pub(super) last_exit: Option<String>,
+    pub(super) last_error: Option<String>,
+    pub(super) reports: ReportLog,
+}
+
+impl Slot {
+    pub(super) fn key(&self) -> InstanceKey {
+        self.spec.key()
+    }
+
+    pub(super) fn stats(&self, now: Instant, window: Duration) -> InstanceStats {
+        let since = self.run.as_ref().map(|r| r.started);
+        let w = self.reports.summary(now, window, since);
+        let state = match &self.state {
+            SlotState::Running => InstanceState::Running,
+            SlotState::BackingOff { at } => InstanceState::BackingOff {
+                retry_in: at.saturating_duration_since(now),
+            },
+            SlotState::Stopping { next, .. } => InstanceState::Stopping {
+                restarting: next.is_some(),
+            },
+        };
+        InstanceStats {
+            job: self.spec.job.clone(),
+            index: self.spec.index,
+            pid: self.run.as_ref().map(|r| r.pid),
+            cpus: self.spec.cpus.clone(),
+            threads: self.spec.threads,
+            batch: self.spec.batch,
+            cgroup: self.cgroup.clone(),
+            state,
+            restarts: self.restarts,
+            failures: self.failures,
+            backoff: self.backoff,
+            last_exit: self.last_exit.clone(),
+            last_error: self.last_error.clone(),
+            uptime: since.map_or(Duration::ZERO, |s| now.saturating_duration_since(s)),
+            span: w.span,
+            items_per_s: w.items_per_s,
+            latency_p50_ms: w.p50,
+            latency_p99_ms: w.p99,
+            queue_p99_ms: w.queue_p99,
+            items_total: self.reports.items_total,
+            reports_total: self.reports.reports_total,
+            bad_reports: self.reports.bad_total,
+        }
+    }
+}
+
+/// The delay before restart number `failures` in a row: `initial`, doubled per failure, capped.
+pub fn backoff_delay(failures: u32, initial: Duration, max: Duration) -> Duration {
+    let doublings = failures.saturating_sub(1).min(30);
+    initial.saturating_mul(1u32 << doublings).min(max)
+}
+
+/// Starts, supervises and stops inference instances. One per lodgerd; drive it from one
+/// long-lived thread (see the module documentation).
+#[derive(Debug)]
+pub struct Instances {
+    pub(super) host: Host,
+    /// Sorted by key.
+    pub(super) slots: Vec<Slot>,
+}
+impl Instances {
+    /// Detects the cgroup mode and chooses the placement (logged with its reason).
+    pub fn new(settings: InstanceSettings) -> Result<Instances, InstanceError> {
+        let parent = cgroup::normalize(&settings.parent)?;
+        if parent == "/" {
+            return Err(CgroupError::BadPath(settings.parent.clone()).into());
+        }
+        let version = cgroup::detect(&settings.cgroup_root, settings.driver)?;
+        let cpusets = cpusets::open(&settings.cgroup_root, version);
+        let node = match version {
+            CgroupVersion::V1 => cpusets.read("/", CpusetFile::Cpus)?,
+            CgroupVersion::V2 => cpusets.effective_cpus("/")?,
+        };
+        let (placement, why) = match (settings.placement, version) {
+            (InstancePlacement::Cgroup, _) => (PinMethod::Cgroup, "configured"),
+            (InstancePlacement::Affinity, _) => (PinMethod::Affinity, "configured"),
+            (InstancePlacement::Auto, CgroupVersion::V1) => (PinMethod::Cgroup, "cgroup v1"),
+            (InstancePlacement::Auto, CgroupVersion::V2) => {
+                let controllers = cpusets.dir(&parent).join(cgroup::CGROUP_CONTROLLERS);
+                let delegated = fs::read_to_string(&controllers).is_ok_and(|text| {
+                    text.split_whitespace()
+                        .any(|c| c == cgroup::CPUSET_CONTROLLER)
+                });
+                if delegated {
+                    (
+                        PinMethod::Cgroup,
+                        "cgroup v2, cpuset delegated to lodger's cgroup",
+                    )
+                } else {
+                    (
+                        PinMethod::Affinity,
+                        "cgroup v2 without cpuset delegated to lodger's cgroup (memory nodes are \
+                         not enforced)",
+                    )
+                }
+            }
+        };
+        let lodgers = child_of(&parent, LODGERS_CGROUP);
+        info!(
+            "inference instances are placed by {} ({why}){}",
+            placement.as_str(),
+            match placement {
+                PinMethod::Cgroup => format!(", in {}", cpusets.dir(&lodgers).display()),
+                PinMethod::Affinity => String::new(),
+            }
+        );
+        let reader = ProcReader::new(&settings.proc_root);
+        Ok(Instances {
+            host: Host {
+                version,
+                placement,
+                cpusets,
+                parent,
+                lodgers,
+                node,
+                reader,
+                table: ProcessTable::default(),
+                created_parent: false,
+                pending_removal: Vec::new(),
+                buf: vec![0; 64 * 1024],
+                settings,
+            },
+            slots: Vec::new(),
+        })
+    }
+
+    pub fn placement(&self) -> PinMethod {
+        self.host.placement
+    }
+
+    pub fn cgroup_version(&self) -> CgroupVersion {
+        self.host.version
+    }
+
+    /// The directory of an instance cgroup named in [`InstanceStats::cgroup`].
+    pub fn cgroup_dir(&self, cgroup: &str) -> PathBuf {
+        self.host.cpusets.dir(cgroup)
+    }
+
+    pub fn settings(&self) -> &InstanceSettings {
+        &self.host.settings
+    }
+
+    /// Makes the running instances match `desired` (all instances of all jobs): starts missing
+    /// ones, stops unwanted ones, restarts changed ones. A change of CPUs or memory nodes alone
+    /// is applied in place, unless the template passes `{cpus}` on (the program may have pinned
+    /// its threads itself); anything else restarts the instance once the old process is gone.
+    /// Stops are asynchronous: SIGTERM here, the rest in `poll`. Idempotent.
+    ///
+    /// Every spec is checked first; a bad one (template, threads, batch, CPUs, a duplicate) fails
+    /// the whole call before anything is done.
+    pub fn reconcile(
+        &mut self,
+        desired: &[InstanceSpec],
+    ) -> Result<ReconcileOutcome, InstanceError> {
+        let now = Instant::now();
+        let mut templates: Vec<Template> = Vec::with_capacity(desired.len());
+        for (i, spec) in desired.iter().enumerate() {
+            if desired[..i].iter().any(|d| d.same_instance(spec)) {
+                return Err(invalid(&spec.key(), "listed twice".to_string()));
+            }
+            self.host.check_spec(spec)?;
+            let template = match self.slot(spec) {
+                Some(slot) if slot.spec.argv == spec.argv => slot.template.clone(),
+                // A new or changed template: its program must exist now.
+                _ => validate_template(&spec.job, &spec.argv)?,
+            };
+            templates.push(template);
+        }
+
+        let mut out = ReconcileOutcome::default();
+        // Unwanted first: their CPUs may be wanted by the others.
+        let mut i = 0;
+        while i < self.slots.len() {
+            if desired.iter().any(|d| d.same_instance(&self.slots[i].spec)) {
+                i += 1;
+                continue;
+            }
+            let slot = &mut self.slots[i];
+            let key = slot.key();
+            match &mut slot.state {
+                SlotState::Running => {
+                    self.host.terminate(slot, now, None);
+                    out.stopping.push(key);
+                    out.changed = true;
+                }
+                SlotState::Stopping { next, .. } => {
+                    if next.take().is_some() {
+                        out.stopping.push(key);
+                        out.changed = true;
+                    }
+                }
+                SlotState::BackingOff { .. } => {
+                    let slot = self.slots.remove(i);
+                    self.host.discard(&slot, &mut out.errors);
+                    out.removed.push(key);
+                    out.changed = true;
+                    continue;
+                }
+            }
+            i += 1;
+        }
+
+        for (spec, template) in desired.iter().zip(templates) {
+            let key = spec.key();
+            let pos = match self.slots.binary_search_by(|s| s.spec.cmp_instance(spec)) {
+                Ok(pos) => pos,
+                Err(pos) => {
+                    let mut slot = Slot {
+                        spec: spec.clone(),
+                        template,
+                        cgroup: None,
+                        run: None,
+                        state: SlotState::BackingOff { at: now },
+                        restarts: 0,
+                        failures: 0,
+                        backoff: Duration::ZERO,
+                        last_exit: None,
+                        last_error: None,
+                        reports: ReportLog::default(),
+                    };
+                    out.changed = true;
+                    match self.host.start(&mut slot, now) {
+                        Ok(()) => out.started.push(key),
+                        Err(e) => out.errors.push(e),
+                    }
+                    self.slots.insert(pos, slot);
+                    continue;
+                }
+            };
+            let slot = &mut self.slots[pos];
+            match &mut slot.state {
+                SlotState::Stopping { next, .. } => {
+                    let same = next.as_ref().is_some_and(|(s, _)| s == spec);
+                    if !same {
+                        *next = Some((spec.clone(), template));
+                        out.restarting.push(key);
+                        out.changed = true;
+                    }
+                }
+                SlotState::BackingOff { .. } => {
+                    if slot.spec != *spec {
+                        // The new spec may be what fixes it: try at once.
+                        slot.spec = spec.clone();
+                        slot.template = template;
+                        out.changed = true;
+                        match self.host.start(slot, now) {
+                            Ok(()) => out.started.push(key),
+                            Err(e) => out.errors.push(e),
+                        }
+                    }
+                }
+                SlotState::Running => {
+                    if slot.spec == *spec {
+                        continue;
+                    }
+                    let in_place = slot.spec.argv == spec.argv
+                        && slot.spec.threads == spec.threads
+                        && slot.spec.batch == spec.batch
+                        && !slot.template.uses(Placeholder::Cpus);
+                    if in_place {
+                        match self.host.move_in_place(slot, spec) {
+                            Ok(changed) => {
+                                slot.spec = spec.clone();
+                                if changed {
+                                    out.moved.push(key);
+                                    out.changed = true;
+                                }
+                            }
+                            Err(e) => out.errors.push(e),
+                        }
+                    } else {
+                        self.host
+                            .terminate(slot, now, Some((spec.clone(), template)));
+                        out.restarting.push(key);
+                        out.changed = true;
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Reaps exited instances (killing what they left behind), restarts them after their
+    /// back-off, finishes stops (SIGKILL after the grace period), reads report lines. Call it
+    /// often (every tick); it never blocks for long.
+    pub fn poll(&mut self) -> PollOutcome {
+        let now = Instant::now();
+        let mut out = PollOutcome::default();
+        self.host.retry_removals();
+        let mut i = 0;
+        while i < self.slots.len() {
+            let slot = &mut self.slots[i];
+            out.reports += self.host.read_reports(slot, now);
+            slot.reports.trim(now, self.host.settings.window);
+            let key = slot.key();
+            let exited = slot.run.as_mut().and_then(Run::reap);
+            match &mut slot.state {
+                SlotState::Running => {
+                    if let Some(how) = exited {
+                        self.host.on_exit(slot, now, &how, &mut out.errors);
+                        warn!(
+                            instance = %key,
+                            "exited on its own ({how}); restarting in {:?}",
+                            slot.backoff
+                        );
+                        out.exited.push((key, how));
+                    }
+                }
+                SlotState::BackingOff { at } => {
+                    if now >= *at {
+                        match self.host.start(slot, now) {
+                            Ok(()) => {
+                                slot.restarts += 1;
+                                out.started.push(key);
+                            }
+                            Err(e) => out.errors.push(e),
+                        }
+                    }
+                }
+                SlotState::Stopping {
+                    kill_at,
+                    killed_at,
+                    stuck,
+                    next,
+                } => {
+                    if let Some(how) = exited {
+                        debug!(instance = %key, "stopped ({how})");
+                        slot.last_exit = Some(how);
+                        let next = next.take();
+                        self.host.finish_run(slot, now, &mut out.errors);
+                        out.stopped.push(key.clone());
+                        match next {
+                            Some((spec, template)) => {
+                                // Measurements start afresh with the new process.
+                                slot.spec = spec;
+                                slot.template = template;
+                                match self.host.start(slot, now) {
+                                    Ok(()) => out.started.push(key),
+                                    Err(e) => out.errors.push(e),
+                                }
+                            }
+                            None => {
+                                let slot = self.slots.remove(i);
+                                self.host.discard(&slot, &mut out.errors);
+                                continue;
+                            }
+                        }
+                    } else if killed_at.is_none() && now >= *kill_at {
+                        warn!(
+                            instance = %key,
+                            "still running {:?} after SIGTERM: SIGKILL",
+                            self.host.settings.stop_grace
+                        );
+                        self.host.kill_run(slot, &mut out.errors);
+                        if let SlotState::Stopping { killed_at, .. } = &mut slot.state {
+                            *killed_at = Some(now);
+                        }
+                        out.killed.push(key);
+                    } else if let (Some(at), Some(run), false) = (*killed_at, &slot.run, *stuck) {
+                        if now.saturating_duration_since(at) > KILL_WAIT {
+                            *stuck = true;
+                            out.errors.push(InstanceError::Unkillable {
+                                key,
+                                pid: run.pid,
+                                waited: now.saturating_duration_since(at),
+                            });
+                        }
+                    }
+                }
+            }
+            i += 1;
+        }
+        out
+    }
+
+    /// Per instance, sorted by job and index.
+    pub fn stats(&self) -> Vec<InstanceStats> {
+        let now = Instant::now();
+        self.slots
+            .iter()
+            .map(|s| s.stats(now, self.host.settings.window))
+            .collect()
+    }
+
+    pub(super) fn slot(&self, spec: &InstanceSpec) -> Option<&Slot> {
+        self.slots
+            .binary_search_by(|s| s.spec.cmp_instance(spec))
+            .ok()
+            .and_then(|i| self.slots.get(i))
+    }
+}
+pub(super) fn invalid(key: &InstanceKey, problem: String) -> InstanceError {
+    InstanceError::InvalidSpec {
+        key: key.clone(),
+        problem,
+    }
+}
+
+pub(super) fn describe_exit(status: ExitStatus) -> String {
+    if let Some(code) = status.code() {
+        return format!("exited with status {code}");
+    }
+    if let Some(sig) = status.signal() {
+        let name = Signal::try_from(sig).map_or("an unknown signal", |s| s.as_str());
+        let core = if status.core_dumped() {
+            " (core dumped)"
+        } else {
+            ""
+        };
+        return format!("killed by {name}{core}");
+    }
+    status.to_string()
+}
+
+pub(super) fn pid_of(pid: u32) -> Option<Pid> {
+    i32::try_from(pid)
+        .ok()
+        .filter(|&p| p > 0)
+        .map(Pid::from_raw)
+}

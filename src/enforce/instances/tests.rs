@@ -1,0 +1,263 @@
+//! Tests of the instance runner that need no root: templates, finding programs, report lines and
+//! windows, back-off, exit descriptions.
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::ExitStatusExt;
+use std::process::ExitStatus;
+use std::time::{Duration, Instant};
+
+use super::error::{InstanceError, TemplateProblem};
+use super::report::{parse_report, weighted_percentile, ReportLog};
+use super::supervisor::{backoff_delay, describe_exit};
+use super::template::{find_program, show_argv, validate_template, Placeholder, Template};
+use super::*;
+use crate::cpuset::CpuSet;
+use crate::job::JobId;
+
+fn job() -> JobId {
+    JobId::parse("j7").expect("job id")
+}
+
+fn argv(args: &[&str]) -> Vec<String> {
+    args.iter().map(|s| s.to_string()).collect()
+}
+
+fn spec(args: &[&str]) -> InstanceSpec {
+    InstanceSpec {
+        job: job(),
+        index: 2,
+        argv: argv(args),
+        cpus: CpuSet::parse("1,3-4").expect("cpus"),
+        mems: CpuSet::new(),
+        threads: 3,
+        batch: 16,
+    }
+}
+
+fn problem(e: InstanceError) -> TemplateProblem {
+    match e {
+        InstanceError::Template { problem, .. } => problem,
+        other => panic!("not a template error: {other}"),
+    }
+}
+
+#[test]
+fn templates_expand_placeholders() {
+    let s = spec(&[
+        "/bin/server",
+        "--threads={threads}",
+        "-b",
+        "{batch}",
+        "--cpus",
+        "{cpus}",
+        "{job}/{instance}",
+        "{{literal}}",
+    ]);
+    let t = Template::parse(&s.job, &s.argv).expect("parses");
+    assert_eq!(
+        t.expand(&s),
+        argv(&[
+            "/bin/server",
+            "--threads=3",
+            "-b",
+            "16",
+            "--cpus",
+            "1,3-4",
+            "j7/2",
+            "{literal}"
+        ])
+    );
+    assert!(t.uses(Placeholder::Cpus));
+    let plain = Template::parse(&s.job, &argv(&["x", "{threads}"])).expect("parses");
+    assert!(!plain.uses(Placeholder::Cpus));
+    // An empty argument stays an argument.
+    let empty = Template::parse(&s.job, &argv(&["x", ""])).expect("parses");
+    assert_eq!(empty.expand(&s), argv(&["x", ""]));
+}
+
+#[test]
+fn bad_templates_say_what_is_wrong() {
+    let j = job();
+    assert_eq!(
+        problem(Template::parse(&j, &[]).expect_err("empty")),
+        TemplateProblem::Empty
+    );
+    assert_eq!(
+        problem(Template::parse(&j, &argv(&["  "])).expect_err("blank")),
+        TemplateProblem::Empty
+    );
+    let e = Template::parse(&j, &argv(&["srv", "--n={thread}"])).expect_err("unknown");
+    let text = e.to_string();
+    assert!(
+        text.contains("{thread}") && text.contains("{threads}"),
+        "{text}"
+    );
+    assert!(text.contains("srv --n={thread}"), "{text}");
+    assert_eq!(
+        problem(e),
+        TemplateProblem::UnknownPlaceholder {
+            arg: 1,
+            text: "--n={thread}".into(),
+            name: "thread".into()
+        }
+    );
+    assert!(matches!(
+        problem(Template::parse(&j, &argv(&["srv", "{batch"])).expect_err("open")),
+        TemplateProblem::UnmatchedBrace {
+            brace: '{',
+            arg: 1,
+            ..
+        }
+    ));
+    assert!(matches!(
+        problem(Template::parse(&j, &argv(&["srv", "a}b"])).expect_err("close")),
+        TemplateProblem::UnmatchedBrace { brace: '}', .. }
+    ));
+}
+
+#[test]
+fn programs_are_found_like_execvp() {
+    assert!(find_program("sh").is_ok());
+    assert!(matches!(
+        find_program("lodger-no-such-program-xyz"),
+        Err(TemplateProblem::ProgramNotFound { .. })
+    ));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("not-exec");
+    fs::write(&file, "#!/bin/sh\n").expect("write");
+    let p = file.to_str().expect("utf-8").to_string();
+    assert!(matches!(
+        find_program(&p),
+        Err(TemplateProblem::NotExecutable { .. })
+    ));
+    fs::set_permissions(&file, fs::Permissions::from_mode(0o755)).expect("chmod");
+    assert_eq!(find_program(&p).expect("found"), file);
+    let dir_path = dir.path().to_str().expect("utf-8");
+    assert!(matches!(
+        find_program(dir_path),
+        Err(TemplateProblem::NotExecutable { .. })
+    ));
+    let e = validate_template(&job(), &argv(&["lodger-no-such-program-xyz", "{batch}"]))
+        .expect_err("missing");
+    assert!(e.to_string().contains("absolute path"), "{e}");
+    // A program given by a placeholder is checked at start, not here.
+    assert!(validate_template(&job(), &argv(&["{job}"])).is_ok());
+}
+
+#[test]
+fn shows_templates_quoted() {
+    assert_eq!(
+        show_argv(&argv(&["a", "b c", "it's", "--x={threads}"])),
+        r"a 'b c' 'it'\''s' --x={threads}"
+    );
+}
+
+#[test]
+fn report_lines_parse_and_reject() {
+    let r = parse_report(br#"{"items":8,"latency_ms":12.5,"queue_ms":3}"#).expect("ok");
+    assert_eq!(r.items, 8);
+    assert_eq!(r.latency_ms, 12.5);
+    assert_eq!(r.queue_ms, Some(3.0));
+    let r = parse_report(br#"{"latency_ms":1,"items":1,"extra":"ignored"}"#).expect("ok");
+    assert_eq!(r.queue_ms, None);
+    for bad in [
+        &br#"{"items":-1,"latency_ms":1}"#[..],
+        br#"{"items":1}"#,
+        br#"{"items":1,"latency_ms":-2}"#,
+        br#"items=1"#,
+        b"",
+    ] {
+        assert!(
+            parse_report(bad).is_err(),
+            "{}",
+            String::from_utf8_lossy(bad)
+        );
+    }
+}
+
+#[test]
+fn report_log_joins_partial_lines_and_counts_bad_ones() {
+    let key = spec(&["x"]).key();
+    let mut log = ReportLog::default();
+    let t = Instant::now();
+    assert_eq!(log.feed(&key, br#"{"items":2,"lat"#, t), 0);
+    assert_eq!(log.feed(&key, b"ency_ms\":4}\n\n{\"items\":1,", t), 1);
+    assert_eq!(log.feed(&key, b"\"latency_ms\":8}\r\nnot json\n", t), 1);
+    assert_eq!(log.reports_total, 2);
+    assert_eq!(log.items_total, 3);
+    assert_eq!(log.bad_total, 1);
+    // A line longer than the limit is dropped as one bad line, up to its end.
+    let long = vec![b'x'; MAX_REPORT_LINE + 10];
+    assert_eq!(log.feed(&key, &long, t), 0);
+    assert_eq!(
+        log.feed(&key, b"yyy\n{\"items\":5,\"latency_ms\":1}\n", t),
+        1
+    );
+    assert_eq!(log.bad_total, 2);
+    assert_eq!(log.items_total, 8);
+}
+
+#[test]
+fn window_rates_and_percentiles_weigh_items() {
+    let key = spec(&["x"]).key();
+    let mut log = ReportLog::default();
+    let start = Instant::now();
+    let now = start + Duration::from_secs(20);
+    // Outside the 10 s window.
+    log.feed(
+        &key,
+        b"{\"items\":1000,\"latency_ms\":500}\n",
+        start + Duration::from_secs(5),
+    );
+    // 98 items at 10 ms, 1 item at 50 ms, 1 at 100 ms, inside it.
+    log.feed(
+        &key,
+        b"{\"items\":98,\"latency_ms\":10,\"queue_ms\":1}\n{\"items\":1,\"latency_ms\":50}\n",
+        start + Duration::from_secs(15),
+    );
+    log.feed(
+        &key,
+        b"{\"items\":1,\"latency_ms\":100}\n",
+        start + Duration::from_secs(16),
+    );
+    let w = log.summary(now, Duration::from_secs(10), Some(start));
+    assert_eq!(w.span, Duration::from_secs(10));
+    assert!((w.items_per_s - 10.0).abs() < 1e-9, "{}", w.items_per_s);
+    assert_eq!(w.p50, Some(10.0));
+    assert_eq!(w.p99, Some(50.0));
+    assert_eq!(w.queue_p99, Some(1.0));
+    // A process younger than the window: the rate is over its age.
+    let young = log.summary(
+        now,
+        Duration::from_secs(10),
+        Some(start + Duration::from_secs(15)),
+    );
+    assert_eq!(young.span, Duration::from_secs(5));
+    assert!((young.items_per_s - 20.0).abs() < 1e-9);
+    log.trim(now, Duration::from_secs(10));
+    assert_eq!(log.recent.len(), 3);
+    assert_eq!(weighted_percentile(&mut [], 990), None);
+    assert_eq!(weighted_percentile(&mut [(3.0, 0)], 500), None);
+}
+
+#[test]
+fn backoff_doubles_up_to_the_cap() {
+    let one = Duration::from_secs(1);
+    let cap = Duration::from_secs(60);
+    let got: Vec<u64> = (1..=8)
+        .map(|f| backoff_delay(f, one, cap).as_secs())
+        .collect();
+    assert_eq!(got, vec![1, 2, 4, 8, 16, 32, 60, 60]);
+    assert_eq!(backoff_delay(u32::MAX, one, cap), cap);
+    assert_eq!(backoff_delay(0, one, cap), one);
+}
+
+#[test]
+fn exits_are_described() {
+    assert_eq!(
+        describe_exit(ExitStatus::from_raw(3 << 8)),
+        "exited with status 3"
+    );
+    assert_eq!(describe_exit(ExitStatus::from_raw(9)), "killed by SIGKILL");
+}

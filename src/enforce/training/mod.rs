@@ -1,0 +1,307 @@
+//! Making the node match the plan for training jobs: each job's placement (a cpuset cgroup, or CPU
+//! affinity) and SCHED_RR on every thread, idempotently, with a [`JobRecord`] of everything changed
+//! so that [`Enforcer::release`] can undo it, also after a lodgerd restart. Touches cgroupfs, /proc,
+//! sched_setscheduler and sched_setaffinity, through the submodules.
+//!
+//! `apply` runs every tick for every job, so its steady path (nothing to change) only reads: the
+//! job's cpuset files or thread masks, `/proc/PID/stat` of each known process, `/proc/PID/task`, two
+//! scheduler queries per thread. A full /proc scan (for descendants) happens only when it can find
+//! something: with affinity pinning when a task was created on the node since the last scan
+//! (`/proc/loadavg`), with cgroup pinning only after processes were moved (a child forked during
+//! the move stays outside). Timing `apply` on an enforced job times the sweep.
+//!
+//! Rooms: `cgroup_jobs` (jobs registered by cgroup), `pid_jobs` (jobs registered by pids),
+//! `rr` (the SCHED_RR sweep over every thread), [`rtgroup`] (v1 RT budgets), [`record`] and
+//! [`error`]. May touch `sys/`, `enforce::{cpusets, sched, procs}`; nothing above enforce.
+
+mod cgroup_jobs;
+pub mod error;
+mod pid_jobs;
+pub mod record;
+mod rr;
+pub mod rtgroup;
+
+#[cfg(test)]
+mod tests;
+
+use std::fmt;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use tracing::{debug, warn};
+
+pub use self::error::EnforceError;
+pub use self::record::{
+    CgroupJobRecord, JobRecord, PidJobRecord, RootProcess, SavedCpuset, TrackedProcess,
+};
+use self::rr::RrSweep;
+use self::rtgroup::RtGroups;
+use super::cpusets::{self, CpusetFile, CpusetHierarchy};
+use super::sched;
+use super::{EnforceSettings, PidPinning, PinMethod};
+use crate::cpuset::CpuSet;
+use crate::job::{JobId, Target};
+use crate::sys::cgroupfs::{self as cgroup, CgroupError, CgroupVersion};
+use crate::sys::procfs::{ProcError, ProcReader, ProcessTable};
+
+/// What status shows about enforcement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CgroupMode {
+    pub version: CgroupVersion,
+    pub pid_pinning: PinMethod,
+}
+
+impl fmt::Display for CgroupMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "cgroup {}, pid jobs pinned by {}",
+            self.version,
+            self.pid_pinning.as_str()
+        )
+    }
+}
+
+/// What one `apply` found and did.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Outcome {
+    /// Something on the node was written.
+    pub changed: bool,
+    /// The job's live processes, sorted.
+    pub pids: Vec<u32>,
+    pub threads: u32,
+    /// Threads that are SCHED_RR at the configured priority.
+    pub rr_threads: u32,
+    /// False when no process of the job is left.
+    pub alive: bool,
+    pub warnings: Vec<String>,
+}
+
+/// Buffers kept between applies, so the steady path does not allocate per process or thread.
+#[derive(Debug)]
+struct Scratch {
+    reader: ProcReader,
+    table: ProcessTable,
+    /// `/proc/loadavg`'s last pid when `table` was read; `None`: no usable table.
+    table_key: Option<u32>,
+    tids: Vec<u32>,
+    in_cgroup: Vec<u32>,
+    cgroups: Vec<String>,
+}
+
+/// Enforces training jobs' placements and SCHED_RR. One per lodgerd; `Send` and `Sync`.
+#[derive(Debug)]
+pub struct Enforcer {
+    settings: EnforceSettings,
+    mode: CgroupMode,
+    cpusets: Box<dyn CpusetHierarchy>,
+    rt_groups: RtGroups,
+    /// `settings.parent`, normalized.
+    parent: String,
+    scratch: Mutex<Scratch>,
+}
+
+impl Enforcer {
+    /// Detects the cgroup mode and checks what can be checked before the first job: the
+    /// priority, the parent name, that the cpuset hierarchy and /proc can be read. Warns (does not
+    /// fail) when SCHED_RR will be refused because RT tasks are unthrottled.
+    pub fn new(settings: EnforceSettings) -> Result<Enforcer, EnforceError> {
+        sched::check_priority(settings.rt_priority)?;
+        let parent = cgroup::normalize(&settings.parent)?;
+        if parent == "/" {
+            return Err(CgroupError::BadPath(settings.parent.clone()).into());
+        }
+        let version = cgroup::detect(&settings.cgroup_root, settings.driver)?;
+        let cpusets = cpusets::open(&settings.cgroup_root, version);
+        match version {
+            CgroupVersion::V1 => cpusets.read("/", CpusetFile::Cpus).map(drop)?,
+            CgroupVersion::V2 => {}
+        }
+        std::fs::read_dir(&settings.proc_root).map_err(|source| ProcError::Read {
+            path: settings.proc_root.clone(),
+            source,
+        })?;
+        let pid_pinning = match (settings.pid_jobs, version) {
+            (PidPinning::Cgroup, _) | (PidPinning::Auto, CgroupVersion::V1) => PinMethod::Cgroup,
+            (PidPinning::Affinity, _) | (PidPinning::Auto, CgroupVersion::V2) => {
+                PinMethod::Affinity
+            }
+        };
+        if let Ok(Some(-1)) = sched::node_rt_runtime_us(&settings.proc_root) {
+            if !settings.allow_unthrottled_rt {
+                warn!(
+                    "kernel.sched_rt_runtime_us is -1: SCHED_RR will be refused for training jobs \
+                     (set training.allow_unthrottled_rt = true to allow it)"
+                );
+            }
+        }
+        let rt_groups = RtGroups::new(&settings.cgroup_root);
+        let scratch = Scratch {
+            reader: ProcReader::new(&settings.proc_root),
+            table: ProcessTable::default(),
+            table_key: None,
+            tids: Vec::new(),
+            in_cgroup: Vec::new(),
+            cgroups: Vec::new(),
+        };
+        Ok(Enforcer {
+            mode: CgroupMode {
+                version,
+                pid_pinning,
+            },
+            cpusets,
+            rt_groups,
+            parent,
+            scratch: Mutex::new(scratch),
+            settings,
+        })
+    }
+
+    pub fn mode(&self) -> CgroupMode {
+        self.mode
+    }
+
+    pub fn settings(&self) -> &EnforceSettings {
+        &self.settings
+    }
+
+    fn scratch(&self) -> MutexGuard<'_, Scratch> {
+        // The scratch holds only buffers: a panic while it was held leaves nothing inconsistent.
+        self.scratch.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Makes the job's processes run on `cpus` (and memory nodes `mems`; empty = leave) with every
+    /// thread SCHED_RR. Idempotent: with nothing new, it writes nothing and reports
+    /// `changed = false`. `record` is updated before each change it describes, so it stays valid
+    /// when this fails half-way. Errors on single threads do not stop the sweep: they are returned
+    /// together at the end, after everything else was done.
+    pub fn apply(
+        &self,
+        id: &JobId,
+        target: &Target,
+        cpus: &CpuSet,
+        mems: &CpuSet,
+        record: &mut JobRecord,
+    ) -> Result<Outcome, EnforceError> {
+        if cpus.is_empty() {
+            return Err(EnforceError::EmptyPlacement);
+        }
+        let mut guard = self.scratch();
+        let s = &mut *guard;
+        let mut out = Outcome::default();
+        let JobRecord {
+            cgroup: cgroup_rec,
+            pids: pid_rec,
+            rt_grants,
+        } = record;
+        let mut rr = RrSweep::new(self, rt_grants);
+        let placed = match target {
+            Target::Cgroup(path) => {
+                if pid_rec.is_some() {
+                    return Err(mismatch(id, "pids", "cgroup"));
+                }
+                self.apply_cgroup(path, cpus, mems, cgroup_rec, s, &mut rr, &mut out)
+            }
+            Target::Instances => return Err(EnforceError::NotPinned),
+            Target::Pids(roots) => {
+                if cgroup_rec.is_some() {
+                    return Err(mismatch(id, "cgroup", "pids"));
+                }
+                self.apply_pids(id, roots, cpus, mems, pid_rec, s, &mut rr, &mut out)
+            }
+        };
+        out.changed |= rr.changed;
+        out.threads = rr.threads;
+        out.rr_threads = rr.rr;
+        let mut errors = rr.errors;
+        match placed {
+            Err(e) if errors.is_empty() => return Err(e),
+            Err(e) => errors.insert(0, e),
+            Ok(()) => {}
+        }
+        EnforceError::collect(errors)?;
+        Ok(out)
+    }
+
+    /// Removes lodger's parent cgroup when nothing is left in it (the last job's release may
+    /// have found it still holding the instances' cgroup). Harmless when it is in use or gone.
+    pub fn tidy(&self) {
+        if let Err(e) = self.cpusets.remove_if_unused(&self.parent) {
+            tracing::debug!("lodger's parent cgroup {} not removed: {e}", self.parent);
+        }
+    }
+
+    /// Undoes what `apply` did, for whatever still exists: threads back to SCHED_OTHER, cpusets to
+    /// their saved values, processes back to their cgroups or masks, lodger's cgroup removed, RT
+    /// budgets returned. A job whose cgroup or processes are gone has nothing left to undo. Goes on
+    /// after errors and returns them together.
+    pub fn release(
+        &self,
+        id: &JobId,
+        target: &Target,
+        record: &JobRecord,
+    ) -> Result<(), EnforceError> {
+        let mut guard = self.scratch();
+        let s = &mut *guard;
+        let mut errors = Vec::new();
+        if let Some(rec) = &record.cgroup {
+            self.release_cgroup(rec, s, &mut errors);
+        }
+        if let Some(rec) = &record.pids {
+            self.release_pids(rec, s, &mut errors);
+        }
+        if record.cgroup.is_none() && record.pids.is_none() {
+            debug!(job = %id, ?target, "nothing recorded to release");
+        }
+        for e in self.rt_groups.revert(&record.rt_grants) {
+            // Expected while other RT tasks use the group: the kernel keeps the budget.
+            warn!(job = %id, "real-time budget kept: {e}");
+        }
+        EnforceError::collect(errors)
+    }
+
+    /// Fails when `cpus` are not all CPUs of the node (the hierarchy root's effective CPUs).
+    fn check_node_cpus(&self, cpus: &CpuSet) -> Result<(), EnforceError> {
+        let node = match self.mode.version {
+            CgroupVersion::V1 => self.cpusets.read("/", CpusetFile::Cpus),
+            CgroupVersion::V2 => self.cpusets.effective_cpus("/"),
+        };
+        match node {
+            Ok(node) if !node.is_empty() && !cpus.is_subset(&node) => {
+                Err(EnforceError::CpusOutsideNode {
+                    cpus: cpus.clone(),
+                    node,
+                })
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+fn mismatch(id: &JobId, recorded: &'static str, given: &'static str) -> EnforceError {
+    EnforceError::RecordMismatch {
+        id: id.to_string(),
+        recorded,
+        given,
+    }
+}
+
+/// `current` if it is within `limit`; else what is left of it there, or all of `limit`.
+fn within(current: &CpuSet, limit: &CpuSet) -> Option<CpuSet> {
+    if current.is_subset(limit) {
+        return None;
+    }
+    let kept = current.intersection(limit);
+    Some(if kept.is_empty() { limit.clone() } else { kept })
+}
+
+/// Rescans /proc unless no task was created on the node since the last scan.
+fn refresh_table(s: &mut Scratch) -> Result<(), EnforceError> {
+    let key = s.reader.last_pid();
+    if key.is_some() && key == s.table_key {
+        return Ok(());
+    }
+    s.table_key = None;
+    s.table.rescan(&mut s.reader)?;
+    s.table_key = key;
+    Ok(())
+}

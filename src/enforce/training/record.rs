@@ -1,0 +1,86 @@
+//! What lodger records about each training job so that it can undo what it did (persisted by the
+//! store, also across a lodgerd restart). Plain data; touches nothing.
+
+use serde::{Deserialize, Serialize};
+
+use super::rtgroup::RtGrant;
+use crate::cpuset::CpuSet;
+use crate::enforce::PinMethod;
+
+/// Everything needed to undo what lodger did to a job; persisted by the store.
+#[derive(Serialize, Deserialize, Default, Clone, Debug, PartialEq)]
+#[serde(default)]
+pub struct JobRecord {
+    /// A job registered by cgroup.
+    pub cgroup: Option<CgroupJobRecord>,
+    /// A job registered by pids.
+    pub pids: Option<PidJobRecord>,
+    /// RT budgets lodger granted to v1 cpu cgroups, in the order written.
+    pub rt_grants: Vec<RtGrant>,
+}
+
+#[derive(Serialize, Deserialize, Default, Clone, Debug, PartialEq)]
+#[serde(default)]
+pub struct CgroupJobRecord {
+    /// The job's cgroup, normalized, relative to the cpuset hierarchy.
+    pub cgroup: String,
+    /// Values found before lodger's first write to each cgroup (the job's first).
+    pub saved: Vec<SavedCpuset>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct SavedCpuset {
+    pub cgroup: String,
+    pub cpus: CpuSet,
+    pub mems: CpuSet,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(default)]
+pub struct PidJobRecord {
+    pub pinning: PinMethod,
+    /// Cgroup pinning: lodger's cgroup for the job, once created.
+    pub cgroup: Option<String>,
+    /// The registered pids, with their start times when lodger first saw them.
+    pub roots: Vec<RootProcess>,
+    /// Registered pids that were not running when lodger first saw them: a process that gets
+    /// such a pid later is not the job's.
+    pub missing_roots: Vec<u32>,
+    /// Every process of the job seen alive at the last apply, sorted by pid.
+    pub processes: Vec<TrackedProcess>,
+    /// Processes were moved at the last apply: scan /proc once more for children forked meanwhile.
+    pub rescan: bool,
+}
+
+impl Default for PidJobRecord {
+    fn default() -> Self {
+        Self {
+            pinning: PinMethod::Affinity,
+            cgroup: None,
+            roots: Vec::new(),
+            missing_roots: Vec::new(),
+            processes: Vec::new(),
+            rescan: false,
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RootProcess {
+    pub pid: u32,
+    pub start_time: u64,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct TrackedProcess {
+    pub pid: u32,
+    /// From `/proc/PID/stat`: a reused pid has another start time.
+    pub start_time: u64,
+    pub ppid: u32,
+    /// Cgroup pinning: its cpuset cgroup before lodger moved it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub original_cgroup: Option<String>,
+    /// Affinity pinning: its CPU mask before lodger set one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub original_affinity: Option<CpuSet>,
+}

@@ -1,0 +1,270 @@
+//! The SCHED_RR sweep: every thread of a training job made SCHED_RR at the configured priority
+//! (Cloud Reamer §III-A), re-swept each apply for threads that did not inherit it, reverted on
+//! release; an EPERM from a v1 cpu cgroup without an RT budget is diagnosed (and the budget
+//! granted when configured). Touches sched_setscheduler, sched_setaffinity and v1 cpu cgroups.
+
+use super::rtgroup::RtGrant;
+use super::{EnforceError, Enforcer, Scratch};
+use crate::enforce::sched::{self, AffinityState, CpuMask, RrState, SchedError};
+
+impl Enforcer {
+    /// Makes every thread of `pids` SCHED_RR (and, with `mask`, sets its affinity). Returns the
+    /// pids that still exist.
+    pub(super) fn sweep_threads(
+        &self,
+        s: &mut Scratch,
+        pids: &[u32],
+        mask: Option<&CpuMask>,
+        rr: &mut RrSweep<'_>,
+    ) -> Vec<u32> {
+        let mut alive = Vec::with_capacity(pids.len());
+        for &pid in pids {
+            s.tids.clear();
+            match s.reader.threads(pid, &mut s.tids) {
+                Ok(true) => {}
+                Ok(false) => continue,
+                Err(e) => {
+                    rr.errors.push(e.into());
+                    continue;
+                }
+            }
+            let mut any = false;
+            for &tid in &s.tids {
+                if let Some(mask) = mask {
+                    match sched::ensure_affinity(tid, mask) {
+                        Ok(AffinityState::Changed) => rr.changed = true,
+                        Ok(AffinityState::Already) => {}
+                        Ok(AffinityState::Gone) => continue,
+                        Err(e) => rr.errors.push(e.into()),
+                    }
+                }
+                any |= rr.thread(pid, tid);
+            }
+            if any {
+                alive.push(pid);
+            }
+        }
+        alive
+    }
+
+    /// Returns the threads of `pids` to SCHED_OTHER (and, with `mask`, to that affinity).
+    pub(super) fn revert_threads(
+        &self,
+        s: &mut Scratch,
+        pids: &[u32],
+        mask: Option<&CpuMask>,
+        errors: &mut Vec<EnforceError>,
+    ) {
+        for &pid in pids {
+            s.tids.clear();
+            match s.reader.threads(pid, &mut s.tids) {
+                Ok(true) => {}
+                Ok(false) => continue,
+                Err(e) => {
+                    errors.push(e.into());
+                    continue;
+                }
+            }
+            for &tid in &s.tids {
+                if let Err(e) = sched::revert_rr(tid) {
+                    errors.push(e.into());
+                }
+                if let Some(mask) = mask {
+                    if let Err(e) = sched::ensure_affinity(tid, mask) {
+                        errors.push(e.into());
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The SCHED_RR part of one apply: counts, errors, and what was learnt about RT budgets.
+pub(super) struct RrSweep<'a> {
+    pub(super) enforcer: &'a Enforcer,
+    pub(super) grants: &'a mut Vec<RtGrant>,
+    /// `None` until a thread needs SCHED_RR; then whether the node refuses it.
+    pub(super) refused: Option<bool>,
+    /// cpu cgroups found without an RT budget (and not granted one) in this apply.
+    pub(super) no_budget: Vec<String>,
+    pub(super) errors: Vec<EnforceError>,
+    pub(super) threads: u32,
+    pub(super) rr: u32,
+    pub(super) changed: bool,
+}
+
+impl<'a> RrSweep<'a> {
+    pub(super) fn new(enforcer: &'a Enforcer, grants: &'a mut Vec<RtGrant>) -> Self {
+        Self {
+            enforcer,
+            grants,
+            refused: None,
+            no_budget: Vec::new(),
+            errors: Vec::new(),
+            threads: 0,
+            rr: 0,
+            changed: false,
+        }
+    }
+
+    fn priority(&self) -> i32 {
+        self.enforcer.settings.rt_priority
+    }
+
+    /// Read once per apply, and only when some thread needs changing: it can change at run time.
+    fn refused(&mut self) -> bool {
+        if let Some(r) = self.refused {
+            return r;
+        }
+        let settings = &self.enforcer.settings;
+        let r = !settings.allow_unthrottled_rt
+            && match sched::node_rt_runtime_us(&settings.proc_root) {
+                Ok(Some(-1)) => {
+                    self.errors.push(
+                        SchedError::RtUnthrottled {
+                            file: settings.proc_root.join(sched::SCHED_RT_RUNTIME_SYSCTL),
+                        }
+                        .into(),
+                    );
+                    true
+                }
+                Ok(_) => false,
+                Err(e) => {
+                    self.errors.push(e.into());
+                    false
+                }
+            };
+        self.refused = Some(r);
+        r
+    }
+
+    /// One thread; returns false when it is gone.
+    fn thread(&mut self, pid: u32, tid: u32) -> bool {
+        let priority = self.priority();
+        match sched::needs_rr(tid, priority) {
+            Ok(Some(RrState::Gone)) => return false,
+            Ok(Some(_)) => {
+                self.threads += 1;
+                self.rr += 1;
+                return true;
+            }
+            Ok(None) => {}
+            Err(e) => {
+                self.threads += 1;
+                self.errors.push(e.into());
+                return true;
+            }
+        }
+        self.threads += 1;
+        if self.refused() {
+            return true;
+        }
+        match sched::set_rr(tid, priority) {
+            Ok(RrState::Gone) => {
+                self.threads -= 1;
+                false
+            }
+            Ok(_) => {
+                self.rr += 1;
+                self.changed = true;
+                true
+            }
+            Err(nix::errno::Errno::EPERM) => {
+                self.on_eperm(pid, tid);
+                true
+            }
+            Err(errno) => {
+                self.errors.push(
+                    SchedError::SetScheduler {
+                        tid,
+                        priority,
+                        errno,
+                        hint: "",
+                    }
+                    .into(),
+                );
+                true
+            }
+        }
+    }
+
+    /// EPERM with RT group scheduling means the thread's cpu cgroup has no RT budget: grant one
+    /// when configured, else say which file to write.
+    fn on_eperm(&mut self, pid: u32, tid: u32) {
+        let priority = self.priority();
+        let e = self.enforcer;
+        let plain = |hint| -> EnforceError {
+            SchedError::SetScheduler {
+                tid,
+                priority,
+                errno: nix::errno::Errno::EPERM,
+                hint,
+            }
+            .into()
+        };
+        let group = match e.rt_groups.group_of_thread(&e.settings.proc_root, pid, tid) {
+            Ok(Some(g)) => g,
+            Ok(None) => {
+                self.errors
+                    .push(plain(" (lodgerd needs CAP_SYS_NICE or root)"));
+                return;
+            }
+            Err(err) => {
+                self.errors.push(err.into());
+                return;
+            }
+        };
+        if self.no_budget.contains(&group) {
+            return;
+        }
+        match e.rt_groups.budget(&group) {
+            Ok(Some(0)) => {}
+            Ok(_) => {
+                self.errors.push(plain(
+                    " (its cpu cgroup has an RT budget; lodgerd needs CAP_SYS_NICE or root)",
+                ));
+                return;
+            }
+            Err(err) => {
+                self.errors.push(err.into());
+                return;
+            }
+        }
+        let Some(budget) = e.settings.grant_rt_budget_us else {
+            self.errors.push(
+                SchedError::RtGroupBudget {
+                    file: e.rt_groups.budget_file(&group),
+                }
+                .into(),
+            );
+            self.no_budget.push(group);
+            return;
+        };
+        let before = self.grants.len();
+        let granted = e.rt_groups.grant(&group, budget, self.grants);
+        if self.grants.len() > before {
+            self.changed = true;
+        }
+        if let Err(err) = granted {
+            self.errors.push(err.into());
+            self.no_budget.push(group);
+            return;
+        }
+        match sched::set_rr(tid, priority) {
+            Ok(RrState::Gone) => self.threads -= 1,
+            Ok(_) => {
+                self.rr += 1;
+                self.changed = true;
+            }
+            Err(errno) => self.errors.push(
+                SchedError::SetScheduler {
+                    tid,
+                    priority,
+                    errno,
+                    hint: " (after granting an RT budget)",
+                }
+                .into(),
+            ),
+        }
+    }
+}
