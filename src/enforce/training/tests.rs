@@ -178,6 +178,17 @@ fn cpus_allowed(pid: u32, tid: u32) -> String {
 }
 
 /// Every thread of `pids` is SCHED_RR at `rr` (or SCHED_OTHER when `None`) on exactly `cpus`.
+/// The CPUs a thread may use when nothing pins it: this test process's own mask (all online CPUs
+/// unless the harness itself was pinned), so expectations follow the host, not a 2-CPU shape.
+fn unpinned() -> String {
+    let status = fs::read_to_string("/proc/self/status").expect("read /proc/self/status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .map(|v| v.trim().to_string())
+        .expect("Cpus_allowed_list in /proc/self/status")
+}
+
 fn assert_threads(pids: &[u32], rr: Option<i32>, cpus: &str) {
     for &pid in pids {
         let ts = tids(pid);
@@ -700,13 +711,13 @@ fn v2_cgroup_job_with_a_real_process() {
     assert_eq!(out.threads, thread_count(&[w.pid]));
     assert_eq!(out.rr_threads, out.threads);
     // The fixture cannot move CPUs: only the policy is real here.
-    assert_threads(&[w.pid], Some(7), "0-1");
+    assert_threads(&[w.pid], Some(7), &unpinned());
     let again = e
         .apply(&job(4), &target, &set("1"), &set("0"), &mut record)
         .expect("apply");
     assert!(!again.changed);
     e.release(&job(4), &target, &record).expect("release");
-    assert_threads(&[w.pid], None, "0-1");
+    assert_threads(&[w.pid], None, &unpinned());
 }
 
 #[test]
@@ -736,7 +747,7 @@ fn v2_pid_job_is_pinned_by_affinity_without_touching_the_tree() {
     snapshot(v2.path(), &mut after);
     assert_eq!(before, after, "affinity pinning writes no cgroup file");
     e.release(&job(5), &target, &record).expect("release");
-    assert_threads(&[w.pid], None, "0-1");
+    assert_threads(&[w.pid], None, &unpinned());
 }
 
 // =============================================================================================
@@ -744,7 +755,9 @@ fn v2_pid_job_is_pinned_by_affinity_without_touching_the_tree() {
 
 #[test]
 fn v1_pid_job_pinned_by_cgroup() {
-    if !need_root("v1_pid_job_pinned_by_cgroup") {
+    if !need_root("v1_pid_job_pinned_by_cgroup")
+        || !crate::privileged::need_cgroup_v1("v1_pid_job_pinned_by_cgroup")
+    {
         return;
     }
     let parent = unique("pidcg");
@@ -770,7 +783,7 @@ fn v1_pid_job_pinned_by_cgroup() {
     assert_eq!(out.threads, thread_count(&want));
     assert_eq!(out.rr_threads, out.threads);
     assert_threads(&want, Some(7), "1");
-    assert_threads(&[bystander.pid], None, "0-1");
+    assert_threads(&[bystander.pid], None, &unpinned());
     assert_eq!(cpuset_cgroup_of(bystander.pid), original);
     let job_dir = Path::new(CPUSET_V1).join(&parent).join("j10");
     assert_eq!(read_trim(job_dir.join("cpuset.cpus")), "1");
@@ -811,7 +824,7 @@ fn v1_pid_job_pinned_by_cgroup() {
     drop(e);
     let e = enforcer(settings(&parent, PidPinning::Affinity));
     e.release(&id, &target, &restored).expect("release");
-    assert_threads(&out.pids, None, "0-1");
+    assert_threads(&out.pids, None, &unpinned());
     for &pid in &out.pids {
         assert_eq!(cpuset_cgroup_of(pid), original, "pid {pid} moved back");
     }
@@ -824,7 +837,9 @@ fn v1_pid_job_pinned_by_cgroup() {
 
 #[test]
 fn v1_pid_job_pinned_by_affinity() {
-    if !need_root("v1_pid_job_pinned_by_affinity") {
+    if !need_root("v1_pid_job_pinned_by_affinity")
+        || !crate::privileged::need_cgroup_v1("v1_pid_job_pinned_by_affinity")
+    {
         return;
     }
     let parent = unique("pidaff");
@@ -837,6 +852,7 @@ fn v1_pid_job_pinned_by_affinity() {
     let id = job(11);
     let target = Target::Pids(vec![w.pid]);
     let mut record = JobRecord::default();
+    let cgroup_before = cpuset_cgroup_of(w.pid);
 
     let out = e
         .apply(&id, &target, &set("1"), &set("0"), &mut record)
@@ -845,7 +861,13 @@ fn v1_pid_job_pinned_by_affinity() {
     assert!(out.pids.contains(&child));
     assert!(!out.pids.contains(&bystander.pid));
     assert_threads(&out.pids, Some(7), "1");
-    assert_threads(&[bystander.pid], None, "0-1");
+    assert_threads(&[bystander.pid], None, &unpinned());
+    // Positive first: the process is where it was (read from /proc), then no cgroup was made.
+    assert_eq!(
+        cpuset_cgroup_of(w.pid),
+        cgroup_before,
+        "affinity pinning moves no process"
+    );
     assert!(
         !Path::new(CPUSET_V1).join(&parent).exists(),
         "no cgroup with affinity pinning"
@@ -857,7 +879,7 @@ fn v1_pid_job_pinned_by_affinity() {
 
     // A new thread that reset its policy and mask, and a new child (which inherits both).
     let fresh = w.new_thread();
-    assert_eq!(cpus_allowed(w.pid, fresh), "0-1");
+    assert_eq!(cpus_allowed(w.pid, fresh), unpinned());
     let late_child = w.spawn_child();
     let out = e
         .apply(&id, &target, &set("1"), &set("0"), &mut record)
@@ -869,7 +891,7 @@ fn v1_pid_job_pinned_by_affinity() {
     assert!(
         rec.processes
             .iter()
-            .all(|p| p.original_affinity == Some(set("0-1"))),
+            .all(|p| p.original_affinity == Some(set(&unpinned()))),
         "{rec:?}"
     );
 
@@ -884,12 +906,16 @@ fn v1_pid_job_pinned_by_affinity() {
     assert_threads(&moved.pids, Some(7), "0");
 
     e.release(&id, &target, &record).expect("release");
-    assert_threads(&moved.pids, None, "0-1");
+    assert_threads(&moved.pids, None, &unpinned());
 }
 
 #[test]
 fn v1_cgroup_job_grows_parents_and_restores_nested_cpusets() {
-    if !need_root("v1_cgroup_job_grows_parents_and_restores_nested_cpusets") {
+    if !need_root("v1_cgroup_job_grows_parents_and_restores_nested_cpusets")
+        || !crate::privileged::need_cgroup_v1(
+            "v1_cgroup_job_grows_parents_and_restores_nested_cpusets",
+        )
+    {
         return;
     }
     let top = unique("cgjob");
@@ -940,7 +966,9 @@ fn v1_cgroup_job_grows_parents_and_restores_nested_cpusets() {
 
 #[test]
 fn v1_cgroup_removed_under_the_job_is_gone() {
-    if !need_root("v1_cgroup_removed_under_the_job_is_gone") {
+    if !need_root("v1_cgroup_removed_under_the_job_is_gone")
+        || !crate::privileged::need_cgroup_v1("v1_cgroup_removed_under_the_job_is_gone")
+    {
         return;
     }
     let top = unique("gone");
@@ -1043,7 +1071,7 @@ fn vanished_and_reused_pids_are_not_the_job() {
         )
         .expect("apply");
     assert!(!out.alive);
-    assert_threads(&[other.pid], None, "0-1");
+    assert_threads(&[other.pid], None, &unpinned());
 }
 
 #[test]
@@ -1051,10 +1079,13 @@ fn rt_group_without_budget_is_named_then_granted() {
     if !need_root("rt_group_without_budget_is_named_then_granted") {
         return;
     }
+    if !crate::privileged::need_rt_group_sched("rt_group_without_budget_is_named_then_granted") {
+        return;
+    }
     if !Path::new(CPU_V1).join("cpu.rt_runtime_us").exists() {
-        crate::privileged::skip(
+        crate::privileged::not_applicable(
             "rt_group_without_budget_is_named_then_granted",
-            "no CONFIG_RT_GROUP_SCHED (cpu.rt_runtime_us)",
+            "no v1 cpu controller with cpu.rt_runtime_us at /sys/fs/cgroup/cpu",
         );
         return;
     }
@@ -1084,7 +1115,7 @@ fn rt_group_without_budget_is_named_then_granted() {
         text.contains(&dir.join("cpu.rt_runtime_us").display().to_string()),
         "{text}"
     );
-    assert_threads(&[w.pid], None, "0-1");
+    assert_threads(&[w.pid], None, &unpinned());
 
     let e = enforcer(EnforceSettings {
         grant_rt_budget_us: Some(10_000),
@@ -1095,7 +1126,7 @@ fn rt_group_without_budget_is_named_then_granted() {
         .expect("granted");
     assert!(out.changed);
     assert_eq!(out.rr_threads, out.threads);
-    assert_threads(&[w.pid], Some(7), "0-1");
+    assert_threads(&[w.pid], Some(7), &unpinned());
     assert_eq!(read_trim(dir.join("cpu.rt_runtime_us")), "10000");
     assert_eq!(record.rt_grants.len(), 1, "{:?}", record.rt_grants);
     let again = e
@@ -1104,7 +1135,7 @@ fn rt_group_without_budget_is_named_then_granted() {
     assert!(!again.changed);
 
     e.release(&job(18), &target, &record).expect("release");
-    assert_threads(&[w.pid], None, "0-1");
+    assert_threads(&[w.pid], None, &unpinned());
     assert_eq!(
         read_trim(dir.join("cpu.rt_runtime_us")),
         "0",
@@ -1161,13 +1192,16 @@ fn unthrottled_rt_is_refused_unless_allowed() {
     assert!(out.changed);
     assert_threads(&[w.pid], Some(7), "1");
     e.release(&job(19), &target, &record).expect("release");
-    assert_threads(&[w.pid], None, "0-1");
+    assert_threads(&[w.pid], None, &unpinned());
 }
 
-/// Prints what a steady apply costs (the sweep the agent runs every tick).
+/// A steady apply (the sweep the agent runs every tick) changes nothing; what it costs is measured
+/// by the spine benchmark (`scripts/bench-spine`), not asserted here.
 #[test]
 fn steady_apply_is_cheap() {
-    if !need_root("steady_apply_is_cheap") {
+    if !need_root("steady_apply_is_cheap")
+        || !crate::privileged::need_cgroup_v1("steady_apply_is_cheap")
+    {
         return;
     }
     for pinning in [PidPinning::Cgroup, PidPinning::Affinity] {
@@ -1194,8 +1228,6 @@ fn steady_apply_is_cheap() {
             "steady apply, {pinning:?}, {} threads: {per:?} per apply",
             thread_count(&[w.pid])
         );
-        // Generous: a debug build on a loaded CI machine; catches accidental rescans per thread.
-        assert!(per.as_millis() < 50, "{per:?}");
         e.release(&job(20), &target, &record).expect("release");
         drop(w);
     }
@@ -1209,7 +1241,7 @@ fn real_hybrid_hierarchy_is_detected() {
     if !Path::new(CPUSET_V1).join("cpuset.cpus").exists()
         || !unified.join("cgroup.controllers").exists()
     {
-        crate::privileged::skip(
+        crate::privileged::not_applicable(
             "real_hybrid_hierarchy_is_detected",
             "not a cgroup v1 hybrid machine",
         );
@@ -1231,4 +1263,16 @@ fn real_hybrid_hierarchy_is_detected() {
         ),
         "{err}"
     );
+}
+
+#[test]
+fn real_v2_hierarchy_is_detected() {
+    // The hosts lodger's users run: cpuset in the unified hierarchy at /sys/fs/cgroup, pid jobs
+    // pinned by affinity (a process is never pulled out of its systemd unit).
+    if !crate::privileged::need_cgroup_v2("real_v2_hierarchy_is_detected") {
+        return;
+    }
+    let real = enforcer(settings(&unique("mode"), PidPinning::Auto));
+    assert_eq!(real.mode().version, CgroupVersion::V2);
+    assert_eq!(real.mode().pid_pinning, PinMethod::Affinity);
 }
