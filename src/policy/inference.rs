@@ -1603,6 +1603,7 @@ impl SearchCache {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use crate::rng::Rng;
     use proptest::prelude::*;
 
     // -----------------------------------------------------------------------------------------
@@ -1696,26 +1697,6 @@ mod tests {
         }
     }
 
-    /// A small deterministic generator (splitmix64) for measurement noise.
-    struct Rng(u64);
-
-    impl Rng {
-        fn next(&mut self) -> f64 {
-            self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            let mut z = self.0;
-            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            z ^= z >> 31;
-            // 53 random bits into [0, 1).
-            (z >> 11) as f64 / (1u64 << 53) as f64
-        }
-
-        /// 1 ± `rel`.
-        fn jitter(&mut self, rel: f64) -> f64 {
-            1.0 + rel * (2.0 * self.next() - 1.0)
-        }
-    }
-
     struct SearchRun {
         found: SearchOutcome,
         probes: u32,
@@ -1724,7 +1705,7 @@ mod tests {
     }
 
     fn drive(model: &PerfModel, seed: u64, search: LayoutSearch) -> SearchRun {
-        let mut rng = Rng(seed);
+        let mut rng = Rng::splitmix(seed);
         let mut search = search;
         let mut last = None;
         let mut asked = 0;
