@@ -3,10 +3,10 @@
 //! is found from measured probes, and whether that layout serves the job's rate. Pure: touches
 //! nothing; measurements are arguments, the caller runs the probes.
 //!
-//! - [`place`] and [`replan`]: per-instance cpusets. Online instances get exclusive leftover
-//!   cores; offline instances are single-thread and fill every other non-reserved CPU, the
-//!   training jobs' included. [`replan`] also says which instances to start, stop, move or
-//!   restart.
+//! - [`place`]: per-instance cpusets, placed again from the previous plan whenever training,
+//!   the reserved CPUs or the jobs change. Online instances get exclusive leftover cores;
+//!   offline instances are single-thread and fill every other non-reserved CPU, the training
+//!   jobs' included.
 //! - [`LayoutSearch`]: the §III-B quick search as a state machine driven by measurements, with a
 //!   [`SearchCache`] per job so a re-plan reuses what was measured for the same free-core count.
 //! - [`check_capacity`]: the CR-Agent's rate check (§III-C), behind the `CapacityExceeded` signal.
@@ -16,10 +16,11 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use super::cores::{pick_in_node, Lean};
 use crate::cpuset::CpuSet;
 use crate::job::JobId;
 use crate::policy::Plan;
-use crate::topology::{Core, Topology};
+use crate::topology::Topology;
 
 // ---------------------------------------------------------------------------------------------
 // Layouts and placement
@@ -380,7 +381,15 @@ fn pick_instance(
         .filter(|n| n.free >= k)
         .min_by_key(|n| (n.whole < k, n.free, n.id))
     {
-        return Some(pick_in_node(topo, node.id, avail, training, own, k));
+        return Some(pick_in_node(
+            topo,
+            node.id,
+            avail,
+            training,
+            own,
+            k,
+            Lean::AwayFromTraining,
+        ));
     }
     let mut picked = CpuSet::new();
     let mut need = k;
@@ -396,135 +405,20 @@ fn pick_instance(
             })?;
         let take = need.min(node.free);
         let mine = own.union(&picked);
-        picked = picked.union(&pick_in_node(topo, node.id, avail, training, &mine, take));
+        picked = picked.union(&pick_in_node(
+            topo,
+            node.id,
+            avail,
+            training,
+            &mine,
+            take,
+            Lean::AwayFromTraining,
+        ));
         need -= take;
         used.insert(node.id);
         packages.insert(node.package);
     }
     Some(picked)
-}
-
-/// How welcome a half-free core is for part of an instance: beside the job's own threads best,
-/// then beside reserved threads or another instance, beside training last (SMT siblings share
-/// the core's execution units, and training's bursts would then slow the instance).
-fn fragment_rank(core: &Core, free: &CpuSet, training: &CpuSet, own: &CpuSet) -> u8 {
-    let used = core.cpus.difference(free);
-    if used.is_subset(own) {
-        0
-    } else if used.is_disjoint(training) {
-        1
-    } else {
-        2
-    }
-}
-
-/// `k` (at most the node's available count) CPUs of node `node`.
-fn pick_in_node(
-    topo: &Topology,
-    node: u32,
-    avail: &CpuSet,
-    training: &CpuSet,
-    own: &CpuSet,
-    k: usize,
-) -> CpuSet {
-    let slots: Vec<(&Core, CpuSet)> = topo
-        .cores
-        .iter()
-        .filter(|c| c.numa_node == node)
-        .map(|c| (c, c.cpus.intersection(avail)))
-        .collect();
-    let fragment = |core: &Core, free: &CpuSet| !free.is_empty() && free != &core.cpus;
-    let threads = slots.iter().map(|(c, _)| c.cpus.len()).max().unwrap_or(1);
-    let mut picked = CpuSet::new();
-    let mut need = k;
-
-    // The odd remainder first, from a half-free core that is not beside training: that half
-    // could not be lent as a whole core anyway.
-    let remainder = if threads > 1 { k % threads } else { 0 };
-    if remainder > 0 {
-        if let Some((_, free)) = slots
-            .iter()
-            .filter(|(c, f)| {
-                fragment(c, f) && f.len() >= remainder && fragment_rank(c, f, training, own) < 2
-            })
-            .min_by_key(|(c, f)| (fragment_rank(c, f, training, own), f.len(), f.first()))
-        {
-            picked.extend(free.iter().take(remainder));
-            need -= remainder;
-        }
-    }
-
-    for i in whole_core_order(&slots, training, need) {
-        if need == 0 {
-            break;
-        }
-        let take = need.min(slots[i].1.len());
-        picked.extend(slots[i].1.iter().take(take));
-        need -= take;
-    }
-
-    if need > 0 {
-        let mut halves: Vec<&(&Core, CpuSet)> =
-            slots.iter().filter(|(c, f)| fragment(c, f)).collect();
-        halves.sort_by_key(|(c, f)| fragment_rank(c, f, training, own));
-        for (_, free) in halves {
-            if need == 0 {
-                break;
-            }
-            let left = free.difference(&picked);
-            let take = need.min(left.len());
-            picked.extend(left.iter().take(take));
-            need -= take;
-        }
-    }
-    picked
-}
-
-/// Positions of the node's wholly available cores in the order to take them: runs of adjacent
-/// whole cores large enough for `need` CPUs first, the smallest of them first (best fit keeps
-/// large runs for larger instances), else the largest runs first. Within a run, cores are taken
-/// from the end away from training: consolidation grows training jobs from the end next to
-/// training and reserved cores (`consolidate::place`), so a lodger there would be the first to
-/// be moved.
-fn whole_core_order(slots: &[(&Core, CpuSet)], training: &CpuSet, need: usize) -> Vec<usize> {
-    let whole = |i: usize| !slots[i].1.is_empty() && slots[i].1 == slots[i].0.cpus;
-    let beside_training = |i: Option<usize>| {
-        i.and_then(|i| slots.get(i))
-            .is_some_and(|(c, _)| !c.cpus.is_disjoint(training))
-    };
-    let mut runs: Vec<(usize, usize, usize)> = Vec::new();
-    let mut i = 0;
-    while i < slots.len() {
-        if !whole(i) {
-            i += 1;
-            continue;
-        }
-        let start = i;
-        let mut cpus = 0;
-        while i < slots.len() && whole(i) {
-            cpus += slots[i].1.len();
-            i += 1;
-        }
-        runs.push((start, i, cpus));
-    }
-    runs.sort_by_key(|&(start, _, cpus)| {
-        if cpus >= need {
-            (0u8, cpus, start)
-        } else {
-            (1u8, usize::MAX - cpus, start)
-        }
-    });
-    let mut order = Vec::new();
-    for (start, end, _) in runs {
-        let left = beside_training(start.checked_sub(1));
-        let right = beside_training(Some(end));
-        if right && !left {
-            order.extend(start..end);
-        } else {
-            order.extend((start..end).rev());
-        }
-    }
-    order
 }
 
 /// Places the offline jobs into `plan`, around `online_taken`.
@@ -658,123 +552,6 @@ fn fair_shares(total: usize, caps: &[usize]) -> Vec<usize> {
             left -= add;
         }
     }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Re-planning
-
-/// Online or offline inference.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum InferenceMode {
-    Online,
-    Offline,
-}
-
-/// What the instance runner must do to one instance.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum InstanceAction {
-    /// A new instance.
-    Start(Instance),
-    /// The instance goes away.
-    Stop,
-    /// Same threads and batch on other CPUs: rewriting its cgroup's cpuset (and mems) is enough.
-    Move { from: CpuSet, to: Instance },
-    /// Threads or batch changed (they are fixed when a process starts): stop and start it.
-    Restart { from: Instance, to: Instance },
-}
-
-/// One instance the runner must act on; instances not listed stay as they are.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct InstanceChange {
-    pub mode: InferenceMode,
-    pub job: JobId,
-    pub index: u32,
-    pub action: InstanceAction,
-}
-
-/// A new plan and what it takes to get there from the previous one.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Replan {
-    pub plan: InferencePlan,
-    /// In the order to apply them: online before offline (an online instance must leave a
-    /// training CPU first, §III-A), and within each, stops, moves, restarts, then starts, each
-    /// by job id and instance number.
-    pub changes: Vec<InstanceChange>,
-}
-
-/// Re-plans after the training CPUs, the reserved CPUs or the jobs changed (a training job
-/// arrived, left or was resized; an online job got a new layout): [`place`] from `previous`,
-/// plus the [`changes`]. Instances that are still valid stay; an online instance on a CPU that
-/// training now holds is moved to free CPUs or, when none are left, stopped: it never stays on
-/// a training CPU.
-pub fn replan(
-    topo: &Topology,
-    reserved: &CpuSet,
-    training: &CpuSet,
-    online: &[OnlineJobView],
-    offline: &[OfflineJobView],
-    previous: &InferencePlan,
-) -> Replan {
-    let plan = place(topo, reserved, training, online, offline, previous);
-    let changes = changes(previous, &plan);
-    Replan { plan, changes }
-}
-
-/// The instance changes that turn `previous` into `next`, in the order of [`Replan::changes`].
-pub fn changes(previous: &InferencePlan, next: &InferencePlan) -> Vec<InstanceChange> {
-    let mut out = Vec::new();
-    for (mode, before, after) in [
-        (InferenceMode::Online, &previous.online, &next.online),
-        (InferenceMode::Offline, &previous.offline, &next.offline),
-    ] {
-        let mut jobs: Vec<&JobId> = before.keys().chain(after.keys()).collect();
-        jobs.sort_by(|a, b| (a.seq(), *a).cmp(&(b.seq(), *b)));
-        jobs.dedup();
-        // Buckets: stops, moves, restarts, starts.
-        let mut buckets: [Vec<InstanceChange>; 4] = Default::default();
-        for job in jobs {
-            let empty = JobInstances::new();
-            let b = before.get(job).unwrap_or(&empty);
-            let a = after.get(job).unwrap_or(&empty);
-            let indices: BTreeSet<u32> = b.keys().chain(a.keys()).copied().collect();
-            for index in indices {
-                let (bucket, action) = match (b.get(&index), a.get(&index)) {
-                    (Some(_), None) => (0, InstanceAction::Stop),
-                    (None, Some(to)) => (3, InstanceAction::Start(to.clone())),
-                    (Some(from), Some(to)) if from == to => continue,
-                    (Some(from), Some(to))
-                        if from.threads == to.threads && from.batch == to.batch =>
-                    {
-                        (
-                            1,
-                            InstanceAction::Move {
-                                from: from.cpus.clone(),
-                                to: to.clone(),
-                            },
-                        )
-                    }
-                    (Some(from), Some(to)) => (
-                        2,
-                        InstanceAction::Restart {
-                            from: from.clone(),
-                            to: to.clone(),
-                        },
-                    ),
-                    (None, None) => continue,
-                };
-                buckets[bucket].push(InstanceChange {
-                    mode,
-                    job: job.clone(),
-                    index,
-                    action,
-                });
-            }
-        }
-        out.extend(buckets.into_iter().flatten());
-    }
-    out
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -2351,13 +2128,13 @@ mod tests {
     }
 
     #[test]
-    fn replan_after_a_training_job_arrives_and_leaves() {
+    fn placement_after_a_training_job_arrives_and_leaves() {
         use crate::policy::{decide, TrainingJobView};
         let topo = server64();
         let reserved = set("0,32");
         let online = [online_job(1, 4, 4, 8)];
         let offline = [offline_job(2, None)];
-        let start = replan(
+        let before = place(
             &topo,
             &reserved,
             &CpuSet::new(),
@@ -2365,12 +2142,14 @@ mod tests {
             &offline,
             &InferencePlan::default(),
         );
-        assert!(start
-            .changes
-            .iter()
-            .all(|c| matches!(c.action, InstanceAction::Start(_))));
-        assert_eq!(start.changes.len(), 4 + 64 - 2 - 16);
-        let before = start.plan;
+        let count = |p: &InferencePlan| -> usize {
+            p.online
+                .values()
+                .chain(p.offline.values())
+                .map(|j| j.len())
+                .sum()
+        };
+        assert_eq!(count(&before), 4 + 64 - 2 - 16);
         assert_eq!(
             online_lists(&before, 1),
             ["14-15,46-47", "12-13,44-45", "10-11,42-43", "8-9,40-41"]
@@ -2385,9 +2164,8 @@ mod tests {
         }];
         let training = training_cpus(&decide(&topo, &reserved, &small, &Plan::default()));
         assert_eq!(training.to_string(), "1-4,33-36");
-        let r = replan(&topo, &reserved, &training, &online, &offline, &before);
-        assert_eq!(r.plan.online, before.online);
-        assert!(r.changes.iter().all(|c| c.mode == InferenceMode::Offline));
+        let r = place(&topo, &reserved, &training, &online, &offline, &before);
+        assert_eq!(r.online, before.online);
 
         // A large one (decide knows nothing of lodgers) takes cores under three instances.
         let large = [TrainingJobView {
@@ -2397,60 +2175,35 @@ mod tests {
         }];
         let training = training_cpus(&decide(&topo, &reserved, &large, &Plan::default()));
         assert_eq!(training.to_string(), "1-12,33-44");
-        let arrived = replan(&topo, &reserved, &training, &online, &offline, &before);
-        let after = &arrived.plan;
+        let after = &place(&topo, &reserved, &training, &online, &offline, &before);
         check_plan(&topo, &reserved, &training, &online, &offline, after).unwrap();
         assert!(after.online_cpus().is_disjoint(&training));
         assert_eq!(
             online_lists(after, 1),
             ["14-15,46-47", "30-31,62-63", "28-29,60-61", "26-27,58-59"]
         );
-        let online_changes: Vec<(u32, &InstanceAction)> = arrived
-            .changes
-            .iter()
-            .filter(|c| c.mode == InferenceMode::Online)
-            .map(|c| (c.index, &c.action))
-            .collect();
-        assert_eq!(online_changes.len(), 3);
-        assert!(online_changes
-            .iter()
-            .all(|(i, a)| *i > 0 && matches!(a, InstanceAction::Move { .. })));
-        // Online changes come first.
-        let first_offline = arrived
-            .changes
-            .iter()
-            .position(|c| c.mode == InferenceMode::Offline)
-            .unwrap();
-        assert_eq!(first_offline, 3);
+        // Instance 0 stays; the three under training move.
+        let (b, a) = (&before.online[&id(1)], &after.online[&id(1)]);
+        assert_eq!(a.keys().collect::<Vec<_>>(), [&0, &1, &2, &3]);
+        assert_eq!(a[&0], b[&0]);
+        assert!((1..4).all(|i| a[&i].cpus != b[&i].cpus));
         // Offline instances run on the training CPUs too (idle first, and all are used).
         assert!(training.is_subset(&after.offline_cpus()));
         assert_eq!(
-            replan(&topo, &reserved, &training, &online, &offline, after).changes,
-            [],
+            &place(&topo, &reserved, &training, &online, &offline, after),
+            after,
             "nothing to do the second time"
         );
 
         // The training job leaves: the online instances stay where they are.
-        let left = replan(&topo, &reserved, &CpuSet::new(), &online, &offline, after);
-        check_plan(
-            &topo,
-            &reserved,
-            &CpuSet::new(),
-            &online,
-            &offline,
-            &left.plan,
-        )
-        .unwrap();
-        assert_eq!(left.plan.online, after.online);
-        assert!(left
-            .changes
-            .iter()
-            .all(|c| c.mode == InferenceMode::Offline));
-        assert_eq!(left.plan.offline_cpus(), after.offline_cpus());
+        let left = place(&topo, &reserved, &CpuSet::new(), &online, &offline, after);
+        check_plan(&topo, &reserved, &CpuSet::new(), &online, &offline, &left).unwrap();
+        assert_eq!(left.online, after.online);
+        assert_eq!(left.offline_cpus(), after.offline_cpus());
     }
 
     #[test]
-    fn replan_without_room_stops_online_instances_rather_than_share() {
+    fn placement_without_room_drops_online_instances_rather_than_share() {
         let topo = Topology::synthetic(1, 1, 8, 1, 0);
         let online = [online_job(1, 2, 3, 1)];
         let before = place(
@@ -2463,18 +2216,18 @@ mod tests {
         );
         assert_eq!(online_lists(&before, 1), ["6-7", "4-5", "2-3"]);
         let training = set("2-5");
-        let r = replan(&topo, &CpuSet::new(), &training, &online, &[], &before);
-        assert_eq!(online_lists(&r.plan, 1), ["6-7", "0-1"]);
-        let actions: Vec<(u32, &InstanceAction)> =
-            r.changes.iter().map(|c| (c.index, &c.action)).collect();
-        assert_eq!(actions.len(), 2);
-        assert!(matches!(actions[0], (2, InstanceAction::Stop)));
-        assert!(matches!(actions[1], (1, InstanceAction::Move { .. })));
-        assert_eq!(r.plan.shortfall[&id(1)].placed, 2);
+        let r = place(&topo, &CpuSet::new(), &training, &online, &[], &before);
+        assert_eq!(online_lists(&r, 1), ["6-7", "0-1"]);
+        // Instance 0 stays, 1 moves off training, 2 goes.
+        let (b, a) = (&before.online[&id(1)], &r.online[&id(1)]);
+        assert_eq!(a.keys().collect::<Vec<_>>(), [&0, &1]);
+        assert_eq!(a[&0], b[&0]);
+        assert_ne!(a[&1].cpus, b[&1].cpus);
+        assert_eq!(r.shortfall[&id(1)].placed, 2);
     }
 
     #[test]
-    fn layout_changes_restart_or_resize() {
+    fn layout_changes_keep_or_relay_instances() {
         let topo = server64();
         let before = place(
             &topo,
@@ -2484,63 +2237,31 @@ mod tests {
             &[],
             &InferencePlan::default(),
         );
-        // New batch: both restart in place.
-        let r = replan(
-            &topo,
-            &CpuSet::new(),
-            &CpuSet::new(),
-            &[online_job(1, 2, 2, 8)],
-            &[],
-            &before,
-        );
-        assert_eq!(r.changes.len(), 2);
-        assert!(r.changes.iter().all(|c| matches!(
-            &c.action,
-            InstanceAction::Restart { from, to } if from.cpus == to.cpus && to.batch == 8
-        )));
-        // One more instance: only it starts.
-        let r = replan(
-            &topo,
-            &CpuSet::new(),
-            &CpuSet::new(),
-            &[online_job(1, 2, 3, 4)],
-            &[],
-            &before,
-        );
-        assert_eq!(r.changes.len(), 1);
-        assert!(matches!(
-            &r.changes[0],
-            InstanceChange {
-                index: 2,
-                action: InstanceAction::Start(_),
-                ..
-            }
-        ));
-        // Other cores per instance: everything is re-laid-out.
-        let r = replan(
-            &topo,
-            &CpuSet::new(),
-            &CpuSet::new(),
-            &[online_job(1, 4, 1, 4)],
-            &[],
-            &before,
-        );
-        let kinds: Vec<&str> = r
-            .changes
+        let b = &before.online[&id(1)];
+        let relaid =
+            |job: OnlineJobView| place(&topo, &CpuSet::new(), &CpuSet::new(), &[job], &[], &before);
+        // New batch: both stay in place with the new batch.
+        let r = relaid(online_job(1, 2, 2, 8));
+        let a = &r.online[&id(1)];
+        assert_eq!(a.len(), 2);
+        assert!(a
             .iter()
-            .map(|c| match c.action {
-                InstanceAction::Stop => "stop",
-                InstanceAction::Start(_) => "start",
-                InstanceAction::Move { .. } => "move",
-                InstanceAction::Restart { .. } => "restart",
-            })
-            .collect();
-        // Instance 0 restarts with 4 threads on new CPUs; instance 1 goes.
-        assert_eq!(kinds, ["stop", "restart"]);
-        // Unregistered: stopped.
-        let r = replan(&topo, &CpuSet::new(), &CpuSet::new(), &[], &[], &before);
-        assert_eq!(r.changes.len(), 2);
-        assert!(r.plan.online.is_empty());
+            .all(|(i, inst)| inst.cpus == b[i].cpus && inst.batch == 8));
+        // One more instance: the two stay, instance 2 is new.
+        let r = relaid(online_job(1, 2, 3, 4));
+        let a = &r.online[&id(1)];
+        assert_eq!(a.keys().collect::<Vec<_>>(), [&0, &1, &2]);
+        assert!((0..2).all(|i| a[&i] == b[&i]));
+        // Other cores per instance: everything is re-laid-out; instance 0 has 4 threads on new
+        // CPUs, instance 1 goes.
+        let r = relaid(online_job(1, 4, 1, 4));
+        let a = &r.online[&id(1)];
+        assert_eq!(a.keys().collect::<Vec<_>>(), [&0]);
+        assert_eq!(a[&0].threads, 4);
+        assert_ne!(a[&0].cpus, b[&0].cpus);
+        // Unregistered: none left.
+        let r = place(&topo, &CpuSet::new(), &CpuSet::new(), &[], &[], &before);
+        assert!(r.online.is_empty());
     }
 
     #[test]
@@ -2593,8 +2314,8 @@ mod tests {
                 "{name}: offline on the training CPUs"
             );
             // The training job leaves: the online instances stay.
-            let r = replan(&topo, &reserved, &CpuSet::new(), &online, &offline, &plan);
-            assert_eq!(r.plan.online, plan.online, "{name}");
+            let r = place(&topo, &reserved, &CpuSet::new(), &online, &offline, &plan);
+            assert_eq!(r.online, plan.online, "{name}");
         }
     }
 
@@ -2926,33 +2647,6 @@ mod tests {
     // -----------------------------------------------------------------------------------------
     // Properties
 
-    /// Applies `changes` to `before`, as the runner would.
-    fn apply(before: &InferencePlan, changes: &[InstanceChange]) -> InferencePlan {
-        let mut after = before.clone();
-        after.shortfall.clear();
-        for c in changes {
-            let map = match c.mode {
-                InferenceMode::Online => &mut after.online,
-                InferenceMode::Offline => &mut after.offline,
-            };
-            let job = map.entry(c.job.clone()).or_default();
-            match &c.action {
-                InstanceAction::Stop => {
-                    job.remove(&c.index);
-                }
-                InstanceAction::Start(to)
-                | InstanceAction::Move { to, .. }
-                | InstanceAction::Restart { to, .. } => {
-                    job.insert(c.index, to.clone());
-                }
-            }
-            if job.is_empty() {
-                map.remove(&c.job);
-            }
-        }
-        after
-    }
-
     #[derive(Debug, Clone)]
     enum Op {
         AddTraining {
@@ -3036,16 +2730,10 @@ mod tests {
                 }
                 training_plan = decide(&topo, &reserved, &training_jobs, &training_plan);
                 let training = training_cpus(&training_plan);
-                let r = replan(&topo, &reserved, &training, &online, &offline, &plan);
-                if let Err(e) = check_plan(&topo, &reserved, &training, &online, &offline, &r.plan) {
+                let next = place(&topo, &reserved, &training, &online, &offline, &plan);
+                if let Err(e) = check_plan(&topo, &reserved, &training, &online, &offline, &next) {
                     return Err(TestCaseError::fail(e));
                 }
-                // The changes lead from the old plan to the new one, online first.
-                let applied = apply(&plan, &r.changes);
-                prop_assert_eq!(&applied.online, &r.plan.online);
-                prop_assert_eq!(&applied.offline, &r.plan.offline);
-                let modes: Vec<InferenceMode> = r.changes.iter().map(|c| c.mode).collect();
-                prop_assert!(modes.windows(2).all(|w| w[0] <= w[1]), "online changes first");
                 // Online instances that are still valid stay where they were.
                 let free = topo.online().difference(&reserved).difference(&training);
                 for job in &online {
@@ -3055,7 +2743,7 @@ mod tests {
                             && inst.cpus.is_subset(&free);
                         let kept_all = prev.len() <= job.layout.instances as usize;
                         if valid && kept_all {
-                            let now = r.plan.online.get(&job.id).and_then(|j| j.get(index));
+                            let now = next.online.get(&job.id).and_then(|j| j.get(index));
                             prop_assert_eq!(
                                 now.map(|i| &i.cpus), Some(&inst.cpus),
                                 "{}/{} moved", job.id, index
@@ -3064,10 +2752,9 @@ mod tests {
                     }
                 }
                 // Idempotent: placing again from the result changes nothing.
-                let again = replan(&topo, &reserved, &training, &online, &offline, &r.plan);
-                prop_assert_eq!(&again.plan, &r.plan);
-                prop_assert!(again.changes.is_empty());
-                plan = r.plan;
+                let again = place(&topo, &reserved, &training, &online, &offline, &next);
+                prop_assert_eq!(&again, &next);
+                plan = next;
             }
         }
 
