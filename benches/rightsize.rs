@@ -22,6 +22,7 @@
 //! wasted (above the knee) and utilization lost (below it), over a 1-hour job.
 
 use lodger::policy::rightsize::model::Curve;
+use lodger::rng::Rng;
 use std::time::Duration;
 
 use lodger::job::Category;
@@ -37,49 +38,6 @@ const JOB_SECS: u64 = 3600;
 const SAMPLE_PERIOD: Duration = Duration::from_secs(1);
 /// A runaway guard: no job should need this long.
 const MAX_SIM_SECS: u64 = 6 * 3600;
-
-/// xorshift64*: small, fast, deterministic.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Self {
-        Self(seed.max(1))
-    }
-
-    fn next_u64(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    /// Uniform in [0, 1).
-    fn unit(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-
-    fn uniform(&mut self, lo: f64, hi: f64) -> f64 {
-        lo + (hi - lo) * self.unit()
-    }
-
-    /// Uniform integer in [lo, hi].
-    fn int(&mut self, lo: u32, hi: u32) -> u32 {
-        lo + (self.next_u64() % u64::from(hi - lo + 1)) as u32
-    }
-
-    fn chance(&mut self, p: f64) -> bool {
-        self.unit() < p
-    }
-
-    /// Standard normal (Box–Muller).
-    fn normal(&mut self) -> f64 {
-        let u1 = self.unit().max(1e-300);
-        let u2 = self.unit();
-        (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos()
-    }
-}
 
 struct Job {
     curve: Curve,

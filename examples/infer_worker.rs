@@ -45,6 +45,7 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use clap::{Parser, ValueEnum};
+use lodger::rng::Rng;
 use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
 
 const MIB: u64 = 1 << 20;
@@ -140,36 +141,9 @@ fn install_signal_handlers() -> nix::Result<()> {
     Ok(())
 }
 
-/// xorshift64*: weights, inputs and arrivals without a dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Self {
-        Self(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-
-    fn next_u64(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    /// Uniform in [0, 1).
-    fn unit(&mut self) -> f64 {
-        // The top 53 bits are exactly representable.
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-
-    fn uniform_f32(&mut self, half_width: f32) -> f32 {
-        ((self.unit() * 2.0 - 1.0) as f32) * half_width
-    }
-
-    /// Exponential with the given rate per second: the gap between Poisson arrivals.
-    fn exp_gap(&mut self, rate: f64) -> Duration {
-        let u = 1.0 - self.unit(); // (0, 1]
-        Duration::from_secs_f64(-u.ln() / rate)
-    }
+/// The gap between Poisson arrivals at `rate` per second.
+fn exp_gap(rng: &mut Rng, rate: f64) -> Duration {
+    Duration::from_secs_f64(rng.exponential(rate))
 }
 
 /// Splits `n` into `parts` contiguous ranges as even as possible.
@@ -222,7 +196,7 @@ struct Local {
 impl Local {
     fn new(shared: &Shared, t: usize, max_batch: usize, seed: u64) -> Local {
         let (c0, c1) = shared.parts[t];
-        let mut rng = Rng::new(seed ^ (t as u64).wrapping_mul(0xA076_1D64_78BD_642F));
+        let mut rng = Rng::scrambled(seed ^ (t as u64).wrapping_mul(0xA076_1D64_78BD_642F));
         let (fan_in, per_layer) = match shared.kind {
             ModelKind::Compute => (shared.width, shared.width * (c1 - c0)),
             ModelKind::Memory => (CHANNELS, CHANNELS * CHANNELS),
@@ -232,7 +206,7 @@ impl Local {
         let weights = (0..shared.layers)
             .map(|_| {
                 (0..per_layer)
-                    .map(|_| rng.uniform_f32(half_width))
+                    .map(|_| (rng.uniform(-1.0, 1.0) as f32) * half_width)
                     .collect()
             })
             .collect();
@@ -430,7 +404,7 @@ impl Engine {
             shared,
             local,
             workers,
-            input_rng: Rng::new(args.seed ^ 0x5151),
+            input_rng: Rng::scrambled(args.seed ^ 0x5151),
         })
     }
 
@@ -665,9 +639,9 @@ fn run(args: &Args) -> Result<(), String> {
     let mut items_total = 0u64;
     let mut batches = 0u64;
     let mut dropped_total = 0u64;
-    let mut arrivals = Rng::new(args.seed ^ u64::from(std::process::id()));
+    let mut arrivals = Rng::scrambled(args.seed ^ u64::from(std::process::id()));
     let timeout = Duration::from_secs_f64(args.batch_timeout_ms / 1000.0);
-    let mut next_arrival = start + arrivals.exp_gap(args.rate.max(f64::MIN_POSITIVE));
+    let mut next_arrival = start + exp_gap(&mut arrivals, args.rate.max(f64::MIN_POSITIVE));
     let mut queue: VecDeque<Instant> = VecDeque::new();
 
     while !STOP.load(Ordering::SeqCst) {
@@ -701,7 +675,7 @@ fn run(args: &Args) -> Result<(), String> {
                         second.dropped += 1;
                         dropped_total += 1;
                     }
-                    next_arrival += arrivals.exp_gap(args.rate);
+                    next_arrival += exp_gap(&mut arrivals, args.rate);
                 }
                 let oldest_due = queue.front().is_some_and(|&t| now >= t + timeout);
                 if queue.len() >= batch_n || oldest_due {

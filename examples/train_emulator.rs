@@ -47,6 +47,7 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use lodger::rng::Rng;
 use lodger::sense::gpu::{
     remove_emulated_record, write_emulated_record, EmulatedGpuRecord, EMULATED_GPU_DIR_ENV,
 };
@@ -196,24 +197,6 @@ fn install_signal_handlers() -> nix::Result<()> {
     Ok(())
 }
 
-/// xorshift64*: cheap, deterministic pseudo-random bytes, so the work is the same every run.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Self {
-        Self(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-
-    fn next_u64(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-}
-
 /// With `--loader-mib`: a loader's samples in memory, which it decodes and augments in place.
 struct SampleRing {
     bytes: Vec<u8>,
@@ -269,7 +252,7 @@ impl Preprocessor {
     /// `sample_bytes`: the size of its sample ring (`--loader-mib`), if it has one.
     fn new(seed: u64, sample_bytes: Option<usize>) -> Self {
         let pixels = IMAGE_SIDE * IMAGE_SIDE;
-        let mut rng = Rng::new(seed);
+        let mut rng = Rng::scrambled(seed);
         Self {
             samples: sample_bytes.map(|bytes| SampleRing::new(bytes, &mut rng)),
             rng,

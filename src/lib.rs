@@ -15,6 +15,7 @@ pub mod enforce;
 pub mod job;
 pub mod policy;
 pub mod privileged;
+pub mod rng;
 pub mod sense;
 pub mod store;
 pub mod sys;

@@ -11,8 +11,9 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use super::cores::{pick_in_node, Lean};
 use crate::cpuset::CpuSet;
-use crate::topology::{Core, Topology};
+use crate::topology::Topology;
 
 /// What a training job asks of the node.
 #[derive(Debug, Clone, Copy)]
@@ -128,7 +129,15 @@ pub fn place(
         };
         let node_free = free.intersection(&node_cpus(topo, node));
         let k = remaining.min(node_free.len());
-        picked = picked.union(&pick_in_node(topo, node, &free, taken, k));
+        picked = picked.union(&pick_in_node(
+            topo,
+            node,
+            &free,
+            taken,
+            &CpuSet::new(),
+            k,
+            Lean::TowardTraining,
+        ));
         remaining -= k;
         chosen.insert(node);
         anchors.extend(packages_of_node(topo, node));
@@ -245,144 +254,11 @@ fn next_node(
         .map(|key| key.5)
 }
 
-/// One core of a node as the placement sees it.
-struct Slot<'t> {
-    core: &'t Core,
-    /// Its CPUs that are free.
-    free: CpuSet,
-    /// Some of its CPUs belong to another training job.
-    training: bool,
-}
-
-impl Slot<'_> {
-    fn whole(&self) -> bool {
-        !self.free.is_empty() && self.free == self.core.cpus
-    }
-
-    fn fragment(&self) -> bool {
-        !self.free.is_empty() && self.free != self.core.cpus
-    }
-}
-
-/// A maximal sequence of adjacent whole free cores of a node.
-struct Run {
-    start: usize,
-    end: usize,
-    cpus: usize,
-    training_left: bool,
-    training_right: bool,
-}
-
-/// Takes `k` CPUs (at most the node's free count) from node `node`: whole cores from one run of
-/// free cores next to other training, and an odd remainder from the best half core.
-fn pick_in_node(topo: &Topology, node: u32, free: &CpuSet, taken: &CpuSet, k: usize) -> CpuSet {
-    // Cores are ordered by their lowest CPU id, which is their physical order on every machine
-    // in the fixtures; within a node that order is what "adjacent" means.
-    let slots: Vec<Slot> = topo
-        .cores
-        .iter()
-        .filter(|c| c.numa_node == node)
-        .map(|core| Slot {
-            core,
-            free: core.cpus.intersection(free),
-            training: !core.cpus.is_disjoint(taken),
-        })
-        .collect();
-    let mut picked = CpuSet::new();
-    let mut need = k;
-
-    // The odd remainder first, from a half-free core whose other threads are not training's
-    // (reserved ones): that half could not be lent as a whole core anyway.
-    let threads = slots.iter().map(|s| s.core.cpus.len()).max().unwrap_or(1);
-    let remainder = if threads > 1 { k % threads } else { 0 };
-    if remainder > 0 {
-        if let Some(slot) = slots
-            .iter()
-            .find(|s| s.fragment() && !s.training && s.free.len() >= remainder)
-        {
-            picked.extend(slot.free.iter().take(remainder));
-            need -= remainder;
-        }
-    }
-
-    // Whole cores, in the order of the runs they lie in; the last may be split.
-    for i in whole_core_order(&slots, need) {
-        if need == 0 {
-            break;
-        }
-        let take = need.min(slots[i].free.len());
-        picked.extend(slots[i].free.iter().take(take));
-        need -= take;
-    }
-
-    // Not enough whole cores: half-free cores, those beside reserved threads before those beside
-    // another training job's threads.
-    if need > 0 {
-        let mut halves: Vec<&Slot> = slots.iter().filter(|s| s.fragment()).collect();
-        halves.sort_by_key(|s| s.training);
-        for slot in halves {
-            if need == 0 {
-                break;
-            }
-            let left = slot.free.difference(&picked);
-            let take = need.min(left.len());
-            picked.extend(left.iter().take(take));
-            need -= take;
-        }
-    }
-    picked
-}
-
-/// Positions of the node's whole free cores in the order to take them. Runs of adjacent whole
-/// cores are ranked: first those large enough for `need` CPUs, beside training before not, the
-/// smallest first (best fit keeps large runs for lodgers); if none is large enough, the largest
-/// first. Within a run, cores are taken from the end that touches training.
-fn whole_core_order(slots: &[Slot], need: usize) -> Vec<usize> {
-    let mut runs: Vec<Run> = Vec::new();
-    let mut i = 0;
-    while i < slots.len() {
-        if !slots[i].whole() {
-            i += 1;
-            continue;
-        }
-        let start = i;
-        let mut cpus = 0;
-        while i < slots.len() && slots[i].whole() {
-            cpus += slots[i].free.len();
-            i += 1;
-        }
-        let end = i - 1;
-        runs.push(Run {
-            start,
-            end,
-            cpus,
-            training_left: start > 0 && slots[start - 1].training,
-            training_right: end + 1 < slots.len() && slots[end + 1].training,
-        });
-    }
-    runs.sort_by_key(|r| {
-        let beside = usize::from(!(r.training_left || r.training_right));
-        if r.cpus >= need {
-            (0u8, beside, r.cpus, r.start)
-        } else {
-            (1u8, usize::MAX - r.cpus, beside, r.start)
-        }
-    });
-    let mut order = Vec::new();
-    for run in runs {
-        if run.training_right && !run.training_left {
-            order.extend((run.start..=run.end).rev());
-        } else {
-            order.extend(run.start..=run.end);
-        }
-    }
-    order
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 pub(crate) mod tests {
     use super::*;
+    use crate::topology::Core;
     use proptest::prelude::*;
 
     fn set(list: &str) -> CpuSet {

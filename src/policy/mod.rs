@@ -3,6 +3,7 @@
 
 pub mod consolidate;
 pub mod contention;
+mod cores;
 pub mod inference;
 pub mod rightsize;
 

@@ -1,0 +1,34 @@
+//! Inference lodgers (Cloud Reamer §III-A, §III-B, §III-C): which CPUs each online and offline
+//! inference instance gets, how an online job's layout (instances × cores per instance × batch)
+//! is found from measured probes, and whether that layout serves the job's rate. Pure: touches
+//! nothing; measurements are arguments, the caller runs the probes.
+//!
+//! - [`place`]: per-instance cpusets, placed again from the previous plan whenever training,
+//!   the reserved CPUs or the jobs change. Online instances get exclusive leftover cores;
+//!   offline instances are single-thread and fill every other non-reserved CPU, the training
+//!   jobs' included.
+//! - [`LayoutSearch`]: the §III-B quick search as a state machine driven by measurements, with a
+//!   [`SearchCache`] per job so a re-plan reuses what was measured for the same free-core count.
+//! - [`check_capacity`]: the CR-Agent's rate check (§III-C), behind the `CapacityExceeded` signal.
+
+mod cache;
+mod capacity;
+#[cfg(test)]
+pub(crate) mod model;
+mod place;
+mod search;
+#[cfg(test)]
+mod tests;
+mod types;
+
+pub use cache::{SearchCache, SearchStart};
+pub use capacity::{check_capacity, CapacityCheck};
+pub use place::place;
+pub use search::{
+    BatchTrend, LayoutSearch, ModelTraits, ProbeResult, SearchOptions, SearchOutcome, SearchStep,
+    DEFAULT_MARGIN, DEFAULT_PROBE_BUDGET, TREND_BATCH,
+};
+pub use types::{
+    training_cpus, InferencePlan, Instance, JobInstances, LayoutConfig, OfflineJobView,
+    OnlineJobView, Shortfall,
+};

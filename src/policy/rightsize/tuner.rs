@@ -1,0 +1,729 @@
+//! The tuner (SODA §V-B-2): a search, one measurement window at a time, for the fewest cores
+//! at which a job's GPU utilization is at its maximum. Pure: time and samples are arguments.
+
+use std::fmt;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::noise::WindowStats;
+use super::start::CoreLimits;
+
+/// Time a job is left alone after it starts before the first window: SODA §VI-H notes that a
+/// training job's launch and context preparation "may take more than 3 minutes".
+pub const DEFAULT_WARMUP: Duration = Duration::from_secs(180);
+/// One measurement window: SODA §VI-H profiles each core count for 60 s (20 to 170 training
+/// iterations of the Table I models).
+pub const DEFAULT_WINDOW: Duration = Duration::from_secs(60);
+/// Cores of error accepted around the best-fit count: the search stops once it has narrowed the
+/// count down to `tolerance + 1` candidates and keeps the largest (the one known to be enough).
+pub const DEFAULT_TOLERANCE: u32 = 1;
+/// Fewest utilization samples a window needs before it is judged; below that its noise cannot
+/// be estimated. A window that ends with fewer stays open until it has them.
+pub const MIN_WINDOW_SAMPLES: usize = 6;
+/// Least proportional change of a starved job's utilization with its cores, for sizing steps
+/// (see `Tuner::gallop`): Amdahl's law with a parallel fraction of 0.85 gives 0.5 up to 5 cores
+/// per GPU and less above, where the curve is flatter and a missed knee costs less.
+const STARVED_ELASTICITY: f64 = 0.5;
+/// A galloping step is long enough for a starved job to change by this many noise thresholds.
+const POWER_MARGIN: f64 = 2.0;
+// ---------------------------------------------------------------------------------------------
+// Tuning (§V-B-2).
+
+/// How a [`Tuner`] searches.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TunerSettings {
+    /// The count the job runs at from the start ([`start_cores`]).
+    pub start: u32,
+    /// Never fewer ([`default_floor`]).
+    pub floor: u32,
+    /// Never more: the CPUs the job could get.
+    pub max: u32,
+    /// Left alone after the start before the first window ([`DEFAULT_WARMUP`]).
+    pub warmup: Duration,
+    /// Length of each measurement window ([`DEFAULT_WINDOW`]).
+    pub window: Duration,
+    /// Cores of error accepted ([`DEFAULT_TOLERANCE`]).
+    pub tolerance: u32,
+}
+
+impl TunerSettings {
+    /// Default warm-up, window and tolerance.
+    pub fn new(start: u32, limits: CoreLimits) -> Self {
+        Self {
+            start,
+            floor: limits.floor,
+            max: limits.max,
+            warmup: DEFAULT_WARMUP,
+            window: DEFAULT_WINDOW,
+            tolerance: DEFAULT_TOLERANCE,
+        }
+    }
+
+    fn limits(&self) -> CoreLimits {
+        CoreLimits {
+            floor: self.floor,
+            max: self.max,
+        }
+    }
+}
+
+/// What the caller should do after a [`Tuner::step`]. In every case the job's count should be
+/// [`Tuner::cores`] afterwards; the action says why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TunerAction {
+    /// Warming up, or the current window is still running: keep the count.
+    Wait,
+    /// Resize the job to this many cores (in place: same cpuset, fewer or more CPUs) and keep
+    /// sampling. A probe; or, when a contention throttle interrupts a probe below the best
+    /// count known, the return to that count.
+    Resize(u32),
+    /// Done: the best-fit count. Resize to it if the job is not there; tuning is over.
+    Settle(u32),
+    /// Not measuring, for this reason; keep the count.
+    Hold(HoldReason),
+}
+
+impl fmt::Display for TunerAction {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TunerAction::Wait => f.write_str("wait"),
+            TunerAction::Resize(n) => write!(f, "resize to {n}"),
+            TunerAction::Settle(n) => write!(f, "settle at {n}"),
+            TunerAction::Hold(why) => write!(f, "hold: {why}"),
+        }
+    }
+}
+
+/// Why a [`Tuner`] is not measuring.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HoldReason {
+    /// A contention throttle is active on the node (SODA §V-E): utilization measured now says
+    /// more about the contention than about the job's cores, so no window runs and no probe
+    /// starts. The window restarts when the throttle ends.
+    Throttled,
+    /// The window has ended with too few utilization samples to estimate its noise; it stays
+    /// open until it has them.
+    TooFewSamples { have: usize, need: usize },
+}
+
+impl fmt::Display for HoldReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HoldReason::Throttled => f.write_str("a contention throttle is active"),
+            HoldReason::TooFewSamples { have, need } => {
+                write!(
+                    f,
+                    "{have} GPU utilization samples in the window, {need} needed"
+                )
+            }
+        }
+    }
+}
+
+/// One measurement window, for `lodgerctl show`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Probe {
+    pub cores: u32,
+    /// Mean GPU utilization over the window, in the samples' unit.
+    pub mean_util: f64,
+    /// Standard error of `mean_util`, estimated from the window's samples (batch means, and
+    /// at least the estimate for independent samples).
+    pub noise: f64,
+    pub samples: usize,
+    pub decision: Decision,
+}
+
+/// What a window showed. `threshold` is the smallest difference that counts as a change: the
+/// two windows' standard errors combined (Welch), each at least what all the job's windows so
+/// far say it is for its number of samples, times the two-sided 95% Student t quantile for
+/// their degrees of freedom. It comes from the measured noise alone: no fixed percentage.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Decision {
+    /// The first window, at the start count.
+    Baseline,
+    /// Lower than at `than` (more) cores by more than the noise: too few cores.
+    Starved { than: u32, threshold: f64 },
+    /// Not lower than at `than` (more) cores by more than the noise: enough cores.
+    Enough { than: u32, threshold: f64 },
+    /// Higher than at `than` (fewer) cores by more than the noise: `than` was too few.
+    Better { than: u32, threshold: f64 },
+    /// Not higher than at `than` (fewer) cores by more than the noise: `than` was enough.
+    NoBetter { than: u32, threshold: f64 },
+    /// A contention throttle began during the window: its samples were dropped.
+    Interrupted,
+}
+
+impl fmt::Display for Decision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Decision::Baseline => f.write_str("baseline"),
+            Decision::Starved { than, threshold } => {
+                write!(
+                    f,
+                    "starved: lower than at {than} by more than {threshold:.2}"
+                )
+            }
+            Decision::Enough { than, threshold } => {
+                write!(f, "enough: within {threshold:.2} of {than}")
+            }
+            Decision::Better { than, threshold } => {
+                write!(
+                    f,
+                    "better: higher than at {than} by more than {threshold:.2}; {than} too few"
+                )
+            }
+            Decision::NoBetter { than, threshold } => {
+                write!(
+                    f,
+                    "no better: within {threshold:.2} of {than}; {than} enough"
+                )
+            }
+            Decision::Interrupted => f.write_str("interrupted by a contention throttle"),
+        }
+    }
+}
+
+/// SODA §V-B-2 as a state machine: finds the fewest cores at which the job's GPU utilization is
+/// at its maximum, one window at a time.
+///
+/// From the start count it first probes a smaller count. If utilization does not drop, it keeps
+/// shrinking until it drops, then steps back by bisection between the last count that was
+/// enough and the first that was not. If it drops, it probes larger counts until utilization
+/// stops rising, then bisects back the same way. Steps away from the start double (galloping:
+/// `max(tolerance + 1, start / 8)`, then twice that, ...), so a start near the best count, as
+/// the owner's history gives (§V-B-1), costs few probes and a start far from it not many more.
+/// It settles when fewer cores would starve the job and more would not help, to within
+/// `tolerance` cores.
+///
+/// A change counts only when it exceeds the noise measured in the windows compared (see
+/// [`Decision`]); no fixed percentage is involved. "No change" counts only after a step long
+/// enough for a starved job to have shown one (see `Tuner::gallop`): a step cut short by the
+/// floor or the max proves nothing, and the search then checks from the other side. The
+/// search assumes what SODA observed (§IV-B-1, §V-B): utilization rises with cores like a
+/// multithreaded job up to the best-fit count and stays flat, or drops slightly, above it.
+///
+/// While a contention throttle is active (SODA §V-E) no window runs and no probe starts; a
+/// probe below the best count known is undone until the throttle ends, then made again.
+///
+/// The caller keeps the job at [`Tuner::cores`] and calls [`Tuner::step`] as samples arrive.
+/// Every window must be measured at the count the tuner asked for: a caller that does not
+/// apply the resizes (an advisory mode) must not feed it, since every probe would then look
+/// like "no change" and the search would walk down to the floor.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Tuner {
+    settings: TunerSettings,
+    /// The count the job should have now.
+    cores: u32,
+    phase: Phase,
+    search: Search,
+    /// The last window's figures at each count measured.
+    measured: Vec<WindowStats>,
+    history: Vec<Probe>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+enum Phase {
+    WarmUp {
+        until: Duration,
+    },
+    Measuring {
+        cores: u32,
+        purpose: Purpose,
+        started: Duration,
+        samples: Vec<f64>,
+    },
+    /// A throttle stopped the window measuring `cores`; it restarts when the throttle ends.
+    Throttled {
+        cores: u32,
+        purpose: Purpose,
+    },
+    Settled(u32),
+}
+
+/// What a window is compared with. `conclusive`: the step from the compared count was long
+/// enough that a starved job would have shown a change (see `Tuner::gallop`). A step cut short
+/// by the floor or the max may not have been, and then "no change" proves nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+enum Purpose {
+    Baseline,
+    /// A smaller count than `reference`: is it starved?
+    Below {
+        reference: u32,
+        #[serde(default)]
+        conclusive: bool,
+    },
+    /// A larger count than `from`: does it help?
+    Above {
+        from: u32,
+        #[serde(default)]
+        conclusive: bool,
+    },
+}
+
+/// A galloping step: its length, and the length that a starved job's change would show in.
+#[derive(Debug, Clone, Copy)]
+struct Step {
+    len: u32,
+    visible: u32,
+}
+
+/// The bracket around the best-fit count: `lo` is starved, `hi` is enough (or, unconfirmed, the
+/// best measured so far).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+struct Search {
+    /// The largest count known to be too few (or one below the floor, which stands for too
+    /// few); `None`: none yet (the floor may be enough).
+    lo: Option<u32>,
+    /// The smallest count believed enough.
+    hi: u32,
+    /// Whether `hi` is known to be enough: fewer cores did as well, or more did no better, or
+    /// it is the most the job can have.
+    confirmed: bool,
+    /// The last step taken away from the start while galloping (0: none yet in this
+    /// direction); the next is at least twice as long.
+    #[serde(default)]
+    stride: u32,
+    /// The count galloping starts from and shrinking probes are compared with: the start
+    /// (`None`), or the count a search started over at.
+    #[serde(default)]
+    origin: Option<u32>,
+}
+
+impl Tuner {
+    /// A tuner for a job that runs at `settings.start` (clamped to the floor and max) from
+    /// `now`; the caller resizes the job to [`Tuner::cores`] at once. The first window starts
+    /// after `settings.warmup`.
+    pub fn new(settings: TunerSettings, now: Duration) -> Self {
+        let limits = settings.limits();
+        let start = limits.clamp(settings.start);
+        let settings = TunerSettings {
+            start,
+            floor: limits.clamp(settings.floor),
+            max: limits.clamp(settings.max),
+            ..settings
+        };
+        Self {
+            cores: start,
+            phase: Phase::WarmUp {
+                until: now.saturating_add(settings.warmup),
+            },
+            search: Search {
+                lo: None,
+                hi: start,
+                confirmed: false,
+                stride: 0,
+                origin: None,
+            },
+            settings,
+            measured: Vec::new(),
+            history: Vec::new(),
+        }
+    }
+
+    /// Advances the tuner to `now`.
+    ///
+    /// `samples`: the job's GPU utilization samples taken since the previous call (or since
+    /// [`Tuner::new`]), in any one unit (lodger passes percent); non-finite ones are ignored.
+    /// Call it at every sample, every tick or only at window ends: a window is judged at the
+    /// first call at least `settings.window` after it began, and the next one begins then.
+    /// Samples handed over during the warm-up or while throttled are dropped. `now` is any
+    /// clock in step with the one given to [`Tuner::new`] (the agent uses the Unix time); if
+    /// it steps back, the current window starts again. `throttle_active`: a contention
+    /// throttle is active on the node (SODA §V-E); the tuner then never probes.
+    pub fn step(&mut self, now: Duration, samples: &[f64], throttle_active: bool) -> TunerAction {
+        if let Phase::Settled(n) = self.phase {
+            return TunerAction::Settle(n);
+        }
+        if throttle_active {
+            return self.throttle();
+        }
+        match &mut self.phase {
+            Phase::Settled(_) => unreachable!("handled above"),
+            Phase::WarmUp { until } => {
+                if now < *until {
+                    return TunerAction::Wait;
+                }
+                self.phase = Phase::Measuring {
+                    cores: self.cores,
+                    purpose: Purpose::Baseline,
+                    started: now,
+                    samples: Vec::new(),
+                };
+                TunerAction::Wait
+            }
+            Phase::Throttled { cores, purpose } => {
+                let (cores, purpose) = (*cores, *purpose);
+                self.phase = Phase::Measuring {
+                    cores,
+                    purpose,
+                    started: now,
+                    samples: Vec::new(),
+                };
+                if self.cores == cores {
+                    TunerAction::Wait
+                } else {
+                    self.cores = cores;
+                    TunerAction::Resize(cores)
+                }
+            }
+            Phase::Measuring {
+                cores,
+                purpose,
+                started,
+                samples: window,
+            } => {
+                // A clock stepped back restarts the window rather than stretching it.
+                if now < *started {
+                    *started = now;
+                    window.clear();
+                }
+                window.extend(samples.iter().copied().filter(|s| s.is_finite()));
+                if now - *started < self.settings.window {
+                    return TunerAction::Wait;
+                }
+                if window.len() < MIN_WINDOW_SAMPLES {
+                    return TunerAction::Hold(HoldReason::TooFewSamples {
+                        have: window.len(),
+                        need: MIN_WINDOW_SAMPLES,
+                    });
+                }
+                let stats = WindowStats::of(*cores, window);
+                let purpose = *purpose;
+                self.judge(stats, purpose);
+                self.next(now)
+            }
+        }
+    }
+
+    fn throttle(&mut self) -> TunerAction {
+        let held = TunerAction::Hold(HoldReason::Throttled);
+        let Phase::Measuring {
+            cores,
+            purpose,
+            samples,
+            ..
+        } = &self.phase
+        else {
+            // Warming up (it goes on: it waits for the job's launch, not for quiet), or already
+            // throttled.
+            return held;
+        };
+        let (cores, purpose) = (*cores, *purpose);
+        let partial = WindowStats::of(cores, samples);
+        let interrupted = Probe {
+            cores,
+            mean_util: partial.mean,
+            noise: partial.se,
+            samples: partial.n,
+            decision: Decision::Interrupted,
+        };
+        // A throttle that comes and goes must not grow the history without bound: one entry
+        // per interrupted count in a row.
+        match self.history.last_mut() {
+            Some(last) if last.decision == Decision::Interrupted && last.cores == cores => {
+                *last = interrupted;
+            }
+            _ => self.history.push(interrupted),
+        }
+        self.phase = Phase::Throttled { cores, purpose };
+        // A probe below the best count known would leave the job short of cores for as long as
+        // the contention lasts: go back to that count until the window can be run again.
+        let safe = self.search.hi;
+        if self.cores < safe {
+            self.cores = safe;
+            return TunerAction::Resize(safe);
+        }
+        held
+    }
+
+    /// Records the window and moves the bracket.
+    fn judge(&mut self, stats: WindowStats, purpose: Purpose) {
+        let c = stats.cores;
+        let decision = match purpose {
+            Purpose::Baseline => {
+                self.search.hi = c;
+                self.search.confirmed = c >= self.settings.max;
+                Decision::Baseline
+            }
+            Purpose::Below {
+                reference,
+                conclusive,
+            } => {
+                let Some(r) = self.stats_at(reference) else {
+                    return self.restart_at(stats);
+                };
+                let threshold = self.change_threshold(&stats, &r);
+                if stats.mean < r.mean - threshold {
+                    self.search.lo = Some(c);
+                    Decision::Starved {
+                        than: reference,
+                        threshold,
+                    }
+                } else {
+                    // Flat from `c` up to the reference: by the shape of the curve, `c` is at or
+                    // past the knee. After a step too short to tell, `c` is only as good as
+                    // known: growth will check it.
+                    self.search.hi = c;
+                    self.search.confirmed = conclusive;
+                    Decision::Enough {
+                        than: reference,
+                        threshold,
+                    }
+                }
+            }
+            Purpose::Above { from, conclusive } => {
+                let Some(f) = self.stats_at(from) else {
+                    return self.restart_at(stats);
+                };
+                let threshold = self.change_threshold(&stats, &f);
+                if stats.mean > f.mean + threshold {
+                    self.search.lo = Some(from);
+                    self.search.hi = c;
+                    self.search.confirmed = c >= self.settings.max;
+                    Decision::Better {
+                        than: from,
+                        threshold,
+                    }
+                } else if conclusive {
+                    self.search.hi = from;
+                    self.search.confirmed = true;
+                    Decision::NoBetter {
+                        than: from,
+                        threshold,
+                    }
+                } else {
+                    // After a step cut short by the max, `from` is not cleared: bisect from
+                    // the max, the most the job can have, down to the last count known too few
+                    // (or the floor; no more galloping, which could go round in a circle).
+                    let below_floor = self.settings.floor.saturating_sub(1);
+                    self.search.lo = Some(self.search.lo.unwrap_or(below_floor));
+                    self.search.hi = c;
+                    self.search.confirmed = true;
+                    Decision::NoBetter {
+                        than: from,
+                        threshold,
+                    }
+                }
+            }
+        };
+        self.record(stats, decision);
+    }
+
+    /// The window a comparison needs is missing (only a tuner restored from a damaged or older
+    /// state can lack it): the search starts again from this window, as from a baseline.
+    fn restart_at(&mut self, stats: WindowStats) {
+        self.search = Search {
+            lo: None,
+            hi: stats.cores,
+            confirmed: stats.cores >= self.settings.max,
+            stride: 0,
+            origin: Some(stats.cores),
+        };
+        self.record(stats, Decision::Baseline);
+    }
+
+    fn record(&mut self, stats: WindowStats, decision: Decision) {
+        self.history.push(Probe {
+            cores: stats.cores,
+            mean_util: stats.mean,
+            noise: stats.se,
+            samples: stats.n,
+            decision,
+        });
+        self.measured.retain(|m| m.cores != stats.cores);
+        self.measured.push(stats);
+    }
+
+    fn stats_at(&self, cores: u32) -> Option<WindowStats> {
+        self.measured.iter().find(|m| m.cores == cores).copied()
+    }
+
+    /// The smallest difference between windows `a` and `b` that counts as a change (see
+    /// [`Decision`]). The noise of a job's utilization is much the same at every count, so a
+    /// window's standard error is taken as at least what all the windows measured so far say
+    /// it is for its number of samples: one window's estimate, from ten batches, can be low by
+    /// chance, and a comparison with that window would then see changes in noise.
+    fn change_threshold(&self, a: &WindowStats, b: &WindowStats) -> f64 {
+        let (mut weighted, mut df) = (0.0, 0.0);
+        let new = [a, b].into_iter().filter(|w| !self.measured.contains(w));
+        for w in self.measured.iter().chain(new) {
+            weighted += w.df * w.se * w.se * w.n as f64;
+            df += w.df;
+        }
+        if df <= 0.0 {
+            return a.change_threshold(b);
+        }
+        let per_sample = weighted / df;
+        let floor = |w: &WindowStats| {
+            let pooled = (per_sample / w.n.max(1) as f64).sqrt();
+            if pooled > w.se {
+                WindowStats {
+                    se: pooled,
+                    df,
+                    ..*w
+                }
+            } else {
+                *w
+            }
+        };
+        floor(a).change_threshold(&floor(b))
+    }
+
+    /// The next probe, or the end.
+    fn next(&mut self, now: Duration) -> TunerAction {
+        let Search {
+            lo, hi, confirmed, ..
+        } = self.search;
+        let floor = self.settings.floor;
+        // Below the floor counts as starved: the search never goes there.
+        let lower = lo.map_or(i64::from(floor) - 1, i64::from);
+        let width = i64::from(hi) - lower;
+        let narrow = width <= i64::from(self.settings.tolerance) + 1;
+        if narrow && confirmed {
+            return self.settle(hi);
+        }
+        if !narrow && lo.is_none() {
+            // §V-B-2: smaller first, and on while utilization does not drop. Each probe is
+            // compared with the start, not with the previous probe, so that drops too small to
+            // see one at a time cannot add up unseen.
+            let origin = self.search.origin.unwrap_or(self.settings.start);
+            let step = self.gallop(origin);
+            let below = hi.saturating_sub(step.len).max(floor);
+            let purpose = Purpose::Below {
+                reference: origin,
+                conclusive: origin.saturating_sub(below) >= step.visible,
+            };
+            return self.probe(below, purpose, now);
+        }
+        if !narrow && confirmed {
+            // Step back: bisect between the last count that was enough and the first that
+            // was not.
+            let below = i64::from(hi) - width / 2;
+            let below = u32::try_from(below).unwrap_or(floor).max(floor);
+            let purpose = Purpose::Below {
+                reference: hi,
+                conclusive: true,
+            };
+            return self.probe(below, purpose, now);
+        }
+        // §V-B-2: fewer cores starved the job and `hi` is not shown to be enough: try more
+        // until utilization stops rising, starting with a short step unless already growing.
+        let growing = self
+            .history
+            .iter()
+            .rev()
+            .find(|p| p.decision != Decision::Interrupted)
+            .is_some_and(|p| matches!(p.decision, Decision::Better { .. }));
+        if !growing {
+            self.search.stride = 0;
+        }
+        let step = self.gallop(hi);
+        let above = hi.saturating_add(step.len).min(self.settings.max);
+        if above <= hi {
+            return self.settle(hi);
+        }
+        let purpose = Purpose::Above {
+            from: hi,
+            conclusive: above - hi >= step.visible,
+        };
+        self.probe(above, purpose, now)
+    }
+
+    /// The next step away from the start, in either direction, judged against the window at
+    /// `reference`. Steps double (galloping): short near the start, which the owner's history
+    /// makes a good guess (§V-B-1), and few to reach a best count far from it. And each is long
+    /// enough for its outcome to mean something: if the job were starved, the step would change
+    /// its utilization by twice the noise threshold, taking a starved job's utilization to
+    /// change at least half in proportion to its cores (a multithreaded job's, §IV-B-1, with a
+    /// parallel fraction of 0.85 or more up to a few cores per GPU). Without this, a small
+    /// step in a noisy window would show no significant change and a starved job would be
+    /// taken to have enough.
+    fn gallop(&mut self, reference: u32) -> Step {
+        let first = (self.settings.start / 8).max(self.settings.tolerance.saturating_add(1));
+        let visible = match self.stats_at(reference) {
+            Some(r) if r.mean > 0.0 => {
+                let threshold = self.change_threshold(&r, &r);
+                let cores =
+                    POWER_MARGIN * threshold / (STARVED_ELASTICITY * r.mean) * f64::from(r.cores);
+                // Saturating float-to-int conversion; a NaN becomes 0.
+                cores.ceil().min(f64::from(u32::MAX)) as u32
+            }
+            // No utilization at all: no step is too large.
+            Some(_) => u32::MAX,
+            None => 0,
+        };
+        let len = first.max(self.search.stride.saturating_mul(2)).max(visible);
+        self.search.stride = len;
+        Step { len, visible }
+    }
+
+    fn probe(&mut self, cores: u32, purpose: Purpose, now: Duration) -> TunerAction {
+        self.cores = cores;
+        self.phase = Phase::Measuring {
+            cores,
+            purpose,
+            started: now,
+            samples: Vec::new(),
+        };
+        TunerAction::Resize(cores)
+    }
+
+    fn settle(&mut self, cores: u32) -> TunerAction {
+        self.cores = cores;
+        self.phase = Phase::Settled(cores);
+        TunerAction::Settle(cores)
+    }
+
+    /// Ends tuning now (the job is leaving, or the operator turned tuning off) at
+    /// [`Tuner::recommendation`], and returns it.
+    pub fn stop(&mut self) -> u32 {
+        let n = self.recommendation();
+        self.settle(n);
+        n
+    }
+
+    /// The count the job should have now: the start, a probe, or the settled count.
+    pub fn cores(&self) -> u32 {
+        self.cores
+    }
+
+    /// The best count known so far: the settled count once settled; else the fewest cores
+    /// measured that were enough, or, before any was shown to be, the best measured (the start
+    /// until a probe has run).
+    pub fn recommendation(&self) -> u32 {
+        match self.phase {
+            Phase::Settled(n) => n,
+            _ => self.search.hi,
+        }
+    }
+
+    /// The settled count, once tuning is over.
+    pub fn settled(&self) -> Option<u32> {
+        match self.phase {
+            Phase::Settled(n) => Some(n),
+            _ => None,
+        }
+    }
+
+    /// Every window judged or interrupted, oldest first.
+    pub fn history(&self) -> &[Probe] {
+        &self.history
+    }
+
+    /// Probes run to the end: windows at counts other than the start (the baseline window is
+    /// not a probe; interrupted windows are not counted).
+    pub fn probes(&self) -> usize {
+        self.history
+            .iter()
+            .filter(|p| !matches!(p.decision, Decision::Baseline | Decision::Interrupted))
+            .count()
+    }
+
+    pub fn settings(&self) -> &TunerSettings {
+        &self.settings
+    }
+}
