@@ -398,7 +398,12 @@ enum Phase {
         cores: u32,
         purpose: Purpose,
         started: Duration,
-        samples: Vec<f64>,
+        /// The window's samples so far. Kept in memory only: the state file keeps decisions,
+        /// not per-sample figures, so a sensing pass inside a window writes nothing. A tuner
+        /// read back from the file has `None` and starts the window again at its next step
+        /// rather than judging it on part of itself.
+        #[serde(skip)]
+        samples: Option<Vec<f64>>,
     },
     /// A throttle stopped the window measuring `cores`; it restarts when the throttle ends.
     Throttled {
@@ -515,7 +520,7 @@ impl Tuner {
                     cores: self.cores,
                     purpose: Purpose::Baseline,
                     started: now,
-                    samples: Vec::new(),
+                    samples: Some(Vec::new()),
                 };
                 TunerAction::Wait
             }
@@ -525,7 +530,7 @@ impl Tuner {
                     cores,
                     purpose,
                     started: now,
-                    samples: Vec::new(),
+                    samples: Some(Vec::new()),
                 };
                 if self.cores == cores {
                     TunerAction::Wait
@@ -538,13 +543,18 @@ impl Tuner {
                 cores,
                 purpose,
                 started,
-                samples: window,
+                samples: kept,
             } => {
-                // A clock stepped back restarts the window rather than stretching it.
-                if now < *started {
-                    *started = now;
-                    window.clear();
-                }
+                // A clock stepped back restarts the window rather than stretching it, and so
+                // does a window whose samples were not kept (a tuner read back from the state
+                // file).
+                let window = match kept {
+                    Some(window) if now >= *started => window,
+                    _ => {
+                        *started = now;
+                        kept.insert(Vec::new())
+                    }
+                };
                 window.extend(samples.iter().copied().filter(|s| s.is_finite()));
                 if now - *started < self.settings.window {
                     return TunerAction::Wait;
@@ -577,7 +587,7 @@ impl Tuner {
             return held;
         };
         let (cores, purpose) = (*cores, *purpose);
-        let partial = WindowStats::of(cores, samples);
+        let partial = WindowStats::of(cores, samples.as_deref().unwrap_or_default());
         let interrupted = Probe {
             cores,
             mean_util: partial.mean,
@@ -831,7 +841,7 @@ impl Tuner {
             cores,
             purpose,
             started: now,
-            samples: Vec::new(),
+            samples: Some(Vec::new()),
         };
         TunerAction::Resize(cores)
     }
@@ -889,6 +899,51 @@ impl Tuner {
 
     pub fn settings(&self) -> &TunerSettings {
         &self.settings
+    }
+
+    /// Whether the two tuners would be written the same to the state file: everything but the
+    /// current window's samples, which are kept in memory only. The caller persists a tuner
+    /// when this turns false (a window began or was judged, a probe, a throttle, settling),
+    /// not at every sample.
+    pub fn same_on_disk(&self, other: &Tuner) -> bool {
+        // Destructured in full, so a field added later must be decided on here.
+        let Tuner {
+            settings,
+            cores,
+            phase,
+            search,
+            measured,
+            history,
+        } = self;
+        *settings == other.settings
+            && *cores == other.cores
+            && phase.same_on_disk(&other.phase)
+            && *search == other.search
+            && *measured == other.measured
+            && *history == other.history
+    }
+}
+
+impl Phase {
+    /// Equal but for a window's samples (see [`Tuner::same_on_disk`]).
+    fn same_on_disk(&self, other: &Phase) -> bool {
+        match (self, other) {
+            (
+                Phase::Measuring {
+                    cores,
+                    purpose,
+                    started,
+                    samples: _,
+                },
+                Phase::Measuring {
+                    cores: other_cores,
+                    purpose: other_purpose,
+                    started: other_started,
+                    samples: _,
+                },
+            ) => cores == other_cores && purpose == other_purpose && started == other_started,
+            _ => self == other,
+        }
     }
 }
 
@@ -1772,18 +1827,40 @@ mod tests {
         );
     }
 
+    /// The state file keeps the search, not the samples of the window under way: a tuner read
+    /// back is the same on disk, starts that window again at its next step (judging a whole
+    /// window, not part of one), and ends where the original does.
     #[test]
     fn tuner_round_trips_through_json_mid_search() {
         let util = |c: u32| 90.0 * f64::from(c.min(5)) / 5.0;
         let mut t = Tuner::new(settings(9, 1, 16, 0), Duration::ZERO);
         feed(&mut t, 0, 170, util, false);
-        let json = serde_json::to_string(&t).unwrap();
-        let mut back: Tuner = serde_json::from_str(&json).unwrap();
-        assert_eq!(back, t);
+        let json = serde_json::to_value(&t).unwrap();
+        assert!(
+            json["phase"]["Measuring"].is_object()
+                && json["phase"]["Measuring"]["samples"].is_null(),
+            "{json}"
+        );
+        let mut back: Tuner = serde_json::from_value(json).unwrap();
+        assert!(back.same_on_disk(&t));
+        assert_ne!(back, t, "the window's samples stay in memory");
+        let judged = t.history().len();
         let a = feed(&mut t, 170, 600, util, false);
         let b = feed(&mut back, 170, 600, util, false);
-        assert_eq!(a, b);
+        let first_decision = |actions: &[TunerAction]| {
+            actions
+                .iter()
+                .position(|a| *a != TunerAction::Wait)
+                .unwrap()
+        };
+        assert!(first_decision(&a) < first_decision(&b), "{a:?}\n{b:?}");
+        assert!(
+            back.history()[judged].samples >= 60,
+            "{}",
+            describe(back.history())
+        );
         assert_eq!(t.settled(), Some(5), "{}", describe(t.history()));
+        assert_eq!(back.settled(), Some(5), "{}", describe(back.history()));
     }
 
     #[test]
@@ -1791,13 +1868,40 @@ mod tests {
         let util = |c: u32| 90.0 * f64::from(c.min(5)) / 5.0;
         let mut t = Tuner::new(settings(9, 1, 16, 0), Duration::ZERO);
         feed(&mut t, 0, 100, util, false);
+        assert_eq!(t.history().len(), 1);
         let mut json = serde_json::to_value(&t).unwrap();
         json["measured"] = serde_json::json!([]);
         let mut t: Tuner = serde_json::from_value(json).unwrap();
-        feed(&mut t, 100, 60, util, false);
+        // The restored window starts again at 101 and is judged at 161.
+        feed(&mut t, 100, 61, util, false);
+        assert_eq!(t.history().len(), 2, "{}", describe(t.history()));
         assert_eq!(t.history().last().unwrap().decision, Decision::Baseline);
-        feed(&mut t, 160, 900, util, false);
+        feed(&mut t, 161, 900, util, false);
         assert_eq!(t.settled(), Some(5), "{}", describe(t.history()));
+    }
+
+    /// What a sensing pass changes inside a window (its samples) is not a change on disk; a
+    /// window's start and its judgement are.
+    #[test]
+    fn only_decisions_change_a_tuner_on_disk() {
+        let util = |c: u32| 90.0 * f64::from(c.min(5)) / 5.0;
+        let mut t = Tuner::new(settings(9, 1, 16, 0), Duration::ZERO);
+        let mut changes = Vec::new();
+        for s in 1..=300u64 {
+            let before = t.clone();
+            feed(&mut t, s - 1, 1, util, false);
+            if !t.same_on_disk(&before) {
+                changes.push(s);
+            }
+        }
+        // The warm-up ends at 30 (the baseline window starts), the baseline is judged at 90
+        // and each probe's window a minute later: nothing in between.
+        assert_eq!(
+            changes,
+            [30, 90, 150, 210, 270],
+            "{}",
+            describe(t.history())
+        );
     }
 
     #[test]
