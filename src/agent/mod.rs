@@ -53,7 +53,7 @@ use crate::job::{Job, JobId, Target};
 use crate::policy::contention::ContentionConfig;
 use crate::policy::{Plan, TrainingJobView};
 use crate::sense::{Observations, SensedJob};
-use crate::store::{Loaded, State, Store, StoreError, StoredJob};
+use crate::store::{Loaded, State, Store, StoreError, StoredJob, STATE_VERSION};
 use crate::topology::Topology;
 
 /// The agent's own settings, taken from the config by lodgerd.
@@ -172,13 +172,23 @@ impl AgentBuilder {
     /// Loads the state file and re-adopts the jobs it lists: a job with a live process is enforced
     /// again, one whose processes died while lodgerd was down is cleaned up and forgotten.
     pub fn start(self) -> Result<Agent, StoreError> {
-        let store = self.store;
+        let mut store = self.store;
         store.ensure_dir()?;
+        let mut migrated = false;
         let state = match store.load()? {
             Loaded::Fresh(s) => s,
             Loaded::Found(s) => {
                 info!(jobs = s.jobs.len(), path = %store.path().display(), "read state");
                 s
+            }
+            Loaded::Migrated { state, from } => {
+                info!(
+                    jobs = state.jobs.len(),
+                    path = %store.path().display(),
+                    "read state of version {from}; migrated to version {STATE_VERSION}"
+                );
+                migrated = true;
+                state
             }
             Loaded::SetAside {
                 state,
@@ -186,7 +196,7 @@ impl AgentBuilder {
                 reason,
             } => {
                 warn!(
-                    "state file {} could not be read ({reason}); kept it as {} and started with no jobs",
+                    "state file {} set aside as {}: {reason}; starting with no jobs",
                     store.path().display(),
                     set_aside.display()
                 );
@@ -221,6 +231,13 @@ impl AgentBuilder {
         };
         let adopted = agent.state.jobs.len();
         agent.tick();
+        if migrated {
+            // The file is rewritten in the current version once, now, rather than migrated again
+            // at every start until something changes.
+            if let Err(e) = agent.store.save(&agent.state) {
+                warn!("state file not rewritten in version {STATE_VERSION}: {e}");
+            }
+        }
         if adopted > 0 {
             info!(
                 "re-adopted {} of {} job(s) from the state file",

@@ -85,7 +85,7 @@ impl Rightsize {
 
     /// Feeds each right-sized training job's newest GPU utilization sample to its tuner
     /// (SODA §V-B-2). `throttled`: a contention throttle is active on the node (handed over by
-    /// the contention controller). Returns whether any tuner changed.
+    /// the contention controller). Returns whether any tuner changed what the state file holds.
     pub(super) fn tick(&mut self, cx: &mut TickCx<'_>, throttled: bool) -> bool {
         let Some(enforce) = self.settings.enforce else {
             return false;
@@ -172,7 +172,9 @@ impl Rightsize {
                     decision: p.decision.to_string(),
                 })
                 .collect();
-            changed |= *tuning != before;
+            // Samples within a window and their times stay in memory: only a decision (a
+            // window begun or judged, a probe, settling) is worth a write.
+            changed |= !tuning.same_on_disk(&before);
         }
         changed
     }

@@ -457,3 +457,184 @@ fn contention_throttles_offline_lodgers_with_mba_on_an_intel_tree() {
     assert_eq!(mb(), "MB:0=100;1=100\n");
     assert!(agent.state.jobs[&lodger].job.throttle.is_none());
 }
+
+/// Issue 16, quiet state: a right-sized training job fed a GPU sample every sensing pass. A pass
+/// that changes nothing a restart needs (a sample inside the warm-up or a window, a settled
+/// job's sample) writes nothing; decisions (a window begun or judged, a probe, settling) do.
+#[test]
+fn idle_sensing_passes_with_a_right_sized_job_write_nothing() {
+    const IDLE_PASSES: u64 = 200;
+    let pass = |agent: &mut Agent, id: &JobId, ms: u64| {
+        let mut obs = Observations {
+            unix_ms: ms,
+            ..Observations::default()
+        };
+        let gpu = if ms % 2 == 0 { 90.4 } else { 89.6 };
+        obs.jobs.insert(
+            id.clone(),
+            crate::sense::JobMetrics {
+                gpu_percent: Some(gpu),
+                ..Default::default()
+            },
+        );
+        agent.observations = obs;
+        agent.tick();
+    };
+    let rightsize = |warmup: Duration, window: Duration| RightsizeSettings {
+        enforce: Some(true),
+        warmup,
+        window,
+        ..RightsizeSettings::default()
+    };
+    let hour = Duration::from_secs(3600);
+    for (what, warmup, window) in [
+        ("in the warm-up", hour, hour),
+        ("inside a window", Duration::ZERO, hour),
+    ] {
+        let rig = Rig::new();
+        rig.spawn(100);
+        let mut builder = rig.builder();
+        builder.settings.rightsize = rightsize(warmup, window);
+        let mut agent = builder.start().unwrap();
+        let job = agent.register(spec(vec![100], 4), 0).unwrap();
+        // The first pass may begin the baseline window: a decision.
+        pass(&mut agent, &job.id, 1);
+        let writes = agent.store.writes();
+        for ms in 2..2 + IDLE_PASSES {
+            pass(&mut agent, &job.id, ms);
+        }
+        assert_eq!(
+            agent.store.writes() - writes,
+            0,
+            "{what}: {IDLE_PASSES} idle passes wrote the state file"
+        );
+        assert!(agent.state.jobs[&job.id].tuning.is_some(), "{what}");
+    }
+
+    // Windows of no length: judged as soon as they hold enough samples, so the job settles
+    // (flat utilization: at the floor) within a few hundred passes, writing at each decision.
+    let rig = Rig::new();
+    rig.spawn(100);
+    let mut builder = rig.builder();
+    builder.settings.rightsize = rightsize(Duration::ZERO, Duration::ZERO);
+    let mut agent = builder.start().unwrap();
+    let job = agent.register(spec(vec![100], 4), 0).unwrap();
+    let registered = agent.store.writes();
+    let mut ms = 1;
+    let settled = |agent: &Agent| {
+        agent.state.jobs[&job.id]
+            .tuning
+            .as_ref()
+            .and_then(|t| t.tuner.settled())
+    };
+    while settled(&agent).is_none() && ms < 1000 {
+        pass(&mut agent, &job.id, ms);
+        ms += 1;
+    }
+    let cores = settled(&agent).expect("settled within 1000 passes");
+    let decisions = agent.store.writes() - registered;
+    assert!(
+        decisions > 0 && decisions < ms / 3,
+        "{decisions} writes over {ms} passes while tuning"
+    );
+    assert_eq!(agent.jobs()[&job.id].cpus.len(), cores as usize);
+    let writes = agent.store.writes();
+    for _ in 0..IDLE_PASSES {
+        pass(&mut agent, &job.id, ms);
+        ms += 1;
+    }
+    assert_eq!(
+        agent.store.writes() - writes,
+        0,
+        "{IDLE_PASSES} idle passes of a settled job wrote the state file"
+    );
+    // What was written is what a restart needs: the settled job comes back settled.
+    drop(agent);
+    let mut builder = rig.builder();
+    builder.settings.rightsize = rightsize(Duration::ZERO, Duration::ZERO);
+    let agent = builder.start().unwrap();
+    assert_eq!(settled(&agent), Some(cores));
+    assert_eq!(agent.jobs()[&job.id].cpus.len(), cores as usize);
+}
+
+/// Issue 16: an upgrade keeps every job. A state file written by the first state version (a
+/// right-sized training job mid-window, one not right-sized, an owner's history) is migrated:
+/// both jobs are re-adopted on the CPUs they had, the search goes on, ids are not reused, and
+/// the file is rewritten in the current version.
+#[test]
+fn a_start_from_a_previous_version_state_file_keeps_every_job() {
+    let rig = Rig::new();
+    rig.spawn(100);
+    rig.spawn(200);
+    let path = rig.dir.path().join(crate::store::STATE_FILE);
+    std::fs::write(&path, include_str!("../store/testdata/state-v1.json")).unwrap();
+    let mut builder = rig.builder();
+    builder.settings.rightsize = RightsizeSettings {
+        enforce: Some(true),
+        warmup: Duration::ZERO,
+        window: Duration::from_secs(3600),
+        ..RightsizeSettings::default()
+    };
+    let mut agent = builder.start().unwrap();
+    let jobs = agent.jobs();
+    assert_eq!(
+        jobs.keys().map(JobId::as_str).collect::<Vec<_>>(),
+        ["j1", "j2"]
+    );
+    assert_eq!(
+        jobs[&JobId::from_seq(1)].cpus,
+        CpuSet::parse("1-2,9-10").unwrap()
+    );
+    assert_eq!(
+        jobs[&JobId::from_seq(2)].cpus,
+        CpuSet::parse("3,11").unwrap()
+    );
+    assert_eq!(jobs[&JobId::from_seq(2)].spec.name.as_deref(), Some("eval"));
+    {
+        let node = rig.node.lock().unwrap();
+        assert_eq!(node.applied.len(), 2);
+        assert!(node.released.is_empty(), "{:?}", node.released);
+    }
+    let tuning = agent.state.jobs[&JobId::from_seq(1)]
+        .tuning
+        .clone()
+        .unwrap();
+    assert_eq!(tuning.tuner.cores(), 4);
+    assert!(tuning.tuner.settled().is_none());
+    assert!(agent.state.jobs[&JobId::from_seq(2)].tuning.is_none());
+    let on_disk: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    assert_eq!(on_disk["version"], crate::store::STATE_VERSION);
+    assert_eq!(on_disk["jobs"].as_object().unwrap().len(), 2);
+    assert!(!rig.dir.path().read_dir().unwrap().any(|e| e
+        .unwrap()
+        .file_name()
+        .to_string_lossy()
+        .contains("unreadable")));
+    rig.spawn(300);
+    assert_eq!(
+        agent.register(spec(vec![300], 1), 0).unwrap().id.as_str(),
+        "j3"
+    );
+}
+
+/// A state file lodgerd cannot read (garbage, or a newer version) is set aside and lodgerd
+/// starts with no jobs.
+#[test]
+fn a_newer_or_garbage_state_file_is_set_aside_and_the_agent_starts() {
+    for text in ["{\"version\": 99, \"jobs\": {}}", "\u{1}garbage"] {
+        let rig = Rig::new();
+        std::fs::write(rig.dir.path().join(crate::store::STATE_FILE), text).unwrap();
+        let agent = rig.agent();
+        assert!(agent.jobs().is_empty());
+        let aside: Vec<_> = rig
+            .dir
+            .path()
+            .read_dir()
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.contains("unreadable"))
+            .collect();
+        assert_eq!(aside.len(), 1, "{text}: {aside:?}");
+    }
+}

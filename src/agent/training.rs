@@ -8,7 +8,7 @@ use super::{Event, TickCx};
 use crate::enforce::{EnforceError, JobRecord, Outcome};
 use crate::job::{JobId, JobState, Role, Target};
 use crate::policy::{Placement, TrainingJobView};
-use crate::store::State;
+use crate::store::{State, StoredJob};
 
 /// What the agent needs from enforcement. [`crate::enforce::Enforcer`] is the real one;
 /// [`crate::enforce::sim::SimulatedEnforcer`] records instead of touching the kernel (`--sim`).
@@ -182,7 +182,9 @@ impl Training {
                 }
             }
             if *stored != before {
-                dirty = true;
+                // Thread counts are this pass's figures (`lodgerctl show`), measured again next
+                // pass: a change in them alone is not worth a write.
+                dirty |= !same_but_thread_counts(stored, &before);
                 if stored.job.state != before.job.state {
                     changed.push(Event::JobChanged(id.clone(), stored.job.state));
                 }
@@ -214,4 +216,12 @@ impl Training {
             warn!(job = %id, "cleanup incomplete: {e}");
         }
     }
+}
+
+/// `a` and `b` are equal but for their jobs' thread counts.
+fn same_but_thread_counts(a: &StoredJob, b: &StoredJob) -> bool {
+    let mut a = a.clone();
+    a.job.threads = b.job.threads;
+    a.job.rr_threads = b.job.rr_threads;
+    a == *b
 }

@@ -234,7 +234,12 @@ enum Phase {
         cores: u32,
         purpose: Purpose,
         started: Duration,
-        samples: Vec<f64>,
+        /// The window's samples so far. Kept in memory only: the state file keeps decisions,
+        /// not per-sample figures, so a sensing pass inside a window writes nothing. A tuner
+        /// read back from the file has `None` and starts the window again at its next step
+        /// rather than judging it on part of itself.
+        #[serde(skip)]
+        samples: Option<Vec<f64>>,
     },
     /// A throttle stopped the window measuring `cores`; it restarts when the throttle ends.
     Throttled {
@@ -351,7 +356,7 @@ impl Tuner {
                     cores: self.cores,
                     purpose: Purpose::Baseline,
                     started: now,
-                    samples: Vec::new(),
+                    samples: Some(Vec::new()),
                 };
                 TunerAction::Wait
             }
@@ -361,7 +366,7 @@ impl Tuner {
                     cores,
                     purpose,
                     started: now,
-                    samples: Vec::new(),
+                    samples: Some(Vec::new()),
                 };
                 if self.cores == cores {
                     TunerAction::Wait
@@ -374,13 +379,18 @@ impl Tuner {
                 cores,
                 purpose,
                 started,
-                samples: window,
+                samples: kept,
             } => {
-                // A clock stepped back restarts the window rather than stretching it.
-                if now < *started {
-                    *started = now;
-                    window.clear();
-                }
+                // A clock stepped back restarts the window rather than stretching it, and so
+                // does a window whose samples were not kept (a tuner read back from the state
+                // file).
+                let window = match kept {
+                    Some(window) if now >= *started => window,
+                    _ => {
+                        *started = now;
+                        kept.insert(Vec::new())
+                    }
+                };
                 window.extend(samples.iter().copied().filter(|s| s.is_finite()));
                 if now - *started < self.settings.window {
                     return TunerAction::Wait;
@@ -413,7 +423,7 @@ impl Tuner {
             return held;
         };
         let (cores, purpose) = (*cores, *purpose);
-        let partial = WindowStats::of(cores, samples);
+        let partial = WindowStats::of(cores, samples.as_deref().unwrap_or_default());
         let interrupted = Probe {
             cores,
             mean_util: partial.mean,
@@ -667,7 +677,7 @@ impl Tuner {
             cores,
             purpose,
             started: now,
-            samples: Vec::new(),
+            samples: Some(Vec::new()),
         };
         TunerAction::Resize(cores)
     }
@@ -725,5 +735,50 @@ impl Tuner {
 
     pub fn settings(&self) -> &TunerSettings {
         &self.settings
+    }
+
+    /// Whether the two tuners would be written the same to the state file: everything but the
+    /// current window's samples, which are kept in memory only. The caller persists a tuner
+    /// when this turns false (a window began or was judged, a probe, a throttle, settling),
+    /// not at every sample.
+    pub fn same_on_disk(&self, other: &Tuner) -> bool {
+        // Destructured in full, so a field added later must be decided on here.
+        let Tuner {
+            settings,
+            cores,
+            phase,
+            search,
+            measured,
+            history,
+        } = self;
+        *settings == other.settings
+            && *cores == other.cores
+            && phase.same_on_disk(&other.phase)
+            && *search == other.search
+            && *measured == other.measured
+            && *history == other.history
+    }
+}
+
+impl Phase {
+    /// Equal but for a window's samples (see [`Tuner::same_on_disk`]).
+    fn same_on_disk(&self, other: &Phase) -> bool {
+        match (self, other) {
+            (
+                Phase::Measuring {
+                    cores,
+                    purpose,
+                    started,
+                    samples: _,
+                },
+                Phase::Measuring {
+                    cores: other_cores,
+                    purpose: other_purpose,
+                    started: other_started,
+                    samples: _,
+                },
+            ) => cores == other_cores && purpose == other_purpose && started == other_started,
+            _ => self == other,
+        }
     }
 }

@@ -1,7 +1,14 @@
 //! The state file under the state directory (`/var/lib/lodger/state.json`): the registered jobs,
 //! what lodger changed for each (so it can be undone after a restart) and the last plan.
-//! Writes are atomic (temp file, fsync, rename, fsync of the directory). Touches only its own
-//! files.
+//! Written on change only: a save whose bytes equal the last written ones touches nothing, and
+//! what changes every sensing pass (samples, their times) is kept in memory, not here. Writes
+//! are atomic (temp file, fsync, rename, fsync of the directory). A file of an older
+//! [`STATE_VERSION`] is migrated (`migrate`); a newer or unreadable one is set aside. Touches
+//! only its own files.
+
+mod migrate;
+#[cfg(test)]
+mod tests;
 
 use std::collections::BTreeMap;
 use std::fs::{self, File};
@@ -17,8 +24,13 @@ use crate::policy::rightsize::{OwnerHistory, Tuner};
 use crate::policy::Plan;
 
 pub const STATE_FILE: &str = "state.json";
-/// Bumped when the file's shape changes incompatibly; an unknown version is set aside, not read.
-pub const STATE_VERSION: u32 = 1;
+/// Bumped when the file's shape changes; a file of an older version is migrated step by step
+/// (`migrate`), a newer one is set aside, not read.
+///
+/// - 1: the first.
+/// - 2: right-sizing's per-sample figures left the file (`Tuning::last_sample_ms`, the samples
+///   of the window under way), so a sensing pass inside a window writes nothing.
+pub const STATE_VERSION: u32 = 2;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -30,6 +42,64 @@ pub enum StoreError {
     Read { path: PathBuf, source: io::Error },
     #[error("cannot encode state: {0}")]
     Encode(#[from] serde_json::Error),
+}
+
+/// Why a state file's text is not a state this lodgerd can use.
+#[derive(Debug, thiserror::Error)]
+pub enum ParseError {
+    #[error("not a lodger state file (not JSON: {0})")]
+    Json(serde_json::Error),
+    #[error("not a lodger state file (no \"version\" number)")]
+    NoVersion,
+    #[error(
+        "state file version {found} is newer than this lodgerd's ({STATE_VERSION}): it was written \
+         by a newer lodgerd"
+    )]
+    Newer { found: u64 },
+    #[error("state file version {found} was never written by lodger")]
+    Unknown { found: u64 },
+    #[error("cannot migrate the state file from version {from} to {to}: {why}")]
+    Migrate { from: u32, to: u32, why: String },
+    #[error("state file of version {version} does not have that version's shape: {source}")]
+    Shape {
+        version: u32,
+        source: serde_json::Error,
+    },
+}
+
+/// A state file's text, understood.
+#[derive(Debug)]
+pub struct Parsed {
+    pub state: State,
+    /// The version the file was written in, when older than [`STATE_VERSION`].
+    pub migrated_from: Option<u32>,
+}
+
+/// Reads a state file's text: the current version as it is, an older one migrated step by step
+/// to the current one. Everything else is a [`ParseError`] with a message; nothing panics
+/// (fuzzed: `fuzz/fuzz_targets/state_file.rs`).
+pub fn parse(text: &str) -> Result<Parsed, ParseError> {
+    let value: serde_json::Value = serde_json::from_str(text).map_err(ParseError::Json)?;
+    let found = value
+        .get("version")
+        .and_then(serde_json::Value::as_u64)
+        .ok_or(ParseError::NoVersion)?;
+    if found > u64::from(STATE_VERSION) {
+        return Err(ParseError::Newer { found });
+    }
+    let from = u32::try_from(found)
+        .ok()
+        .filter(|v| *v >= 1)
+        .ok_or(ParseError::Unknown { found })?;
+    let value = migrate::to_current(value, from)?;
+    let state = serde_json::from_value::<State>(value).map_err(|source| ParseError::Shape {
+        version: from,
+        source,
+    })?;
+    Ok(Parsed {
+        state,
+        migrated_from: (from < STATE_VERSION).then_some(from),
+    })
 }
 
 /// One registered job and the undo record of what enforcement changed for it.
@@ -49,10 +119,19 @@ pub struct StoredJob {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Tuning {
     pub tuner: Tuner,
-    /// The sensing pass whose sample was taken last (its `unix_ms`).
+    /// The sensing pass whose sample was taken last (its `unix_ms`). In memory only: it changes
+    /// every pass, and after a restart the passes are new ones.
+    #[serde(skip)]
     pub last_sample_ms: u64,
     /// The settled count was recorded in the owner's history.
     pub recorded: bool,
+}
+
+impl Tuning {
+    /// Whether the two would be written the same (see [`Tuner::same_on_disk`]).
+    pub fn same_on_disk(&self, other: &Tuning) -> bool {
+        self.tuner.same_on_disk(&other.tuner) && self.recorded == other.recorded
+    }
 }
 
 /// What lodger learnt about an inference job (Cloud Reamer §III-B), kept across restarts so a
@@ -101,7 +180,13 @@ pub enum Loaded {
     /// No state file: a first start.
     Fresh(State),
     Found(State),
-    /// The file could not be understood; it was renamed to `set_aside` so nothing is lost, and
+    /// The file was of an older version, `from`, and was migrated; it is rewritten in the current
+    /// version at the next save.
+    Migrated {
+        state: State,
+        from: u32,
+    },
+    /// The file could not be understood (not JSON, not a state, or a newer version); it was renamed to `set_aside` so nothing is lost, and
     /// lodgerd starts empty.
     SetAside {
         state: State,
@@ -112,11 +197,26 @@ pub enum Loaded {
 
 pub struct Store {
     dir: PathBuf,
+    /// The bytes the file holds (last written, or read and current): a save of the same bytes
+    /// is skipped.
+    on_disk: Option<Vec<u8>>,
+    /// Files written since this store was made.
+    writes: u64,
 }
 
 impl Store {
     pub fn new(dir: impl Into<PathBuf>) -> Self {
-        Self { dir: dir.into() }
+        Self {
+            dir: dir.into(),
+            on_disk: None,
+            writes: 0,
+        }
+    }
+
+    /// How many times the file was written by this store (saves that changed nothing are not
+    /// counted: they write nothing).
+    pub fn writes(&self) -> u64 {
+        self.writes
     }
 
     pub fn path(&self) -> PathBuf {
@@ -136,23 +236,38 @@ impl Store {
             })
     }
 
-    pub fn load(&self) -> Result<Loaded, StoreError> {
+    /// Reads the state file. A file of an older version is migrated; one that cannot be
+    /// understood (garbage, or a newer version) is renamed aside, never deleted, and lodgerd
+    /// starts without it.
+    pub fn load(&mut self) -> Result<Loaded, StoreError> {
         let path = self.path();
         let text = match fs::read_to_string(&path) {
             Ok(t) => t,
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 return Ok(Loaded::Fresh(State::default()))
             }
+            Err(e) if e.kind() == io::ErrorKind::InvalidData => {
+                return self.set_aside(&path, "not a lodger state file (not UTF-8)".into())
+            }
             Err(source) => return Err(StoreError::Read { path, source }),
         };
-        let reason = match serde_json::from_str::<State>(&text) {
-            Ok(state) if state.version == STATE_VERSION => return Ok(Loaded::Found(state)),
-            Ok(state) => format!(
-                "state file version {} is not {STATE_VERSION}",
-                state.version
-            ),
-            Err(e) => e.to_string(),
-        };
+        match parse(&text) {
+            Ok(Parsed {
+                state,
+                migrated_from: None,
+            }) => {
+                self.on_disk = Some(text.into_bytes());
+                Ok(Loaded::Found(state))
+            }
+            Ok(Parsed {
+                state,
+                migrated_from: Some(from),
+            }) => Ok(Loaded::Migrated { state, from }),
+            Err(e) => self.set_aside(&path, e.to_string()),
+        }
+    }
+
+    fn set_aside(&mut self, path: &std::path::Path, reason: String) -> Result<Loaded, StoreError> {
         let set_aside = self.dir.join(format!(
             "{STATE_FILE}.unreadable-{}",
             std::time::SystemTime::now()
@@ -160,10 +275,11 @@ impl Store {
                 .map(|d| d.as_secs())
                 .unwrap_or(0)
         ));
-        fs::rename(&path, &set_aside).map_err(|source| StoreError::Write {
+        fs::rename(path, &set_aside).map_err(|source| StoreError::Write {
             path: set_aside.clone(),
             source,
         })?;
+        self.on_disk = None;
         Ok(Loaded::SetAside {
             state: State::default(),
             set_aside,
@@ -172,9 +288,13 @@ impl Store {
     }
 
     /// Replaces the state file atomically: a crash leaves either the old or the new file whole.
-    pub fn save(&self, state: &State) -> Result<(), StoreError> {
-        self.ensure_dir()?;
+    /// Returns whether it wrote: a state encoded as the file already holds it writes nothing.
+    pub fn save(&mut self, state: &State) -> Result<bool, StoreError> {
         let bytes = serde_json::to_vec_pretty(state)?;
+        if self.on_disk.as_deref() == Some(bytes.as_slice()) {
+            return Ok(false);
+        }
+        self.ensure_dir()?;
         let path = self.path();
         let tmp = self.dir.join(format!(".{STATE_FILE}.tmp"));
         let werr = |source| StoreError::Write {
@@ -197,68 +317,17 @@ impl Store {
             path: path.clone(),
             source,
         })?;
+        self.writes += 1;
+        // The old file is gone: whatever follows, its bytes are no longer what is on disk.
+        self.on_disk = None;
         // The rename is durable only once the directory entry is.
         File::open(&self.dir)
             .and_then(|d| d.sync_all())
             .map_err(|source| StoreError::Write {
                 path: self.dir.clone(),
                 source,
-            })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn fresh_then_round_trip() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::new(dir.path().join("sub"));
-        assert!(matches!(store.load().unwrap(), Loaded::Fresh(_)));
-        let state = State {
-            next_seq: 7,
-            ..State::default()
-        };
-        store.save(&state).unwrap();
-        match store.load().unwrap() {
-            Loaded::Found(s) => assert_eq!(s, state),
-            other => panic!("{other:?}"),
-        }
-        // No temp file is left behind.
-        let names: Vec<_> = fs::read_dir(dir.path().join("sub"))
-            .unwrap()
-            .map(|e| e.unwrap().file_name())
-            .collect();
-        assert_eq!(names, vec![std::ffi::OsString::from(STATE_FILE)]);
-    }
-
-    #[test]
-    fn corrupt_file_is_set_aside_not_lost() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::new(dir.path());
-        fs::write(store.path(), "{ not json").unwrap();
-        match store.load().unwrap() {
-            Loaded::SetAside {
-                state, set_aside, ..
-            } => {
-                assert_eq!(state, State::default());
-                assert_eq!(fs::read_to_string(set_aside).unwrap(), "{ not json");
-                assert!(!store.path().exists());
-            }
-            other => panic!("{other:?}"),
-        }
-    }
-
-    #[test]
-    fn unknown_version_is_set_aside() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::new(dir.path());
-        let state = State {
-            version: 99,
-            ..State::default()
-        };
-        fs::write(store.path(), serde_json::to_vec(&state).unwrap()).unwrap();
-        assert!(matches!(store.load().unwrap(), Loaded::SetAside { .. }));
+            })?;
+        self.on_disk = Some(bytes);
+        Ok(true)
     }
 }

@@ -1,0 +1,188 @@
+//! The state file's tests: round trips, quiet saves, migration from each older version, and
+//! what is set aside.
+
+use super::*;
+
+#[test]
+fn fresh_then_round_trip() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = Store::new(dir.path().join("sub"));
+    assert!(matches!(store.load().unwrap(), Loaded::Fresh(_)));
+    let state = State {
+        next_seq: 7,
+        ..State::default()
+    };
+    assert!(store.save(&state).unwrap());
+    match store.load().unwrap() {
+        Loaded::Found(s) => assert_eq!(s, state),
+        other => panic!("{other:?}"),
+    }
+    // No temp file is left behind.
+    let names: Vec<_> = fs::read_dir(dir.path().join("sub"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, vec![std::ffi::OsString::from(STATE_FILE)]);
+}
+
+#[test]
+fn corrupt_file_is_set_aside_not_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = Store::new(dir.path());
+    fs::write(store.path(), "{ not json").unwrap();
+    match store.load().unwrap() {
+        Loaded::SetAside {
+            state, set_aside, ..
+        } => {
+            assert_eq!(state, State::default());
+            assert_eq!(fs::read_to_string(set_aside).unwrap(), "{ not json");
+            assert!(!store.path().exists());
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn unknown_version_is_set_aside() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = Store::new(dir.path());
+    let state = State {
+        version: 99,
+        ..State::default()
+    };
+    fs::write(store.path(), serde_json::to_vec(&state).unwrap()).unwrap();
+    assert!(matches!(store.load().unwrap(), Loaded::SetAside { .. }));
+}
+
+#[test]
+fn a_save_of_what_is_on_disk_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = Store::new(dir.path());
+    let mut state = State::default();
+    assert!(store.save(&state).unwrap());
+    assert!(!store.save(&state).unwrap());
+    assert_eq!(store.writes(), 1);
+    state.next_seq = 2;
+    assert!(store.save(&state).unwrap());
+    assert_eq!(store.writes(), 2);
+    // A store that read the current file back does not rewrite it either.
+    let mut again = Store::new(dir.path());
+    assert!(matches!(again.load().unwrap(), Loaded::Found(_)));
+    assert!(!again.save(&state).unwrap());
+    assert_eq!(again.writes(), 0);
+}
+
+#[test]
+fn a_newer_version_is_set_aside_with_a_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = Store::new(dir.path());
+    let text = format!("{{\"version\": {}, \"future\": true}}", STATE_VERSION + 1);
+    fs::write(store.path(), &text).unwrap();
+    match store.load().unwrap() {
+        Loaded::SetAside {
+            set_aside, reason, ..
+        } => {
+            assert!(reason.contains("newer"), "{reason}");
+            assert_eq!(fs::read_to_string(set_aside).unwrap(), text);
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn text_that_is_not_a_state_is_an_error_with_a_message() {
+    for (text, expect) in [
+        ("", "not JSON"),
+        ("[1, 2]", "no \"version\""),
+        ("{\"version\": \"2\"}", "no \"version\""),
+        ("{\"version\": 0}", "never written"),
+        ("{\"version\": 18446744073709551615}", "newer"),
+        ("{\"version\": 2}", "shape"),
+        ("{\"version\": 1, \"jobs\": []}", "migrate"),
+        ("{\"version\": 1, \"jobs\": {\"j1\": 3}}", "job j1"),
+        (
+            "{\"version\": 1, \"jobs\": {\"j1\": {\"tuning\": 3}}}",
+            "'tuning'",
+        ),
+        ("\u{feff}{}", "not JSON"),
+    ] {
+        let err = parse(text).unwrap_err().to_string();
+        assert!(err.contains(expect), "{text:?}: {err}");
+    }
+}
+
+/// A file written by lodgerd's first state version (`testdata/state-v1.json`, saved by that
+/// version's agent with a training job mid-window, one not right-sized, and an owner's
+/// history): migrated, every job kept, the window under way kept but for its samples.
+#[test]
+fn a_version_1_file_is_migrated_keeping_every_job() {
+    let text = include_str!("testdata/state-v1.json");
+    let v1: serde_json::Value = serde_json::from_str(text).unwrap();
+    assert_eq!(v1["version"], 1);
+    let parsed = parse(text).unwrap();
+    assert_eq!(parsed.migrated_from, Some(1));
+    let state = parsed.state;
+    assert_eq!(state.version, STATE_VERSION);
+    assert_eq!(state.next_seq, 3);
+    let ids: Vec<&str> = state.jobs.keys().map(JobId::as_str).collect();
+    assert_eq!(ids, ["j1", "j2"]);
+    for (id, stored) in &state.jobs {
+        let old = &v1["jobs"][id.as_str()];
+        assert_eq!(
+            serde_json::to_value(&stored.job).unwrap(),
+            old["job"],
+            "{id}"
+        );
+        assert_eq!(
+            serde_json::to_value(&stored.record).unwrap(),
+            old["record"],
+            "{id}"
+        );
+    }
+    let tuning = state.jobs[&JobId::from_seq(1)].tuning.as_ref().unwrap();
+    assert_eq!(tuning.tuner.cores(), 4);
+    assert_eq!(tuning.last_sample_ms, 0);
+    assert!(state.jobs[&JobId::from_seq(2)].tuning.is_none());
+    assert_eq!(state.plan.training.len(), 2);
+    assert_eq!(
+        state
+            .owner_history
+            .largest_per_gpu(1000, crate::job::Category::Cv),
+        Some(3)
+    );
+    // Written back, it is a current file that reads as itself.
+    let current = serde_json::to_string(&state).unwrap();
+    let again = parse(&current).unwrap();
+    assert_eq!(again.migrated_from, None);
+    assert_eq!(again.state, state);
+}
+
+#[test]
+fn a_store_loads_a_version_1_file_as_migrated_and_rewrites_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = Store::new(dir.path());
+    fs::write(store.path(), include_str!("testdata/state-v1.json")).unwrap();
+    let state = match store.load().unwrap() {
+        Loaded::Migrated { state, from: 1 } => state,
+        other => panic!("{other:?}"),
+    };
+    // Not the bytes on disk: the first save writes the current version.
+    assert!(store.save(&state).unwrap());
+    let on_disk: serde_json::Value =
+        serde_json::from_slice(&fs::read(store.path()).unwrap()).unwrap();
+    assert_eq!(on_disk["version"], STATE_VERSION);
+    assert!(on_disk["jobs"]["j1"]["tuning"]
+        .get("last_sample_ms")
+        .is_none());
+}
+
+#[test]
+fn a_file_that_is_not_utf8_is_set_aside() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = Store::new(dir.path());
+    fs::write(store.path(), b"\xff\xfe{}").unwrap();
+    match store.load().unwrap() {
+        Loaded::SetAside { reason, .. } => assert!(reason.contains("UTF-8"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+}
