@@ -192,6 +192,11 @@ fi
 
 target=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
 extra_shares=()
+# One run at a time per target directory and mode: a second would delete the first's run
+# directory (and rebuilding the test binaries under a running guest would change them).
+mkdir -p "$target"
+exec 9>"$target/e2e-${mode#--}.lock"
+flock -n 9 || die "another run-vm.sh $mode is running on $target"
 if [ "$mode" = --cargo-tests ]; then
 # --- what the guest gets: the test binaries, and the checkout at its own path ---
 say "building the test binaries (cargo test --no-run)"
