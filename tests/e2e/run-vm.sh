@@ -30,7 +30,7 @@
 #                       the suite (so nothing here names a mirror)
 #   LODGER_E2E_SUITE    Debian suite of the guest (default bookworm); its glibc must be at least
 #                       the build host's, since the packaged binaries are built here
-#   LODGER_E2E_TIMEOUT  seconds the VM may run (default 1200)
+#   LODGER_E2E_TIMEOUT  seconds the VM may run (default 1200; 2400 with --cargo-tests)
 #   LODGER_E2E_ACCEL    kvm, tcg or auto (default: kvm when /dev/kvm can boot a stock kernel)
 #   LODGER_E2E_KEEP=1   keep the run directory (serial log, results) under target/e2e-run
 #                       (target/e2e-cargo-run for --cargo-tests)
@@ -52,7 +52,10 @@ esac
 
 suite=${LODGER_E2E_SUITE:-bookworm}
 cache=${LODGER_E2E_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/lodger-e2e}
-vm_timeout=${LODGER_E2E_TIMEOUT:-1200}
+# The cargo tests take about 15 minutes under emulation on 2 host CPUs, 20 when the host is busy.
+if [ "$mode" = --cargo-tests ]; then vm_timeout=${LODGER_E2E_TIMEOUT:-2400}; else
+    vm_timeout=${LODGER_E2E_TIMEOUT:-1200}
+fi
 start=$(date +%s)
 
 say() { echo "== $*" >&2; }
