@@ -1,5 +1,6 @@
 //! Test gates: a test that cannot run here says why, in one of three classes, and is counted.
-//! Touches nothing but its own skip log (under the target directory) and stderr.
+//! Touches nothing but its own skip log (under the target directory) and stderr, except
+//! [`need_v2_root_cpuset`], which enables the cpuset controller at the cgroup v2 root.
 //!
 //! - **privilege** ([`skip`], [`need_root`]): root or a kernel permission is missing. Fails under
 //!   `LODGER_REQUIRE_PRIVILEGED=1` (as `.ci/run` sets).
@@ -191,6 +192,37 @@ pub fn need_cgroup_v2(test: &str) -> bool {
             false
         }
     }
+}
+
+/// For a test that makes cpuset cgroups directly under the cgroup v2 root: makes sure the root
+/// hands the cpuset controller to its children (`+cpuset` in its `cgroup.subtree_control`), as
+/// systemd does as soon as any unit sets `AllowedCPUs=` or is delegated cpuset. A stock systemd
+/// host (Debian 12) enables only cpu, io, memory and pids there, and lodger never writes the
+/// root's controllers itself (lodgerd gets cpuset through its unit's `Delegate=yes`). Prints a
+/// line when it enabled it. True when cpuset is available there (always on v1, where each
+/// hierarchy has its own controllers); otherwise skips `test` in the privilege class.
+pub fn need_v2_root_cpuset(test: &str) -> bool {
+    if host_cgroup() != HostCgroup::V2 {
+        return true;
+    }
+    let control = Path::new(CGROUP_ROOT).join("cgroup.subtree_control");
+    let enabled = |text: &str| text.split_whitespace().any(|c| c == "cpuset");
+    if enabled(&std::fs::read_to_string(&control).unwrap_or_default()) {
+        return true;
+    }
+    if let Err(e) = std::fs::write(&control, "+cpuset") {
+        skip(
+            test,
+            &format!("cannot enable cpuset in {}: {e}", control.display()),
+        );
+        return false;
+    }
+    eprintln!(
+        "{test}: enabled the cpuset controller in {} (as systemd does for a unit with \
+         AllowedCPUs=)",
+        control.display()
+    );
+    true
 }
 
 /// True when the kernel has RT group scheduling (`CONFIG_RT_GROUP_SCHED`): the v1 cpu controller

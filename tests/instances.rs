@@ -166,6 +166,12 @@ impl Fixture {
         if !need_root(test) {
             return None;
         }
+        // Instance cgroups under a parent of the test's own, directly under the root.
+        if matches!(placement, InstancePlacement::Cgroup)
+            && !lodger::privileged::need_v2_root_cpuset(test)
+        {
+            return None;
+        }
         let parent = unique("lodger-it-inst");
         let logs = tempfile::tempdir().expect("tempdir");
         let inst = Instances::new(settings(&parent, logs.path(), placement)).expect("Instances");

@@ -425,7 +425,23 @@ fn per_job_network_of_a_job_in_its_own_namespace() {
     ]));
     assert!(ok(&["-n", &ns, "link", "set", "ln0", "up"]));
     assert!(ok(&["-n", &ns, "link", "set", "ln1", "up"]));
-    // The job: UDP datagrams to a neighbour that is not there (sent all the same).
+    // A neighbour that is not there, with a static link-layer address so that every datagram
+    // leaves ln0 (unresolved, only an ARP request would, about once a second: on a slow machine
+    // the sensing passes could all miss it).
+    assert!(ok(&[
+        "-n",
+        &ns,
+        "neigh",
+        "add",
+        "10.79.0.2",
+        "lladdr",
+        "02:00:00:4c:4f:44",
+        "dev",
+        "ln0",
+        "nud",
+        "permanent"
+    ]));
+    // The job: UDP datagrams to that neighbour (sent all the same).
     let mut job = std::process::Command::new("ip")
         .args([
             "netns",

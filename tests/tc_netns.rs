@@ -590,27 +590,6 @@ fn tc_shapes_training_and_cpu_job_traffic_75_25() {
     let mounted_here = mount.ours.is_some();
     drop(mount);
 
-    // Unshaped, four connections against one take most of the wire: the contention SODA
-    // §IV-C-2 measures.
-    assert!(
-        before.total() > 0.8 * LINK_MBIT as f64,
-        "the wire was not saturated before shaping: {before}"
-    );
-    assert!(
-        before.training_share() < 0.5,
-        "no contention to shape: {before}"
-    );
-    // Shaped: 75/25 within 10%, and the line still full.
-    let share = after.training_share();
-    assert!(
-        (share - 0.75).abs() <= 0.075,
-        "training share {:.1}% is not 75% within 10%: {after}",
-        100.0 * share
-    );
-    assert!(
-        after.total() > 0.8 * LINK_MBIT as f64,
-        "shaping left the line idle: {after}"
-    );
     // Nothing of lodger's is left.
     assert!(
         !qdiscs.contains("htb"),
@@ -632,6 +611,35 @@ fn tc_shapes_training_and_cpu_job_traffic_75_25() {
             "the net_cls mount is left"
         );
     }
+
+    // Unshaped, four connections against one take most of the wire: the contention SODA
+    // §IV-C-2 measures. A machine whose senders cannot fill the wire (an emulated CPU moves
+    // some 70 Mbit/s through the namespaces) cannot show the split.
+    if before.total() <= 0.8 * LINK_MBIT as f64 {
+        lodger::privileged::skip_hardware(
+            TEST,
+            &format!(
+                "this machine's senders do not fill the {LINK_MBIT} Mbit/s wire unshaped \
+                 ({before}), so a 75/25 split cannot be measured"
+            ),
+        );
+        return;
+    }
+    assert!(
+        before.training_share() < 0.5,
+        "no contention to shape: {before}"
+    );
+    // Shaped: 75/25 within 10%, and the line still full.
+    let share = after.training_share();
+    assert!(
+        (share - 0.75).abs() <= 0.075,
+        "training share {:.1}% is not 75% within 10%: {after}",
+        100.0 * share
+    );
+    assert!(
+        after.total() > 0.8 * LINK_MBIT as f64,
+        "shaping left the line idle: {after}"
+    );
 }
 
 /// lodgerd's network shaping in words (`lodgerctl status`).
@@ -771,7 +779,13 @@ fn lodgerd_shapes_while_a_multi_node_training_job_runs_and_cleans_up() {
         network_status(&d)
     );
     let on = left(&ns.a, &mount.path, &parent);
-    assert!(on.htb && on.net_cls_group, "{on:?}");
+    // The CPU jobs' traffic is told apart by a net_cls class id on cgroup v1, by the instances'
+    // cgroup v2 directories (an nftables table) on v2.
+    if common::host_cgroup() == common::HostCgroup::V2 {
+        assert!(on.htb && on.nft_table, "{on:?}");
+    } else {
+        assert!(on.htb && on.net_cls_group, "{on:?}");
+    }
     common::wait_until(common::WAIT, "the CPU job to be held", || {
         d.job(&cpu_id)["network"]
             .as_str()

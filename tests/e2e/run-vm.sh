@@ -6,7 +6,16 @@
 # checks placement, SCHED_RR, authorization, restart, upgrade and purge (tests/e2e/guest.sh).
 #
 #   sudo tests/e2e/run-vm.sh                the whole test
+#   sudo tests/e2e/run-vm.sh --cargo-tests  instead, every root cargo test in the VM (below)
 #   sudo tests/e2e/run-vm.sh --image-only   only build (or find) the cached guest image
+#
+# --cargo-tests: the suite's second shape. The same image booted with 4 vCPUs (one node, no
+# SMT) runs every test binary `cargo test` runs (lib and bin unit tests, tests/*.rs; not the
+# doc-tests), built here with `cargo test --no-run`, from the checkout mounted read-only at its
+# host path (tests/e2e/guest-cargo.sh). Tests that measure CPU progress (the binaries that use
+# common::measuring()) run with --test-threads=1, the rest with one thread per vCPU. Prints the
+# cargo output, then scripts/test-summary's `host: ...` and `suite: N passed, F failed,
+# S skipped` for the guest; exits 1 if a test failed, a binary did not finish or the VM did not.
 #
 # Needs root (debootstrap, mkfs from a root-owned tree), /dev/kvm (else qemu emulates, slower;
 # see `accel` below) and network access to a Debian
@@ -21,19 +30,32 @@
 #                       the suite (so nothing here names a mirror)
 #   LODGER_E2E_SUITE    Debian suite of the guest (default bookworm); its glibc must be at least
 #                       the build host's, since the packaged binaries are built here
-#   LODGER_E2E_TIMEOUT  seconds the VM may run (default 1200)
+#   LODGER_E2E_TIMEOUT  seconds the VM may run (default 1200; 2400 with --cargo-tests)
 #   LODGER_E2E_ACCEL    kvm, tcg or auto (default: kvm when /dev/kvm can boot a stock kernel)
 #   LODGER_E2E_KEEP=1   keep the run directory (serial log, results) under target/e2e-run
+#                       (target/e2e-cargo-run for --cargo-tests)
+#   LODGER_E2E_TEST_TIMEOUT  seconds one test binary may run in the guest (--cargo-tests;
+#                       default 900)
+#   LODGER_FIXTURES, LODGER_REQUIRE_PRIVILEGED, LODGER_REQUIRE_HARDWARE: passed to the guest's
+#                       cargo tests (the fixtures directory is mounted at the same path)
 #
 # Prints one PASS/FAIL line per check and ends with `N passed, N failed`; exits 1 if any check
 # failed or the VM did not finish, 2 if it could not run at all.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 repo=$(pwd)
+mode=${1:-packaged}
+case $mode in
+packaged | --cargo-tests | --image-only) ;;
+*) echo "usage: $0 [--cargo-tests | --image-only]" >&2; exit 2 ;;
+esac
 
 suite=${LODGER_E2E_SUITE:-bookworm}
 cache=${LODGER_E2E_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/lodger-e2e}
-vm_timeout=${LODGER_E2E_TIMEOUT:-1200}
+# The cargo tests take about 15 minutes under emulation on 2 host CPUs, 20 when the host is busy.
+if [ "$mode" = --cargo-tests ]; then vm_timeout=${LODGER_E2E_TIMEOUT:-2400}; else
+    vm_timeout=${LODGER_E2E_TIMEOUT:-1200}
+fi
 start=$(date +%s)
 
 say() { echo "== $*" >&2; }
@@ -100,8 +122,10 @@ mirror=${LODGER_E2E_MIRROR:-$(mirror_from_apt_sources | head -n 1 || true)}
 
 # --- the guest's root filesystem, kernel and initrd (cached) ---
 # man-db: so that `systemd-analyze verify` checks the unit's Documentation= pages too.
-# iproute2, nftables: network shaping (the package recommends them).
-packages=systemd,systemd-sysv,dbus,udev,kmod,linux-image-amd64,initramfs-tools,procps,iproute2,nftables,man-db
+# iproute2, nftables: network shaping (the package recommends them). python3, gcc, libc6-dev,
+# bzip2: what the root cargo tests need beyond that (--cargo-tests): scripts/test-summary and the
+# Python instance client, cc for the fake NVML library, the recorded sysfs trees' archives.
+packages=systemd,systemd-sysv,dbus,udev,kmod,linux-image-amd64,initramfs-tools,procps,iproute2,nftables,man-db,python3,gcc,libc6-dev,bzip2
 runner_unit='[Unit]
 Description=lodger end-to-end test (driven by tests/e2e/run-vm.sh on the host)
 After=multi-user.target
@@ -147,7 +171,7 @@ build_base() {
     rm -f "$root"/var/cache/apt/archives/*.deb
     cp "$root"/boot/vmlinuz-* "$tmp/vmlinuz"
     cp "$root"/boot/initrd.img-* "$tmp/initrd.img"
-    mkfs.ext4 -q -F -L lodger-e2e -d "$root" "$tmp/rootfs.img" 2G >/dev/null
+    mkfs.ext4 -q -F -L lodger-e2e -d "$root" "$tmp/rootfs.img" 3G >/dev/null
     rm -rf "$root" "$tmp/debootstrap.log"
     rm -rf "$base"
     mv "$tmp" "$base"
@@ -164,16 +188,74 @@ else
     say "guest image built in $(elapsed "$t") s"
     image_state=cold
 fi
-if [ "${1:-}" = --image-only ]; then
+if [ "$mode" = --image-only ]; then
     ls -l "$base"
     exit 0
 fi
 
+target=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
+extra_shares=()
+# One run at a time per target directory and mode: a second would delete the first's run
+# directory (and rebuilding the test binaries under a running guest would change them).
+mkdir -p "$target"
+exec 9>"$target/e2e-${mode#--}.lock"
+flock -n 9 || die "another run-vm.sh $mode is running on $target"
+if [ "$mode" = --cargo-tests ]; then
+# --- what the guest gets: the test binaries, and the checkout at its own path ---
+say "building the test binaries (cargo test --no-run)"
+run="$target/e2e-cargo-run"
+rm -rf "$run"
+mkdir -p "$run/share"
+cargo test --no-run --locked --message-format=json >"$run/build.json"
+# LABEL<TAB>EXECUTABLE<TAB>THREADS, in the order cargo test runs them: unit tests of the lib,
+# then of each bin, then tests/*.rs.
+measuring=$(grep -l 'measuring()' tests/*.rs | sed 's|^tests/||; s|\.rs$||' | paste -sd, -)
+python3 - "$run/build.json" "$repo" "$measuring" >"$run/share/tests" <<'PY'
+import json, os, sys
+build, repo, measuring = sys.argv[1], sys.argv[2], sys.argv[3].split(",")
+order = {"lib": 0, "bin": 1, "test": 2}
+rows = []
+for line in open(build):
+    m = json.loads(line)
+    if m.get("reason") != "compiler-artifact" or not m["profile"]["test"] or not m.get("executable"):
+        continue
+    kind = m["target"]["kind"][0]
+    src = os.path.relpath(m["target"]["src_path"], repo)
+    label = src if kind == "test" else f"unittests {src}"
+    threads = "1" if kind == "test" and m["target"]["name"] in measuring else "4"
+    rows.append((order.get(kind, 3), src, f"{label}\t{m['executable']}\t{threads}"))
+for row in sorted(rows):
+    print(row[2])
+PY
+[ -s "$run/share/tests" ] || die "cargo test --no-run listed no test binary"
+fixtures=${LODGER_FIXTURES:-$repo/../shared/fixtures}
+fixtures=$(realpath "$fixtures") || die "no fixtures directory at $fixtures (set LODGER_FIXTURES)"
+# 9p shares at the host's paths: the checkout, the target directory if it lies elsewhere, the
+# fixtures.
+n=0
+: >"$run/share/mounts"
+for dir in "$repo" "$target" "$fixtures"; do
+    case $dir/ in "$repo"/?*) continue ;; esac
+    n=$((n + 1))
+    extra_shares+=(-virtfs "local,path=$dir,mount_tag=host$n,security_model=none,readonly=on,id=host$n")
+    echo "host$n $dir" >>"$run/share/mounts"
+done
+echo "$repo" >"$run/share/repo"
+{
+    echo "export LODGER_FIXTURES=$fixtures"
+    echo "export LODGER_E2E_TEST_TIMEOUT=${LODGER_E2E_TEST_TIMEOUT:-900}"
+    for var in LODGER_REQUIRE_PRIVILEGED LODGER_REQUIRE_HARDWARE; do
+        [ -z "${!var:-}" ] || echo "export $var=${!var}"
+    done
+} >"$run/share/env"
+cp tests/e2e/guest-cargo.sh "$run/share/guest.sh"
+smp_args=(-smp 4 -m 2048)
+shape="4 vCPUs: one socket, 4 cores, one NUMA node"
+else
 # --- what the guest gets: the packages, the workload, the checks ---
 say "building the packages and the training emulator"
 packages=$(scripts/package)
 deb=$(head -n 1 <<<"$packages")
-target=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
 cargo build --release --locked --quiet --example train_emulator
 run="$target/e2e-run"
 rm -rf "$run"
@@ -185,35 +267,43 @@ sed -i 's/^Version: .*/&+e2e1/' "$run/upgrade/DEBIAN/control"
 dpkg-deb --root-owner-group -b "$run/upgrade" "$run/share/upgrade/" >/dev/null
 rm -rf "$run/upgrade"
 cp "$target/release/examples/train_emulator" tests/e2e/guest.sh "$run/share/"
+smp_args=(-m 2048 -smp 16,sockets=2,cores=4,threads=2
+    -object memory-backend-ram,id=mem0,size=1024M
+    -object memory-backend-ram,id=mem1,size=1024M
+    -numa node,nodeid=0,cpus=0-7,memdev=mem0
+    -numa node,nodeid=1,cpus=8-15,memdev=mem1)
+shape="16 vCPUs: 2 sockets x 4 cores x 2 threads, NUMA nodes 0-7 / 8-15"
+fi
 [ "${LODGER_E2E_KEEP:-}" = 1 ] || trap 'rm -rf "$run/share"' EXIT
 
 # --- boot ---
-say "booting the VM ($accel; 16 vCPUs: 2 sockets x 4 cores x 2 threads, NUMA nodes 0-7 / 8-15)"
+say "booting the VM ($accel; $shape)"
 serial="$run/serial.log"
 boot_start=$(date +%s.%N)
 timeout --foreground "$vm_timeout" qemu-system-x86_64 \
-    "${accel_args[@]}" -m 2048 \
-    -smp 16,sockets=2,cores=4,threads=2 \
-    -object memory-backend-ram,id=mem0,size=1024M \
-    -object memory-backend-ram,id=mem1,size=1024M \
-    -numa node,nodeid=0,cpus=0-7,memdev=mem0 \
-    -numa node,nodeid=1,cpus=8-15,memdev=mem1 \
+    "${accel_args[@]}" "${smp_args[@]}" \
     -kernel "$base/vmlinuz" -initrd "$base/initrd.img" \
     -append "root=/dev/vda rw console=ttyS0 quiet systemd.unified_cgroup_hierarchy=1 systemd.show_status=0 panic=-1 mitigations=off" \
     -drive "file=$base/rootfs.img,format=raw,if=virtio,snapshot=on" \
     -virtfs "local,path=$run/share,mount_tag=e2e,security_model=none,id=e2e" \
+    "${extra_shares[@]}" \
     -nic none -display none -monitor none -serial "file:$serial" -no-reboot &
 qemu=$!
 # Follow the guest's checks as they happen (less its own summary: the one at the end also
-# counts the host's checks).
+# counts the host's checks; with --cargo-tests, the end repeats the guest's).
 results="$run/share/results.txt"
+if [ "$mode" = --cargo-tests ]; then
+    own_summary='^(host: .*|suite: [0-9]+ passed, [0-9]+ failed, [0-9]+ skipped)$'
+else
+    own_summary='^[0-9]+ passed, [0-9]+ failed$'
+fi
 booted="" shown=0
 show_new_results() {
     [ -f "$results" ] || return 0
     local total
     total=$(wc -l <"$results")
     if [ "$total" -gt "$shown" ]; then
-        sed -n "$((shown + 1)),${total}p" "$results" | grep -Ev '^[0-9]+ passed, [0-9]+ failed$' || true
+        sed -n "$((shown + 1)),${total}p" "$results" | grep -Ev "$own_summary" || true
         shown=$total
     fi
 }
@@ -230,10 +320,22 @@ vm_status=0
 wait "$qemu" || vm_status=$?
 vm_seconds=$(awk -v s="$boot_start" -v e="$(date +%s.%N)" 'BEGIN { printf "%.0f", e - s }')
 
-summary=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$results" 2>/dev/null | tail -n 1 || true)
-passed=$(grep -c '^PASS' "$results" 2>/dev/null || true)
-failed=$(grep -c '^FAIL' "$results" 2>/dev/null || true)
-passed=${passed:-0} failed=${failed:-0}
+if [ "$mode" = --cargo-tests ]; then
+    # test-summary's closing line (it also counts a binary without a result as failed).
+    summary=$(grep -E '^suite: [0-9]+ passed, [0-9]+ failed, [0-9]+ skipped$' "$results" 2>/dev/null |
+        tail -n 1 || true)
+    failed=$(sed -n 's/^suite: [0-9]* passed, \([0-9]*\) failed.*/\1/p' <<<"$summary")
+    failed=${failed:-0}
+    if [ -n "$summary" ] && [ "$failed" = 0 ] && [ "$(cat "$run/share/summary.status" 2>/dev/null)" != 0 ]; then
+        echo "FAIL scripts/test-summary in the guest exited $(cat "$run/share/summary.status" 2>/dev/null)"
+        failed=1
+    fi
+else
+    summary=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$results" 2>/dev/null | tail -n 1 || true)
+    passed=$(grep -c '^PASS' "$results" 2>/dev/null || true)
+    failed=$(grep -c '^FAIL' "$results" 2>/dev/null || true)
+    passed=${passed:-0} failed=${failed:-0}
+fi
 if [ -z "$summary" ] || [ "$vm_status" != 0 ]; then
     echo "FAIL the VM finished its checks (qemu exit $vm_status; serial log: $serial)"
     failed=$((failed + 1))
@@ -242,5 +344,11 @@ if [ -z "$summary" ] || [ "$vm_status" != 0 ]; then
 fi
 [ "${LODGER_E2E_KEEP:-}" = 1 ] || cp "$results" "$run/results.txt" 2>/dev/null || true
 echo "timing: image $image_state, $accel, VM boot ${booted:-?} s, VM run ${vm_seconds} s, total $(elapsed) s"
-echo "$passed passed, $failed failed"
+if [ "$mode" = --cargo-tests ]; then
+    # The guest's summary again, last, so that it closes the output.
+    grep -E '^host: ' "$results" 2>/dev/null | tail -n 1 || true
+    echo "${summary:-(no suite summary from the VM)}"
+else
+    echo "$passed passed, $failed failed"
+fi
 [ "$failed" = 0 ]
