@@ -153,6 +153,18 @@ impl ProcReader {
     }
 }
 
+/// The pid of every process under the proc root (its numeric entries), in directory order.
+/// Entries that vanish while being listed are left out.
+pub fn list_pids(proc_root: &Path) -> Result<Vec<u32>, ProcError> {
+    let entries = fs::read_dir(proc_root).map_err(|source| ProcError::Read {
+        path: proc_root.to_path_buf(),
+        source,
+    })?;
+    Ok(entries
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .collect())
+}
+
 /// Every process's parent, from one pass over /proc, for finding descendants.
 #[derive(Debug, Default, Clone)]
 pub struct ProcessTable {
@@ -166,19 +178,7 @@ impl ProcessTable {
     pub fn rescan(&mut self, reader: &mut ProcReader) -> Result<(), ProcError> {
         self.children.clear();
         let root = reader.root().to_path_buf();
-        let entries = fs::read_dir(&root).map_err(|source| ProcError::Read {
-            path: root.clone(),
-            source,
-        })?;
-        for entry in entries {
-            let Ok(entry) = entry else { continue };
-            let Some(pid) = entry
-                .file_name()
-                .to_str()
-                .and_then(|s| s.parse::<u32>().ok())
-            else {
-                continue;
-            };
+        for pid in list_pids(&root)? {
             if let Some(stat) = reader.stat(pid)? {
                 if stat.running {
                     self.children.push((stat.ppid, pid));
@@ -226,6 +226,21 @@ impl ProcessTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn list_pids_takes_the_numeric_entries_and_names_a_missing_root() {
+        let root = tempfile::tempdir().expect("tempdir");
+        for name in ["1", "42", "self", "sys", "4242x"] {
+            fs::create_dir(root.path().join(name)).expect("mkdir");
+        }
+        fs::write(root.path().join("7"), "").expect("write");
+        let mut pids = list_pids(root.path()).expect("list");
+        pids.sort_unstable();
+        assert_eq!(pids, vec![1, 7, 42]);
+        let gone = root.path().join("nope");
+        let err = list_pids(&gone).expect_err("missing root");
+        assert!(err.to_string().contains("nope"), "{err}");
+    }
 
     #[test]
     fn stat_with_odd_command_names() {

@@ -21,7 +21,7 @@ use crate::enforce::cpusets::{self, CpusetFile, CpusetHierarchy, CpusetTarget};
 use crate::enforce::sched::{self, AffinityState, CpuMask};
 use crate::enforce::PinMethod;
 use crate::sys::cgroupfs::{child_of, CgroupError, CgroupVersion};
-use crate::sys::procfs::{ProcError, ProcReader, ProcessTable};
+use crate::sys::procfs::{self, ProcReader, ProcessTable};
 
 /// Everything that touches the node, apart from the slots.
 #[derive(Debug)]
@@ -452,25 +452,13 @@ impl Host {
         let mark = format!("{ENV_PARENT}={}", self.parent).into_bytes();
         let me = std::process::id();
         let root = self.settings.proc_root.clone();
-        let entries = fs::read_dir(&root).map_err(|source| ProcError::Read {
-            path: root.clone(),
-            source,
-        })?;
         let mut killed = Vec::new();
-        for entry in entries {
-            let Ok(entry) = entry else { continue };
-            let Some(pid) = entry
-                .file_name()
-                .to_str()
-                .and_then(|s| s.parse::<u32>().ok())
-            else {
-                continue;
-            };
+        for pid in procfs::list_pids(&root)? {
             if pid == me {
                 continue;
             }
             // Gone, a kernel thread, a zombie: nothing to read, nothing to kill.
-            let Ok(environ) = fs::read(entry.path().join("environ")) else {
+            let Ok(environ) = fs::read(root.join(pid.to_string()).join("environ")) else {
                 continue;
             };
             if !environ.split(|&b| b == 0).any(|var| var == mark.as_slice()) {
