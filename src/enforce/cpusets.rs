@@ -438,6 +438,49 @@ pub fn nested_write_order(changes: &[NestedChange]) -> Vec<(String, CpuSet)> {
     writes
 }
 
+/// The writes that set `cgroup` to `cpus` (and `mems`, unless empty) and, where the hierarchy
+/// nests subsets (v1), grow each of `ancestors` to hold them: ancestors are never shrunk, other
+/// cgroups live in them. In the order [`write_nested`] takes; empty when `cgroup` already holds
+/// those values.
+pub fn set_with_ancestors(
+    h: &dyn CpusetHierarchy,
+    cgroup: &str,
+    cpus: &CpuSet,
+    mems: &CpuSet,
+    ancestors: &[&str],
+) -> Result<Vec<CpusetTarget>, CgroupError> {
+    let cur_cpus = h.read(cgroup, CpusetFile::Cpus)?;
+    let cur_mems = h.read(cgroup, CpusetFile::Mems)?;
+    let want_mems = (!mems.is_empty()).then(|| mems.clone());
+    if cur_cpus == *cpus && want_mems.as_ref().map_or(true, |m| *m == cur_mems) {
+        return Ok(Vec::new());
+    }
+    let mut entries = vec![CpusetTarget {
+        cgroup: cgroup.to_string(),
+        current_cpus: cur_cpus,
+        current_mems: cur_mems,
+        cpus: Some(cpus.clone()),
+        mems: want_mems.clone(),
+    }];
+    if h.nested_subsets() {
+        for a in ancestors {
+            let a_cpus = h.read(a, CpusetFile::Cpus)?;
+            let a_mems = h.read(a, CpusetFile::Mems)?;
+            let grow_mems = want_mems.as_ref().filter(|m| !m.is_subset(&a_mems));
+            if !cpus.is_subset(&a_cpus) || grow_mems.is_some() {
+                entries.push(CpusetTarget {
+                    cgroup: a.to_string(),
+                    cpus: Some(a_cpus.union(cpus)),
+                    mems: grow_mems.map(|m| a_mems.union(m)),
+                    current_cpus: a_cpus,
+                    current_mems: a_mems,
+                });
+            }
+        }
+    }
+    Ok(entries)
+}
+
 /// Takes each cgroup from its current values to its targets (`None` = leave) in an order the
 /// hierarchy accepts: mems first, then cpus; on v1 nested by [`nested_write_order`]. The current
 /// values must have been read just before. Returns whether anything was written.

@@ -17,7 +17,7 @@ use super::{
     InstanceKey, InstanceSettings, InstanceSpec, CGROUP_KILL, ENV_PARENT, REMOVE_WAIT, STEP,
 };
 use crate::cpuset::CpuSet;
-use crate::enforce::cpusets::{self, CpusetFile, CpusetHierarchy, CpusetTarget};
+use crate::enforce::cpusets::{self, CpusetHierarchy};
 use crate::enforce::sched::{self, AffinityState, CpuMask};
 use crate::enforce::PinMethod;
 use crate::sys::cgroupfs::{child_of, CgroupError, CgroupVersion};
@@ -113,35 +113,11 @@ impl Host {
         mems: &CpuSet,
     ) -> Result<bool, CgroupError> {
         let h = &*self.cpusets;
-        let cur_cpus = h.read(cg, CpusetFile::Cpus)?;
-        let cur_mems = h.read(cg, CpusetFile::Mems)?;
-        let want_mems = (!mems.is_empty()).then(|| mems.clone());
-        if cur_cpus == *cpus && want_mems.as_ref().map_or(true, |m| *m == cur_mems) {
+        // Other instances (and, for the parent, training jobs) live below the ancestors.
+        let ancestors = [self.parent.as_str(), self.lodgers.as_str()];
+        let entries = cpusets::set_with_ancestors(h, cg, cpus, mems, &ancestors)?;
+        if entries.is_empty() {
             return Ok(false);
-        }
-        let mut entries = vec![CpusetTarget {
-            cgroup: cg.to_string(),
-            current_cpus: cur_cpus,
-            current_mems: cur_mems,
-            cpus: Some(cpus.clone()),
-            mems: want_mems.clone(),
-        }];
-        if h.nested_subsets() {
-            // Other instances (and, for the parent, training jobs) live below: only grow.
-            for a in [self.parent.as_str(), self.lodgers.as_str()] {
-                let a_cpus = h.read(a, CpusetFile::Cpus)?;
-                let a_mems = h.read(a, CpusetFile::Mems)?;
-                let grow_mems = want_mems.as_ref().filter(|m| !m.is_subset(&a_mems));
-                if !cpus.is_subset(&a_cpus) || grow_mems.is_some() {
-                    entries.push(CpusetTarget {
-                        cgroup: a.to_string(),
-                        cpus: Some(a_cpus.union(cpus)),
-                        mems: grow_mems.map(|m| a_mems.union(m)),
-                        current_cpus: a_cpus,
-                        current_mems: a_mems,
-                    });
-                }
-            }
         }
         cpusets::write_nested(h, &entries)
     }

@@ -9,7 +9,7 @@ use super::{
     TrackedProcess,
 };
 use crate::cpuset::CpuSet;
-use crate::enforce::cpusets::{self, CpusetFile, CpusetTarget};
+use crate::enforce::cpusets;
 use crate::enforce::sched::CpuMask;
 use crate::enforce::PinMethod;
 use crate::job::JobId;
@@ -232,35 +232,17 @@ impl Enforcer {
         if !h.cpuset_enabled(cg)? {
             changed |= h.enable_cpuset(cg, &parent)?;
         }
-        let cur_cpus = h.read(cg, CpusetFile::Cpus)?;
-        let cur_mems = h.read(cg, CpusetFile::Mems)?;
-        let want_mems = (!mems.is_empty()).then(|| mems.clone());
-        if cur_cpus == *cpus && want_mems.as_ref().map_or(true, |m| *m == cur_mems) {
+        // lodger's parent only ever grows: other jobs' cgroups live in it.
+        let ancestors: &[&str] = if parent == "/" {
+            &[]
+        } else {
+            &[parent.as_str()]
+        };
+        let entries = cpusets::set_with_ancestors(h, cg, cpus, mems, ancestors)?;
+        if entries.is_empty() {
             return Ok(changed);
         }
         self.check_node_cpus(cpus)?;
-        let mut entries = vec![CpusetTarget {
-            cgroup: cg.to_string(),
-            current_cpus: cur_cpus,
-            current_mems: cur_mems,
-            cpus: Some(cpus.clone()),
-            mems: want_mems.clone(),
-        }];
-        if h.nested_subsets() && parent != "/" {
-            // lodger's parent only ever grows: other jobs' cgroups live in it.
-            let p_cpus = h.read(&parent, CpusetFile::Cpus)?;
-            let p_mems = h.read(&parent, CpusetFile::Mems)?;
-            let grow_mems = want_mems.as_ref().filter(|m| !m.is_subset(&p_mems));
-            if !cpus.is_subset(&p_cpus) || grow_mems.is_some() {
-                entries.push(CpusetTarget {
-                    cgroup: parent.clone(),
-                    cpus: Some(p_cpus.union(cpus)),
-                    mems: grow_mems.map(|m| p_mems.union(m)),
-                    current_cpus: p_cpus,
-                    current_mems: p_mems,
-                });
-            }
-        }
         cpusets::write_nested(h, &entries)?;
         Ok(true)
     }
