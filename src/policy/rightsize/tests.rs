@@ -970,7 +970,9 @@ proptest! {
 
     /// A signal with no dependence on cores, only noise: the tuner does not wander. It
     /// ends within a few windows (logarithmic in the span of counts), not on a count shown
-    /// to be starved, and above the start only after a measured rise. (That it gives the
+    /// to be starved, and above the start only after a measured rise: a higher count that
+    /// measured better (`Better`), or a lower one that measured worse than a higher one
+    /// (`Starved`; autocorrelated noise can do that, about once in 50,000 cases). (That it gives the
     /// cores back is a statistical claim, over many seeds: `noise_only_ends_at_the_floor`.)
     #[test]
     fn noise_only_settles_without_wandering(
@@ -993,7 +995,7 @@ proptest! {
             let rose = r
                 .history
                 .iter()
-                .any(|p| matches!(p.decision, Decision::Better { .. }));
+                .any(|p| matches!(p.decision, Decision::Better { .. } | Decision::Starved { .. }));
             prop_assert!(rose, "{}", describe(&r.history));
         }
     }
