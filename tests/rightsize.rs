@@ -137,6 +137,15 @@ fn a_job_with_too_few_cores_is_grown() {
     let id = d.register_pid(w.pid(), 1);
     assert_eq!(d.job(&id)["cpus"].as_str().map(|c| cpus(c).len()), Some(1));
     let job = settled(&d, &id);
+    if job["cpus"] != both(two).as_str() {
+        // Growing only pays where the second core is real CPU time: if it is not (checked now,
+        // the training's SCHED_RR threads gone), the machine lacks what this test is about.
+        drop(w);
+        if let Err(why) = cpus_run_independently(two) {
+            lodger::privileged::skip_hardware("rightsize_grows", &why);
+            return;
+        }
+    }
     assert_eq!(job["cpus"], both(two).as_str(), "{job}");
 }
 
