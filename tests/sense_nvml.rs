@@ -239,7 +239,7 @@ fn lodgerd_grows_a_starved_job_from_nvml_utilization() {
     if job["cpus"] != want.as_str() {
         // As in tests/rightsize.rs: growing pays only where the second core is real CPU time.
         drop(w);
-        if let Err(why) = cpus_run_independently(two) {
+        if let Err(why) = second_core_speeds_up(2, &["--batch-cpu-ms", "30"], two) {
             lodger::privileged::skip_hardware(test, &why);
             return;
         }
