@@ -238,10 +238,11 @@ fn sampler_settings(config: &Config) -> SamplerSettings {
 }
 
 /// Network shaping (SODA §V-E) when `[[network.link]]` names interfaces, with the way CPU
-/// jobs' traffic is told apart on this node's cgroups.
+/// jobs' traffic is told apart on this node's cgroups. Where that is a cgroup of lodgerd's own
+/// (v2, instances placed by affinity), instances start in it.
 fn network_control(
     config: &Config,
-    runner: Option<&Instances>,
+    runner: Option<&mut Instances>,
     sim: bool,
 ) -> Option<NetworkControl> {
     let shaping = config.network.shaping();
@@ -254,7 +255,7 @@ fn network_control(
         info!("network shaping off: --sim changes nothing on the node");
         return None;
     }
-    let classifier = match runner {
+    let classifier = match runner.as_deref() {
         None => Classifier::Unavailable("inference instances are unavailable".into()),
         Some(r) => match (r.cgroup_version(), r.placement()) {
             (CgroupVersion::V1, _) => {
@@ -301,6 +302,9 @@ fn network_control(
             }
         },
     };
+    if let (Classifier::OwnCgroupV2 { root, relative }, Some(r)) = (&classifier, runner) {
+        r.start_in_cgroup(root.join(relative));
+    }
     let runner = Box::new(CommandRunner::new());
     let control = match (shaping, slow) {
         (_, Some(slow)) => CpuJobsRoute::new(slow, CPU_JOBS_MARK)
@@ -405,7 +409,7 @@ pub fn run(prepared: Prepared, sim: bool) -> ExitCode {
             info!("memory-bandwidth allocation (MBA) unavailable, contention control halves cores instead: {e}");
         }
     }
-    if let Some(n) = network_control(&config, runner.as_ref().map(|(r, _)| r), sim) {
+    if let Some(n) = network_control(&config, runner.as_mut().map(|(r, _)| r), sim) {
         agent = agent.network(n);
     }
     if let Some((r, probe)) = runner {

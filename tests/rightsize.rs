@@ -137,6 +137,16 @@ fn a_job_with_too_few_cores_is_grown() {
     let id = d.register_pid(w.pid(), 1);
     assert_eq!(d.job(&id)["cpus"].as_str().map(|c| cpus(c).len()), Some(1));
     let job = settled(&d, &id);
+    if job["cpus"] != both(two).as_str() {
+        // Growing only pays where the second core is real CPU time: if it does not speed the
+        // same workload up without lodger (checked now, the job gone), the machine lacks what
+        // this test is about; if it does, lodger failed.
+        drop(w);
+        if let Err(why) = second_core_speeds_up(2, &["--batch-cpu-ms", "30"], two) {
+            lodger::privileged::skip_hardware("rightsize_grows", &why);
+            return;
+        }
+    }
     assert_eq!(job["cpus"], both(two).as_str(), "{job}");
 }
 

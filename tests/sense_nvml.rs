@@ -1,7 +1,9 @@
 //! GPU sensing through NVML without a GPU: tests/fixtures/nvml/fake_nvml.c, a small shared
 //! object with the NVML calls lodger makes, built here with `cc` and loaded through
 //! nvml-wrapper's library path (`NvmlSource::open_library`). So the NVML path (device figures,
-//! per-process memory and SM attribution) runs for real in CI. Needs no privileges.
+//! per-process memory and SM attribution) runs for real in CI, and, as root, lodgerd on it: a
+//! job's GPU share and right-sizing from NVML's per-process utilization. The library itself
+//! needs no privileges.
 
 mod common;
 
@@ -157,5 +159,94 @@ fn lodgerd_attributes_nvml_process_utilization_to_the_job() {
         last["node"]["gpus"].as_array().map(|g| g.len()),
         Some(2),
         "{last}"
+    );
+}
+
+/// Right-sizing on NVML's figures (SODA §V-B): lodgerd on the fake NVML, which reports the
+/// training emulator's published busy fraction as the job's SM utilization
+/// (`FAKE_NVML_EMULATED_DIR`), grows a CPU-starved job from one core to two. So the path from
+/// NVML's per-process samples through attribution to the right-sizer and the job's cpuset runs
+/// for real; the emulator's progress, and so what NVML reports, depends on the cores it gets.
+#[test]
+fn lodgerd_grows_a_starved_job_from_nvml_utilization() {
+    let test = "nvml_rightsize_grows";
+    if !need_root(test) {
+        return;
+    }
+    let Some((reserved, two)) = two_job_cpus(test) else {
+        return;
+    };
+    let _measuring = measuring();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let lib_dir = dir.path().join("nvml");
+    std::fs::create_dir(&lib_dir).expect("mkdir");
+    let Some(_lib) = build_fake_nvml(test, &lib_dir) else {
+        return;
+    };
+    let gpu_dir = dir.path().join("gpu");
+    let bus = PrivateBus::start();
+    let d = Daemon::start(
+        &bus,
+        dir.path(),
+        DaemonOptions {
+            reserved,
+            extra: "[sense]\ninterval_ms = 1000\ngpu = \"nvml\"\n\n\
+                    [rightsize]\nwarmup_seconds = 2\nwindow_seconds = 6\ntolerance_cores = 0\n"
+                .into(),
+            env: vec![
+                ("LD_LIBRARY_PATH".into(), lib_dir.display().to_string()),
+                (
+                    "FAKE_NVML_EMULATED_DIR".into(),
+                    gpu_dir.display().to_string(),
+                ),
+            ],
+            ..DaemonOptions::default()
+        },
+    );
+    // Heavy CPU side (as in tests/rightsize.rs): two loaders of 30 ms CPU per batch; one core
+    // starves the emulated GPU, two keep it busier.
+    let w = Workload::train_with(
+        2,
+        &[
+            "--batch-cpu-ms",
+            "30",
+            "--publish-dir",
+            gpu_dir.to_str().expect("utf-8"),
+        ],
+    );
+    let id = d.register_pid(w.pid(), 1);
+    assert_eq!(d.job(&id)["cpus"].as_str().map(|c| cpus(c).len()), Some(1));
+    // lodgerd reads the job's GPU share from NVML, not from the emulator's files.
+    let mut top = serde_json::Value::Null;
+    wait_until(WAIT, "top to show the job's GPU share from NVML", || {
+        top = d.ctl_json(&["top", "--once"]);
+        top["jobs"][0]["metrics"]["gpu_percent"].is_number()
+    });
+    assert_eq!(top["jobs"][0]["metrics"]["gpu_source"], "nvml", "{top}");
+    assert_eq!(top["node"]["gpus"][0]["source"], "nvml", "{top}");
+    let mut job = serde_json::Value::Null;
+    wait_until(
+        std::time::Duration::from_secs(120),
+        "right-sizing to settle",
+        || {
+            job = d.job(&id);
+            job["rightsize"]
+                .as_str()
+                .is_some_and(|s| s.starts_with("settled"))
+        },
+    );
+    let want = cpus(&format!("{},{}", two[0], two[1])).to_list();
+    if job["cpus"] != want.as_str() {
+        // As in tests/rightsize.rs: growing pays only where the second core is real CPU time.
+        drop(w);
+        if let Err(why) = second_core_speeds_up(2, &["--batch-cpu-ms", "30"], two) {
+            lodger::privileged::skip_hardware(test, &why);
+            return;
+        }
+        panic!("not grown to {want}: {job}\n{}", d.log());
+    }
+    assert!(
+        all_rr_on(w.pid(), 10, &want),
+        "still SCHED_RR on its new cpuset"
     );
 }

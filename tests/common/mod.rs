@@ -758,3 +758,51 @@ impl Daemon {
         }
     }
 }
+
+/// Whether a second core makes the training emulator (`workers` loaders, `args`) busier on
+/// this machine now, without lodger: the emulator (SCHED_RR, as lodger runs training) pinned by
+/// affinity to `cpus[0]` for a few seconds, then to both, its published GPU busy fraction read after each. `Err`
+/// with the figures when two CPUs do not make it at least 10% busier, as on an emulated guest
+/// whose vCPUs share fewer, loaded host CPUs: there a right-sizer rightly finds one core enough.
+/// Stop SCHED_RR work on `cpus` first.
+pub fn second_core_speeds_up(workers: u32, args: &[&str], cpus: [u32; 2]) -> Result<(), String> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut all: Vec<&str> = args.to_vec();
+    let publish = dir.path().display().to_string();
+    all.extend(["--publish-dir", publish.as_str()]);
+    let w = Workload::train_with(workers, &all);
+    let record = dir.path().join(format!("{}.json", w.pid()));
+    // SCHED_RR, as lodger runs training: other load on the machine does not count.
+    for tid in tids(w.pid()) {
+        let param = libc::sched_param { sched_priority: 10 };
+        // SAFETY: sched_setscheduler with a valid sched_param that outlives the call; a thread
+        // that exited meanwhile only makes it fail.
+        unsafe { libc::sched_setscheduler(tid as libc::pid_t, libc::SCHED_RR, &param) };
+    }
+    let busy_on = |on: &[u32]| -> f64 {
+        pin_threads(w.pid(), on);
+        std::thread::sleep(Duration::from_secs(4));
+        std::fs::read_to_string(&record)
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .and_then(|v| v["busy"].as_f64())
+            .unwrap_or(0.0)
+    };
+    let one = busy_on(&cpus[..1]);
+    let two = busy_on(&cpus);
+    drop(w);
+    if two >= 1.1 * one && two > 0.0 {
+        Ok(())
+    } else {
+        Err(format!(
+            "a second CPU does not speed the emulator up here (without lodger: GPU busy \
+             {:.1} % on CPU {}, {:.1} % on CPUs {} and {}): this machine's CPUs do not run \
+             independently (an emulated guest's vCPUs sharing fewer host CPUs)",
+            100.0 * one,
+            cpus[0],
+            100.0 * two,
+            cpus[0],
+            cpus[1]
+        ))
+    }
+}

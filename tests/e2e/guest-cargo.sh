@@ -7,11 +7,12 @@
 # are mounted read-only at the host's paths (9p tags and paths in /mnt/e2e/mounts). Skip logs go
 # to /mnt/e2e/skips (LODGER_SKIP_DIR), temporary files to the guest's /tmp.
 #
-# /mnt/e2e/tests lists the binaries, `LABEL<TAB>EXECUTABLE<TAB>TEST THREADS` per line, LABEL as
-# cargo's `Running` line names it. Each runs from the checkout, as `cargo test` runs it, with its
-# output in cargo's form appended to /mnt/e2e/results.txt; then scripts/test-summary reads that
-# log and the skip logs and appends the summary (`host: ...` with this guest's shape, then
-# `suite: N passed, F failed, S skipped`). Doc-tests are not run here: rustdoc compiles them at
+# /mnt/e2e/tests lists the binaries, `LABEL<TAB>EXECUTABLE<TAB>TEST THREADS<TAB>ARGS` per line,
+# LABEL as cargo's `Running` line names it, ARGS more libtest arguments (a filter, --skip). Each
+# runs from the checkout, as `cargo test` runs it, with its output in cargo's form appended to
+# /mnt/e2e/results.txt; then scripts/test-summary reads that log and the skip logs and appends
+# the summary (`host: ...` with this guest's shape, then `suite: N passed, F failed,
+# S skipped`). Doc-tests are not run here: rustdoc compiles them at
 # run time. The VM powers off when this script exits.
 set -u
 share=/mnt/e2e
@@ -42,14 +43,16 @@ mkdir -p "$LODGER_SKIP_DIR"
 if [ "$mounted" = 1 ]; then
     cd "$repo" || exit 1
     start=$SECONDS
-    while IFS=$'\t' read -r label exe threads; do
+    while IFS=$'\t' read -r label exe threads args; do
         [ -n "$label" ] || continue
         t=$SECONDS
         say "     Running $label ($exe)"
+        [ -z "$args" ] || say "     (here with: $args; the rest of it ran on the host)"
         # A binary that hangs is stopped: it then has no `test result:` line, which the summary
         # counts as a failure.
+        # shellcheck disable=SC2086 # ARGS: libtest arguments, split at spaces
         timeout --kill-after=10 "${LODGER_E2E_TEST_TIMEOUT:-900}" \
-            "$exe" --test-threads="$threads" </dev/null >>"$out" 2>&1
+            "$exe" --test-threads="$threads" $args </dev/null >>"$out" 2>&1
         status=$?
         [ "$status" != 124 ] || say "$label: stopped after ${LODGER_E2E_TEST_TIMEOUT:-900} s"
         say "($label: $((SECONDS - t)) s, exit $status)"

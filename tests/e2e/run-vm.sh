@@ -12,7 +12,8 @@
 # --cargo-tests: the suite's second shape. The same image booted with 4 vCPUs (one node, no
 # SMT) runs every test binary `cargo test` runs (lib and bin unit tests, tests/*.rs; not the
 # doc-tests), built here with `cargo test --no-run`, from the checkout mounted read-only at its
-# host path (tests/e2e/guest-cargo.sh). Tests that measure CPU progress (the binaries that use
+# host path (tests/e2e/guest-cargo.sh), less the pure tests that read nothing of the machine
+# (below, at ARGS). Tests that measure CPU progress (the binaries that use
 # common::measuring()) run with --test-threads=1, the rest with one thread per vCPU. Prints the
 # cargo output, then scripts/test-summary's `host: ...` and `suite: N passed, F failed,
 # S skipped` for the guest; exits 1 if a test failed, a binary did not finish or the VM did not.
@@ -36,6 +37,8 @@
 #                       (target/e2e-cargo-run for --cargo-tests)
 #   LODGER_E2E_TEST_TIMEOUT  seconds one test binary may run in the guest (--cargo-tests;
 #                       default 900)
+#   LODGER_E2E_ONLY     --cargo-tests: only the test binaries whose label (`tests/spine.rs`,
+#                       `unittests src/lib.rs`) matches this regular expression
 #   LODGER_FIXTURES, LODGER_REQUIRE_PRIVILEGED, LODGER_REQUIRE_HARDWARE: passed to the guest's
 #                       cargo tests (the fixtures directory is mounted at the same path)
 #
@@ -207,13 +210,19 @@ run="$target/e2e-cargo-run"
 rm -rf "$run"
 mkdir -p "$run/share"
 cargo test --no-run --locked --message-format=json >"$run/build.json"
-# LABEL<TAB>EXECUTABLE<TAB>THREADS, in the order cargo test runs them: unit tests of the lib,
-# then of each bin, then tests/*.rs.
+# LABEL<TAB>EXECUTABLE<TAB>THREADS<TAB>ARGS, in the order cargo test runs them: unit tests of
+# the lib, then of each bin, then tests/*.rs. ARGS leave out what reads nothing of the machine
+# and already ran on the host (`scripts/test-summary`): the policy's unit tests (pure by design:
+# no I/O, no clock) and the recorded-topology fixtures (all but `this_host`, which reads this
+# machine's sysfs); under emulation they are a third of the run. LODGER_E2E_ONLY (a regular
+# expression) keeps only the binaries whose label matches, for a quicker look at a few.
 measuring=$(grep -l 'measuring()' tests/*.rs | sed 's|^tests/||; s|\.rs$||' | paste -sd, -)
-python3 - "$run/build.json" "$repo" "$measuring" >"$run/share/tests" <<'PY'
-import json, os, sys
-build, repo, measuring = sys.argv[1], sys.argv[2], sys.argv[3].split(",")
+python3 - "$run/build.json" "$repo" "$measuring" "${LODGER_E2E_ONLY:-}" >"$run/share/tests" <<'PY2'
+import json, os, re, sys
+build, repo, measuring, only = sys.argv[1], sys.argv[2], sys.argv[3].split(","), sys.argv[4]
 order = {"lib": 0, "bin": 1, "test": 2}
+# Host-only parts of a binary (see above), as libtest arguments.
+host_only = {"lib": "--skip policy::", "topology_fixtures": "this_host"}
 rows = []
 for line in open(build):
     m = json.loads(line)
@@ -222,11 +231,14 @@ for line in open(build):
     kind = m["target"]["kind"][0]
     src = os.path.relpath(m["target"]["src_path"], repo)
     label = src if kind == "test" else f"unittests {src}"
+    if only and not re.search(only, label):
+        continue
     threads = "1" if kind == "test" and m["target"]["name"] in measuring else "4"
-    rows.append((order.get(kind, 3), src, f"{label}\t{m['executable']}\t{threads}"))
+    args = host_only.get(kind if kind == "lib" else m["target"]["name"], "")
+    rows.append((order.get(kind, 3), src, f"{label}\t{m['executable']}\t{threads}\t{args}"))
 for row in sorted(rows):
     print(row[2])
-PY
+PY2
 [ -s "$run/share/tests" ] || die "cargo test --no-run listed no test binary"
 fixtures=${LODGER_FIXTURES:-$repo/../shared/fixtures}
 fixtures=$(realpath "$fixtures") || die "no fixtures directory at $fixtures (set LODGER_FIXTURES)"

@@ -125,6 +125,12 @@ pub struct InstanceSettings {
     /// `<parent>/lodgers`.
     pub parent: String,
     pub placement: InstancePlacement,
+    /// Affinity placement only: a cgroup2 directory (created if missing) each instance joins in
+    /// `pre_exec`, before the program runs. lodgerd sets it to the cgroup network shaping matches
+    /// CPU jobs by on cgroup v2 ([`Instances::start_in_cgroup`]): a socket keeps the cgroup its
+    /// process was in when it was created, so an instance moved there later would keep its
+    /// earlier connections unshaped. `None`: instances stay in lodgerd's cgroup.
+    pub start_cgroup: Option<PathBuf>,
     /// Between SIGTERM and SIGKILL.
     pub stop_grace: Duration,
     /// The first restart delay after an instance exits on its own or fails to start; doubled for
@@ -147,6 +153,7 @@ impl Default for InstanceSettings {
             driver: CgroupDriver::Auto,
             parent: DEFAULT_PARENT.to_string(),
             placement: InstancePlacement::Auto,
+            start_cgroup: None,
             stop_grace: Duration::from_secs(10),
             backoff_initial: Duration::from_secs(1),
             backoff_max: Duration::from_secs(60),

@@ -1,23 +1,25 @@
 //! Starting one instance: fork/exec with its environment and placeholders, the report pipe, and
 //! the setup the child does before exec (process group, death signal, cgroup or affinity, the
-//! report descriptor). Touches fork/exec and the child's cgroupfs and affinity.
+//! report descriptor). Touches fork/exec and the child's cgroupfs and affinity (and, with
+//! affinity placement and network shaping on v2, the cgroup2 directory instances start in).
 
-use std::fs::{File, OpenOptions};
+use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
-use tracing::debug;
+use tracing::{debug, warn};
 
 use super::error::{InstanceError, TemplateProblem};
 use super::host::Host;
 use super::supervisor::{Run, Slot};
 use super::template::show_argv;
 use super::{
-    InstanceOutput, ENV_BATCH, ENV_CPUS, ENV_INSTANCE, ENV_JOB, ENV_PARENT, ENV_REPORT_FD,
-    ENV_THREADS, REPORT_FD, REPORT_PIPE_BYTES, THREAD_ENV,
+    InstanceKey, InstanceOutput, ENV_BATCH, ENV_CPUS, ENV_INSTANCE, ENV_JOB, ENV_PARENT,
+    ENV_REPORT_FD, ENV_THREADS, REPORT_FD, REPORT_PIPE_BYTES, THREAD_ENV,
 };
 use crate::enforce::sched::CpuMask;
 use crate::enforce::PinMethod;
@@ -70,7 +72,12 @@ impl Host {
                     })?;
                 procs_file = Some(file);
             }
-            PinMethod::Affinity => mask = Some(CpuMask::from_cpuset(&spec.cpus)),
+            PinMethod::Affinity => {
+                mask = Some(CpuMask::from_cpuset(&spec.cpus));
+                if let Some(dir) = &self.settings.start_cgroup {
+                    procs_file = start_cgroup_procs(dir, &key);
+                }
+            }
         }
 
         let (report_read, report_write) = report_pipe().map_err(|source| InstanceError::Pipe {
@@ -143,6 +150,25 @@ impl Host {
             started: now,
             report: Some(File::from(report_read)),
         })
+    }
+}
+
+/// `cgroup.procs` of the cgroup2 directory affinity-placed instances start in (created if
+/// missing), open for writing. `None`, after a warning, when it cannot be: the instance then
+/// starts in lodgerd's cgroup (network shaping moves it there later, its earlier sockets aside).
+fn start_cgroup_procs(dir: &Path, key: &InstanceKey) -> Option<File> {
+    let open = || {
+        fs::create_dir_all(dir)?;
+        OpenOptions::new()
+            .write(true)
+            .open(dir.join(cgroup::CGROUP_PROCS))
+    };
+    match open() {
+        Ok(file) => Some(file),
+        Err(e) => {
+            warn!(instance = %key, "cannot start it in {}: {e}", dir.display());
+            None
+        }
     }
 }
 

@@ -235,6 +235,13 @@ impl Instances {
         &self.host.settings
     }
 
+    /// Affinity placement: instances started from now on join the cgroup2 directory `dir`
+    /// before exec ([`InstanceSettings::start_cgroup`]). No effect with cgroup placement, where
+    /// each instance has its own cgroup from the start.
+    pub fn start_in_cgroup(&mut self, dir: PathBuf) {
+        self.host.settings.start_cgroup = Some(dir);
+    }
+
     /// Makes the running instances match `desired` (all instances of all jobs): starts missing
     /// ones, stops unwanted ones, restarts changed ones. A change of CPUs or memory nodes alone
     /// is applied in place, unless the template passes `{cpus}` on (the program may have pinned

@@ -47,9 +47,13 @@ pub enum Classifier {
     /// cgroup v2: by the cgroup2 directories holding the instances' cgroups.
     CgroupV2,
     /// cgroup v2 where instances have no cgroups of their own (pinned by affinity, in
-    /// lodgerd's cgroup): CPU jobs' processes are moved into `<root>/<relative>`, a cgroup with
-    /// no controllers beside lodgerd's own (legal in a delegated subtree, since no controller
-    /// is enabled below it), which nft matches. Processes they start later inherit it.
+    /// lodgerd's cgroup): CPU jobs' processes are in `<root>/<relative>`, a cgroup with no
+    /// controllers beside lodgerd's own (legal in a delegated subtree, since no controller is
+    /// enabled below it), which nft matches. Instances start in it (lodgerd sets
+    /// `InstanceSettings::start_cgroup`), since a socket keeps the cgroup its process had when
+    /// it was made; shaping moves in any process of a CPU job found outside it. It stays while
+    /// lodgerd runs, shaping or not (removed, the sockets made in it would match no later
+    /// rule), and is dissolved when lodgerd stops.
     OwnCgroupV2 { root: PathBuf, relative: String },
     /// Not possible on this node; the reason, said once when shaping is wanted.
     Unavailable(String),
@@ -244,7 +248,7 @@ impl NetworkControl {
     /// One tick: shape while `want` has a multi-node training job, remove everything otherwise.
     pub fn reconcile(&mut self, want: &NetworkWant) -> Vec<NetworkEvent> {
         if want.multi_node.is_empty() {
-            return self.remove_all();
+            return self.remove_all(false);
         }
         if let Classifier::Unavailable(why) = &self.classifier {
             let p = format!("cannot tell CPU jobs' traffic apart: {why}");
@@ -352,7 +356,9 @@ impl NetworkControl {
         }
     }
 
-    fn remove_all(&mut self) -> Vec<NetworkEvent> {
+    /// Removes the tree; `stopping`: lodgerd stops, so lodgerd's own CPU jobs' cgroup
+    /// ([`Classifier::OwnCgroupV2`]) goes too.
+    fn remove_all(&mut self, stopping: bool) -> Vec<NetworkEvent> {
         if self.active == Some(false) {
             return Vec::new();
         }
@@ -385,7 +391,7 @@ impl NetworkControl {
                 }
             }
         }
-        if let Classifier::OwnCgroupV2 { root, relative } = &self.classifier {
+        if let (Classifier::OwnCgroupV2 { root, relative }, true) = (&self.classifier, stopping) {
             let dir = root.join(relative);
             if dir.is_dir() {
                 // Its processes go back to lodgerd's cgroup, where they came from.
@@ -417,7 +423,7 @@ impl NetworkControl {
     /// lodgerd is stopping: remove everything, whatever runs.
     pub fn shutdown(&mut self) -> Vec<NetworkEvent> {
         self.active = None;
-        self.remove_all()
+        self.remove_all(true)
     }
 }
 
@@ -718,8 +724,18 @@ mod tests {
             ),
             "{changes}"
         );
-        // Off: the processes go back to lodgerd's cgroup.
+        // Off: the processes stay (the sockets they made there match again next time)...
         ctl.reconcile(&want(&[], &[]));
+        assert_eq!(
+            std::fs::read_to_string(group.join("cgroup.procs")).expect("procs"),
+            "4242"
+        );
+        assert_eq!(
+            std::fs::read_to_string(own.join("cgroup.procs")).expect("procs"),
+            ""
+        );
+        // ... until lodgerd stops: back to lodgerd's cgroup.
+        ctl.shutdown();
         assert_eq!(
             std::fs::read_to_string(own.join("cgroup.procs")).expect("procs"),
             "4242"

@@ -36,6 +36,23 @@ enum OpenFailure {
     Fatal(PerfError),
 }
 
+/// Whether thread `tid` is gone or exiting (`PF_EXITING` in the flags of `/proc/TID/stat`).
+fn thread_exiting(proc_root: &Path, tid: u32) -> bool {
+    const PF_EXITING: u64 = 0x4;
+    let Ok(text) = std::fs::read(proc_root.join(tid.to_string()).join("stat")) else {
+        return true;
+    };
+    // After the name (which may hold spaces): state (field 3) ... flags (field 9).
+    let Some(close) = text.iter().rposition(|&b| b == b')') else {
+        return false;
+    };
+    let rest = String::from_utf8_lossy(&text[close + 1..]);
+    let mut fields = rest.split_ascii_whitespace();
+    let state = fields.next().unwrap_or("");
+    let flags: u64 = fields.nth(5).and_then(|f| f.parse().ok()).unwrap_or(0);
+    matches!(state, "Z" | "X" | "x") || flags & PF_EXITING != 0
+}
+
 /// The perf_event_open implementation of [`Counters`].
 #[derive(Debug)]
 pub struct PerfCounters {
@@ -217,6 +234,16 @@ impl PerfCounters {
             match opened {
                 Ok(c) => counters.push((event, c)),
                 Err(e) if e.raw_os_error() == Some(libc::ESRCH) => return Err(OpenFailure::Gone),
+                // A group member on a thread that began exiting after its leader opened: the
+                // kernel has taken the leader out of the thread's context and answers EINVAL
+                // (leader and member in different contexts), not ESRCH.
+                Err(e)
+                    if e.raw_os_error() == Some(libc::EINVAL)
+                        && !counters.is_empty()
+                        && tid.is_some_and(|t| thread_exiting(&self.settings.proc_root, t)) =>
+                {
+                    return Err(OpenFailure::Gone)
+                }
                 // A CPU that went offline since the target was made.
                 Err(e) if cgroup.is_some() && e.raw_os_error() == Some(libc::ENODEV) => {
                     return Err(OpenFailure::Gone)
