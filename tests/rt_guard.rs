@@ -37,9 +37,9 @@ fn a_job_above_the_rt_limit_is_detected_and_grown_by_a_core() {
             ..DaemonOptions::default()
         },
     );
-    // One loader whose batch takes longer on the CPU than the GPU step: it never waits for the
-    // dispatch thread, so with the dispatch thread it keeps its one core ~100 % busy.
-    let w = Workload::train_with(1, &["--gpu-step-ms", "2", "--batch-cpu-ms", "20"]);
+    // One loader whose batch takes longer on the CPU (30 ms) than the GPU step (20 ms): it never
+    // waits for the dispatch thread, so the job keeps its one core ~100 % busy.
+    let w = Workload::train_with(1, &["--batch-cpu-ms", "30"]);
     let id = d.register_pid(w.pid(), 1);
     let first = d.job(&id)["cpus"].as_str().expect("cpus").to_string();
     assert_eq!(cpus(&first).len(), 1, "{}", d.job(&id));
