@@ -192,7 +192,9 @@ fn instance_settings(config: &Config, enforce: &EnforceSettings) -> (InstanceSet
     let settings = InstanceSettings {
         stop_grace: Duration::from_secs(config.inference.stop_grace_seconds),
         window: probe,
-        offline_idle: config.training.lodgers_sched_idle,
+        // Under "other" training is SCHED_OTHER too: only SCHED_IDLE keeps lodgers below it.
+        offline_idle: config.training.lodgers_sched_idle
+            || config.training.policy == config::TrainingPolicy::Other,
         ..InstanceSettings::with_enforce(enforce)
     };
     (settings, probe)

@@ -7,7 +7,8 @@
 //! - `rr plain`: SCHED_RR for every thread at one priority, instance SCHED_OTHER (lodger before
 //!   issue 14);
 //! - `rr roles` (the default): the dispatch thread one RT priority above the loader, instance
-//!   SCHED_IDLE;
+//!   SCHED_OTHER;
+//! - `rr roles, instance IDLE`: the same with `lodgers_sched_idle = true`;
 //! - `rr roles, rt_runtime -1`: the same with the kernel's RT throttling off (the opt-in
 //!   `kernel.sched_rt_runtime_us = -1`, set by the benchmark and restored by [`Sysctl`]'s Drop);
 //! - `other`: training SCHED_OTHER at nice -10, instance SCHED_IDLE;
@@ -15,8 +16,8 @@
 //!   it nears the RT limit (offline instances then run on both CPUs).
 //!
 //! Beside each: the training threads' run-queue wait (`/proc/PID/task/*/schedstat`), stalls
-//! (inferred RT throttling: spans of >= 5 ms in which some training thread was runnable all the
-//! time and none ran, sampled every 2 ms from CPU 0), and the offline instance's throughput
+//! (inferred RT throttling: spans of >= 10 ms in which some training thread was runnable at every
+//! sample and none ran, sampled every 2 ms from CPU 0), and the offline instance's throughput
 //! against the leftover limit (the instance's rate alone on a whole CPU times the share of CPU 1
 //! training leaves idle alone, both measured in this run).
 //!
@@ -36,7 +37,7 @@ const MILD_BATCH_MS: u64 = 10;
 const BUSY_BATCH_MS: u64 = 30;
 /// The stall sampler's period and the shortest stall it counts.
 const STALL_POLL: Duration = Duration::from_millis(2);
-const STALL_MIN: Duration = Duration::from_millis(5);
+const STALL_MIN: Duration = Duration::from_millis(10);
 const SCHED_RT_RUNTIME: &str = "/proc/sys/kernel/sched_rt_runtime_us";
 
 /// A sysctl set for the benchmark and put back when dropped (also when a panic unwinds).
@@ -71,12 +72,13 @@ enum Arr {
     Default,
     RrPlain,
     RrRoles,
+    RrRolesIdle,
     RrUnthrottled,
     Other,
     RrFreeCore,
 }
 
-const ARRS: [(Arr, &str); 8] = [
+const ARRS: [(Arr, &str); 9] = [
     (Arr::AloneOther, "alone, SCHED_OTHER"),
     (Arr::AloneRr, "alone, SCHED_RR 10"),
     (Arr::Default, "default scheduling (both SCHED_OTHER)"),
@@ -86,8 +88,9 @@ const ARRS: [(Arr, &str); 8] = [
     ),
     (
         Arr::RrRoles,
-        "lodger rr roles (default: dispatch +1, instance IDLE)",
+        "lodger rr roles (default: dispatch +1, instance OTHER)",
     ),
+    (Arr::RrRolesIdle, "lodger rr roles, instance IDLE"),
     (
         Arr::RrUnthrottled,
         "lodger rr roles, sched_rt_runtime_us=-1 (opt-in)",
@@ -106,6 +109,7 @@ impl Arr {
             Arr::AloneOther | Arr::AloneRr | Arr::Default => None,
             Arr::RrPlain => Some(("role_priorities = false\nlodgers_sched_idle = false\n", "0")),
             Arr::RrRoles => Some(("", "0")),
+            Arr::RrRolesIdle => Some(("lodgers_sched_idle = true\n", "0")),
             Arr::RrUnthrottled => Some(("allow_unthrottled_rt = true\n", "0")),
             Arr::Other => Some(("policy = \"other\"\n", "0")),
             Arr::RrFreeCore => Some(("", "")),
@@ -126,12 +130,13 @@ struct Window {
     cpus: String,
 }
 
-/// `(on cpu ns, waiting ns)` summed over a process's threads.
-fn thread_sums(pid: u32) -> (u64, u64) {
+/// `(on cpu ns, waiting ns)` summed over a process's threads, and whether any of them is
+/// runnable (state `R` in `/proc/PID/task/TID/stat`).
+fn thread_sums(pid: u32) -> (u64, u64, bool) {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return (0, 0);
+        return (0, 0, false);
     };
-    let mut sum = (0u64, 0u64);
+    let mut sum = (0u64, 0u64, false);
     for t in tasks.flatten() {
         let text = std::fs::read_to_string(t.path().join("schedstat")).unwrap_or_default();
         let v: Vec<u64> = text
@@ -140,12 +145,19 @@ fn thread_sums(pid: u32) -> (u64, u64) {
             .collect();
         sum.0 += v.first().copied().unwrap_or(0);
         sum.1 += v.get(1).copied().unwrap_or(0);
+        let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+        if let Some(close) = stat.rfind(')') {
+            sum.2 |= stat[close + 1..].trim_start().starts_with('R');
+        }
     }
     sum
 }
 
 /// Samples the training threads every [`STALL_POLL`] on CPU 0 until stopped: counts spans of at
-/// least [`STALL_MIN`] in which the job waited the whole time and did not run.
+/// least [`STALL_MIN`] in which a thread of the job was runnable at every sample and none ran.
+/// (schedstat's wait time is only added when a thread gets the CPU, so it cannot show a stall
+/// while it lasts; the running thread's CPU time is brought up to date at least every tick, so
+/// a span several ticks long without progress is a stall.)
 fn stall_sampler(pid: u32, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<(u32, f64)> {
     std::thread::spawn(move || {
         let mut cpu0 = nix::sched::CpuSet::new();
@@ -159,8 +171,7 @@ fn stall_sampler(pid: u32, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<(u3
             let now = (thread_sums(pid), Instant::now());
             let dt = now.1.duration_since(last.1);
             let ran = now.0 .0.saturating_sub(last.0 .0);
-            let waited = now.0 .1.saturating_sub(last.0 .1);
-            let stalled = ran == 0 && waited as f64 >= dt.as_nanos() as f64 * 0.9;
+            let stalled = ran == 0 && now.0 .2 && last.0 .2;
             if stalled {
                 run += dt;
             } else {
@@ -440,7 +451,7 @@ pub(super) fn scenario_e(b: &mut Bench, bus: &PrivateBus) -> Vec<(String, String
                 })
                 .unwrap_or_default();
             let summary = format!(
-                "{}; mean {:+.1}% / p99 {:.2}x vs alone OTHER; run-queue wait {:.1} ms/s; stalls >=5 ms: {} ({:.0} ms){offline}",
+                "{}; mean {:+.1}% / p99 {:.2}x vs alone OTHER; run-queue wait {:.1} ms/s; stalls >=10 ms: {} ({:.0} ms){offline}",
                 stats(&w.steps),
                 (m / alone_mean - 1.0) * 100.0,
                 p99 / alone_p99,

@@ -772,16 +772,16 @@ mod prop {
 fn training_policy_and_rt_guard_keys() {
     let d = parse("").expect("empty");
     assert_eq!(d.training.policy, TrainingPolicy::Rr);
-    assert!(d.training.role_priorities && d.training.lodgers_sched_idle);
+    assert!(d.training.role_priorities && !d.training.lodgers_sched_idle);
     assert_eq!(d.training.rt_headroom_percent, 5);
     let c = parse(
         "[training]\npolicy = \"other\"\nother_nice = -5\nrole_priorities = false\n\
-         rt_headroom_percent = 10\nlodgers_sched_idle = false\n",
+         rt_headroom_percent = 10\nlodgers_sched_idle = true\n",
     )
     .expect("valid");
     assert_eq!(c.training.policy, TrainingPolicy::Other);
     assert_eq!(c.training.other_nice, -5);
-    assert!(!c.training.role_priorities && !c.training.lodgers_sched_idle);
+    assert!(!c.training.role_priorities && c.training.lodgers_sched_idle);
     assert_eq!(c.training.rt_headroom_percent, 10);
     for (text, says) in [
         ("[training]\npolicy = \"fifo\"\n", "training.policy"),

@@ -46,7 +46,7 @@ pub struct TrainingConfig {
     pub rt_headroom_percent: u32,
     /// Nice value of training threads under `policy = "other"`.
     pub other_nice: i32,
-    /// Offline inference instances run SCHED_IDLE.
+    /// Offline inference instances run SCHED_IDLE (always under `policy = "other"`).
     pub lodgers_sched_idle: bool,
     /// SCHED_RR priority, 1..=99 (an `i32` because that is what `sched_param` takes).
     pub rt_priority: i32,
@@ -71,7 +71,7 @@ impl Default for TrainingConfig {
             role_priorities: true,
             rt_headroom_percent: 5,
             other_nice: -10,
-            lodgers_sched_idle: true,
+            lodgers_sched_idle: false,
             rt_priority: 10,
             allow_unthrottled_rt: false,
             grant_rt_budget_us: 0,
