@@ -39,6 +39,8 @@
 #[path = "../tests/common/mod.rs"]
 mod common;
 mod support;
+#[path = "support/tail.rs"]
+mod tail;
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -1378,20 +1380,25 @@ fn main() {
     );
     let mut rows = Vec::new();
     let bus = PrivateBus::start();
-    {
-        // Training always on CPU 1: CPU 0 reserved, so lodgerd has nothing else to use.
-        let dir = tempfile::tempdir().expect("tempdir");
-        let d = lodgerd(&bus, dir.path(), "0");
-        rows.extend(scenario_a(&mut b, &d));
-        rows.extend(scenario_b(&mut b, &d));
+    // `LODGER_BENCH_ONLY=tail`: only (e), a few minutes.
+    let only_tail = std::env::var("LODGER_BENCH_ONLY").is_ok_and(|v| v == "tail");
+    if !only_tail {
+        {
+            // Training always on CPU 1: CPU 0 reserved, so lodgerd has nothing else to use.
+            let dir = tempfile::tempdir().expect("tempdir");
+            let d = lodgerd(&bus, dir.path(), "0");
+            rows.extend(scenario_a(&mut b, &d));
+            rows.extend(scenario_b(&mut b, &d));
+        }
+        {
+            // Both CPUs for lodgers.
+            let dir = tempfile::tempdir().expect("tempdir");
+            let d = lodgerd(&bus, dir.path(), "");
+            rows.extend(scenario_c(&mut b, &d));
+            rows.extend(scenario_d(&mut b, &d));
+        }
     }
-    {
-        // Both CPUs for lodgers.
-        let dir = tempfile::tempdir().expect("tempdir");
-        let d = lodgerd(&bus, dir.path(), "");
-        rows.extend(scenario_c(&mut b, &d));
-        rows.extend(scenario_d(&mut b, &d));
-    }
+    rows.extend(tail::scenario_e(&mut b, &bus));
     println!(
         "\nsummary (load average at end {}, {:.0} s in all):",
         load_average(),

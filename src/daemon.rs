@@ -18,7 +18,9 @@ use crate::enforce::network::node::{Classifier, NetworkControl, CPU_JOBS_MARK, N
 use crate::enforce::network::route::CpuJobsRoute;
 use crate::enforce::network::Steering;
 use crate::enforce::sim::SimulatedEnforcer;
-use crate::enforce::{CgroupDriver, EnforceSettings, Enforcer, PidPinning, PinMethod};
+use crate::enforce::{
+    CgroupDriver, EnforceSettings, Enforcer, PidPinning, PinMethod, TrainingClass,
+};
 use crate::policy::contention::{ContentionConfig, Mode as ContentionMode};
 use crate::sense::sampler::{GpuChoice, Sampler, SamplerSettings};
 use crate::store::Store;
@@ -173,6 +175,14 @@ fn enforce_settings(config: &Config) -> EnforceSettings {
         rt_priority: config.training.rt_priority,
         allow_unthrottled_rt: config.training.allow_unthrottled_rt,
         grant_rt_budget_us: config.training.grant_rt_budget_us(),
+        class: match config.training.policy {
+            config::TrainingPolicy::Rr => TrainingClass::Rr {
+                roles: config.training.role_priorities,
+            },
+            config::TrainingPolicy::Other => TrainingClass::Other {
+                nice: config.training.other_nice,
+            },
+        },
     }
 }
 
@@ -182,6 +192,9 @@ fn instance_settings(config: &Config, enforce: &EnforceSettings) -> (InstanceSet
     let settings = InstanceSettings {
         stop_grace: Duration::from_secs(config.inference.stop_grace_seconds),
         window: probe,
+        // Under "other" training is SCHED_OTHER too: only SCHED_IDLE keeps lodgers below it.
+        offline_idle: config.training.lodgers_sched_idle
+            || config.training.policy == config::TrainingPolicy::Other,
         ..InstanceSettings::with_enforce(enforce)
     };
     (settings, probe)
@@ -193,6 +206,10 @@ fn agent_settings(config: &Config) -> AgentSettings {
         interval: config.interval(),
         rt_priority: config.training.rt_priority,
         proc_root: config.node.proc_root.clone(),
+        rt_headroom_percent: match config.training.policy {
+            config::TrainingPolicy::Rr => Some(config.training.rt_headroom_percent),
+            config::TrainingPolicy::Other => None,
+        },
         rightsize: RightsizeSettings {
             enforce: match config.rightsize.mode {
                 config::RightsizeMode::Enforce => Some(true),

@@ -398,6 +398,50 @@ pub struct Job {
     /// Network shaping as it concerns this job (SODA §V-E), while it is on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<String>,
+    /// Training jobs under SCHED_RR: where the job stands against the kernel's RT limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rt: Option<RtStanding>,
+}
+
+/// A SCHED_RR training job against the kernel's RT limit (`sched_rt_runtime_us /
+/// sched_rt_period_us` of each CPU), as the RT guard last measured it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RtStanding {
+    /// The job's CPU time per CPU of its cpuset, percent.
+    pub share_percent: f64,
+    /// The RT limit, percent of a CPU; `None` when RT tasks are unthrottled.
+    pub limit_percent: Option<f64>,
+    /// Its threads' time runnable but not running, ms per second (summed over threads).
+    pub runq_wait_ms_per_s: f64,
+    /// Within `training.rt_headroom_percent` of the limit (or above it).
+    pub near_limit: bool,
+    /// Cores added to what the job asked for (or right-sizing gave it) because it neared the
+    /// limit; kept while the job runs.
+    pub extra_cores: u32,
+}
+
+impl RtStanding {
+    /// One line for `lodgerctl show`.
+    pub fn describe(&self) -> String {
+        let limit = self
+            .limit_percent
+            .map_or("unthrottled".to_string(), |l| format!("{l:.0}%"));
+        format!(
+            "{:.0}% of each CPU (RT limit {limit}){}; run-queue wait {:.1} ms/s{}",
+            self.share_percent,
+            if self.near_limit {
+                ", NEAR THE LIMIT"
+            } else {
+                ""
+            },
+            self.runq_wait_ms_per_s,
+            if self.extra_cores > 0 {
+                format!("; grown by {} core(s) to stay under it", self.extra_cores)
+            } else {
+                String::new()
+            }
+        )
+    }
 }
 
 /// One right-sizing window as `lodgerctl show` displays it.

@@ -69,6 +69,7 @@ fn spec(job_id: &str, index: u32, argv: Vec<String>, cpus: &str, threads: u32) -
         mems: CpuSet::new(),
         threads,
         batch: 2,
+        offline: false,
     }
 }
 

@@ -265,7 +265,9 @@ impl Inference {
 /// The instances the inference plan asks for, with each job's command.
 fn desired_instances(state: &State, plan: &inference::InferencePlan) -> Vec<InstanceSpec> {
     let mut desired = Vec::new();
-    for (id, instances) in plan.online.iter().chain(plan.offline.iter()) {
+    let online = plan.online.iter().map(|e| (e, false));
+    let offline = plan.offline.iter().map(|e| (e, true));
+    for ((id, instances), is_offline) in online.chain(offline) {
         let Some(inf) = state
             .jobs
             .get(id)
@@ -282,6 +284,7 @@ fn desired_instances(state: &State, plan: &inference::InferencePlan) -> Vec<Inst
                 mems: inst.mems.clone(),
                 threads: inst.threads,
                 batch: inst.batch,
+                offline: is_offline,
             });
         }
     }

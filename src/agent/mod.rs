@@ -21,6 +21,7 @@ mod layout;
 mod network;
 mod registry;
 mod rightsize;
+mod rtguard;
 mod run;
 mod training;
 
@@ -45,6 +46,7 @@ use self::contention::Contention;
 use self::inference::Inference;
 use self::network::Network;
 use self::rightsize::Rightsize;
+use self::rtguard::RtGuard;
 use self::training::Training;
 use crate::cpuset::CpuSet;
 use crate::enforce::instances::Instances;
@@ -65,6 +67,9 @@ pub struct AgentSettings {
     pub rightsize: RightsizeSettings,
     /// Contention control (SODA §V-E); None: off.
     pub contention: Option<ContentionConfig>,
+    /// The RT guard's headroom under the kernel's RT limit, points of a CPU
+    /// (`training.rt_headroom_percent`); None: off (training is not SCHED_RR).
+    pub rt_headroom_percent: Option<u32>,
 }
 
 /// Right-sizing of training jobs (SODA §V-B), from `[rightsize]`.
@@ -118,6 +123,8 @@ pub struct Agent {
     rightsize: Rightsize,
     /// Contention control (SODA §V-E); absent when off.
     contention: Option<Contention>,
+    /// Keeps SCHED_RR training jobs under the RT limit; absent when training is not RR.
+    rt_guard: Option<RtGuard>,
     training: Training,
     /// Runs inference instances; absent in `--sim` and unit tests (inference jobs are refused).
     inference: Option<Inference>,
@@ -214,6 +221,7 @@ impl AgentBuilder {
                 .contention
                 .clone()
                 .map(|c| Contention::new(c, self.mba)),
+            rt_guard: self.settings.rt_headroom_percent.map(RtGuard::new),
             training: Training::new(self.enforcer),
             inference: self
                 .runner

@@ -42,6 +42,7 @@ fn new_job(id: JobId, spec: JobSpec, owner_uid: u32) -> Job {
         tuning: Vec::new(),
         throttle: None,
         network: None,
+        rt: None,
         spec,
     }
 }

@@ -157,6 +157,10 @@ impl Agent {
             events: Vec::new(),
         };
         let tuned = self.rightsize.tick(&mut cx, throttling);
+        let grown = self
+            .rt_guard
+            .as_mut()
+            .is_some_and(|g| g.tick(&mut cx, rightsize_enforce));
         let throttles = match &mut self.contention {
             Some(c) => {
                 c.tick(&mut cx);
@@ -170,7 +174,7 @@ impl Agent {
             &training::views(cx.state, rightsize_enforce),
             &cx.state.plan,
         );
-        let mut dirty = tuned || plan != cx.state.plan;
+        let mut dirty = tuned || grown || plan != cx.state.plan;
         cx.state.plan = plan;
         let (changed, gone) = self.training.tick(&mut cx);
         dirty |= changed;

@@ -130,6 +130,7 @@ impl Rig {
                 pressure_ticks: 2,
                 ..ContentionConfig::default()
             }),
+            rt_headroom_percent: Some(5),
         };
         Agent::builder(
             settings,
@@ -637,4 +638,61 @@ fn a_newer_or_garbage_state_file_is_set_aside_and_the_agent_starts() {
             .collect();
         assert_eq!(aside.len(), 1, "{text}: {aside:?}");
     }
+}
+
+/// Issue 14: a SCHED_RR job whose threads keep its CPUs above the RT limit is shown near it and
+/// grown by one core after `GROW_AFTER` ticks; a quiet job beside it is measured and left alone.
+#[test]
+fn a_job_near_the_rt_limit_is_grown_by_a_core() {
+    use super::rtguard::GROW_AFTER;
+    let rig = Rig::new();
+    let root = rig.proc_root.path();
+    std::fs::create_dir_all(root.join("sys/kernel")).unwrap();
+    std::fs::write(root.join("sys/kernel/sched_rt_runtime_us"), "950000\n").unwrap();
+    std::fs::write(root.join("sys/kernel/sched_rt_period_us"), "1000000\n").unwrap();
+    let stat = |pid: u32, on_cpu_ns: u64| {
+        let dir = root.join(format!("{pid}/task/{pid}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("schedstat"), format!("{on_cpu_ns} 7000000 3\n")).unwrap();
+    };
+    rig.spawn(100);
+    rig.spawn(200);
+    stat(100, 0);
+    stat(200, 0);
+    let mut agent = rig.agent();
+    let busy = agent.register(spec(vec![100], 1), 0).unwrap();
+    let quiet = agent.register(spec(vec![200], 1), 0).unwrap();
+    let cpus_before = busy.cpus.len();
+    // Each tick the busy thread gains 1000 s of CPU time: far above what its CPUs could give in
+    // the wall time a tick takes, whatever the machine's speed. The quiet one gains nothing.
+    let mut on_cpu = 0u64;
+    for tick in 0..=GROW_AFTER {
+        let jobs = agent.jobs();
+        assert_eq!(
+            jobs[&busy.id].cpus.len(),
+            cpus_before,
+            "grown before {GROW_AFTER} ticks near the limit (tick {tick})"
+        );
+        on_cpu += 1_000_000_000_000;
+        stat(100, on_cpu);
+        agent.tick();
+    }
+    let jobs = agent.jobs();
+    let rt = jobs[&busy.id].rt.clone().expect("measured");
+    assert!(rt.near_limit, "{rt:?}");
+    assert_eq!(rt.limit_percent, Some(95.0));
+    assert_eq!(rt.extra_cores, 1);
+    assert!(
+        jobs[&busy.id].cpus.len() > cpus_before,
+        "{:?}",
+        jobs[&busy.id]
+    );
+    assert!(
+        rt.describe().contains("grown by 1 core"),
+        "{}",
+        rt.describe()
+    );
+    let calm = jobs[&quiet.id].rt.clone().expect("measured");
+    assert!(!calm.near_limit && calm.extra_cores == 0, "{calm:?}");
+    assert_eq!(jobs[&quiet.id].cpus.len(), quiet.cpus.len());
 }

@@ -89,7 +89,8 @@ impl Enforce for crate::enforce::sim::SimulatedEnforcer {
 }
 
 /// The training jobs as the placement policy sees them: their cores are the right-sizing tuner's
-/// when it resizes (`rightsize_enforce == Some(true)`), else what they asked for.
+/// when it resizes (`rightsize_enforce == Some(true)`), else what they asked for, plus the RT
+/// guard's headroom cores.
 pub(super) fn views(state: &State, rightsize_enforce: Option<bool>) -> Vec<TrainingJobView> {
     state
         .jobs
@@ -97,10 +98,11 @@ pub(super) fn views(state: &State, rightsize_enforce: Option<bool>) -> Vec<Train
         .filter(|s| s.job.spec.kind.role() == Role::Training)
         .map(|s| TrainingJobView {
             id: s.job.id.clone(),
+            // The RT guard's extra cores keep a SCHED_RR job under the RT limit (agent::rtguard).
             cores: match (&s.tuning, rightsize_enforce) {
                 (Some(t), Some(true)) => t.tuner.cores(),
                 _ => s.job.spec.cores,
-            },
+            } + s.job.rt.as_ref().map_or(0, |r| r.extra_cores),
             gpus: s.job.spec.gpus.clone(),
         })
         .collect()

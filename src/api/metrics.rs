@@ -79,6 +79,32 @@ pub fn render(snap: &Snapshot) -> String {
             })
             .collect(),
     );
+    let rt_jobs = |f: fn(&crate::job::RtStanding) -> f64| -> Vec<(Labels, f64)> {
+        jobs.iter()
+            .filter_map(|j| Some((job_labels(j.id.as_str(), &j.spec.name), f(j.rt.as_ref()?))))
+            .collect()
+    };
+    b.family(
+        "job_rt_share_percent",
+        "SCHED_RR training job: CPU time per CPU of its cpuset, percent (the kernel throttles \
+         RT tasks above sched_rt_runtime_us / sched_rt_period_us)",
+        rt_jobs(|r| r.share_percent),
+    );
+    b.family(
+        "job_rt_near_limit",
+        "1 while the SCHED_RR training job is within training.rt_headroom_percent of the RT limit",
+        rt_jobs(|r| if r.near_limit { 1.0 } else { 0.0 }),
+    );
+    b.family(
+        "job_rt_extra_cores",
+        "Cores the RT guard added to the training job to keep it under the RT limit",
+        rt_jobs(|r| f64::from(r.extra_cores)),
+    );
+    b.family(
+        "job_runq_wait_ms_per_second",
+        "Time the training job's threads spent runnable but not running, ms per second",
+        rt_jobs(|r| r.runq_wait_ms_per_s),
+    );
     let per_job = |f: fn(&crate::sense::JobMetrics) -> Option<f64>| -> Vec<(Labels, f64)> {
         jobs.iter()
             .filter_map(|j| {

@@ -312,6 +312,12 @@ pub fn job_to_dict(job: &Job, rt_priority: i32) -> HashMap<String, Value<'static
     if let Some(n) = &job.network {
         put("network", Value::from(n.clone()));
     }
+    if let Some(rt) = &job.rt {
+        put("rt", Value::from(rt.describe()));
+        put("rt_share_percent", Value::from(rt.share_percent));
+        put("runq_wait_ms_per_s", Value::from(rt.runq_wait_ms_per_s));
+        put("rt_extra_cores", Value::from(rt.extra_cores));
+    }
     if let Some(r) = &job.rightsize {
         put("rightsize", Value::from(r.clone()));
     }

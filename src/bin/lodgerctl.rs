@@ -389,6 +389,9 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 if d.contains_key("network") {
                     println!("  {:>12}: {}", "Network", get(&d, "network"));
                 }
+                if d.contains_key("rt") {
+                    println!("  {:>12}: {}", "RT limit", get(&d, "rt"));
+                }
                 print_dict_table(
                     &d,
                     "tuning",
@@ -554,7 +557,7 @@ async fn top_once(proxy: &ManagerProxy<'_>, json: bool) -> Result<String, Failur
                         o.insert("metrics".into(), dict_to_json(m));
                     }
                     // Contention throttles and network shaping in force on the job.
-                    for key in ["throttle", "network"] {
+                    for key in ["throttle", "network", "rt"] {
                         if d.contains_key(key) {
                             o.insert(key.into(), get(d, key).into());
                         }
@@ -636,6 +639,9 @@ async fn top_once(proxy: &ManagerProxy<'_>, json: bool) -> Result<String, Failur
         }
         if d.contains_key("network") {
             out.push_str(&format!("{id}: network: {}\n", get(d, "network")));
+        }
+        if d.contains_key("rt") {
+            out.push_str(&format!("{id}: RT limit: {}\n", get(d, "rt")));
         }
     }
     // Why a job's bandwidth is not measured while the node's is (no free RMID).

@@ -50,7 +50,9 @@ pub use rightsize::{RightsizeConfig, RightsizeMode};
 pub use sense::{
     GpuSourceChoice, SenseConfig, HISTORY_RANGE, PERF_MAX_FDS_RANGE, SENSE_INTERVAL_MS_RANGE,
 };
-pub use training::{TrainingConfig, RT_BUDGET_US_RANGE, RT_PERIOD_US, RT_PRIORITY_RANGE};
+pub use training::{
+    TrainingConfig, TrainingPolicy, RT_BUDGET_US_RANGE, RT_PERIOD_US, RT_PRIORITY_RANGE,
+};
 
 use cgroup::RawCgroup;
 use contention::RawContention;

@@ -767,3 +767,28 @@ mod prop {
         }
     }
 }
+
+#[test]
+fn training_policy_and_rt_guard_keys() {
+    let d = parse("").expect("empty");
+    assert_eq!(d.training.policy, TrainingPolicy::Rr);
+    assert!(d.training.role_priorities && !d.training.lodgers_sched_idle);
+    assert_eq!(d.training.rt_headroom_percent, 5);
+    let c = parse(
+        "[training]\npolicy = \"other\"\nother_nice = -5\nrole_priorities = false\n\
+         rt_headroom_percent = 10\nlodgers_sched_idle = true\n",
+    )
+    .expect("valid");
+    assert_eq!(c.training.policy, TrainingPolicy::Other);
+    assert_eq!(c.training.other_nice, -5);
+    assert!(!c.training.role_priorities && c.training.lodgers_sched_idle);
+    assert_eq!(c.training.rt_headroom_percent, 10);
+    for (text, says) in [
+        ("[training]\npolicy = \"fifo\"\n", "training.policy"),
+        ("[training]\nother_nice = 5\n", "between -20 and 0"),
+        ("[training]\nrt_headroom_percent = 60\n", "between 0 and 50"),
+    ] {
+        let e = parse(text).expect_err(text).to_string();
+        assert!(e.contains(says), "{text}: {e}");
+    }
+}

@@ -80,6 +80,26 @@ pub struct EnforceSettings {
     pub allow_unthrottled_rt: bool,
     /// Grant this RT budget to v1 cpu cgroups that have none (`training.grant_rt_budget_us`).
     pub grant_rt_budget_us: Option<u64>,
+    /// The scheduling class training threads get (`training.policy`).
+    pub class: TrainingClass,
+}
+
+/// The scheduling class of training threads (`training.policy`, `training.role_priorities`,
+/// `training.other_nice`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TrainingClass {
+    /// SCHED_RR at `rt_priority`; with `roles`, threads that mostly wait (dispatch, main) one
+    /// priority above the busy ones (loaders), so a waking dispatch thread pre-empts a loader
+    /// instead of queueing behind its 100 ms slice.
+    Rr { roles: bool },
+    /// SCHED_OTHER at this nice value.
+    Other { nice: i32 },
+}
+
+impl Default for TrainingClass {
+    fn default() -> Self {
+        TrainingClass::Rr { roles: true }
+    }
 }
 
 impl Default for EnforceSettings {
@@ -93,6 +113,7 @@ impl Default for EnforceSettings {
             rt_priority: DEFAULT_RT_PRIORITY,
             allow_unthrottled_rt: false,
             grant_rt_budget_us: None,
+            class: TrainingClass::default(),
         }
     }
 }

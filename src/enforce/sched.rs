@@ -47,6 +47,8 @@ pub enum SchedError {
         errno: Errno,
         hint: &'static str,
     },
+    #[error("cannot set nice {nice} on thread {tid}: {errno}")]
+    SetNice { tid: u32, nice: i32, errno: Errno },
     #[error("cannot set SCHED_OTHER on thread {tid}: {errno}")]
     Revert { tid: u32, errno: Errno },
     #[error("cannot read the scheduling policy of thread {tid}: {errno}")]
@@ -195,6 +197,29 @@ pub fn revert_rr(tid: u32) -> Result<bool, SchedError> {
         Err(Errno::ESRCH) => Ok(false),
         Err(errno) => Err(SchedError::Revert { tid, errno }),
     }
+}
+
+/// A thread's nice value (`getpriority(PRIO_PROCESS, tid)`).
+pub fn nice_of(tid: u32) -> Result<i32, Errno> {
+    let id = libc::id_t::try_from(tid).map_err(|_| Errno::ESRCH)?;
+    Errno::clear();
+    // SAFETY: no pointers; the kernel checks the id. -1 is a valid nice value: errno tells.
+    let nice = unsafe { libc::getpriority(libc::PRIO_PROCESS, id) };
+    if nice == -1 && Errno::last_raw() != 0 {
+        return Err(Errno::last());
+    }
+    Ok(nice)
+}
+
+/// Sets a thread's nice value (`setpriority(PRIO_PROCESS, tid, nice)`).
+pub fn set_nice(tid: u32, nice: i32) -> Result<(), Errno> {
+    let id = libc::id_t::try_from(tid).map_err(|_| Errno::ESRCH)?;
+    // SAFETY: no pointers; the kernel checks the id and the value.
+    let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, id, nice) };
+    if rc < 0 {
+        return Err(Errno::last());
+    }
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------------------------

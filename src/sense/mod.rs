@@ -10,6 +10,7 @@ pub mod link;
 pub mod membw;
 pub mod net;
 pub mod perf;
+pub mod rtlimit;
 pub mod sampler;
 
 use std::collections::{BTreeMap, VecDeque};

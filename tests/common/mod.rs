@@ -546,12 +546,14 @@ pub fn cpus_allowed(pid: u32, tid: u32) -> Option<String> {
         .map(|s| s.trim().to_string())
 }
 
-/// True when every thread of `pid` is SCHED_RR at `prio` on exactly `cpus`.
+/// True when every thread of `pid` is SCHED_RR at `prio` on exactly `cpus`. With
+/// `training.role_priorities` (the default) threads that mostly wait run at `prio + 1`: either
+/// counts.
 pub fn all_rr_on(pid: u32, prio: i32, cpus: &str) -> bool {
     let tids = tids(pid);
     !tids.is_empty()
         && tids.iter().all(|&t| {
-            sched_of(t) == Some((libc::SCHED_RR, prio))
+            matches!(sched_of(t), Some((libc::SCHED_RR, p)) if p == prio || p == prio + 1)
                 && cpus_allowed(pid, t).as_deref() == Some(cpus)
         })
 }

@@ -143,6 +143,9 @@ pub struct InstanceSettings {
     /// The span that throughput and latency percentiles cover.
     pub window: Duration,
     pub output: InstanceOutput,
+    /// Offline instances run SCHED_IDLE (`training.lodgers_sched_idle`): they yield even to
+    /// SCHED_OTHER training threads (`training.policy = "other"`).
+    pub offline_idle: bool,
 }
 
 impl Default for InstanceSettings {
@@ -160,6 +163,7 @@ impl Default for InstanceSettings {
             stable_after: Duration::from_secs(60),
             window: Duration::from_secs(10),
             output: InstanceOutput::Inherit,
+            offline_idle: false,
         }
     }
 }
@@ -191,6 +195,9 @@ pub struct InstanceSpec {
     pub mems: CpuSet,
     pub threads: u32,
     pub batch: u32,
+    /// An offline (throughput) instance: SCHED_IDLE when `InstanceSettings::offline_idle`.
+    #[serde(default)]
+    pub offline: bool,
 }
 
 impl InstanceSpec {

@@ -124,6 +124,11 @@ impl Host {
             // SAFETY: sched_param is plain integers (one on glibc, padding on musl): all-zero is
             // valid, and is priority 0.
             param: unsafe { std::mem::zeroed() },
+            policy: if spec.offline && self.settings.offline_idle {
+                libc::SCHED_IDLE
+            } else {
+                libc::SCHED_OTHER
+            },
             procs_fd: procs_file.as_ref().map(AsRawFd::as_raw_fd),
             mask,
             report_fd: report_write.as_raw_fd(),
@@ -208,8 +213,10 @@ pub(super) fn report_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
 pub(super) struct ChildSetup {
     pub(super) parent_pid: libc::pid_t,
     pub(super) death_signal: libc::c_ulong,
-    /// Priority 0, for SCHED_OTHER.
+    /// Priority 0, for SCHED_OTHER or SCHED_IDLE.
     pub(super) param: libc::sched_param,
+    /// SCHED_OTHER, or SCHED_IDLE for offline instances that yield to everything.
+    pub(super) policy: libc::c_int,
     /// Cgroup placement: `cgroup.procs` of the instance's cgroup, open for writing.
     pub(super) procs_fd: Option<RawFd>,
     /// Affinity placement: the instance's CPUs.
@@ -230,10 +237,10 @@ impl ChildSetup {
         if unsafe { libc::getppid() } != self.parent_pid {
             return Err(io::Error::from_raw_os_error(libc::ESRCH));
         }
-        // A child inherits the spawning thread's policy: instances are always SCHED_OTHER, the
-        // class training's SCHED_RR pre-empts (Cloud Reamer §III-A).
+        // A child inherits the spawning thread's policy: instances are SCHED_OTHER, the class
+        // training's SCHED_RR pre-empts (Cloud Reamer §III-A), or SCHED_IDLE for offline ones.
         // SAFETY: `self.param` is a valid sched_param that outlives the call.
-        if unsafe { libc::sched_setscheduler(0, libc::SCHED_OTHER, &self.param) } != 0 {
+        if unsafe { libc::sched_setscheduler(0, self.policy, &self.param) } != 0 {
             return fail();
         }
         if let Some(fd) = self.procs_fd {

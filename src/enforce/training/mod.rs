@@ -18,6 +18,7 @@ mod cgroup_jobs;
 pub mod error;
 mod pid_jobs;
 pub mod record;
+mod roles;
 mod rr;
 pub mod rtgroup;
 
@@ -69,7 +70,8 @@ pub struct Outcome {
     /// The job's live processes, sorted.
     pub pids: Vec<u32>,
     pub threads: u32,
-    /// Threads that are SCHED_RR at the configured priority.
+    /// Threads in the configured class: SCHED_RR at the configured priority (or one above, by
+    /// role), or SCHED_OTHER at the configured nice under `policy = "other"`.
     pub rr_threads: u32,
     /// False when no process of the job is left.
     pub alive: bool,
@@ -86,6 +88,7 @@ struct Scratch {
     tids: Vec<u32>,
     in_cgroup: Vec<u32>,
     cgroups: Vec<String>,
+    roles: roles::ThreadRoles,
 }
 
 /// Enforces training jobs' placements and SCHED_RR. One per lodgerd; `Send` and `Sync`.
@@ -142,6 +145,7 @@ impl Enforcer {
             tids: Vec::new(),
             in_cgroup: Vec::new(),
             cgroups: Vec::new(),
+            roles: roles::ThreadRoles::new(&settings.proc_root),
         };
         Ok(Enforcer {
             mode: CgroupMode {

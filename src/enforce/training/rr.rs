@@ -1,11 +1,17 @@
-//! The SCHED_RR sweep: every thread of a training job made SCHED_RR at the configured priority
-//! (Cloud Reamer §III-A), re-swept each apply for threads that did not inherit it, reverted on
-//! release; an EPERM from a v1 cpu cgroup without an RT budget is diagnosed (and the budget
-//! granted when configured). Touches sched_setscheduler, sched_setaffinity and v1 cpu cgroups.
+//! The scheduling sweep: every thread of a training job made SCHED_RR at the configured priority
+//! (Cloud Reamer §III-A), threads that mostly wait one priority higher ([`super::roles`]), or,
+//! under `training.policy = "other"`, SCHED_OTHER at a high weight; re-swept each apply for
+//! threads that did not inherit it, reverted on release; an EPERM from a v1 cpu cgroup without an
+//! RT budget is diagnosed (and the budget granted when configured). Touches sched_setscheduler,
+//! setpriority, sched_setaffinity and v1 cpu cgroups.
 
+use std::time::Instant;
+
+use super::roles::Role;
 use super::rtgroup::RtGrant;
 use super::{EnforceError, Enforcer, Scratch};
 use crate::enforce::sched::{self, AffinityState, CpuMask, RrState, SchedError};
+use crate::enforce::TrainingClass;
 
 impl Enforcer {
     /// Makes every thread of `pids` SCHED_RR (and, with `mask`, sets its affinity). Returns the
@@ -18,6 +24,9 @@ impl Enforcer {
         rr: &mut RrSweep<'_>,
     ) -> Vec<u32> {
         let mut alive = Vec::with_capacity(pids.len());
+        let now = Instant::now();
+        let roles = matches!(self.settings.class, TrainingClass::Rr { roles: true });
+        s.roles.begin(now);
         for &pid in pids {
             s.tids.clear();
             match s.reader.threads(pid, &mut s.tids) {
@@ -38,7 +47,12 @@ impl Enforcer {
                         Err(e) => rr.errors.push(e.into()),
                     }
                 }
-                any |= rr.thread(pid, tid);
+                let role = if roles {
+                    s.roles.role(pid, tid, now)
+                } else {
+                    Role::Worker
+                };
+                any |= rr.thread(pid, tid, role);
             }
             if any {
                 alive.push(pid);
@@ -68,6 +82,21 @@ impl Enforcer {
             for &tid in &s.tids {
                 if let Err(e) = sched::revert_rr(tid) {
                     errors.push(e.into());
+                }
+                if let TrainingClass::Other { nice } = self.settings.class {
+                    // Only the value lodger set: a nice the owner chose since is theirs.
+                    if nice != 0 && sched::nice_of(tid) == Ok(nice) {
+                        if let Err(errno) = sched::set_nice(tid, 0) {
+                            errors.push(
+                                SchedError::SetNice {
+                                    tid,
+                                    nice: 0,
+                                    errno,
+                                }
+                                .into(),
+                            );
+                        }
+                    }
                 }
                 if let Some(mask) = mask {
                     if let Err(e) = sched::ensure_affinity(tid, mask) {
@@ -107,8 +136,49 @@ impl<'a> RrSweep<'a> {
         }
     }
 
-    fn priority(&self) -> i32 {
-        self.enforcer.settings.rt_priority
+    /// The RR priority of a thread in `role`: latency threads one above the workers.
+    fn priority(&self, role: Role) -> i32 {
+        let base = self.enforcer.settings.rt_priority;
+        match role {
+            Role::Worker => base,
+            Role::Latency => (base + 1).min(sched::rr_priority_range().1),
+        }
+    }
+
+    /// `training.policy = "other"`: SCHED_OTHER at `nice`. Returns false when the thread is gone.
+    fn other(&mut self, tid: u32, nice: i32) -> bool {
+        self.threads += 1;
+        match sched::revert_rr(tid) {
+            Ok(true) => self.changed = true,
+            Ok(false) => {}
+            Err(e) => self.errors.push(e.into()),
+        }
+        match sched::nice_of(tid) {
+            Ok(n) if n == nice => {}
+            Ok(_) => match sched::set_nice(tid, nice) {
+                Ok(()) => self.changed = true,
+                Err(nix::errno::Errno::ESRCH) => {
+                    self.threads -= 1;
+                    return false;
+                }
+                Err(errno) => {
+                    self.errors
+                        .push(SchedError::SetNice { tid, nice, errno }.into());
+                    return true;
+                }
+            },
+            Err(nix::errno::Errno::ESRCH) => {
+                self.threads -= 1;
+                return false;
+            }
+            Err(errno) => {
+                self.errors
+                    .push(SchedError::SetNice { tid, nice, errno }.into());
+                return true;
+            }
+        }
+        self.rr += 1;
+        true
     }
 
     /// Read once per apply, and only when some thread needs changing: it can change at run time.
@@ -139,8 +209,11 @@ impl<'a> RrSweep<'a> {
     }
 
     /// One thread; returns false when it is gone.
-    fn thread(&mut self, pid: u32, tid: u32) -> bool {
-        let priority = self.priority();
+    fn thread(&mut self, pid: u32, tid: u32, role: Role) -> bool {
+        if let TrainingClass::Other { nice } = self.enforcer.settings.class {
+            return self.other(tid, nice);
+        }
+        let priority = self.priority(role);
         match sched::needs_rr(tid, priority) {
             Ok(Some(RrState::Gone)) => return false,
             Ok(Some(_)) => {
@@ -170,7 +243,7 @@ impl<'a> RrSweep<'a> {
                 true
             }
             Err(nix::errno::Errno::EPERM) => {
-                self.on_eperm(pid, tid);
+                self.on_eperm(pid, tid, priority);
                 true
             }
             Err(errno) => {
@@ -190,8 +263,7 @@ impl<'a> RrSweep<'a> {
 
     /// EPERM with RT group scheduling means the thread's cpu cgroup has no RT budget: grant one
     /// when configured, else say which file to write.
-    fn on_eperm(&mut self, pid: u32, tid: u32) {
-        let priority = self.priority();
+    fn on_eperm(&mut self, pid: u32, tid: u32, priority: i32) {
         let e = self.enforcer;
         let plain = |hint| -> EnforceError {
             SchedError::SetScheduler {

@@ -1,0 +1,155 @@
+//! The RT guard: keeps SCHED_RR training jobs under the kernel's RT limit. Each tick it measures
+//! every running training job's CPU time per CPU of its cpuset and its threads' run-queue wait
+//! (`sense::rtlimit`), records them on the job (`lodgerctl show`, metrics), and when a job stays
+//! within `training.rt_headroom_percent` of the limit for [`GROW_AFTER`] ticks it grows the job
+//! by one core if the plan can place it, or says once that it cannot. Touches /proc (read) and
+//! the jobs lent by the tick.
+//!
+//! Why: a job whose threads keep each of its CPUs busier than `sched_rt_runtime_us /
+//! sched_rt_period_us` (95 %) is stopped by the kernel for the rest of each period, up to 50 ms a
+//! second (issue 14: step p99 58 ms against 30 ms under SCHED_OTHER). Consolidation and
+//! right-sizing (SODA §V-B: fewest cores at full speed) push a job exactly there; one more core
+//! brings it back under the limit without leaving SCHED_RR (Cloud Reamer §III-A).
+
+use std::collections::HashMap;
+
+use tracing::{info, warn};
+
+use super::training::views;
+use super::TickCx;
+use crate::job::{JobId, JobState, Role, RtStanding};
+use crate::policy;
+use crate::sense::rtlimit::{self, ThreadTimes};
+
+/// Ticks in a row near the limit before the job is grown (one tick's sample is noisy).
+pub const GROW_AFTER: u32 = 3;
+
+#[derive(Debug)]
+struct Watch {
+    last: ThreadTimes,
+    near_ticks: u32,
+    /// The "cannot grow" line was logged for this episode.
+    told: bool,
+}
+
+/// See the module doc.
+#[derive(Debug)]
+pub(super) struct RtGuard {
+    /// `training.rt_headroom_percent` as a share of a CPU.
+    headroom: f64,
+    watches: HashMap<JobId, Watch>,
+}
+
+impl RtGuard {
+    pub(super) fn new(headroom_percent: u32) -> Self {
+        Self {
+            headroom: f64::from(headroom_percent) / 100.0,
+            watches: HashMap::new(),
+        }
+    }
+
+    /// Measures every running training job; grows those that stayed near the limit. Returns
+    /// whether a job's core count changed (the plan must be made again).
+    pub(super) fn tick(&mut self, cx: &mut TickCx<'_>, rightsize_enforce: Option<bool>) -> bool {
+        let limit = rtlimit::rt_limit(cx.proc_root);
+        let running: Vec<JobId> = cx
+            .state
+            .jobs
+            .values()
+            .filter(|s| {
+                s.job.spec.kind.role() == Role::Training
+                    && s.job.state == JobState::Running
+                    && !s.job.pids.is_empty()
+            })
+            .map(|s| s.job.id.clone())
+            .collect();
+        self.watches.retain(|id, _| running.contains(id));
+        let mut grown = false;
+        for id in running {
+            let Some(stored) = cx.state.jobs.get_mut(&id) else {
+                continue;
+            };
+            let cur = rtlimit::thread_times(cx.proc_root, &stored.job.pids);
+            let cpus = stored.job.cpus.len();
+            let Some(watch) = self.watches.get_mut(&id) else {
+                self.watches.insert(
+                    id,
+                    Watch {
+                        last: cur,
+                        near_ticks: 0,
+                        told: false,
+                    },
+                );
+                continue;
+            };
+            let rates = rtlimit::rates(&watch.last, &cur, cpus);
+            watch.last = cur;
+            let Some(rates) = rates else { continue };
+            let near = limit.is_some_and(|l| rates.share_per_cpu >= l - self.headroom);
+            watch.near_ticks = if near { watch.near_ticks + 1 } else { 0 };
+            if !near {
+                watch.told = false;
+            }
+            let extra = stored.job.rt.as_ref().map_or(0, |r| r.extra_cores);
+            stored.job.rt = Some(RtStanding {
+                share_percent: rates.share_per_cpu * 100.0,
+                limit_percent: limit.map(|l| l * 100.0),
+                runq_wait_ms_per_s: rates.runq_wait_ms_per_s,
+                near_limit: near,
+                extra_cores: extra,
+            });
+            if watch.near_ticks < GROW_AFTER {
+                continue;
+            }
+            watch.near_ticks = 0;
+            let share = rates.share_per_cpu * 100.0;
+            let limit_pct = limit.unwrap_or(1.0) * 100.0;
+            // At most doubling what the job asked for: a job that keeps every core it gets
+            // busy is not held back by the RT limit but by its own demand.
+            let cap = stored.job.spec.cores.max(1);
+            if extra < cap && try_grow(cx, &id, rightsize_enforce) {
+                info!(
+                    job = %id,
+                    "uses {share:.0}% of each of its {cpus} CPU(s), near the RT limit \
+                     ({limit_pct:.0}% = sched_rt_runtime_us / sched_rt_period_us): the kernel would \
+                     stop its threads for the rest of each period; grown by one core"
+                );
+                grown = true;
+            } else if !watch.told {
+                watch.told = true;
+                warn!(
+                    job = %id,
+                    "uses {share:.0}% of each of its {cpus} CPU(s), near the RT limit \
+                     ({limit_pct:.0}%): its SCHED_RR threads are throttled up to \
+                     {:.0} ms a second and no core is free to grow it; free a core, or run \
+                     training as SCHED_OTHER (training.policy = \"other\")",
+                    (1.0 - limit_pct / 100.0) * 1000.0
+                );
+            }
+        }
+        grown
+    }
+}
+
+/// Gives `id` one more core if the plan then still places every job it placed.
+fn try_grow(cx: &mut TickCx<'_>, id: &JobId, rightsize_enforce: Option<bool>) -> bool {
+    let Some(stored) = cx.state.jobs.get_mut(id) else {
+        return false;
+    };
+    let rt = stored.job.rt.get_or_insert_with(RtStanding::default);
+    rt.extra_cores += 1;
+    let plan = policy::decide(
+        cx.topology,
+        cx.reserved,
+        &views(cx.state, rightsize_enforce),
+        &cx.state.plan,
+    );
+    let placed_before = cx.state.plan.training.len();
+    let fits = plan.training.contains_key(id) && plan.training.len() >= placed_before;
+    if !fits {
+        if let Some(rt) = cx.state.jobs.get_mut(id).and_then(|s| s.job.rt.as_mut()) {
+            rt.extra_cores -= 1;
+        }
+    }
+    fits
+}

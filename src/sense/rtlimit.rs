@@ -1,0 +1,166 @@
+//! The kernel's real-time limit and what a job's threads get under it: the node's
+//! `sched_rt_runtime_us / sched_rt_period_us` (the share of each CPU RT tasks may use before the
+//! kernel throttles them for the rest of the period), and the job's threads' time on CPU and in
+//! the run queue from `/proc/PID/task/TID/schedstat` (`<on cpu ns> <waiting ns> <slices>`).
+//! Reads the proc root it is given, nothing else.
+//!
+//! The kernel keeps no throttling counter for RT tasks outside RT group scheduling (it logs
+//! "sched: RT throttling activated" once per boot), so the guard works from the job's demand:
+//! a job whose threads keep each of its CPUs busier than the limit is throttled by construction.
+
+use std::path::Path;
+use std::time::Instant;
+
+use serde::Serialize;
+
+/// `<proc>/` + these.
+pub const SCHED_RT_RUNTIME: &str = "sys/kernel/sched_rt_runtime_us";
+pub const SCHED_RT_PERIOD: &str = "sys/kernel/sched_rt_period_us";
+
+/// The node's RT limit as a share of each CPU (0.95 by default); `None` when RT tasks are
+/// unthrottled (runtime -1) or the files cannot be read.
+pub fn rt_limit(proc_root: &Path) -> Option<f64> {
+    let read = |f: &str| -> Option<i64> {
+        std::fs::read_to_string(proc_root.join(f))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    };
+    let runtime = read(SCHED_RT_RUNTIME)?;
+    let period = read(SCHED_RT_PERIOD)?;
+    limit_of(runtime, period)
+}
+
+/// `runtime / period`, `None` for -1 (unthrottled) or a period that is not positive.
+pub fn limit_of(runtime_us: i64, period_us: i64) -> Option<f64> {
+    if runtime_us < 0 || period_us <= 0 {
+        return None;
+    }
+    // Microsecond sysctls below 2^31: exact in f64.
+    Some((runtime_us as f64 / period_us as f64).min(1.0))
+}
+
+/// The job's threads' scheduler counters summed, at an instant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ThreadTimes {
+    pub on_cpu_ns: u64,
+    pub waiting_ns: u64,
+    pub threads: u32,
+    pub at: Instant,
+}
+
+/// Sums `/proc/PID/task/*/schedstat` over `pids`. Threads that exit between the listing and the
+/// read are skipped (their time leaves the sum: the next rate may dip, never go negative, since
+/// rates saturate at 0).
+pub fn thread_times(proc_root: &Path, pids: &[u32]) -> ThreadTimes {
+    let mut t = ThreadTimes {
+        on_cpu_ns: 0,
+        waiting_ns: 0,
+        threads: 0,
+        at: Instant::now(),
+    };
+    for pid in pids {
+        let Ok(tasks) = std::fs::read_dir(proc_root.join(format!("{pid}/task"))) else {
+            continue;
+        };
+        for task in tasks.flatten() {
+            let Ok(text) = std::fs::read_to_string(task.path().join("schedstat")) else {
+                continue;
+            };
+            if let Some((run, wait)) = parse_schedstat(&text) {
+                t.on_cpu_ns = t.on_cpu_ns.saturating_add(run);
+                t.waiting_ns = t.waiting_ns.saturating_add(wait);
+                t.threads += 1;
+            }
+        }
+    }
+    t
+}
+
+/// `<on cpu ns> <waiting ns> <slices>`: the first two.
+pub fn parse_schedstat(text: &str) -> Option<(u64, u64)> {
+    let mut it = text.split_whitespace();
+    let run = it.next()?.parse().ok()?;
+    let wait = it.next()?.parse().ok()?;
+    Some((run, wait))
+}
+
+/// A job's standing against the RT limit over the last interval.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct RtRates {
+    /// CPU time per CPU of its cpuset, 0..=1.
+    pub share_per_cpu: f64,
+    /// Time its threads spent runnable but waiting, ms per second (summed over threads).
+    pub runq_wait_ms_per_s: f64,
+}
+
+/// Rates between two samples over `cpus` CPUs; `None` when no time passed or no CPU.
+pub fn rates(prev: &ThreadTimes, cur: &ThreadTimes, cpus: usize) -> Option<RtRates> {
+    let wall = cur.at.checked_duration_since(prev.at)?.as_secs_f64();
+    if wall <= 0.0 || cpus == 0 {
+        return None;
+    }
+    let run = cur.on_cpu_ns.saturating_sub(prev.on_cpu_ns) as f64 / 1e9;
+    let wait = cur.waiting_ns.saturating_sub(prev.waiting_ns) as f64 / 1e9;
+    Some(RtRates {
+        share_per_cpu: run / wall / cpus as f64,
+        runq_wait_ms_per_s: wait / wall * 1e3,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn limit_is_runtime_over_period() {
+        assert_eq!(limit_of(950_000, 1_000_000), Some(0.95));
+        assert_eq!(limit_of(-1, 1_000_000), None);
+        assert_eq!(limit_of(5, 0), None);
+        assert_eq!(limit_of(2_000_000, 1_000_000), Some(1.0));
+    }
+
+    #[test]
+    fn reads_fake_sysctls_and_threads() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path();
+        std::fs::create_dir_all(root.join("sys/kernel")).expect("mkdir");
+        assert_eq!(rt_limit(root), None, "missing files");
+        std::fs::write(root.join(SCHED_RT_RUNTIME), "900000\n").expect("write");
+        std::fs::write(root.join(SCHED_RT_PERIOD), "1000000\n").expect("write");
+        assert_eq!(rt_limit(root), Some(0.9));
+        std::fs::write(root.join(SCHED_RT_RUNTIME), "-1\n").expect("write");
+        assert_eq!(rt_limit(root), None, "unthrottled");
+        for (tid, line) in [(10, "500 20 3\n"), (11, "1500 30 4\n"), (12, "garbage\n")] {
+            let d = root.join(format!("10/task/{tid}"));
+            std::fs::create_dir_all(&d).expect("mkdir");
+            std::fs::write(d.join("schedstat"), line).expect("write");
+        }
+        let t = thread_times(root, &[10, 99]);
+        assert_eq!((t.on_cpu_ns, t.waiting_ns, t.threads), (2000, 50, 2));
+    }
+
+    #[test]
+    fn rates_per_cpu_and_wait() {
+        let at = Instant::now();
+        let prev = ThreadTimes {
+            on_cpu_ns: 0,
+            waiting_ns: 0,
+            threads: 2,
+            at,
+        };
+        let cur = ThreadTimes {
+            on_cpu_ns: 1_900_000_000,
+            waiting_ns: 50_000_000,
+            threads: 2,
+            at: at + Duration::from_secs(1),
+        };
+        let r = rates(&prev, &cur, 2).expect("rates");
+        assert!((r.share_per_cpu - 0.95).abs() < 1e-9);
+        assert!((r.runq_wait_ms_per_s - 50.0).abs() < 1e-9);
+        assert_eq!(rates(&cur, &prev, 2), None, "time went backwards");
+        assert_eq!(rates(&prev, &cur, 0), None);
+    }
+}
