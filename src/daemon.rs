@@ -301,7 +301,9 @@ fn network_control(
             }
         },
     };
-    let runner = Box::new(CommandRunner::new());
+    // A hung `tc` or `nft` is killed at the deadline; shaping reports it in `status` and the
+    // log and tries again at the next tick.
+    let runner = Box::new(CommandRunner::new().with_deadline(config.agent.command_timeout()));
     let control = match (shaping, slow) {
         (_, Some(slow)) => CpuJobsRoute::new(slow, CPU_JOBS_MARK)
             .map(|route| NetworkControl::routing(route, runner, classifier)),

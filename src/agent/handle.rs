@@ -15,6 +15,8 @@ use crate::policy::consolidate::NoCapacity;
 use crate::sense::Observations;
 use crate::store::StoreError;
 
+use super::published::Published;
+
 /// Why a command was refused. Mapped to D-Bus errors in one place (`api::error`).
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
@@ -91,7 +93,7 @@ pub enum Event {
 }
 
 /// The node as `lodgerctl status` shows it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct NodeStatus {
     pub version: String,
     pub cpus: CpuSet,
@@ -135,19 +137,6 @@ pub(super) enum Command {
         caller: Caller,
         reply: oneshot::Sender<Result<(), AgentError>>,
     },
-    List {
-        reply: oneshot::Sender<Vec<Job>>,
-    },
-    Get {
-        id: String,
-        reply: oneshot::Sender<Result<Job, AgentError>>,
-    },
-    Status {
-        reply: oneshot::Sender<NodeStatus>,
-    },
-    Snapshot {
-        reply: oneshot::Sender<Snapshot>,
-    },
     Stop,
 }
 
@@ -157,6 +146,8 @@ pub struct AgentHandle {
     pub(super) tx: mpsc::Sender<Command>,
     pub(super) events: broadcast::Sender<Event>,
     pub(super) ticks: Arc<AtomicU64>,
+    /// What the read-only calls answer from (see `published`): they never wait on the loop.
+    pub(super) published: Published,
 }
 
 impl AgentHandle {
@@ -193,31 +184,30 @@ impl AgentHandle {
         .unwrap_or(Err(AgentError::Stopped))
     }
 
+    // The read-only calls answer from the snapshot the loop last published, never from the
+    // loop itself: a tick stuck in enforcement delays none of them. They stay async so callers
+    // need not care where the answer comes from.
+
     pub async fn list(&self) -> Result<Vec<Job>, AgentError> {
-        self.ask(|reply| Command::List { reply })
-            .await
-            .ok_or(AgentError::Stopped)
+        Ok(self.published.current().jobs.clone())
     }
 
     pub async fn get(&self, id: &str) -> Result<Job, AgentError> {
-        self.ask(|reply| Command::Get {
-            id: id.to_string(),
-            reply,
-        })
-        .await
-        .unwrap_or(Err(AgentError::Stopped))
+        let snap = self.published.current();
+        JobId::parse(id)
+            .and_then(|jid| snap.jobs.iter().find(|j| j.id == jid))
+            .cloned()
+            .ok_or_else(|| AgentError::NotFound(id.to_string()))
     }
 
     pub async fn status(&self) -> Result<NodeStatus, AgentError> {
-        self.ask(|reply| Command::Status { reply })
-            .await
-            .ok_or(AgentError::Stopped)
+        let mut status = self.published.current().status.clone();
+        status.ticks = self.ticks();
+        Ok(status)
     }
 
-    pub async fn snapshot(&self) -> Result<Snapshot, AgentError> {
-        self.ask(|reply| Command::Snapshot { reply })
-            .await
-            .ok_or(AgentError::Stopped)
+    pub async fn snapshot(&self) -> Result<Arc<Snapshot>, AgentError> {
+        Ok(self.published.current())
     }
 
     pub fn subscribe(&self) -> broadcast::Receiver<Event> {
