@@ -20,7 +20,7 @@ use crate::enforce::network::Steering;
 use crate::enforce::sim::SimulatedEnforcer;
 use crate::enforce::{CgroupDriver, EnforceSettings, Enforcer, PidPinning, PinMethod};
 use crate::policy::contention::{ContentionConfig, Mode as ContentionMode};
-use crate::sense::sampler::{GpuChoice, Sampler, SamplerSettings};
+use crate::sense::sampler::{GpuChoice, SamplerSettings};
 use crate::store::Store;
 use crate::sys::cgroupfs::find_net_cls_mount;
 use crate::sys::cgroupfs::CgroupVersion;
@@ -413,9 +413,8 @@ pub fn run(prepared: Prepared, sim: bool) -> ExitCode {
     if let Some((r, probe)) = runner {
         agent = agent.runner(r, probe);
     }
-    let sampler = Sampler::open(sampler_settings(&config));
     let mut sense_thread = None;
-    match sampler.spawn() {
+    match crate::sense::sources::spawn(sampler_settings(&config), config.sense.deadline()) {
         Ok((link, join)) => {
             sense_thread = Some(join);
             agent = agent.sensor(link);

@@ -2,6 +2,7 @@
 //! commands it sends, who sends them ([`Caller`]), the replies' errors, events and status.
 //! Touches nothing but the channels to the agent's thread.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 
@@ -12,7 +13,7 @@ use crate::cpuset::CpuSet;
 use crate::enforce::EnforceError;
 use crate::job::{Job, JobId, JobSpec, JobState, SpecError};
 use crate::policy::consolidate::NoCapacity;
-use crate::sense::Observations;
+use crate::sense::{Observations, SourceAge};
 use crate::store::StoreError;
 
 use super::published::Published;
@@ -114,6 +115,25 @@ pub struct NodeStatus {
     pub contention: String,
     /// Network shaping in words (off, idle, shaping ...).
     pub network: String,
+    /// How old each sensing source's newest sample is, and whether it is stale (issue 16).
+    pub sample_ages: BTreeMap<String, SourceAge>,
+}
+
+impl NodeStatus {
+    /// The sources' sample ages in words: `cpu 0.4 s, gpu 12.3 s (stale), ...`.
+    pub fn sensing(&self) -> String {
+        if self.sample_ages.is_empty() {
+            return "no sample yet".into();
+        }
+        self.sample_ages
+            .iter()
+            .map(|(source, a)| {
+                let stale = if a.stale { " (stale)" } else { "" };
+                format!("{source} {:.1} s{stale}", a.age_s)
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
 }
 
 /// Everything the read-only views (`lodgerctl top`, Prometheus) show, taken at one instant.

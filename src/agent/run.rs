@@ -141,6 +141,7 @@ impl Agent {
                 None => "off".into(),
                 Some(c) => c.status(),
             },
+            sample_ages: self.observations.ages.clone(),
         }
     }
 

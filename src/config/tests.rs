@@ -74,6 +74,7 @@ fn every_default() {
     assert_eq!(c.sense.resctrl_root, Path::new("/sys/fs/resctrl"));
     assert_eq!(c.sense.membw_peak_bytes_per_s, 0);
     assert_eq!(c.sense.history, 300);
+    assert_eq!(c.sense.deadline(), Duration::from_secs(5));
     assert_eq!(c.metrics.listen, "");
     assert_eq!(c.metrics.address(), None);
     assert_eq!(c.origin(), None);

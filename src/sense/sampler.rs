@@ -1,7 +1,8 @@
-//! The sensing thread: owns every signal source, samples them all once per `sense.interval_ms`,
-//! derives rates from consecutive samples and hands each pass to the agent as [`Observations`].
-//! It runs beside the agent's loop, not in it: NVML calls and perf reads on many fds can block,
-//! and a slow source must never delay enforcement (STYLE §7).
+//! A sensing pass: owns signal sources (all of them, or one for a worker of
+//! [`sources`](super::sources), which runs each source on its own thread under a deadline),
+//! samples them, derives rates from consecutive samples and returns the pass as
+//! [`Observations`]. It runs beside the agent's loop, not in it: NVML calls and perf reads on
+//! many fds can block, and a slow source must never delay enforcement (STYLE §7).
 //!
 //! Each missing feature (no NVML, no PMU, no resctrl, no PSI) is said once, at start, with the
 //! reason; afterwards it is reported as `unavailable: <why>` in [`SourceStatus`].
@@ -13,9 +14,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
-use std::sync::mpsc;
-use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tracing::{info, warn};
 
@@ -25,10 +24,10 @@ use crate::sense::cpu::{
     CpuReader, JobCpuRate, JobCpuSample, NodeCpuRates, PressureSample, StallRates, StatSample,
 };
 use crate::sense::gpu::{self, GpuSource, GpuSourceKind, GpuStatus};
-use crate::sense::link::SensorLink;
 use crate::sense::membw::{self, JobGroupNote, JobMonGroups, MbmReader, MbmSample, ObservedPeak};
 use crate::sense::net::{self, NetReader, NetSample};
 use crate::sense::perf::{Counters, PerfCounters, PerfRates, PerfSample, PerfSettings, PerfTarget};
+use crate::sense::sources::SourceKind;
 use crate::sense::{
     GpuMetrics, JobMetrics, NetMetrics, NodeMetrics, Observations, SensedJob, SourceStatus,
 };
@@ -131,11 +130,33 @@ pub struct Sampler {
     net_sample: Option<NetSample>,
     jobs: BTreeMap<JobId, Tracked>,
     sources: SourceStatus,
+    /// The one source this sampler reads (a worker of `sense::sources`); None: all of them.
+    only: Option<SourceKind>,
 }
 
 impl Sampler {
     /// Opens every source, saying once for each one that is missing why it is.
     pub fn open(settings: SamplerSettings) -> Sampler {
+        Self::open_for(settings, None)
+    }
+
+    /// Opens `kind` only, for the worker that samples it (`sense::sources`); the other sources
+    /// are neither opened nor read.
+    pub fn open_only(mut settings: SamplerSettings, kind: SourceKind) -> Sampler {
+        if kind != SourceKind::Gpu {
+            settings.gpu = GpuChoice::Off;
+        }
+        if kind != SourceKind::Perf {
+            settings.perf = false;
+        }
+        Self::open_for(settings, Some(kind))
+    }
+
+    fn reads(&self, kind: SourceKind) -> bool {
+        self.only.map_or(true, |k| k == kind)
+    }
+
+    fn open_for(settings: SamplerSettings, only: Option<SourceKind>) -> Sampler {
         let gpu: Result<Box<dyn GpuSource>, String> = match settings.gpu {
             GpuChoice::Off => Err("off (sense.gpu = \"off\")".into()),
             GpuChoice::Emulated => gpu::open_source(
@@ -201,8 +222,13 @@ impl Sampler {
             Err("off (sense.perf = false)".into())
         };
 
-        let membw = MbmReader::open(&settings.resctrl_root).map_err(|e| e.to_string());
+        let membw = if only.map_or(true, |k| k == SourceKind::Membw) {
+            MbmReader::open(&settings.resctrl_root).map_err(|e| e.to_string())
+        } else {
+            Err("read by the membw worker".into())
+        };
         let job_groups = match &membw {
+            Err(_) if only.is_some_and(|k| k != SourceKind::Membw) => None,
             Err(e) => {
                 info!("memory-bandwidth sensing off: {e}");
                 None
@@ -237,6 +263,7 @@ impl Sampler {
             jobs: BTreeMap::new(),
             sources: SourceStatus::default(),
             settings,
+            only,
         };
         s.sources = s.source_status(None);
         s
@@ -339,7 +366,8 @@ impl Sampler {
         let mut jobs: BTreeMap<JobId, JobMetrics> = BTreeMap::new();
 
         // CPU, node and per job.
-        if let Ok(stat) = self.cpu.stat() {
+        let cpu = self.reads(SourceKind::Cpu);
+        if let Some(Ok(stat)) = cpu.then(|| self.cpu.stat()) {
             if let Some(r) = self
                 .stat
                 .as_ref()
@@ -354,7 +382,7 @@ impl Sampler {
             }
             self.stat = Some(stat);
         }
-        if self.psi_available {
+        if cpu && self.psi_available {
             if let Ok(Some(p)) = self.cpu.pressure() {
                 if let Some(r) = self
                     .pressure
@@ -368,6 +396,9 @@ impl Sampler {
         }
         for t in self.jobs.values_mut() {
             let m = jobs.entry(t.job.id.clone()).or_default();
+            if !cpu {
+                continue;
+            }
             if let Ok(sample) = self.cpu.processes(&t.job.pids) {
                 if let Some(r) = t
                     .cpu
@@ -476,7 +507,8 @@ impl Sampler {
         }
 
         // Network, per job where it has a namespace of its own.
-        for t in self.jobs.values_mut() {
+        let net = self.reads(SourceKind::Net);
+        for t in self.jobs.values_mut().filter(|_| net) {
             match net::job_netns_sample(&self.settings.proc_root, &t.job.pids) {
                 net::JobNet::Own(sample) => {
                     if let Some((rx, tx)) =
@@ -495,7 +527,7 @@ impl Sampler {
                 net::JobNet::Gone => t.netns = None,
             }
         }
-        if let Ok(sample) = self.net.sample() {
+        if let Some(Ok(sample)) = net.then(|| self.net.sample()) {
             if let Some(prev) = &self.net_sample {
                 let rates = net::rates(prev, &sample);
                 node.net = rates
@@ -521,45 +553,8 @@ impl Sampler {
             node,
             jobs,
             sources: self.sources.clone(),
+            ages: BTreeMap::new(),
         }
-    }
-
-    /// Starts the sensing thread. The returned link goes to the agent, which sends the jobs to
-    /// measure through it and receives the observations.
-    /// The thread ends, and removes the jobs' monitoring groups, once the agent drops the link:
-    /// join it after the agent's thread so that happens before the process exits.
-    pub fn spawn(mut self) -> std::io::Result<(SensorLink, thread::JoinHandle<()>)> {
-        let (obs_tx, obs_rx) = mpsc::channel();
-        let (jobs_tx, jobs_rx) = mpsc::channel::<Vec<SensedJob>>();
-        let join = thread::Builder::new()
-            .name("lodger-sense".into())
-            .spawn(move || {
-                let interval = self.settings.interval;
-                let mut next = Instant::now();
-                loop {
-                    let now = Instant::now();
-                    if now >= next {
-                        let obs = self.pass();
-                        if obs_tx.send(obs).is_err() {
-                            return;
-                        }
-                        next = Instant::now() + interval;
-                        continue;
-                    }
-                    match jobs_rx.recv_timeout(next - now) {
-                        Ok(jobs) => self.set_jobs(jobs),
-                        Err(mpsc::RecvTimeoutError::Timeout) => {}
-                        Err(mpsc::RecvTimeoutError::Disconnected) => return,
-                    }
-                }
-            })?;
-        Ok((
-            SensorLink {
-                observations: obs_rx,
-                jobs: jobs_tx,
-            },
-            join,
-        ))
     }
 }
 
@@ -569,6 +564,7 @@ mod tests {
     use crate::testutil::{copy_tree, resctrl_fixture as fixture, simulate_kernel_rmdir};
     use std::fs;
     use std::path::Path;
+    use std::time::Instant;
 
     fn settings(tmp: &Path, resctrl_root: PathBuf) -> SamplerSettings {
         SamplerSettings {
