@@ -17,6 +17,7 @@ use crate::sense::{Observations, SourceAge};
 use crate::store::StoreError;
 
 use super::published::Published;
+use crate::sense::link::LatestObservations;
 
 /// Why a command was refused. Mapped to D-Bus errors in one place (`api::error`).
 #[derive(Debug, thiserror::Error)]
@@ -117,6 +118,9 @@ pub struct NodeStatus {
     pub network: String,
     /// How old each sensing source's newest sample is, and whether it is stale (issue 16).
     pub sample_ages: BTreeMap<String, SourceAge>,
+    /// The sensing pass `sample_ages` is from (its `unix_ms`).
+    #[serde(skip)]
+    pub sensed_ms: u64,
 }
 
 impl NodeStatus {
@@ -168,6 +172,9 @@ pub struct AgentHandle {
     pub(super) ticks: Arc<AtomicU64>,
     /// What the read-only calls answer from (see `published`): they never wait on the loop.
     pub(super) published: Published,
+    /// The sensor's newest pass, shown when newer than the published one (absent without a
+    /// sensor).
+    pub(super) sensed: Option<LatestObservations>,
 }
 
 impl AgentHandle {
@@ -223,11 +230,32 @@ impl AgentHandle {
     pub async fn status(&self) -> Result<NodeStatus, AgentError> {
         let mut status = self.published.current().status.clone();
         status.ticks = self.ticks();
+        if let Some(obs) = self.newer_observations(status.sensed_ms) {
+            status.sample_ages = obs.ages.clone();
+        }
         Ok(status)
     }
 
     pub async fn snapshot(&self) -> Result<Arc<Snapshot>, AgentError> {
-        Ok(self.published.current())
+        let snap = self.published.current();
+        let Some(obs) = self.newer_observations(snap.observations.unix_ms) else {
+            return Ok(snap);
+        };
+        let mut status = snap.status.clone();
+        status.sample_ages = obs.ages.clone();
+        status.sensed_ms = obs.unix_ms;
+        Ok(Arc::new(Snapshot {
+            jobs: snap.jobs.clone(),
+            observations: (*obs).clone(),
+            status,
+        }))
+    }
+
+    /// The sensor's newest pass, if newer than the pass of `than_ms`: sensing goes on while the
+    /// loop is busy, and the read-only calls show it.
+    fn newer_observations(&self, than_ms: u64) -> Option<Arc<Observations>> {
+        let latest = self.sensed.as_ref()?.lock().ok()?.clone()?;
+        (latest.unix_ms > than_ms).then_some(latest)
     }
 
     pub fn subscribe(&self) -> broadcast::Receiver<Event> {

@@ -25,6 +25,7 @@ impl Agent {
             events: self.events.clone(),
             ticks: self.ticks.clone(),
             published: self.published.clone(),
+            sensed: self.sensor.as_ref().map(|l| l.latest.clone()),
         };
         let join = thread::Builder::new()
             .name("lodger-agent".into())
@@ -142,6 +143,7 @@ impl Agent {
                 Some(c) => c.status(),
             },
             sample_ages: self.observations.ages.clone(),
+            sensed_ms: self.observations.unix_ms,
         }
     }
 

@@ -79,6 +79,10 @@ fn sweep_stale_job_groups(root: &std::path::Path) {
     }
 }
 
+/// What a worker's sampler says of a source another worker reads (never shown: the merge takes
+/// each source's words from its own worker).
+const ANOTHER_WORKER: &str = "read by another sensing worker";
+
 /// Where GPU utilization comes from (`sense.gpu`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GpuChoice {
@@ -142,13 +146,7 @@ impl Sampler {
 
     /// Opens `kind` only, for the worker that samples it (`sense::sources`); the other sources
     /// are neither opened nor read.
-    pub fn open_only(mut settings: SamplerSettings, kind: SourceKind) -> Sampler {
-        if kind != SourceKind::Gpu {
-            settings.gpu = GpuChoice::Off;
-        }
-        if kind != SourceKind::Perf {
-            settings.perf = false;
-        }
+    pub fn open_only(settings: SamplerSettings, kind: SourceKind) -> Sampler {
         Self::open_for(settings, Some(kind))
     }
 
@@ -157,7 +155,10 @@ impl Sampler {
     }
 
     fn open_for(settings: SamplerSettings, only: Option<SourceKind>) -> Sampler {
+        // A worker opens (and says why it cannot open) its own source only.
+        let owns = |k: SourceKind| only.map_or(true, |o| o == k);
         let gpu: Result<Box<dyn GpuSource>, String> = match settings.gpu {
+            _ if !owns(SourceKind::Gpu) => Err(ANOTHER_WORKER.into()),
             GpuChoice::Off => Err("off (sense.gpu = \"off\")".into()),
             GpuChoice::Emulated => gpu::open_source(
                 GpuSourceKind::Emulated,
@@ -173,6 +174,7 @@ impl Sampler {
             .map_err(|e| e.to_string()),
         };
         match (&gpu, settings.gpu) {
+            _ if !owns(SourceKind::Gpu) => {}
             (Ok(g), _) if g.kind() == GpuSourceKind::Emulated => info!(
                 "GPU sensing: emulated, from {} (the bundled training emulator; no real GPU is measured)",
                 settings.emulated_gpu_dir.display()
@@ -182,7 +184,9 @@ impl Sampler {
             (Err(e), _) => info!("GPU sensing off: {e}"),
         }
 
-        let perf = if settings.perf {
+        let perf = if !owns(SourceKind::Perf) {
+            Err(ANOTHER_WORKER.into())
+        } else if settings.perf {
             let mut ps = PerfSettings::new(&settings.proc_root);
             ps.fd_cap = Some(settings.perf_max_fds);
             match PerfCounters::new(ps) {
@@ -222,13 +226,13 @@ impl Sampler {
             Err("off (sense.perf = false)".into())
         };
 
-        let membw = if only.map_or(true, |k| k == SourceKind::Membw) {
+        let membw = if owns(SourceKind::Membw) {
             MbmReader::open(&settings.resctrl_root).map_err(|e| e.to_string())
         } else {
-            Err("read by the membw worker".into())
+            Err(ANOTHER_WORKER.into())
         };
         let job_groups = match &membw {
-            Err(_) if only.is_some_and(|k| k != SourceKind::Membw) => None,
+            Err(_) if !owns(SourceKind::Membw) => None,
             Err(e) => {
                 info!("memory-bandwidth sensing off: {e}");
                 None
@@ -239,8 +243,8 @@ impl Sampler {
             }
         };
         let mut cpu = CpuReader::new(&settings.proc_root);
-        let psi_available = matches!(cpu.pressure(), Ok(Some(_)));
-        if !psi_available {
+        let psi_available = owns(SourceKind::Cpu) && matches!(cpu.pressure(), Ok(Some(_)));
+        if !psi_available && owns(SourceKind::Cpu) {
             info!(
                 "CPU pressure (PSI) unavailable: no {}/pressure/cpu (kernel without CONFIG_PSI or booted with psi=0)",
                 settings.proc_root.display()

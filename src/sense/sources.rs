@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use tracing::{info, warn};
 
-use super::link::SensorLink;
+use super::link::{LatestObservations, SensorLink};
 use super::sampler::{Sampler, SamplerSettings};
 use super::{Observations, SensedJob, SourceAge};
 use crate::clock::unix_ms;
@@ -141,6 +141,15 @@ impl Source for Sampler {
 /// Opens a source on its worker's thread (opening NVML can hang as well as sampling it).
 pub type OpenSource = Box<dyn FnOnce() -> Box<dyn Source> + Send>;
 
+/// How often the coordinator looks for the sources' first passes at start.
+const FIRST_PASS_POLL: Duration = Duration::from_millis(5);
+
+/// Where the coordinator's merged passes go: the agent's channel and the newest one.
+struct Out {
+    tx: mpsc::Sender<Observations>,
+    latest: LatestObservations,
+}
+
 /// A worker's newest pass and when it ended.
 type Latest = Arc<Mutex<Option<(Instant, Observations)>>>;
 
@@ -204,13 +213,19 @@ pub fn spawn_sources(
     }
     let (obs_tx, obs_rx) = mpsc::channel();
     let (jobs_tx, jobs_rx) = mpsc::channel::<Vec<SensedJob>>();
+    let latest: LatestObservations = Arc::new(Mutex::new(None));
+    let out = Out {
+        tx: obs_tx,
+        latest: latest.clone(),
+    };
     let join = thread::Builder::new()
         .name("lodger-sense".into())
-        .spawn(move || coordinate(workers, &jobs_rx, &obs_tx, interval, deadline))?;
+        .spawn(move || coordinate(workers, &jobs_rx, &out, interval, deadline))?;
     Ok((
         SensorLink {
             observations: obs_rx,
             jobs: jobs_tx,
+            latest,
         },
         join,
     ))
@@ -249,17 +264,29 @@ fn work(
 fn coordinate(
     mut workers: Vec<Worker>,
     jobs: &mpsc::Receiver<Vec<SensedJob>>,
-    obs_tx: &mpsc::Sender<Observations>,
+    out: &Out,
     interval: Duration,
     deadline: Duration,
 ) {
     let started = Instant::now();
-    let mut next = Instant::now() + interval;
+    // The first merge as soon as every source has answered once (or the deadline passed), so
+    // a fresh lodgerd shows its sources at once rather than after a whole interval.
+    while started.elapsed() < deadline
+        && workers
+            .iter()
+            .any(|w| w.latest.lock().is_ok_and(|l| l.is_none()))
+    {
+        thread::sleep(FIRST_PASS_POLL);
+    }
+    let mut next = Instant::now();
     loop {
         let now = Instant::now();
         if now >= next {
             let obs = merge(&mut workers, started, interval + deadline);
-            if obs_tx.send(obs).is_err() {
+            if let Ok(mut l) = out.latest.lock() {
+                *l = Some(Arc::new(obs.clone()));
+            }
+            if out.tx.send(obs).is_err() {
                 break;
             }
             next = Instant::now() + interval;
