@@ -22,7 +22,7 @@ use crate::enforce::{
     CgroupDriver, EnforceSettings, Enforcer, PidPinning, PinMethod, TrainingClass,
 };
 use crate::policy::contention::{ContentionConfig, Mode as ContentionMode};
-use crate::sense::sampler::{GpuChoice, Sampler, SamplerSettings};
+use crate::sense::sampler::{GpuChoice, SamplerSettings};
 use crate::store::Store;
 use crate::sys::cgroupfs::find_net_cls_mount;
 use crate::sys::cgroupfs::CgroupVersion;
@@ -322,7 +322,9 @@ fn network_control(
     if let (Classifier::OwnCgroupV2 { root, relative }, Some(r)) = (&classifier, runner) {
         r.start_in_cgroup(root.join(relative));
     }
-    let runner = Box::new(CommandRunner::new());
+    // A hung `tc` or `nft` is killed at the deadline; shaping reports it in `status` and the
+    // log and tries again at the next tick.
+    let runner = Box::new(CommandRunner::new().with_deadline(config.agent.command_timeout()));
     let control = match (shaping, slow) {
         (_, Some(slow)) => CpuJobsRoute::new(slow, CPU_JOBS_MARK)
             .map(|route| NetworkControl::routing(route, runner, classifier)),
@@ -432,9 +434,8 @@ pub fn run(prepared: Prepared, sim: bool) -> ExitCode {
     if let Some((r, probe)) = runner {
         agent = agent.runner(r, probe);
     }
-    let sampler = Sampler::open(sampler_settings(&config));
     let mut sense_thread = None;
-    match sampler.spawn() {
+    match crate::sense::sources::spawn(sampler_settings(&config), config.sense.deadline()) {
         Ok((link, join)) => {
             sense_thread = Some(join);
             agent = agent.sensor(link);

@@ -102,6 +102,11 @@ impl Contention {
         if obs.unix_ms <= self.seen_ms {
             return;
         }
+        // Issue 16: detection reads memory bandwidth and training progress (GPU utilization);
+        // while either source is stale, throttles hold where they are.
+        if obs.is_stale("membw") || obs.is_stale("gpu") {
+            return;
+        }
         self.seen_ms = obs.unix_ms;
         let membw = match (obs.node.membw_bytes_per_s, obs.node.membw_fraction_of_peak) {
             (Some(bytes_per_s), Some(fraction_of_peak)) => Some(NodeMembw {

@@ -2,6 +2,7 @@
 //! commands it sends, who sends them ([`Caller`]), the replies' errors, events and status.
 //! Touches nothing but the channels to the agent's thread.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 
@@ -12,8 +13,11 @@ use crate::cpuset::CpuSet;
 use crate::enforce::EnforceError;
 use crate::job::{Job, JobId, JobSpec, JobState, SpecError};
 use crate::policy::consolidate::NoCapacity;
-use crate::sense::Observations;
+use crate::sense::{Observations, SourceAge};
 use crate::store::StoreError;
+
+use super::published::Published;
+use crate::sense::link::LatestObservations;
 
 /// Why a command was refused. Mapped to D-Bus errors in one place (`api::error`).
 #[derive(Debug, thiserror::Error)]
@@ -91,7 +95,7 @@ pub enum Event {
 }
 
 /// The node as `lodgerctl status` shows it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct NodeStatus {
     pub version: String,
     pub cpus: CpuSet,
@@ -112,6 +116,28 @@ pub struct NodeStatus {
     pub contention: String,
     /// Network shaping in words (off, idle, shaping ...).
     pub network: String,
+    /// How old each sensing source's newest sample is, and whether it is stale (issue 16).
+    pub sample_ages: BTreeMap<String, SourceAge>,
+    /// The sensing pass `sample_ages` is from (its `unix_ms`).
+    #[serde(skip)]
+    pub sensed_ms: u64,
+}
+
+impl NodeStatus {
+    /// The sources' sample ages in words: `cpu 0.4 s, gpu 12.3 s (stale), ...`.
+    pub fn sensing(&self) -> String {
+        if self.sample_ages.is_empty() {
+            return "no sample yet".into();
+        }
+        self.sample_ages
+            .iter()
+            .map(|(source, a)| {
+                let stale = if a.stale { " (stale)" } else { "" };
+                format!("{source} {:.1} s{stale}", a.age_s)
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
 }
 
 /// Everything the read-only views (`lodgerctl top`, Prometheus) show, taken at one instant.
@@ -135,19 +161,6 @@ pub(super) enum Command {
         caller: Caller,
         reply: oneshot::Sender<Result<(), AgentError>>,
     },
-    List {
-        reply: oneshot::Sender<Vec<Job>>,
-    },
-    Get {
-        id: String,
-        reply: oneshot::Sender<Result<Job, AgentError>>,
-    },
-    Status {
-        reply: oneshot::Sender<NodeStatus>,
-    },
-    Snapshot {
-        reply: oneshot::Sender<Snapshot>,
-    },
     Stop,
 }
 
@@ -157,6 +170,11 @@ pub struct AgentHandle {
     pub(super) tx: mpsc::Sender<Command>,
     pub(super) events: broadcast::Sender<Event>,
     pub(super) ticks: Arc<AtomicU64>,
+    /// What the read-only calls answer from (see `published`): they never wait on the loop.
+    pub(super) published: Published,
+    /// The sensor's newest pass, shown when newer than the published one (absent without a
+    /// sensor).
+    pub(super) sensed: Option<LatestObservations>,
 }
 
 impl AgentHandle {
@@ -193,31 +211,51 @@ impl AgentHandle {
         .unwrap_or(Err(AgentError::Stopped))
     }
 
+    // The read-only calls answer from the snapshot the loop last published, never from the
+    // loop itself: a tick stuck in enforcement delays none of them. They stay async so callers
+    // need not care where the answer comes from.
+
     pub async fn list(&self) -> Result<Vec<Job>, AgentError> {
-        self.ask(|reply| Command::List { reply })
-            .await
-            .ok_or(AgentError::Stopped)
+        Ok(self.published.current().jobs.clone())
     }
 
     pub async fn get(&self, id: &str) -> Result<Job, AgentError> {
-        self.ask(|reply| Command::Get {
-            id: id.to_string(),
-            reply,
-        })
-        .await
-        .unwrap_or(Err(AgentError::Stopped))
+        let snap = self.published.current();
+        JobId::parse(id)
+            .and_then(|jid| snap.jobs.iter().find(|j| j.id == jid))
+            .cloned()
+            .ok_or_else(|| AgentError::NotFound(id.to_string()))
     }
 
     pub async fn status(&self) -> Result<NodeStatus, AgentError> {
-        self.ask(|reply| Command::Status { reply })
-            .await
-            .ok_or(AgentError::Stopped)
+        let mut status = self.published.current().status.clone();
+        status.ticks = self.ticks();
+        if let Some(obs) = self.newer_observations(status.sensed_ms) {
+            status.sample_ages = obs.ages.clone();
+        }
+        Ok(status)
     }
 
-    pub async fn snapshot(&self) -> Result<Snapshot, AgentError> {
-        self.ask(|reply| Command::Snapshot { reply })
-            .await
-            .ok_or(AgentError::Stopped)
+    pub async fn snapshot(&self) -> Result<Arc<Snapshot>, AgentError> {
+        let snap = self.published.current();
+        let Some(obs) = self.newer_observations(snap.observations.unix_ms) else {
+            return Ok(snap);
+        };
+        let mut status = snap.status.clone();
+        status.sample_ages = obs.ages.clone();
+        status.sensed_ms = obs.unix_ms;
+        Ok(Arc::new(Snapshot {
+            jobs: snap.jobs.clone(),
+            observations: (*obs).clone(),
+            status,
+        }))
+    }
+
+    /// The sensor's newest pass, if newer than the pass of `than_ms`: sensing goes on while the
+    /// loop is busy, and the read-only calls show it.
+    fn newer_observations(&self, than_ms: u64) -> Option<Arc<Observations>> {
+        let latest = self.sensed.as_ref()?.lock().ok()?.clone()?;
+        (latest.unix_ms > than_ms).then_some(latest)
     }
 
     pub fn subscribe(&self) -> broadcast::Receiver<Event> {

@@ -45,10 +45,10 @@ impl Inference {
         }
     }
 
-    /// Stops a job's instances and forgets its search.
+    /// Starts stopping a job's instances (finished by later ticks' `poll`, so an instance that
+    /// ignores SIGTERM holds up nothing) and forgets its search.
     pub(super) fn stop_job(&mut self, id: &JobId) {
-        let out = self.runner.stop_job(id);
-        for e in out.errors {
+        for e in self.runner.begin_stop_job(id) {
             warn!(job = %id, "stopping instances: {e}");
         }
         self.searches.remove(id);

@@ -1,6 +1,8 @@
 //! The agent: the loop and the node's state. It is the only place that calls decide, enforce and
 //! store, and the only owner of the jobs; the D-Bus API talks to it through [`AgentHandle`]
-//! (a command with a oneshot reply) and hears about changes through [`Event`]s.
+//! (a mutating command with a oneshot reply; a read-only call reads the snapshot the loop
+//! publishes after every tick and command, `published`, and never waits on the loop) and hears
+//! about changes through [`Event`]s.
 //!
 //! It runs on its own OS thread, not on the tokio runtime: enforcement is blocking I/O and system
 //! calls (cgroupfs, /proc, sched_setscheduler), and keeping it off the runtime means a slow cgroupfs
@@ -19,12 +21,15 @@ mod handle;
 mod inference;
 mod layout;
 mod network;
+mod published;
 mod registry;
 mod rightsize;
 mod rtguard;
 mod run;
 mod training;
 
+#[cfg(test)]
+mod published_tests;
 #[cfg(test)]
 mod tests;
 
@@ -45,6 +50,7 @@ pub use crate::sense::link::SensorLink;
 use self::contention::Contention;
 use self::inference::Inference;
 use self::network::Network;
+use self::published::Published;
 use self::rightsize::Rightsize;
 use self::rtguard::RtGuard;
 use self::training::Training;
@@ -131,6 +137,8 @@ pub struct Agent {
     /// Network shaping while multi-node training runs (SODA §V-E); absent when no interface
     /// is configured.
     network: Option<Network>,
+    /// What the read-only calls answer from; replaced after every tick and command.
+    published: Published,
 }
 
 /// Everything the agent is wired to, gathered before it starts so it never ticks half-wired.
@@ -236,6 +244,11 @@ impl AgentBuilder {
             ticks: Arc::new(AtomicU64::new(0)),
             observations: Observations::default(),
             sensor: self.sensor,
+            published: Published::new(Snapshot {
+                jobs: Vec::new(),
+                observations: Observations::default(),
+                status: NodeStatus::default(),
+            }),
         };
         let adopted = agent.state.jobs.len();
         agent.tick();

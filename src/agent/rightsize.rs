@@ -92,6 +92,11 @@ impl Rightsize {
         };
         let now = wall_clock();
         let obs = cx.observations;
+        // Issue 16: while GPU utilization (the tuner's one input) is stale, every search holds
+        // where it is instead of judging a window on old or missing figures.
+        if obs.is_stale("gpu") {
+            return false;
+        }
         let state = &mut *cx.state;
         let mut changed = false;
         for stored in state.jobs.values_mut() {

@@ -18,10 +18,14 @@ impl Agent {
     /// Starts the agent's thread. The handle is how everything else talks to it.
     pub fn spawn(self) -> std::io::Result<(AgentHandle, thread::JoinHandle<()>)> {
         let (tx, rx) = mpsc::channel();
+        // What was done to the agent before it got its thread (tests, the simulator) is seen.
+        self.publish();
         let handle = AgentHandle {
             tx,
             events: self.events.clone(),
             ticks: self.ticks.clone(),
+            published: self.published.clone(),
+            sensed: self.sensor.as_ref().map(|l| l.latest.clone()),
         };
         let join = thread::Builder::new()
             .name("lodger-agent".into())
@@ -65,6 +69,8 @@ impl Agent {
         }
     }
 
+    /// Handles one mutating command. The snapshot is published before the reply is sent, so a
+    /// caller's next read-only call sees its own change.
     fn handle(&mut self, cmd: Command) {
         match cmd {
             Command::Register {
@@ -76,33 +82,32 @@ impl Agent {
                 let result = self
                     .authorize(&caller, &Change::Register { owner })
                     .and_then(|owner_uid| self.register(spec, owner_uid));
+                self.publish();
                 let _ = reply.send(result);
             }
             Command::Unregister { id, caller, reply } => {
                 let result = self
                     .authorize(&caller, &Change::Unregister { id: &id })
                     .and_then(|_| self.unregister(&id));
+                self.publish();
                 let _ = reply.send(result);
-            }
-            Command::List { reply } => {
-                let _ = reply.send(self.state.jobs.values().map(|s| s.job.clone()).collect());
-            }
-            Command::Get { id, reply } => {
-                let _ = reply.send(self.find(&id).map(|s| s.job.clone()));
-            }
-            Command::Status { reply } => {
-                let _ = reply.send(self.status());
-            }
-            Command::Snapshot { reply } => {
-                self.take_observations();
-                let _ = reply.send(Snapshot {
-                    jobs: self.state.jobs.values().map(|s| s.job.clone()).collect(),
-                    observations: self.observations.clone(),
-                    status: self.status(),
-                });
             }
             Command::Stop => {}
         }
+    }
+
+    /// Everything the read-only calls show, as of now.
+    pub(super) fn snapshot(&self) -> Snapshot {
+        Snapshot {
+            jobs: self.state.jobs.values().map(|s| s.job.clone()).collect(),
+            observations: self.observations.clone(),
+            status: self.status(),
+        }
+    }
+
+    /// Replaces what the read-only calls answer from (see `published`).
+    pub(super) fn publish(&self) {
+        self.published.publish(self.snapshot());
     }
 
     pub(super) fn status(&self) -> NodeStatus {
@@ -137,12 +142,15 @@ impl Agent {
                 None => "off".into(),
                 Some(c) => c.status(),
             },
+            sample_ages: self.observations.ages.clone(),
+            sensed_ms: self.observations.unix_ms,
         }
     }
 
     /// One pass of the loop: right-sizing, contention, decide, training enforcement, inference,
-    /// network, then reap the jobs that ended and persist what changed. Each concern is its
-    /// controller's; this only orchestrates and hands one concern's output to the next.
+    /// network, then reap the jobs that ended, persist what changed and publish the snapshot the
+    /// read-only calls answer from. Each concern is its controller's; this only orchestrates and
+    /// hands one concern's output to the next.
     pub fn tick(&mut self) {
         self.take_observations();
         // SODA §V-B: never probe while a contention throttle is active on the node.
@@ -207,5 +215,6 @@ impl Agent {
             }
         }
         self.ticks.fetch_add(1, Ordering::Relaxed);
+        self.publish();
     }
 }

@@ -696,3 +696,67 @@ fn a_job_near_the_rt_limit_is_grown_by_a_core() {
     assert!(!calm.near_limit && calm.extra_cores == 0, "{calm:?}");
     assert_eq!(jobs[&quiet.id].cpus.len(), quiet.cpus.len());
 }
+
+/// Issue 16: while the GPU source is stale, right-sizing holds. The same passes that settle the
+/// job when fresh change nothing (no probe, no resize, no write) while marked stale.
+#[test]
+fn right_sizing_holds_while_gpu_sensing_is_stale() {
+    let rig = Rig::new();
+    rig.spawn(100);
+    let mut builder = rig.builder();
+    builder.settings.rightsize = RightsizeSettings {
+        enforce: Some(true),
+        warmup: Duration::ZERO,
+        window: Duration::ZERO,
+        ..RightsizeSettings::default()
+    };
+    let mut agent = builder.start().unwrap();
+    let job = agent.register(spec(vec![100], 4), 0).unwrap();
+    let pass = |agent: &mut Agent, ms: u64, stale: bool| {
+        let mut obs = Observations {
+            unix_ms: ms,
+            ..Observations::default()
+        };
+        obs.jobs.insert(
+            job.id.clone(),
+            crate::sense::JobMetrics {
+                gpu_percent: Some(if ms % 2 == 0 { 90.4 } else { 89.6 }),
+                ..Default::default()
+            },
+        );
+        obs.ages.insert(
+            "gpu".into(),
+            crate::sense::SourceAge {
+                age_s: if stale { 30.0 } else { 0.2 },
+                stale,
+            },
+        );
+        agent.observations = obs;
+        agent.tick();
+    };
+    let tuning = |agent: &Agent| {
+        let t = agent.state.jobs[&job.id].tuning.as_ref().expect("tuning");
+        (t.tuner.settled(), t.tuner.probes(), t.last_sample_ms)
+    };
+    let before = (tuning(&agent), agent.jobs()[&job.id].cpus.clone());
+    let writes = agent.store.writes();
+    for ms in 1..500 {
+        pass(&mut agent, ms, true);
+    }
+    assert_eq!(
+        (tuning(&agent), agent.jobs()[&job.id].cpus.clone()),
+        before,
+        "right-sizing acted on stale GPU figures"
+    );
+    assert_eq!(agent.store.writes(), writes);
+    // Fresh again: the same passes settle it.
+    let mut ms = 500;
+    while tuning(&agent).0.is_none() && ms < 1500 {
+        pass(&mut agent, ms, false);
+        ms += 1;
+    }
+    assert!(
+        tuning(&agent).0.is_some(),
+        "settles once GPU figures are fresh"
+    );
+}

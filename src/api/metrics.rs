@@ -257,6 +257,24 @@ pub fn render(snap: &Snapshot) -> String {
         .map(|(k, v)| (vec![("source", k.to_string()), ("state", v.clone())], 1.0))
         .collect(),
     );
+    b.family(
+        "sample_age_seconds",
+        "Age of each signal source's newest sample; past sense.interval_ms + sense.deadline_ms the source is stale and its figures are left out",
+        snap.observations
+            .ages
+            .iter()
+            .map(|(k, a)| (vec![("source", k.clone())], a.age_s))
+            .collect(),
+    );
+    b.family(
+        "source_stale",
+        "1 while a signal source is stale (its newest sample is past its deadline), else 0",
+        snap.observations
+            .ages
+            .iter()
+            .map(|(k, a)| (vec![("source", k.clone())], if a.stale { 1.0 } else { 0.0 }))
+            .collect(),
+    );
     let throttles = Counter::<u64>::default();
     throttles.inc_by(snap.status.throttle_actions);
     b.registry.register(
@@ -376,5 +394,31 @@ mod tests {
             .await
             .expect("read");
         assert_eq!(&buf[..n], b"GET /x");
+    }
+
+    #[test]
+    fn sample_ages_and_stale_sources_are_exported() {
+        let mut snap = Snapshot {
+            jobs: Vec::new(),
+            observations: crate::sense::Observations::default(),
+            status: crate::agent::NodeStatus::default(),
+        };
+        for (source, age_s, stale) in [("cpu", 0.25, false), ("gpu", 12.5, true)] {
+            snap.observations
+                .ages
+                .insert(source.into(), crate::sense::SourceAge { age_s, stale });
+        }
+        let text = render(&snap);
+        for line in [
+            "lodger_sample_age_seconds{source=\"cpu\"} 0.25",
+            "lodger_sample_age_seconds{source=\"gpu\"} 12.5",
+            "lodger_source_stale{source=\"cpu\"} 0",
+            "lodger_source_stale{source=\"gpu\"} 1",
+        ] {
+            assert!(
+                text.lines().any(|l| l.starts_with(line)),
+                "{line} not in\n{text}"
+            );
+        }
     }
 }

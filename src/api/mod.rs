@@ -176,6 +176,7 @@ impl Manager {
     /// The node as a dictionary (the same fields as the properties, plus counts).
     async fn get_status(&self) -> Result<HashMap<String, Value<'static>>, ApiError> {
         let s = self.agent.status().await?;
+        let sensing = s.sensing();
         let mut d: HashMap<String, Value<'static>> = HashMap::new();
         d.insert("version".into(), Value::from(s.version));
         d.insert("cpus".into(), Value::from(s.cpus.to_string()));
@@ -192,7 +193,21 @@ impl Manager {
         d.insert("ticks".into(), Value::from(s.ticks));
         d.insert("throttle_actions".into(), Value::from(s.throttle_actions));
         d.insert("contention".into(), Value::from(s.contention));
+        d.insert("sensing".into(), Value::from(sensing));
+        let ages: HashMap<String, f64> = s
+            .sample_ages
+            .iter()
+            .map(|(k, a)| (k.clone(), a.age_s))
+            .collect();
+        let stale: Vec<String> = s
+            .sample_ages
+            .iter()
+            .filter(|(_, a)| a.stale)
+            .map(|(k, _)| k.clone())
+            .collect();
         d.insert("network".into(), Value::from(s.network));
+        d.insert("sample_age_seconds".into(), Value::from(ages));
+        d.insert("stale_sources".into(), Value::from(stale));
         Ok(d)
     }
 

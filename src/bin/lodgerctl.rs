@@ -443,6 +443,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                     ("Interval ms", "interval_ms"),
                     ("Contention", "contention"),
                     ("Network", "network"),
+                    ("Sample age", "sensing"),
                 ] {
                     let v = get(&s, key);
                     println!("  {label:>12}: {}", if v.is_empty() { "-" } else { &v });
@@ -571,6 +572,7 @@ async fn top_once(proxy: &ManagerProxy<'_>, json: bool) -> Result<String, Failur
             "sources": sources,
             "contention": get(&status, "contention"),
             "network": get(&status, "network"),
+            "sensing": get(&status, "sensing"),
             "jobs": jobs,
         });
         return Ok(v.to_string());
@@ -588,6 +590,7 @@ async fn top_once(proxy: &ManagerProxy<'_>, json: bool) -> Result<String, Failur
     }
     out.push_str(&format!("contention: {}\n", get(&status, "contention")));
     out.push_str(&format!("   network: {}\n", get(&status, "network")));
+    out.push_str(&format!("sample age: {}\n", get(&status, "sensing")));
     out.push('\n');
     let header = [
         "ID", "NAME", "STATE", "CPUS", "CPU%", "IPC", "MISS%", "GPU%", "MEMBW", "NET",

@@ -16,6 +16,10 @@ use super::{ConfigError, Cx};
 /// minute it would react to nothing.
 pub const INTERVAL_MS_RANGE: RangeInclusive<i64> = 10..=60_000;
 
+/// Valid `agent.command_timeout_ms`: long enough for `tc`/`nft` on a busy node, short enough
+/// that a hung one is noticed within the watchdog's patience.
+pub const COMMAND_TIMEOUT_MS_RANGE: RangeInclusive<i64> = 100..=600_000;
+
 /// Longest group name accepted (shadow-utils' default limit).
 const GROUP_NAME_MAX: usize = 32;
 
@@ -24,12 +28,20 @@ const GROUP_NAME_MAX: usize = 32;
 pub struct AgentConfig {
     pub interval_ms: u64,
     pub state_dir: PathBuf,
+    /// How long an external command (`tc`, `ip`, `nft`) may run before it is killed, reported
+    /// and retried at the next tick.
+    pub command_timeout_ms: u64,
 }
 
 impl AgentConfig {
     /// The agent's tick.
     pub fn interval(&self) -> Duration {
         Duration::from_millis(self.interval_ms)
+    }
+
+    /// The deadline of every external command.
+    pub fn command_timeout(&self) -> Duration {
+        Duration::from_millis(self.command_timeout_ms)
     }
 }
 
@@ -38,6 +50,7 @@ impl Default for AgentConfig {
         Self {
             interval_ms: 1000,
             state_dir: PathBuf::from("/var/lib/lodger"),
+            command_timeout_ms: 5000,
         }
     }
 }
@@ -112,6 +125,7 @@ impl MetricsConfig {
 pub(super) struct RawAgent {
     interval_ms: Option<Spanned<i64>>,
     state_dir: Option<Spanned<String>>,
+    command_timeout_ms: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize)]
@@ -142,6 +156,12 @@ impl Cx<'_> {
                 in_range(v, &INTERVAL_MS_RANGE)
             })?,
             state_dir: self.field("agent.state_dir", raw.state_dir, d.state_dir, absolute)?,
+            command_timeout_ms: self.field(
+                "agent.command_timeout_ms",
+                raw.command_timeout_ms,
+                d.command_timeout_ms,
+                |v| in_range(v, &COMMAND_TIMEOUT_MS_RANGE),
+            )?,
         })
     }
 

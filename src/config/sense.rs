@@ -14,6 +14,9 @@ use super::{ConfigError, Cx};
 /// Valid `sense.interval_ms`: NVML refreshes at most every 1/6 s, so faster is no use.
 pub const SENSE_INTERVAL_MS_RANGE: RangeInclusive<i64> = 200..=60_000;
 
+/// Valid `sense.deadline_ms`.
+pub const SENSE_DEADLINE_MS_RANGE: RangeInclusive<i64> = 100..=600_000;
+
 /// Valid `sense.perf_max_fds`.
 pub const PERF_MAX_FDS_RANGE: RangeInclusive<i64> = 0..=1_048_576;
 
@@ -37,6 +40,8 @@ pub struct SenseConfig {
     pub membw_peak_bytes_per_s: u64,
     /// Sensing passes kept in memory (per node; `lodgerctl top` and the API show the latest).
     pub history: u64,
+    /// How much older than the interval a source's newest pass may be before it is stale.
+    pub deadline_ms: u64,
 }
 
 named_enum! {
@@ -55,6 +60,11 @@ impl SenseConfig {
     pub fn interval(&self) -> Duration {
         Duration::from_millis(self.interval_ms)
     }
+
+    /// A source whose newest pass is older than the interval plus this is stale.
+    pub fn deadline(&self) -> Duration {
+        Duration::from_millis(self.deadline_ms)
+    }
 }
 
 impl Default for SenseConfig {
@@ -68,6 +78,7 @@ impl Default for SenseConfig {
             resctrl_root: PathBuf::from("/sys/fs/resctrl"),
             membw_peak_bytes_per_s: 0,
             history: 300,
+            deadline_ms: 5000,
         }
     }
 }
@@ -83,6 +94,7 @@ pub(super) struct RawSense {
     resctrl_root: Option<Spanned<String>>,
     membw_peak_bytes_per_s: Option<Spanned<i64>>,
     history: Option<Spanned<i64>>,
+    deadline_ms: Option<Spanned<i64>>,
 }
 
 impl Cx<'_> {
@@ -123,6 +135,9 @@ impl Cx<'_> {
             )?,
             history: self.field("sense.history", raw.history, d.history, |v| {
                 in_range(v, &HISTORY_RANGE)
+            })?,
+            deadline_ms: self.field("sense.deadline_ms", raw.deadline_ms, d.deadline_ms, |v| {
+                in_range(v, &SENSE_DEADLINE_MS_RANGE)
             })?,
         })
     }

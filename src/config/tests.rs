@@ -55,6 +55,7 @@ fn every_default() {
     assert_eq!(c.agent.interval(), Duration::from_secs(1));
     assert_eq!(c.interval(), Duration::from_secs(1));
     assert_eq!(c.agent.state_dir, Path::new("/var/lib/lodger"));
+    assert_eq!(c.agent.command_timeout(), Duration::from_secs(5));
     assert_eq!(c.api.group, "lodger");
     assert_eq!(c.api.bus, BusKind::System);
     assert_eq!(c.cgroup.driver, CgroupDriver::Auto);
@@ -73,6 +74,7 @@ fn every_default() {
     assert_eq!(c.sense.resctrl_root, Path::new("/sys/fs/resctrl"));
     assert_eq!(c.sense.membw_peak_bytes_per_s, 0);
     assert_eq!(c.sense.history, 300);
+    assert_eq!(c.sense.deadline(), Duration::from_secs(5));
     assert_eq!(c.metrics.listen, "");
     assert_eq!(c.metrics.address(), None);
     assert_eq!(c.origin(), None);
@@ -224,6 +226,7 @@ grant_rt_budget_us = 950000
 [agent]
 interval_ms = 10
 state_dir = "/srv/lodger"
+command_timeout_ms = 2500
 [api]
 group = "gpu-admins"
 bus = "session"
@@ -258,6 +261,7 @@ level = "trace"
     assert_eq!(c.training.grant_rt_budget_us(), Some(950_000));
     assert_eq!(c.agent.interval(), Duration::from_millis(10));
     assert_eq!(c.agent.state_dir, Path::new("/srv/lodger"));
+    assert_eq!(c.agent.command_timeout(), Duration::from_millis(2500));
     assert_eq!(c.api.group, "gpu-admins");
     assert_eq!(c.api.bus, BusKind::Session);
     assert_eq!(c.cgroup.driver, CgroupDriver::V1);
@@ -267,7 +271,7 @@ level = "trace"
     assert_eq!(c.log.level, LogLevel::Trace);
     assert_eq!(c.origin(), Some(Path::new(ORIGIN)));
     assert_eq!(c.location_of("agent.state_dir").line, Some(18));
-    assert_eq!(c.location_of("log.level").line, Some(28));
+    assert_eq!(c.location_of("log.level").line, Some(29));
     // A key left out has a file but no line.
     let d = parse("").expect("empty");
     assert_eq!(d.location_of("log.level").to_string(), ORIGIN);
@@ -313,7 +317,7 @@ fn bad_input_names_file_line_and_key() {
         (
             "[agent]\nstate_dir = \"/x\"\nintervall = 5\n",
             "/etc/lodger/lodger.toml:3: unknown key 'intervall' in [agent]; expected one of \
-             interval_ms, state_dir",
+             interval_ms, state_dir, command_timeout_ms",
         ),
         (
             "[[node.gpu]]\nindex = 0\nnuma_node = 0\n\n[[node.gpu]]\nindex = 1\nnuma = 0\n",

@@ -12,6 +12,7 @@ pub mod net;
 pub mod perf;
 pub mod rtlimit;
 pub mod sampler;
+pub mod sources;
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -114,6 +115,24 @@ pub struct Observations {
     pub node: NodeMetrics,
     pub jobs: BTreeMap<JobId, JobMetrics>,
     pub sources: SourceStatus,
+    /// How old each source's newest pass is, by source name (`sense::sources`); empty when the
+    /// sources are not sampled apart (a bare [`sampler::Sampler::pass`]).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub ages: BTreeMap<String, SourceAge>,
+}
+
+impl Observations {
+    /// Whether `source`'s figures are left out of this pass because it overran its deadline.
+    pub fn is_stale(&self, source: &str) -> bool {
+        self.ages.get(source).is_some_and(|a| a.stale)
+    }
+}
+
+/// A source's newest pass: its age, and whether that is past the deadline.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct SourceAge {
+    pub age_s: f64,
+    pub stale: bool,
 }
 
 /// What the sensor needs to know about a job to measure it.

@@ -1,7 +1,8 @@
-//! The sensing thread: owns every signal source, samples them all once per `sense.interval_ms`,
-//! derives rates from consecutive samples and hands each pass to the agent as [`Observations`].
-//! It runs beside the agent's loop, not in it: NVML calls and perf reads on many fds can block,
-//! and a slow source must never delay enforcement (STYLE §7).
+//! A sensing pass: owns signal sources (all of them, or one for a worker of
+//! [`sources`](super::sources), which runs each source on its own thread under a deadline),
+//! samples them, derives rates from consecutive samples and returns the pass as
+//! [`Observations`]. It runs beside the agent's loop, not in it: NVML calls and perf reads on
+//! many fds can block, and a slow source must never delay enforcement (STYLE §7).
 //!
 //! Each missing feature (no NVML, no PMU, no resctrl, no PSI) is said once, at start, with the
 //! reason; afterwards it is reported as `unavailable: <why>` in [`SourceStatus`].
@@ -13,9 +14,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
-use std::sync::mpsc;
-use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tracing::{info, warn};
 
@@ -25,10 +24,10 @@ use crate::sense::cpu::{
     CpuReader, JobCpuRate, JobCpuSample, NodeCpuRates, PressureSample, StallRates, StatSample,
 };
 use crate::sense::gpu::{self, GpuSource, GpuSourceKind, GpuStatus};
-use crate::sense::link::SensorLink;
 use crate::sense::membw::{self, JobGroupNote, JobMonGroups, MbmReader, MbmSample, ObservedPeak};
 use crate::sense::net::{self, NetReader, NetSample};
 use crate::sense::perf::{Counters, PerfCounters, PerfRates, PerfSample, PerfSettings, PerfTarget};
+use crate::sense::sources::SourceKind;
 use crate::sense::{
     GpuMetrics, JobMetrics, NetMetrics, NodeMetrics, Observations, SensedJob, SourceStatus,
 };
@@ -79,6 +78,10 @@ fn sweep_stale_job_groups(root: &std::path::Path) {
         Err(e) => warn!("cannot sweep monitoring groups left by an earlier lodgerd: {e}"),
     }
 }
+
+/// What a worker's sampler says of a source another worker reads (never shown: the merge takes
+/// each source's words from its own worker).
+const ANOTHER_WORKER: &str = "read by another sensing worker";
 
 /// Where GPU utilization comes from (`sense.gpu`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -131,12 +134,31 @@ pub struct Sampler {
     net_sample: Option<NetSample>,
     jobs: BTreeMap<JobId, Tracked>,
     sources: SourceStatus,
+    /// The one source this sampler reads (a worker of `sense::sources`); None: all of them.
+    only: Option<SourceKind>,
 }
 
 impl Sampler {
     /// Opens every source, saying once for each one that is missing why it is.
     pub fn open(settings: SamplerSettings) -> Sampler {
+        Self::open_for(settings, None)
+    }
+
+    /// Opens `kind` only, for the worker that samples it (`sense::sources`); the other sources
+    /// are neither opened nor read.
+    pub fn open_only(settings: SamplerSettings, kind: SourceKind) -> Sampler {
+        Self::open_for(settings, Some(kind))
+    }
+
+    fn reads(&self, kind: SourceKind) -> bool {
+        self.only.map_or(true, |k| k == kind)
+    }
+
+    fn open_for(settings: SamplerSettings, only: Option<SourceKind>) -> Sampler {
+        // A worker opens (and says why it cannot open) its own source only.
+        let owns = |k: SourceKind| only.map_or(true, |o| o == k);
         let gpu: Result<Box<dyn GpuSource>, String> = match settings.gpu {
+            _ if !owns(SourceKind::Gpu) => Err(ANOTHER_WORKER.into()),
             GpuChoice::Off => Err("off (sense.gpu = \"off\")".into()),
             GpuChoice::Emulated => gpu::open_source(
                 GpuSourceKind::Emulated,
@@ -152,6 +174,7 @@ impl Sampler {
             .map_err(|e| e.to_string()),
         };
         match (&gpu, settings.gpu) {
+            _ if !owns(SourceKind::Gpu) => {}
             (Ok(g), _) if g.kind() == GpuSourceKind::Emulated => info!(
                 "GPU sensing: emulated, from {} (the bundled training emulator; no real GPU is measured)",
                 settings.emulated_gpu_dir.display()
@@ -161,7 +184,9 @@ impl Sampler {
             (Err(e), _) => info!("GPU sensing off: {e}"),
         }
 
-        let perf = if settings.perf {
+        let perf = if !owns(SourceKind::Perf) {
+            Err(ANOTHER_WORKER.into())
+        } else if settings.perf {
             let mut ps = PerfSettings::new(&settings.proc_root);
             ps.fd_cap = Some(settings.perf_max_fds);
             match PerfCounters::new(ps) {
@@ -201,8 +226,13 @@ impl Sampler {
             Err("off (sense.perf = false)".into())
         };
 
-        let membw = MbmReader::open(&settings.resctrl_root).map_err(|e| e.to_string());
+        let membw = if owns(SourceKind::Membw) {
+            MbmReader::open(&settings.resctrl_root).map_err(|e| e.to_string())
+        } else {
+            Err(ANOTHER_WORKER.into())
+        };
         let job_groups = match &membw {
+            Err(_) if !owns(SourceKind::Membw) => None,
             Err(e) => {
                 info!("memory-bandwidth sensing off: {e}");
                 None
@@ -213,8 +243,8 @@ impl Sampler {
             }
         };
         let mut cpu = CpuReader::new(&settings.proc_root);
-        let psi_available = matches!(cpu.pressure(), Ok(Some(_)));
-        if !psi_available {
+        let psi_available = owns(SourceKind::Cpu) && matches!(cpu.pressure(), Ok(Some(_)));
+        if !psi_available && owns(SourceKind::Cpu) {
             info!(
                 "CPU pressure (PSI) unavailable: no {}/pressure/cpu (kernel without CONFIG_PSI or booted with psi=0)",
                 settings.proc_root.display()
@@ -237,6 +267,7 @@ impl Sampler {
             jobs: BTreeMap::new(),
             sources: SourceStatus::default(),
             settings,
+            only,
         };
         s.sources = s.source_status(None);
         s
@@ -339,7 +370,8 @@ impl Sampler {
         let mut jobs: BTreeMap<JobId, JobMetrics> = BTreeMap::new();
 
         // CPU, node and per job.
-        if let Ok(stat) = self.cpu.stat() {
+        let cpu = self.reads(SourceKind::Cpu);
+        if let Some(Ok(stat)) = cpu.then(|| self.cpu.stat()) {
             if let Some(r) = self
                 .stat
                 .as_ref()
@@ -354,7 +386,7 @@ impl Sampler {
             }
             self.stat = Some(stat);
         }
-        if self.psi_available {
+        if cpu && self.psi_available {
             if let Ok(Some(p)) = self.cpu.pressure() {
                 if let Some(r) = self
                     .pressure
@@ -368,6 +400,9 @@ impl Sampler {
         }
         for t in self.jobs.values_mut() {
             let m = jobs.entry(t.job.id.clone()).or_default();
+            if !cpu {
+                continue;
+            }
             if let Ok(sample) = self.cpu.processes(&t.job.pids) {
                 if let Some(r) = t
                     .cpu
@@ -476,7 +511,8 @@ impl Sampler {
         }
 
         // Network, per job where it has a namespace of its own.
-        for t in self.jobs.values_mut() {
+        let net = self.reads(SourceKind::Net);
+        for t in self.jobs.values_mut().filter(|_| net) {
             match net::job_netns_sample(&self.settings.proc_root, &t.job.pids) {
                 net::JobNet::Own(sample) => {
                     if let Some((rx, tx)) =
@@ -495,7 +531,7 @@ impl Sampler {
                 net::JobNet::Gone => t.netns = None,
             }
         }
-        if let Ok(sample) = self.net.sample() {
+        if let Some(Ok(sample)) = net.then(|| self.net.sample()) {
             if let Some(prev) = &self.net_sample {
                 let rates = net::rates(prev, &sample);
                 node.net = rates
@@ -521,45 +557,8 @@ impl Sampler {
             node,
             jobs,
             sources: self.sources.clone(),
+            ages: BTreeMap::new(),
         }
-    }
-
-    /// Starts the sensing thread. The returned link goes to the agent, which sends the jobs to
-    /// measure through it and receives the observations.
-    /// The thread ends, and removes the jobs' monitoring groups, once the agent drops the link:
-    /// join it after the agent's thread so that happens before the process exits.
-    pub fn spawn(mut self) -> std::io::Result<(SensorLink, thread::JoinHandle<()>)> {
-        let (obs_tx, obs_rx) = mpsc::channel();
-        let (jobs_tx, jobs_rx) = mpsc::channel::<Vec<SensedJob>>();
-        let join = thread::Builder::new()
-            .name("lodger-sense".into())
-            .spawn(move || {
-                let interval = self.settings.interval;
-                let mut next = Instant::now();
-                loop {
-                    let now = Instant::now();
-                    if now >= next {
-                        let obs = self.pass();
-                        if obs_tx.send(obs).is_err() {
-                            return;
-                        }
-                        next = Instant::now() + interval;
-                        continue;
-                    }
-                    match jobs_rx.recv_timeout(next - now) {
-                        Ok(jobs) => self.set_jobs(jobs),
-                        Err(mpsc::RecvTimeoutError::Timeout) => {}
-                        Err(mpsc::RecvTimeoutError::Disconnected) => return,
-                    }
-                }
-            })?;
-        Ok((
-            SensorLink {
-                observations: obs_rx,
-                jobs: jobs_tx,
-            },
-            join,
-        ))
     }
 }
 
@@ -569,6 +568,7 @@ mod tests {
     use crate::testutil::{copy_tree, resctrl_fixture as fixture, simulate_kernel_rmdir};
     use std::fs;
     use std::path::Path;
+    use std::time::Instant;
 
     fn settings(tmp: &Path, resctrl_root: PathBuf) -> SamplerSettings {
         SamplerSettings {

@@ -1,5 +1,6 @@
-//! Stopping instances (one job's, or all, SIGTERM then SIGKILL after the grace period), the
-//! start-up sweep of what a previous lodgerd left, and `Drop`, which kills whatever still runs.
+//! Stopping instances (one job's without waiting, or one job's or all and waiting; SIGTERM then
+//! SIGKILL after the grace period), the start-up sweep of what a previous lodgerd left, and
+//! `Drop`, which kills whatever still runs.
 //! Touches signals and lodger's instance cgroups through [`Host`](super::host::Host).
 
 use std::time::Instant;
@@ -18,6 +19,33 @@ impl Instances {
     /// period), then removes their cgroups. They start again if a later `reconcile` wants them.
     pub fn stop_job(&mut self, job: &JobId) -> StopOutcome {
         self.stop_where(|k| k.job == *job)
+    }
+
+    /// Starts stopping every instance of `job` and returns at once: SIGTERM now, and `poll`
+    /// (every tick) sends SIGKILL after the grace period, reaps them and removes their cgroups.
+    /// What the agent uses, so an instance that ignores SIGTERM never holds up its loop.
+    pub fn begin_stop_job(&mut self, job: &JobId) -> Vec<InstanceError> {
+        let now = Instant::now();
+        let mut errors = Vec::new();
+        let mut i = 0;
+        while i < self.slots.len() {
+            if self.slots[i].key().job != *job {
+                i += 1;
+                continue;
+            }
+            let slot = &mut self.slots[i];
+            match &mut slot.state {
+                SlotState::Running => self.host.terminate(slot, now, None),
+                SlotState::Stopping { next, .. } => *next = None,
+                SlotState::BackingOff { .. } => {
+                    let slot = self.slots.remove(i);
+                    self.host.discard(&slot, &mut errors);
+                    continue;
+                }
+            }
+            i += 1;
+        }
+        errors
     }
 
     /// Stops every instance and waits for them, then removes their cgroups (and lodger's

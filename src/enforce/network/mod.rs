@@ -47,6 +47,8 @@ pub mod route;
 mod runner;
 
 #[cfg(test)]
+mod overrun_tests;
+#[cfg(test)]
 mod tests;
 
 use std::fmt;

@@ -1,0 +1,371 @@
+//! Each signal source on a thread of its own, under a deadline: a worker per source (cpu, perf,
+//! gpu, membw, net) samples at `sense.interval_ms` and hands over its latest pass; a coordinator
+//! merges the newest pass of every source into the [`Observations`] the agent receives, once per
+//! interval. A source whose last pass is older than the interval plus `sense.deadline_ms` (a hung
+//! NVML call, a slow /proc read) is marked stale with its age: its figures are left out instead of
+//! being served as new, it is logged once (and once when it recovers), and its worker goes on
+//! trying. The others keep their cadence. Touches only threads and channels; the sources are the
+//! [`Sampler`]'s.
+
+use std::sync::{mpsc, Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use tracing::{info, warn};
+
+use super::link::{LatestObservations, SensorLink};
+use super::sampler::{Sampler, SamplerSettings};
+use super::{Observations, SensedJob, SourceAge};
+use crate::clock::unix_ms;
+
+/// The signal sources, each sampled by its own worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum SourceKind {
+    Cpu,
+    Perf,
+    Gpu,
+    Membw,
+    Net,
+}
+
+impl SourceKind {
+    pub const ALL: [SourceKind; 5] = [
+        SourceKind::Cpu,
+        SourceKind::Perf,
+        SourceKind::Gpu,
+        SourceKind::Membw,
+        SourceKind::Net,
+    ];
+
+    /// The name in `status`, `top` and the metrics' `source` label.
+    pub fn name(self) -> &'static str {
+        match self {
+            SourceKind::Cpu => "cpu",
+            SourceKind::Perf => "perf",
+            SourceKind::Gpu => "gpu",
+            SourceKind::Membw => "membw",
+            SourceKind::Net => "net",
+        }
+    }
+
+    /// Copies this source's figures (and only those) from one of its passes into `into`.
+    fn merge(self, into: &mut Observations, from: &Observations) {
+        let (n, f) = (&mut into.node, &from.node);
+        match self {
+            SourceKind::Cpu => {
+                n.cpu_percent = f.cpu_percent;
+                n.per_cpu_percent = f.per_cpu_percent.clone();
+                n.cpu_pressure_percent = f.cpu_pressure_percent;
+                into.sources.cpu = from.sources.cpu.clone();
+            }
+            SourceKind::Perf => into.sources.perf = from.sources.perf.clone(),
+            SourceKind::Gpu => {
+                n.gpus = from.node.gpus.clone();
+                into.sources.gpu = from.sources.gpu.clone();
+            }
+            SourceKind::Membw => {
+                n.membw_bytes_per_s = f.membw_bytes_per_s;
+                n.membw_fraction_of_peak = f.membw_fraction_of_peak;
+                into.sources.membw = from.sources.membw.clone();
+            }
+            SourceKind::Net => {
+                n.net = f.net.clone();
+                into.sources.net = from.sources.net.clone();
+            }
+        }
+        for (id, m) in &from.jobs {
+            let j = into.jobs.entry(id.clone()).or_default();
+            match self {
+                SourceKind::Cpu => j.cpu_percent = m.cpu_percent,
+                SourceKind::Perf => {
+                    j.ipc = m.ipc;
+                    j.cache_miss_percent = m.cache_miss_percent;
+                }
+                SourceKind::Gpu => {
+                    j.gpu_percent = m.gpu_percent;
+                    j.gpu_source = m.gpu_source.clone();
+                }
+                SourceKind::Membw => {
+                    j.membw_bytes_per_s = m.membw_bytes_per_s;
+                    j.membw_domains = m.membw_domains.clone();
+                    j.membw_unavailable = m.membw_unavailable.clone();
+                }
+                SourceKind::Net => {
+                    j.net_rx_bytes_per_s = m.net_rx_bytes_per_s;
+                    j.net_tx_bytes_per_s = m.net_tx_bytes_per_s;
+                    j.net_unavailable = m.net_unavailable.clone();
+                }
+            }
+        }
+    }
+
+    fn status(self, obs: &Observations) -> &str {
+        let s = &obs.sources;
+        match self {
+            SourceKind::Cpu => &s.cpu,
+            SourceKind::Perf => &s.perf,
+            SourceKind::Gpu => &s.gpu,
+            SourceKind::Membw => &s.membw,
+            SourceKind::Net => &s.net,
+        }
+    }
+
+    fn status_mut(self, obs: &mut Observations) -> &mut String {
+        let s = &mut obs.sources;
+        match self {
+            SourceKind::Cpu => &mut s.cpu,
+            SourceKind::Perf => &mut s.perf,
+            SourceKind::Gpu => &mut s.gpu,
+            SourceKind::Membw => &mut s.membw,
+            SourceKind::Net => &mut s.net,
+        }
+    }
+}
+
+/// One source as its worker drives it: told the jobs, asked for a pass.
+pub trait Source: Send {
+    fn set_jobs(&mut self, jobs: Vec<SensedJob>);
+    /// One pass; only this source's figures are read from it.
+    fn sample(&mut self) -> Observations;
+}
+
+impl Source for Sampler {
+    fn set_jobs(&mut self, jobs: Vec<SensedJob>) {
+        Sampler::set_jobs(self, jobs);
+    }
+    fn sample(&mut self) -> Observations {
+        self.pass()
+    }
+}
+
+/// Opens a source on its worker's thread (opening NVML can hang as well as sampling it).
+pub type OpenSource = Box<dyn FnOnce() -> Box<dyn Source> + Send>;
+
+/// How often the coordinator looks for the sources' first passes at start.
+const FIRST_PASS_POLL: Duration = Duration::from_millis(5);
+
+/// Where the coordinator's merged passes go: the agent's channel and the newest one.
+struct Out {
+    tx: mpsc::Sender<Observations>,
+    latest: LatestObservations,
+}
+
+/// A worker's newest pass and when it ended.
+type Latest = Arc<Mutex<Option<(Instant, Observations)>>>;
+
+struct Worker {
+    kind: SourceKind,
+    jobs: mpsc::Sender<Vec<SensedJob>>,
+    latest: Latest,
+    done: mpsc::Receiver<()>,
+    /// Said stale (logged) and not yet recovered.
+    stale: bool,
+    /// The last status words the source gave, kept to show beside its age when stale.
+    last_status: String,
+}
+
+/// Starts the sampler's sources, each on a worker of its own, and the coordinator that merges
+/// them for the agent. `deadline`: how much longer than the interval a source's newest pass may
+/// be before the source is stale.
+pub fn spawn(
+    settings: SamplerSettings,
+    deadline: Duration,
+) -> std::io::Result<(SensorLink, thread::JoinHandle<()>)> {
+    let interval = settings.interval;
+    let sources: Vec<(SourceKind, OpenSource)> = SourceKind::ALL
+        .into_iter()
+        .map(|kind| {
+            let settings = settings.clone();
+            let open: OpenSource =
+                Box::new(move || Box::new(Sampler::open_only(settings, kind)) as Box<dyn Source>);
+            (kind, open)
+        })
+        .collect();
+    spawn_sources(sources, interval, deadline)
+}
+
+/// [`spawn`] with any sources (the tests' fakes).
+pub fn spawn_sources(
+    sources: Vec<(SourceKind, OpenSource)>,
+    interval: Duration,
+    deadline: Duration,
+) -> std::io::Result<(SensorLink, thread::JoinHandle<()>)> {
+    let mut workers = Vec::new();
+    for (kind, open) in sources {
+        let (jobs_tx, jobs_rx) = mpsc::channel();
+        let (done_tx, done_rx) = mpsc::channel();
+        let latest: Latest = Arc::new(Mutex::new(None));
+        let slot = latest.clone();
+        thread::Builder::new()
+            .name(format!("lodger-sense-{}", kind.name()))
+            .spawn(move || {
+                work(open, jobs_rx, &slot, interval);
+                let _ = done_tx.send(());
+            })?;
+        workers.push(Worker {
+            kind,
+            jobs: jobs_tx,
+            latest,
+            done: done_rx,
+            stale: false,
+            last_status: String::new(),
+        });
+    }
+    let (obs_tx, obs_rx) = mpsc::channel();
+    let (jobs_tx, jobs_rx) = mpsc::channel::<Vec<SensedJob>>();
+    let latest: LatestObservations = Arc::new(Mutex::new(None));
+    let out = Out {
+        tx: obs_tx,
+        latest: latest.clone(),
+    };
+    let join = thread::Builder::new()
+        .name("lodger-sense".into())
+        .spawn(move || coordinate(workers, &jobs_rx, &out, interval, deadline))?;
+    Ok((
+        SensorLink {
+            observations: obs_rx,
+            jobs: jobs_tx,
+            latest,
+        },
+        join,
+    ))
+}
+
+/// A worker: a pass every interval, the newest handed over; ends when the coordinator goes.
+fn work(
+    open: OpenSource,
+    jobs: mpsc::Receiver<Vec<SensedJob>>,
+    latest: &Latest,
+    interval: Duration,
+) {
+    let mut source = open();
+    let mut next = Instant::now();
+    loop {
+        let now = Instant::now();
+        if now >= next {
+            let obs = source.sample();
+            if let Ok(mut l) = latest.lock() {
+                *l = Some((Instant::now(), obs));
+            }
+            next = Instant::now() + interval;
+            continue;
+        }
+        match jobs.recv_timeout(next - now) {
+            Ok(j) => source.set_jobs(j),
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => return,
+        }
+    }
+}
+
+/// The coordinator: hands the jobs to every worker, and once per interval the merge of their
+/// newest passes to the agent. On leaving it waits (at most `deadline` each) for the workers to
+/// end, so the sources' clean-up (the monitoring groups) runs; a stuck worker is left behind.
+fn coordinate(
+    mut workers: Vec<Worker>,
+    jobs: &mpsc::Receiver<Vec<SensedJob>>,
+    out: &Out,
+    interval: Duration,
+    deadline: Duration,
+) {
+    let started = Instant::now();
+    // The first merge as soon as every source has answered once (or the deadline passed), so
+    // a fresh lodgerd shows its sources at once rather than after a whole interval.
+    while started.elapsed() < deadline
+        && workers
+            .iter()
+            .any(|w| w.latest.lock().is_ok_and(|l| l.is_none()))
+    {
+        thread::sleep(FIRST_PASS_POLL);
+    }
+    let mut next = Instant::now();
+    loop {
+        let now = Instant::now();
+        if now >= next {
+            let obs = merge(&mut workers, started, interval + deadline);
+            if let Ok(mut l) = out.latest.lock() {
+                *l = Some(Arc::new(obs.clone()));
+            }
+            if out.tx.send(obs).is_err() {
+                break;
+            }
+            next = Instant::now() + interval;
+            continue;
+        }
+        match jobs.recv_timeout(next - now) {
+            Ok(j) => {
+                for w in &workers {
+                    let _ = w.jobs.send(j.clone());
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        }
+    }
+    let done: Vec<mpsc::Receiver<()>> = workers.into_iter().map(|w| w.done).collect();
+    for d in done {
+        let _ = d.recv_timeout(deadline);
+    }
+}
+
+/// The newest pass of every source, a stale one's figures left out and its age said.
+fn merge(workers: &mut [Worker], started: Instant, stale_after: Duration) -> Observations {
+    let now = Instant::now();
+    let mut obs = Observations {
+        unix_ms: unix_ms(),
+        ..Observations::default()
+    };
+    for w in workers.iter_mut() {
+        let latest = w.latest.lock().ok().and_then(|l| l.clone());
+        let age = match &latest {
+            Some((at, _)) => now.saturating_duration_since(*at),
+            None => now.saturating_duration_since(started),
+        };
+        let stale = age > stale_after;
+        let age_s = age.as_secs_f64();
+        match (stale, w.stale) {
+            (true, false) => warn!(
+                source = w.kind.name(),
+                "sensing: {} has no new sample for {age_s:.1} s (deadline {:.1} s): its figures \
+                 are left out, and right-sizing and contention hold, until it answers",
+                w.kind.name(),
+                stale_after.as_secs_f64()
+            ),
+            (false, true) => info!(
+                source = w.kind.name(),
+                "sensing: {} answers again",
+                w.kind.name()
+            ),
+            _ => {}
+        }
+        w.stale = stale;
+        if let Some((_, pass)) = &latest {
+            w.last_status = w.kind.status(pass).to_string();
+            if !stale {
+                w.kind.merge(&mut obs, pass);
+            }
+        }
+        if latest.is_none() && !stale {
+            *w.kind.status_mut(&mut obs) = "starting: no sample yet".into();
+        }
+        if stale {
+            let before = if w.last_status.is_empty() {
+                "no sample yet".to_string()
+            } else {
+                w.last_status.clone()
+            };
+            // No age in the words: they label a Prometheus series (`lodger_source_info`);
+            // the age is `ages` (status, top, `lodger_sample_age_seconds`).
+            *w.kind.status_mut(&mut obs) = format!(
+                "stale: no new sample within {:.1} s (last: {before})",
+                stale_after.as_secs_f64()
+            );
+        }
+        obs.ages
+            .insert(w.kind.name().to_string(), SourceAge { age_s, stale });
+    }
+    obs
+}
+
+#[cfg(test)]
+mod tests;
