@@ -10,7 +10,7 @@ use tracing::{info, warn};
 use super::layout::SearchRun;
 use super::{Event, TickCx};
 use crate::cpuset::CpuSet;
-use crate::enforce::instances::{InstanceSpec, InstanceState, InstanceStats, Instances};
+use crate::enforce::instances::{Identity, InstanceSpec, InstanceState, InstanceStats, Instances};
 use crate::enforce::network::node::{procs_of, CpuJob};
 use crate::job::{InstanceView, JobId, JobKind, JobState};
 use crate::policy::contention::Throttles;
@@ -266,11 +266,13 @@ impl Inference {
 fn desired_instances(state: &State, plan: &inference::InferencePlan) -> Vec<InstanceSpec> {
     let mut desired = Vec::new();
     for (id, instances) in plan.online.iter().chain(plan.offline.iter()) {
-        let Some(inf) = state
-            .jobs
-            .get(id)
-            .and_then(|s| s.job.spec.inference.as_ref())
-        else {
+        let Some((owner, inf)) = state.jobs.get(id).and_then(|s| {
+            s.job
+                .spec
+                .inference
+                .as_ref()
+                .map(|inf| (s.job.owner_uid, inf))
+        }) else {
             continue;
         };
         for (index, inst) in instances {
@@ -282,6 +284,10 @@ fn desired_instances(state: &State, plan: &inference::InferencePlan) -> Vec<Inst
                 mems: inst.mems.clone(),
                 threads: inst.threads,
                 batch: inst.batch,
+                identity: Identity {
+                    uid: owner,
+                    launch: Box::new(inf.launch.clone()),
+                },
             });
         }
     }

@@ -23,6 +23,7 @@ mod registry;
 mod rightsize;
 mod run;
 mod training;
+mod trust;
 
 #[cfg(test)]
 mod tests;
@@ -39,6 +40,7 @@ use tracing::{info, warn};
 pub use self::contention::MbaTarget;
 pub use self::handle::{AgentError, AgentHandle, Caller, Event, NodeStatus, Snapshot};
 pub use self::training::Enforce;
+pub use self::trust::TrustSettings;
 pub use crate::sense::link::SensorLink;
 
 use self::contention::Contention;
@@ -65,6 +67,8 @@ pub struct AgentSettings {
     pub rightsize: RightsizeSettings,
     /// Contention control (SODA §V-E); None: off.
     pub contention: Option<ContentionConfig>,
+    /// Who may register what, and the per-owner caps (`[api]`).
+    pub trust: TrustSettings,
 }
 
 /// Right-sizing of training jobs (SODA §V-B), from `[rightsize]`.

@@ -130,6 +130,7 @@ impl Rig {
                 pressure_ticks: 2,
                 ..ContentionConfig::default()
             }),
+            trust: Default::default(),
         };
         Agent::builder(
             settings,

@@ -5,7 +5,9 @@ use std::collections::HashMap;
 
 use zbus::zvariant::{OwnedValue, Value};
 
-use crate::job::{Category, InferenceSpec, Job, JobKind, JobSpec, Target, DEFAULT_MAX_BATCH};
+use crate::job::{
+    Category, InferenceSpec, Job, JobKind, JobSpec, Launch, Target, DEFAULT_MAX_BATCH,
+};
 use crate::sense::{JobMetrics, NodeMetrics};
 
 /// Keys accepted in a `RegisterJob` spec.
@@ -26,6 +28,9 @@ pub const SPEC_KEYS: &[&str] = &[
     "max_batch",
     "max_instances",
     "owner",
+    "cwd",
+    "env",
+    "output",
 ];
 
 fn unsigned(key: &str, v: &Value<'_>) -> Result<u32, String> {
@@ -138,6 +143,9 @@ pub fn spec_from_dict(dict: &HashMap<String, OwnedValue>) -> Result<JobSpec, Str
         "rate_per_s",
         "max_batch",
         "max_instances",
+        "cwd",
+        "env",
+        "output",
     ] {
         if dict.contains_key(key) {
             return Err(format!(
@@ -251,6 +259,14 @@ fn inference_spec_from_dict(
             max_instances: get("max_instances")
                 .map(|v| unsigned("max_instances", v))
                 .transpose()?,
+            launch: Launch {
+                cwd: get("cwd").map(|v| string("cwd", v)).transpose()?,
+                env: get("env")
+                    .map(|v| string_list("env", v))
+                    .transpose()?
+                    .unwrap_or_default(),
+                output: get("output").map(|v| string("output", v)).transpose()?,
+            },
         }),
     })
 }

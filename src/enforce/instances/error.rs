@@ -99,6 +99,9 @@ pub enum InstanceError {
         path: PathBuf,
         source: io::Error,
     },
+    /// The owner it would run as cannot be resolved (no account, no groups).
+    #[error("instance {key}: {reason}")]
+    Identity { key: InstanceKey, reason: String },
     #[error("instance {key}: cannot start `{program}`: {source}")]
     Spawn {
         key: InstanceKey,

@@ -30,11 +30,12 @@
 //! Rooms: [`template`] (command templates and finding the program), [`report`] (the report
 //! protocol and per-window rates), `supervisor` (the slots and [`Instances`]' reconcile and
 //! poll), `stop` (stopping, the start-up sweep, `Drop`), `host` (cgroups and signals),
-//! `spawn` (fork/exec and the child's setup), [`error`]. May touch `sys/`,
+//! `spawn` (fork/exec and the child's setup), `identity` (the owner it runs as), [`error`]. May touch `sys/`,
 //! `enforce::{cpusets, sched, procs}`; nothing above enforce.
 
 pub mod error;
 mod host;
+mod identity;
 pub mod report;
 mod spawn;
 mod stop;
@@ -45,6 +46,7 @@ pub mod template;
 mod tests;
 
 pub use self::error::{InstanceError, TemplateProblem};
+pub use self::identity::{check_launch, Identity};
 pub use self::report::{parse_report, Report};
 pub use self::supervisor::{backoff_delay, Instances};
 pub use self::template::{find_program, show_argv, validate_template, Placeholder, Template};
@@ -184,6 +186,9 @@ pub struct InstanceSpec {
     pub mems: CpuSet,
     pub threads: u32,
     pub batch: u32,
+    /// Who it runs as, where, with what environment and output.
+    #[serde(default)]
+    pub identity: Identity,
 }
 
 impl InstanceSpec {

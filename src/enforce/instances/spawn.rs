@@ -1,6 +1,6 @@
 //! Starting one instance: fork/exec with its environment and placeholders, the report pipe, and
-//! the setup the child does before exec (process group, death signal, cgroup or affinity, the
-//! report descriptor). Touches fork/exec and the child's cgroupfs and affinity.
+//! the setup the child does before exec (process group, cgroup or affinity, the owner's identity,
+//! death signal, the report descriptor). Touches fork/exec and the child's cgroupfs and affinity.
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -13,6 +13,7 @@ use tracing::debug;
 
 use super::error::{InstanceError, TemplateProblem};
 use super::host::Host;
+use super::identity::Credentials;
 use super::supervisor::{Run, Slot};
 use super::template::show_argv;
 use super::{
@@ -78,8 +79,17 @@ impl Host {
             source,
         })?;
 
+        // Who it runs as, where, with which environment: never lodgerd's own (docs/security.md).
+        let creds = Credentials::resolve(&spec.identity, nix::unistd::getuid().as_raw()).map_err(
+            |reason| InstanceError::Identity {
+                key: key.clone(),
+                reason,
+            },
+        )?;
         let mut cmd = Command::new(program);
         cmd.args(args)
+            .env_clear()
+            .envs(creds.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .env(ENV_REPORT_FD, REPORT_FD.to_string())
             .env(ENV_THREADS, spec.threads.to_string())
@@ -120,11 +130,13 @@ impl Host {
             procs_fd: procs_file.as_ref().map(AsRawFd::as_raw_fd),
             mask,
             report_fd: report_write.as_raw_fd(),
+            creds,
         };
         // SAFETY: the closure runs in the forked child before exec and only makes
         // async-signal-safe system calls (prctl, getppid, sched_setscheduler, write,
-        // sched_setaffinity, dup2, fcntl) on values prepared before the fork: it allocates
-        // nothing, takes no lock and touches no state shared with other threads.
+        // sched_setaffinity, setgroups, setresgid, setresuid, chdir, open, dup2, close, fcntl)
+        // on values prepared before the fork: it allocates nothing, takes no lock and touches no
+        // state shared with other threads.
         unsafe {
             cmd.pre_exec(move || setup.apply());
         }
@@ -189,21 +201,14 @@ pub(super) struct ChildSetup {
     /// Affinity placement: the instance's CPUs.
     pub(super) mask: Option<CpuMask>,
     pub(super) report_fd: RawFd,
+    /// The owner it becomes, once placed.
+    pub(super) creds: Credentials,
 }
 
 impl ChildSetup {
     /// Runs in the child between fork and exec: async-signal-safe system calls only.
     pub(super) fn apply(&self) -> io::Result<()> {
         let fail = || Err(io::Error::last_os_error());
-        // SAFETY: prctl with integer arguments only.
-        if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, self.death_signal) } != 0 {
-            return fail();
-        }
-        // lodgerd died between fork and prctl: the death signal was missed, do not start.
-        // SAFETY: getppid has no arguments and cannot fail.
-        if unsafe { libc::getppid() } != self.parent_pid {
-            return Err(io::Error::from_raw_os_error(libc::ESRCH));
-        }
         // A child inherits the spawning thread's policy: instances are always SCHED_OTHER, the
         // class training's SCHED_RR pre-empts (Cloud Reamer §III-A).
         // SAFETY: `self.param` is a valid sched_param that outlives the call.
@@ -222,6 +227,18 @@ impl ChildSetup {
             if let Err(errno) = mask.apply_to(0) {
                 return Err(io::Error::from_raw_os_error(errno as i32));
             }
+        }
+        // Placed with lodgerd's rights; from here on the owner's.
+        self.creds.apply()?;
+        // After the change of uid, which clears the death signal.
+        // SAFETY: prctl with integer arguments only.
+        if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, self.death_signal) } != 0 {
+            return fail();
+        }
+        // lodgerd died between fork and prctl: the death signal was missed, do not start.
+        // SAFETY: getppid has no arguments and cannot fail.
+        if unsafe { libc::getppid() } != self.parent_pid {
+            return Err(io::Error::from_raw_os_error(libc::ESRCH));
         }
         if self.report_fd == REPORT_FD {
             // dup2 onto itself keeps close-on-exec: clear it instead.

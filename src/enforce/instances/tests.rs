@@ -32,6 +32,7 @@ fn spec(args: &[&str]) -> InstanceSpec {
         mems: CpuSet::new(),
         threads: 3,
         batch: 16,
+        identity: Identity::default(),
     }
 }
 
