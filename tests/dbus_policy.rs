@@ -455,6 +455,16 @@ impl Drop for OthersCgroup {
     }
 }
 
+/// A process the test started, killed on drop (also when a check fails).
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// lodgerd's resident memory (`VmRSS`), in KiB.
 fn rss_kib(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
@@ -613,13 +623,15 @@ fn members_change_only_what_they_own() {
     );
 
     // Root may register for another user: the other user's job.
-    let mut others = Command::new("setpriv")
-        .arg(format!("--reuid={}", other.1))
-        .arg(format!("--regid={}", other.2))
-        .args(["--clear-groups", "--", "sleep", "600"])
-        .spawn()
-        .expect("the other user's process");
-    let others_pid = others.id();
+    let others = Killed(
+        Command::new("setpriv")
+            .arg(format!("--reuid={}", other.1))
+            .arg(format!("--regid={}", other.2))
+            .args(["--clear-groups", "--", "sleep", "600"])
+            .spawn()
+            .expect("the other user's process"),
+    );
+    let others_pid = others.0.id();
     let cg = OthersCgroup {
         rel: format!("/{}", common::unique("lt15-other")),
         child: {
@@ -779,14 +791,28 @@ fn members_change_only_what_they_own() {
         after < before + 1024,
         "RSS grew from {before} KiB to {after} KiB"
     );
+    // Each call was audited: who (uid, pid, command name), what, and the refusal.
     let audit = std::fs::read_to_string(&log).unwrap_or_default();
+    let refusals = audit
+        .lines()
+        .filter(|l| {
+            l.contains(&format!("caller_uid={}", member.1))
+                && l.contains("caller_pid=")
+                && l.contains("caller_comm=")
+                && l.contains("outcome=\"refused\"")
+                && l.contains("process 1 is the init process")
+        })
+        .count();
     assert!(
-        audit.contains("lodger::audit") && audit.contains(&format!("caller_uid={}", member.1)),
-        "audit records in lodgerd's log"
+        refusals >= 10_200,
+        "{refusals} audit records of the member's refused calls; a line: {:?}",
+        audit.lines().find(|l| l.contains("refused"))
     );
 
-    let _ = others.kill();
-    let _ = others.wait();
+    // Root releases the other user's job (its process leaves lodger's cgroup).
+    let out = run_as(None, &bus, &ctl, &["unregister", "--all"]);
+    assert!(out.status.success(), "{}", text(&out));
+    drop(others);
     drop(w);
     drop(daemon);
 }
