@@ -545,6 +545,66 @@ mod tests {
     }
 
     #[test]
+    fn launch_paths_must_be_absolute_and_env_may_not_override_lodgers_variables() {
+        let ok = |l: Launch| l.validate().map_err(|e| e.to_string());
+        assert_eq!(
+            ok(Launch {
+                cwd: Some("/home/alice/run".into()),
+                env: vec!["MODEL=bert".into(), "CUDA_VISIBLE_DEVICES=".into()],
+                output: Some("/home/alice/run/out.log".into()),
+            }),
+            Ok(())
+        );
+        for (launch, says) in [
+            (
+                Launch {
+                    cwd: Some("run".into()),
+                    ..Launch::default()
+                },
+                "cwd 'run' must be an absolute path",
+            ),
+            (
+                Launch {
+                    output: Some("out.log".into()),
+                    ..Launch::default()
+                },
+                "output 'out.log' must be an absolute path",
+            ),
+            (
+                Launch {
+                    env: vec!["NOVALUE".into()],
+                    ..Launch::default()
+                },
+                "'NOVALUE' is not NAME=value",
+            ),
+            (
+                Launch {
+                    env: vec!["1X=y".into()],
+                    ..Launch::default()
+                },
+                "'1X=y' is not NAME=value",
+            ),
+            (
+                Launch {
+                    env: vec!["LODGER_JOB=j9".into()],
+                    ..Launch::default()
+                },
+                "LODGER_JOB is set by lodger itself",
+            ),
+            (
+                Launch {
+                    env: vec!["OMP_NUM_THREADS=64".into()],
+                    ..Launch::default()
+                },
+                "OMP_NUM_THREADS is set by lodger itself",
+            ),
+        ] {
+            let e = ok(launch).unwrap_err();
+            assert!(e.contains(says), "{e}");
+        }
+    }
+
+    #[test]
     fn inference_spec_validation() {
         let online = |slo: Option<f64>| JobSpec {
             kind: JobKind::Online,

@@ -514,6 +514,30 @@ mod tests {
     }
 
     #[test]
+    fn launch_keys_are_read_for_inference_and_refused_for_training() {
+        let spec = spec_from_dict(&dict(vec![
+            ("kind", Value::from("offline")),
+            ("command", Value::from(vec!["worker"])),
+            ("cwd", Value::from("/home/alice")),
+            ("env", Value::from(vec!["MODEL=bert"])),
+            ("output", Value::from("/home/alice/out.log")),
+        ]))
+        .unwrap();
+        let launch = spec.inference.expect("inference").launch;
+        assert_eq!(launch.cwd.as_deref(), Some("/home/alice"));
+        assert_eq!(launch.env, vec!["MODEL=bert".to_string()]);
+        assert_eq!(launch.output.as_deref(), Some("/home/alice/out.log"));
+        let err = spec_from_dict(&dict(vec![
+            ("kind", Value::from("training")),
+            ("pids", Value::from(vec![10u32])),
+            ("cores", Value::from(1u32)),
+            ("cwd", Value::from("/tmp")),
+        ]))
+        .unwrap_err();
+        assert!(err.contains("key 'cwd' is for online and offline"), "{err}");
+    }
+
+    #[test]
     fn full_spec() {
         let spec = spec_from_dict(&dict(vec![
             ("kind", Value::from("training")),
