@@ -590,16 +590,19 @@ fn members_change_only_what_they_own() {
         "1",
         "--output",
         out_file.to_str().expect("utf-8"),
+        "--env",
+        "MODEL=bert",
         "--",
         "/bin/sh",
         "-c",
-        "id -u; id -g; id -G; pwd; echo HOME=$HOME; exec sleep 600",
+        "id -u; id -g; id -G; pwd; grep NoNewPrivs /proc/self/status; env; echo END; \
+         exec sleep 600",
     ]);
     assert!(out.status.success(), "{}", text(&out));
     let job: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
     let member_job = job["id"].as_str().expect("id").to_string();
     wait_until(WAIT, "the member's instance to write who it is", || {
-        std::fs::read_to_string(&out_file).is_ok_and(|t| t.lines().count() >= 5)
+        std::fs::read_to_string(&out_file).is_ok_and(|t| t.lines().any(|l| l == "END"))
     });
     let who = std::fs::read_to_string(&out_file).expect("who.txt");
     let lines: Vec<&str> = who.lines().collect();
@@ -616,6 +619,45 @@ fn members_change_only_what_they_own() {
         "supplementary groups: {who}"
     );
     assert_eq!(lines[3], work.to_str().expect("utf-8"), "cwd: {who}");
+    assert_eq!(
+        lines[4].split_whitespace().collect::<Vec<_>>(),
+        ["NoNewPrivs:", "1"]
+    );
+    // A clean environment: the owner's, lodger's and the caller's --env; nothing of lodgerd's
+    // (it has DBUS_SYSTEM_BUS_ADDRESS, the test's own variables ...).
+    let env: Vec<&str> = lines[5..]
+        .iter()
+        .take_while(|l| **l != "END")
+        .copied()
+        .collect();
+    for want in ["USER=lt15member", "HOME=/home/lt15member", "MODEL=bert"] {
+        assert!(env.contains(&want), "{want} in {env:?}");
+    }
+    for var in &env {
+        let name = var.split('=').next().unwrap_or("");
+        let expected = name.starts_with("LODGER_")
+            || [
+                "PATH",
+                "HOME",
+                "USER",
+                "LOGNAME",
+                "LANG",
+                "MODEL",
+                "OMP_NUM_THREADS",
+                "MKL_NUM_THREADS",
+                "OPENBLAS_NUM_THREADS",
+                // Set by the shell itself.
+                "PWD",
+                "SHLVL",
+                "_",
+                "OLDPWD",
+            ]
+            .contains(&name);
+        assert!(
+            expected,
+            "unexpected variable {var} in the instance's environment"
+        );
+    }
     assert_eq!(
         std::fs::metadata(&out_file).expect("meta").uid(),
         member.1,
