@@ -84,7 +84,9 @@ impl Agent {
                     &caller,
                     "register",
                     &asked,
-                    result.as_ref().map(|j| format!("registered {}", j.id)),
+                    result
+                        .as_ref()
+                        .map(|j| format!("registered {} for uid {}", j.id, j.owner_uid)),
                 );
                 let _ = reply.send(result);
             }

@@ -123,7 +123,8 @@ pub fn check_launch(owner: u32, launch: &Launch) -> Result<(), String> {
         return Ok(());
     };
     let path = Path::new(cwd);
-    let meta = std::fs::metadata(path).map_err(|e| format!("working directory {cwd}: {e}"))?;
+    let meta = std::fs::metadata(path)
+        .map_err(|e| format!("working directory {cwd}: {e}{}", sandbox_hint(path)))?;
     if !meta.is_dir() {
         return Err(format!("working directory {cwd} is not a directory"));
     }
@@ -138,7 +139,29 @@ pub fn check_launch(owner: u32, launch: &Launch) -> Result<(), String> {
             ));
         }
     }
+    if owner == nix::unistd::geteuid().as_raw() {
+        // No change of user: the kernel's own answer for lodgerd (whose service may lack
+        // CAP_DAC_OVERRIDE, and whose sandbox may hide the directory).
+        nix::unistd::access(path, nix::unistd::AccessFlags::X_OK).map_err(|e| {
+            format!(
+                "working directory {cwd}: lodgerd may not enter it ({e}){}",
+                sandbox_hint(path)
+            )
+        })?;
+    }
     Ok(())
+}
+
+/// Where the packaged unit's sandbox (`ProtectHome=`, `PrivateTmp=`) hides the caller's files
+/// from lodgerd and the processes it forks, a hint saying so.
+fn sandbox_hint(path: &Path) -> &'static str {
+    let hidden = ["/home", "/root", "/run/user", "/tmp", "/var/tmp"];
+    if hidden.iter().any(|h| path.starts_with(h)) {
+        " (lodgerd's service sandbox hides /home, /root, /run/user and /tmp from the processes \
+         it starts: choose another directory with --cwd)"
+    } else {
+        ""
+    }
 }
 
 /// An identity resolved for one spawn: what the child becomes before exec.
@@ -298,9 +321,10 @@ mod tests {
         assert!(check_launch(me, &launch(&file))
             .unwrap_err()
             .contains("is not a directory"));
-        assert!(check_launch(me, &launch(&dir.path().join("none")))
-            .unwrap_err()
-            .contains("working directory"));
+        let gone = check_launch(me, &launch(&dir.path().join("none"))).unwrap_err();
+        assert!(gone.contains("working directory"), "{gone}");
+        let hidden = check_launch(me, &launch(Path::new("/root/lodger-no-such-dir"))).unwrap_err();
+        assert!(hidden.contains("sandbox hides /home, /root"), "{hidden}");
         let meta = std::fs::metadata(dir.path()).unwrap();
         use std::os::unix::fs::PermissionsExt;
         let mut p = meta.permissions();
