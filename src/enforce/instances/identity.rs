@@ -111,7 +111,10 @@ fn may_switch_user() -> bool {
 /// anything starts.
 pub fn check_launch(owner: u32, launch: &Launch) -> Result<(), String> {
     let who = account(owner)?;
-    if owner != nix::unistd::geteuid().as_raw() && !may_switch_user() {
+    // Started by systemd as a transient unit: systemd switches the uid and sees the owner's
+    // directories, which lodgerd's sandbox may hide.
+    let by_unit = owner != nix::unistd::geteuid().as_raw() && super::unit::systemd().is_some();
+    if owner != nix::unistd::geteuid().as_raw() && !by_unit && !may_switch_user() {
         return Err(format!(
             "lodgerd cannot start processes as {} (uid {owner}): it lacks CAP_SETUID/CAP_SETGID \
              (docs/security.md: instances of other users need the transient-unit path or these \
@@ -123,8 +126,20 @@ pub fn check_launch(owner: u32, launch: &Launch) -> Result<(), String> {
         return Ok(());
     };
     let path = Path::new(cwd);
-    let meta = std::fs::metadata(path)
-        .map_err(|e| format!("working directory {cwd}: {e}{}", sandbox_hint(path)))?;
+    if !path.is_absolute() {
+        return Err(format!("working directory {cwd} is not an absolute path"));
+    }
+    let meta = match std::fs::metadata(path) {
+        Ok(meta) => meta,
+        // Hidden from lodgerd, not from the unit: systemd checks it when the unit starts.
+        Err(_) if by_unit && !sandbox_hint(path).is_empty() => return Ok(()),
+        Err(e) => {
+            return Err(format!(
+                "working directory {cwd}: {e}{}",
+                sandbox_hint(path)
+            ))
+        }
+    };
     if !meta.is_dir() {
         return Err(format!("working directory {cwd} is not a directory"));
     }
@@ -168,6 +183,8 @@ fn sandbox_hint(path: &Path) -> &'static str {
 pub(super) struct Credentials {
     /// None: stay who lodgerd is (root's own jobs, or a lodgerd run by the owner itself).
     drop_to: Option<DropTo>,
+    /// The owner's user name (a transient unit's `User=`).
+    pub(super) user: String,
     cwd: CString,
     output: Option<CString>,
     /// The instance's whole environment apart from what the spawner adds (`LODGER_*`, threads).
@@ -178,6 +195,21 @@ struct DropTo {
     uid: libc::uid_t,
     gid: libc::gid_t,
     groups: Vec<libc::gid_t>,
+}
+
+impl Credentials {
+    /// The primary gid and supplementary groups it switches to, if it switches.
+    pub(super) fn groups(&self) -> Option<(u32, &[u32])> {
+        self.drop_to.as_ref().map(|d| (d.gid, d.groups.as_slice()))
+    }
+
+    pub(super) fn cwd(&self) -> &str {
+        self.cwd.to_str().unwrap_or(DEFAULT_CWD)
+    }
+
+    pub(super) fn output(&self) -> Option<&str> {
+        self.output.as_deref().and_then(|c| c.to_str().ok())
+    }
 }
 
 impl Credentials {
@@ -202,6 +234,7 @@ impl Credentials {
             CString::new(s).map_err(|_| format!("{what} '{s}' holds a NUL byte"))
         };
         Ok(Self {
+            user: who.name.clone(),
             drop_to: (identity.uid != self_uid).then_some(DropTo {
                 uid: identity.uid,
                 gid: who.gid,

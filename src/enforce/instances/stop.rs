@@ -124,6 +124,11 @@ impl Instances {
         for cg in &cgroups {
             out.killed.extend(h.kill_cgroup(cg)?);
         }
+        if let Some(systemd) = super::unit::systemd() {
+            // Instance units an earlier lodgerd started: systemd stops them (SIGTERM, SIGKILL
+            // after their grace); an unknown slice (none started yet) is not an error.
+            let _ = systemd.stop(super::unit::SLICE);
+        }
         out.killed.extend(self.host.kill_marked()?);
         out.killed.sort_unstable();
         out.killed.dedup();
