@@ -97,6 +97,7 @@ impl Instances {
         self.host.retry_removals();
         if self.slots.is_empty() {
             self.host.remove_lodgers(&mut out.errors);
+            super::unit::stop_slices();
         }
         out
     }
@@ -124,11 +125,8 @@ impl Instances {
         for cg in &cgroups {
             out.killed.extend(h.kill_cgroup(cg)?);
         }
-        if let Some(systemd) = super::unit::systemd() {
-            // Instance units an earlier lodgerd started: systemd stops them (SIGTERM, SIGKILL
-            // after their grace); an unknown slice (none started yet) is not an error.
-            let _ = systemd.stop(super::unit::SLICE);
-        }
+        // Instance units an earlier lodgerd started.
+        super::unit::stop_slices();
         out.killed.extend(self.host.kill_marked()?);
         out.killed.sort_unstable();
         out.killed.dedup();
@@ -171,6 +169,10 @@ impl Drop for Instances {
                  away: killing them"
             );
         }
+        let had_units = self
+            .slots
+            .iter()
+            .any(|s| s.run.as_ref().is_some_and(|r| r.unit.is_some()));
         let mut errors = Vec::new();
         for slot in &mut self.slots {
             if slot.run.is_some() {
@@ -193,6 +195,9 @@ impl Drop for Instances {
             self.host.discard(&slot, &mut errors);
         }
         self.host.remove_lodgers(&mut errors);
+        if had_units {
+            super::unit::stop_slices();
+        }
         for e in errors {
             warn!("while killing instances: {e}");
         }

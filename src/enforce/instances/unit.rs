@@ -16,6 +16,8 @@ use crate::cpuset::CpuSet;
 
 /// The slice every instance unit runs in.
 pub const SLICE: &str = "lodger-instances.slice";
+/// Its parent, which systemd creates with it (a `-` in a slice's name nests it).
+pub const PARENT_SLICE: &str = "lodger.slice";
 const DEST: &str = "org.freedesktop.systemd1";
 const PATH: &str = "/org/freedesktop/systemd1";
 const MANAGER: &str = "org.freedesktop.systemd1.Manager";
@@ -335,6 +337,17 @@ impl Systemd {
     pub fn stop(&self, name: &str) -> zbus::Result<()> {
         let _job: OwnedObjectPath = self.call(MANAGER, PATH, "StopUnit", &(name, "replace"))?;
         Ok(())
+    }
+}
+
+/// Stops lodger's slices (every instance unit in them, SIGTERM then SIGKILL after their grace):
+/// at lodgerd's start (what an earlier one left) and when no instance is left, so no cgroup of
+/// lodger's outlives it. Slices that were never started are not an error.
+pub fn stop_slices() {
+    if let Some(systemd) = systemd() {
+        for slice in [SLICE, PARENT_SLICE] {
+            let _ = systemd.stop(slice);
+        }
     }
 }
 
