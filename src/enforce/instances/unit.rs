@@ -75,6 +75,8 @@ pub enum Prop {
     Bool(bool),
     Strs(Vec<String>),
     Bytes(Vec<u8>),
+    /// `aay` (`LogExtraFields`: `FIELD=value` as bytes).
+    ByteStrs(Vec<Vec<u8>>),
     U64(u64),
     /// `a(sasb)`: path, argv, ignore failure.
     Exec(Vec<(String, Vec<String>, bool)>),
@@ -141,9 +143,9 @@ pub fn properties(spec: &UnitSpec) -> Vec<(&'static str, Prop)> {
         ),
         (
             "LogExtraFields",
-            Prop::Strs(vec![
-                format!("LODGER_JOB={}", spec.job),
-                format!("LODGER_INSTANCE={}", spec.instance),
+            Prop::ByteStrs(vec![
+                format!("LODGER_JOB={}", spec.job).into_bytes(),
+                format!("LODGER_INSTANCE={}", spec.instance).into_bytes(),
             ]),
         ),
         (
@@ -242,6 +244,7 @@ fn to_value<'a>(
         Prop::Bool(v) => Value::from(*v),
         Prop::Strs(v) => Value::from(v.clone()),
         Prop::Bytes(v) => Value::from(v.clone()),
+        Prop::ByteStrs(v) => Value::from(v.clone()),
         Prop::U64(v) => Value::from(*v),
         Prop::Exec(v) => Value::from(v.clone()),
         Prop::Fd(FdRole::Report) => Value::from(Fd::from(report)),
@@ -406,6 +409,13 @@ mod tests {
         assert_eq!(get(&props, "CPUAffinity"), [&Prop::Bytes(vec![0b11, 0b10])]);
         assert_eq!(get(&props, "TimeoutStopUSec"), [&Prop::U64(10_000_000)]);
         assert_eq!(
+            get(&props, "LogExtraFields"),
+            [&Prop::ByteStrs(vec![
+                b"LODGER_JOB=job".to_vec(),
+                b"LODGER_INSTANCE=job-0".to_vec()
+            ])]
+        );
+        assert_eq!(
             get(&props, "StandardInputFileDescriptor"),
             [&Prop::Fd(FdRole::Report)]
         );
@@ -447,6 +457,42 @@ mod tests {
         spec.output = UnitOutput::Null;
         let props = properties(&spec);
         assert_eq!(get(&props, "StandardError"), [&Prop::Str("null".into())]);
+    }
+
+    #[test]
+    fn every_property_has_the_signature_systemd_takes() {
+        // org.freedesktop.systemd1(5): the types StartTransientUnit accepts for these names.
+        let want = [
+            ("Description", "s"),
+            ("Type", "s"),
+            ("Slice", "s"),
+            ("User", "s"),
+            ("Group", "s"),
+            ("SupplementaryGroups", "as"),
+            ("WorkingDirectory", "s"),
+            ("Environment", "as"),
+            ("NoNewPrivileges", "b"),
+            ("CPUAffinity", "ay"),
+            ("ExecStart", "a(sasb)"),
+            ("StandardInputFileDescriptor", "h"),
+            ("StandardOutputFileDescriptor", "h"),
+            ("StandardErrorFileDescriptor", "h"),
+            ("CollectMode", "s"),
+            ("KillMode", "s"),
+            ("SendSIGKILL", "b"),
+            ("TimeoutStopUSec", "t"),
+            ("LogExtraFields", "aay"),
+            ("SyslogIdentifier", "s"),
+        ];
+        let mut spec = spec();
+        spec.output = UnitOutput::Descriptor;
+        let (read, write) = crate::enforce::instances::spawn::report_pipe().unwrap();
+        for (name, prop) in properties(&spec) {
+            let value = to_value(&prop, write.as_fd(), Some(read.as_fd()));
+            let sig = value.value_signature().to_string();
+            let expected = want.iter().find(|(n, _)| *n == name).map(|(_, s)| *s);
+            assert_eq!(Some(sig.as_str()), expected, "{name}");
+        }
     }
 
     #[test]
