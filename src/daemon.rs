@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 
 use tracing::{error, info, warn};
 
-use crate::agent::{Agent, AgentHandle, AgentSettings, Enforce, MbaTarget, RightsizeSettings};
+use crate::agent::{
+    Agent, AgentHandle, AgentSettings, Enforce, MbaTarget, RightsizeSettings, TrustSettings,
+};
 use crate::api::{self, Authority, Bus};
 use crate::config::{self, Config, ConfigError};
 use crate::cpuset::CpuSet;
@@ -236,6 +238,25 @@ fn agent_settings(config: &Config) -> AgentSettings {
                 ..ContentionConfig::default()
             }),
         },
+        trust: trust_settings(config),
+    }
+}
+
+/// `[api]`'s trust settings, with the directory job cgroups are relative to (v2's root, or
+/// v1's cpuset hierarchy).
+fn trust_settings(config: &Config) -> TrustSettings {
+    let root = &config.cgroup.root;
+    let cgroup_dir = if root.join("cgroup.controllers").exists() {
+        root.clone()
+    } else {
+        root.join("cpuset")
+    };
+    TrustSettings {
+        cgroup_dir,
+        cgroup_roots: config.api.cgroup_roots.clone(),
+        lodger_cgroup: format!("/{}", config.cgroup.parent),
+        max_jobs_per_owner: config.api.max_jobs_per_owner,
+        max_instances_per_owner: config.api.max_instances_per_owner,
     }
 }
 

@@ -130,6 +130,78 @@ pub struct InferenceSpec {
     pub max_batch: u32,
     /// Most instances the job may run (none: as many as fit).
     pub max_instances: Option<u32>,
+    /// Where and how the instances start on their owner's behalf.
+    #[serde(default)]
+    pub launch: Launch,
+}
+
+/// How lodger starts an inference job's instances for their owner (docs/security.md): as the
+/// owner, in `cwd`, with a clean environment plus `env`, the output appended to `output`.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Launch {
+    /// Absolute working directory (lodgerctl sends its own); None: the owner's home, or `/`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<String>,
+    /// Extra environment, `NAME=value` each (never `LODGER_*` or the thread variables).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<String>,
+    /// Absolute file the instances' stdout and stderr are appended to, opened as the owner;
+    /// None: where lodgerd's `[inference]` output setting sends them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<String>,
+}
+
+/// Most `env` entries one job may pass.
+pub const MAX_LAUNCH_ENV: usize = 256;
+
+/// Variables lodger sets itself, which a caller's `env` may not override.
+fn reserved_env(name: &str) -> bool {
+    name.starts_with("LODGER_")
+        || matches!(
+            name,
+            "OMP_NUM_THREADS" | "MKL_NUM_THREADS" | "OPENBLAS_NUM_THREADS"
+        )
+}
+
+impl Launch {
+    fn validate(&self) -> Result<(), SpecError> {
+        for (key, path) in [("cwd", &self.cwd), ("output", &self.output)] {
+            if let Some(p) = path {
+                if !p.starts_with('/') || p.contains('\0') {
+                    return Err(SpecError::BadLaunchPath {
+                        key,
+                        path: p.clone(),
+                    });
+                }
+            }
+        }
+        if self.env.len() > MAX_LAUNCH_ENV {
+            return Err(SpecError::BadEnv(format!(
+                "{} entries (at most {MAX_LAUNCH_ENV})",
+                self.env.len()
+            )));
+        }
+        for entry in &self.env {
+            let name = entry.split_once('=').map(|(n, _)| n).unwrap_or("");
+            let valid = name
+                .chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                && !entry.contains('\0');
+            if !valid {
+                return Err(SpecError::BadEnv(format!(
+                    "'{entry}' is not NAME=value (NAME: letters, digits and '_')"
+                )));
+            }
+            if reserved_env(name) {
+                return Err(SpecError::BadEnv(format!(
+                    "{name} is set by lodger itself (LODGER_* and the thread-count variables)"
+                )));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Default `max_batch` when the caller gives none.
@@ -233,6 +305,10 @@ pub enum SpecError {
     TargetForInference { kind: &'static str },
     #[error("a training job is not started by lodger: give its pids or cgroup, not a command")]
     CommandForTraining,
+    #[error("{key} '{path}' must be an absolute path")]
+    BadLaunchPath { key: &'static str, path: String },
+    #[error("env: {0}")]
+    BadEnv(String),
 }
 
 impl JobSpec {
@@ -321,6 +397,7 @@ impl JobSpec {
         if inf.max_instances == Some(0) {
             return Err(SpecError::BadMaxInstances);
         }
+        inf.launch.validate()?;
         if let Some(name) = &self.name {
             let ok = !name.is_empty()
                 && name.len() <= MAX_NAME_LEN
@@ -512,6 +589,66 @@ mod tests {
     }
 
     #[test]
+    fn launch_paths_must_be_absolute_and_env_may_not_override_lodgers_variables() {
+        let ok = |l: Launch| l.validate().map_err(|e| e.to_string());
+        assert_eq!(
+            ok(Launch {
+                cwd: Some("/home/alice/run".into()),
+                env: vec!["MODEL=bert".into(), "CUDA_VISIBLE_DEVICES=".into()],
+                output: Some("/home/alice/run/out.log".into()),
+            }),
+            Ok(())
+        );
+        for (launch, says) in [
+            (
+                Launch {
+                    cwd: Some("run".into()),
+                    ..Launch::default()
+                },
+                "cwd 'run' must be an absolute path",
+            ),
+            (
+                Launch {
+                    output: Some("out.log".into()),
+                    ..Launch::default()
+                },
+                "output 'out.log' must be an absolute path",
+            ),
+            (
+                Launch {
+                    env: vec!["NOVALUE".into()],
+                    ..Launch::default()
+                },
+                "'NOVALUE' is not NAME=value",
+            ),
+            (
+                Launch {
+                    env: vec!["1X=y".into()],
+                    ..Launch::default()
+                },
+                "'1X=y' is not NAME=value",
+            ),
+            (
+                Launch {
+                    env: vec!["LODGER_JOB=j9".into()],
+                    ..Launch::default()
+                },
+                "LODGER_JOB is set by lodger itself",
+            ),
+            (
+                Launch {
+                    env: vec!["OMP_NUM_THREADS=64".into()],
+                    ..Launch::default()
+                },
+                "OMP_NUM_THREADS is set by lodger itself",
+            ),
+        ] {
+            let e = ok(launch).unwrap_err();
+            assert!(e.contains(says), "{e}");
+        }
+    }
+
+    #[test]
     fn inference_spec_validation() {
         let online = |slo: Option<f64>| JobSpec {
             kind: JobKind::Online,
@@ -524,6 +661,7 @@ mod tests {
                 rate_per_s: Some(100.0),
                 max_batch: 32,
                 max_instances: None,
+                launch: Launch::default(),
             }),
             ..spec(Target::Instances)
         };

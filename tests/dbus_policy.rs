@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 
 use common::{bin, need_root, wait_until, Workload, WAIT};
+use std::os::unix::fs::MetadataExt;
 
 const NOBODY: u32 = 65534;
 
@@ -350,5 +351,510 @@ fn bus_policy_lets_everyone_read_and_only_root_change() {
         text(&out)
     );
 
+    drop(daemon);
+}
+
+/// Two unprivileged users made for one test: `member` (in the group `lodger`, which the shipped
+/// policy names, created if missing) and `other` (not). Removed on drop, also when a check fails.
+struct TestUsers {
+    member: (String, u32, u32),
+    other: (String, u32, u32),
+    created_group: bool,
+}
+
+impl TestUsers {
+    fn create() -> TestUsers {
+        let run = |cmd: &str, args: &[&str]| {
+            let out = Command::new(cmd).args(args).output().expect(cmd);
+            assert!(out.status.success(), "{cmd} {args:?}: {}", text(&out));
+        };
+        let created_group = nix::unistd::Group::from_name("lodger")
+            .expect("group lookup")
+            .is_none();
+        if created_group {
+            run("groupadd", &["--system", "lodger"]);
+        }
+        let mut users = TestUsers {
+            member: Default::default(),
+            other: Default::default(),
+            created_group,
+        };
+        let ids = |name: &str| {
+            let u = nix::unistd::User::from_name(name)
+                .expect("user lookup")
+                .expect("user exists");
+            (name.to_string(), u.uid.as_raw(), u.gid.as_raw())
+        };
+        for (name, groups) in [
+            ("lt15member", &["-G", "lodger"][..]),
+            ("lt15other", &[][..]),
+        ] {
+            // Left over by a run that was killed before its Drop.
+            let _ = Command::new("userdel").arg(name).output();
+            let mut args = vec!["-M", "-U", "-s", "/bin/sh"];
+            args.extend_from_slice(groups);
+            args.push(name);
+            run("useradd", &args);
+            if name == "lt15member" {
+                users.member = ids(name);
+            } else {
+                users.other = ids(name);
+            }
+        }
+        users
+    }
+}
+
+impl Drop for TestUsers {
+    fn drop(&mut self) {
+        for name in [&self.member.0, &self.other.0] {
+            if !name.is_empty() {
+                let _ = Command::new("userdel").arg(name).output();
+            }
+        }
+        if self.created_group {
+            let _ = Command::new("groupdel").arg("lodger").output();
+        }
+    }
+}
+
+/// Runs `program` as `user` with its groups from the user database (`setpriv --init-groups`),
+/// in `cwd`, against the bus.
+fn run_as_user(
+    user: &(String, u32, u32),
+    cwd: &Path,
+    bus: &SystemLikeBus,
+    program: &Path,
+    args: &[&str],
+) -> Output {
+    Command::new("setpriv")
+        .arg(format!("--reuid={}", user.1))
+        .arg(format!("--regid={}", user.2))
+        .arg("--init-groups")
+        .arg("--")
+        .arg(program)
+        .args(args)
+        .current_dir(cwd)
+        .env("DBUS_SYSTEM_BUS_ADDRESS", &bus.address)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("setpriv {}: {e}", program.display()))
+}
+
+/// A process and a cgroup made for one test, killed and removed on drop.
+struct OthersCgroup {
+    rel: String,
+    child: Child,
+}
+
+impl Drop for OthersCgroup {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        common::remove_cgroup_tree(&self.rel);
+    }
+}
+
+/// A process the test started, killed on drop (also when a check fails).
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// lodgerd's resident memory (`VmRSS`), in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .expect("lodgerd's status")
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .expect("VmRSS")
+}
+
+/// Run as the member by [`members_change_only_what_they_own`]: `LT15_CALLS` registrations of
+/// pid 1 over one connection, each of which lodgerd must refuse. Not a test of its own.
+#[test]
+#[ignore = "a helper: run by members_change_only_what_they_own as the member"]
+fn refused_registrations_helper() {
+    let Ok(calls) = std::env::var("LT15_CALLS") else {
+        return;
+    };
+    let calls: u32 = calls.parse().expect("LT15_CALLS");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let conn = zbus::Connection::system().await.expect("bus");
+        let proxy = lodger::api::proxy::ManagerProxy::new(&conn)
+            .await
+            .expect("proxy");
+        for _ in 0..calls {
+            let mut spec = std::collections::HashMap::new();
+            spec.insert("kind", zbus::zvariant::Value::from("training"));
+            spec.insert("pids", zbus::zvariant::Value::from(vec![1u32]));
+            spec.insert("cores", zbus::zvariant::Value::from(1u32));
+            match proxy.register_job(spec).await {
+                Err(zbus::Error::MethodError(name, ..))
+                    if name.as_str() == "org.lodger1.Error.AccessDenied" => {}
+                other => panic!("expected AccessDenied, got {other:?}"),
+            }
+        }
+    });
+}
+
+#[test]
+fn members_change_only_what_they_own() {
+    let test = "members_change_only_what_they_own";
+    if !need_root(test) {
+        return;
+    }
+    let users = TestUsers::create();
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let bus = SystemLikeBus::start(dir.path());
+    let parent = common::unique("lt15");
+    let state = dir.path().join("state");
+    let config = dir.path().join("lodger.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[node]\nreserved_cpus = \"0\"\n\n[agent]\ninterval_ms = 100\nstate_dir = \"{}\"\n\n\
+             [cgroup]\nparent = \"{parent}\"\n\n[log]\nlevel = \"info\"\n",
+            state.display()
+        ),
+    )
+    .expect("config");
+    let log = dir.path().join("lodgerd.log");
+    let daemon = Lodgerd(
+        Command::new(bin("lodgerd"))
+            .arg("--config")
+            .arg(&config)
+            .env("DBUS_SYSTEM_BUS_ADDRESS", &bus.address)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log"))
+            .spawn()
+            .expect("spawn lodgerd"),
+    );
+    struct Parent(String);
+    impl Drop for Parent {
+        fn drop(&mut self) {
+            common::remove_cgroup_tree(&self.0);
+        }
+    }
+    let _parent = Parent(parent.clone());
+    let mut daemon = daemon;
+    wait_until(WAIT, "lodgerd to own org.lodger1", || {
+        if let Ok(Some(status)) = daemon.0.try_wait() {
+            panic!(
+                "lodgerd exited early ({status}): {}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+        }
+        busctl(None, &bus, &["status", "org.lodger1"])
+            .status
+            .success()
+    });
+    let ctl = bin("lodgerctl");
+    let (member, other) = (&users.member, &users.other);
+    let work = dir.path().join("member-work");
+    std::fs::create_dir(&work).expect("mkdir");
+    nix::unistd::chown(
+        &work,
+        Some(nix::unistd::Uid::from_raw(member.1)),
+        Some(nix::unistd::Gid::from_raw(member.2)),
+    )
+    .expect("chown");
+    std::fs::set_permissions(&work, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+    let as_member = |args: &[&str]| run_as_user(member, &work, &bus, &ctl, args);
+    let as_other = |args: &[&str]| run_as_user(other, dir.path(), &bus, &ctl, args);
+    let refused = |out: &Output, says: &[&str]| {
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{}", text(out));
+        for s in says {
+            assert!(err.contains(s), "expected '{s}': {}", text(out));
+        }
+    };
+
+    // The member's offline instance runs as the member, in the member's directory.
+    let out_file = work.join("who.txt");
+    let out = as_member(&[
+        "--json",
+        "register",
+        "offline",
+        "--max-instances",
+        "1",
+        "--output",
+        out_file.to_str().expect("utf-8"),
+        "--env",
+        "MODEL=bert",
+        "--",
+        "/bin/sh",
+        "-c",
+        "id -u; id -g; id -G; pwd; grep NoNewPrivs /proc/self/status; env; echo END; \
+         exec sleep 600",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let job: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let member_job = job["id"].as_str().expect("id").to_string();
+    wait_until(WAIT, "the member's instance to write who it is", || {
+        std::fs::read_to_string(&out_file).is_ok_and(|t| t.lines().any(|l| l == "END"))
+    });
+    let who = std::fs::read_to_string(&out_file).expect("who.txt");
+    let lines: Vec<&str> = who.lines().collect();
+    let lodger_gid = nix::unistd::Group::from_name("lodger")
+        .expect("group")
+        .expect("lodger")
+        .gid
+        .as_raw();
+    println!("the member's instance says: {lines:?}");
+    assert_eq!(lines[0], member.1.to_string(), "uid: {who}");
+    assert_eq!(lines[1], member.2.to_string(), "gid: {who}");
+    assert!(
+        lines[2].split(' ').any(|g| g == lodger_gid.to_string()),
+        "supplementary groups: {who}"
+    );
+    assert_eq!(lines[3], work.to_str().expect("utf-8"), "cwd: {who}");
+    assert_eq!(
+        lines[4].split_whitespace().collect::<Vec<_>>(),
+        ["NoNewPrivs:", "1"]
+    );
+    // A clean environment: the owner's, lodger's and the caller's --env; nothing of lodgerd's
+    // (it has DBUS_SYSTEM_BUS_ADDRESS, the test's own variables ...).
+    let env: Vec<&str> = lines[5..]
+        .iter()
+        .take_while(|l| **l != "END")
+        .copied()
+        .collect();
+    for want in ["USER=lt15member", "HOME=/home/lt15member", "MODEL=bert"] {
+        assert!(env.contains(&want), "{want} in {env:?}");
+    }
+    for var in &env {
+        let name = var.split('=').next().unwrap_or("");
+        let expected = name.starts_with("LODGER_")
+            || [
+                "PATH",
+                "HOME",
+                "USER",
+                "LOGNAME",
+                "LANG",
+                "MODEL",
+                "OMP_NUM_THREADS",
+                "MKL_NUM_THREADS",
+                "OPENBLAS_NUM_THREADS",
+                // Set by the shell itself.
+                "PWD",
+                "SHLVL",
+                "_",
+                "OLDPWD",
+            ]
+            .contains(&name);
+        assert!(
+            expected,
+            "unexpected variable {var} in the instance's environment"
+        );
+    }
+    assert_eq!(
+        std::fs::metadata(&out_file).expect("meta").uid(),
+        member.1,
+        "the output file is the member's"
+    );
+
+    // Root may register for another user: the other user's job.
+    let others = Killed(
+        Command::new("setpriv")
+            .arg(format!("--reuid={}", other.1))
+            .arg(format!("--regid={}", other.2))
+            .args(["--clear-groups", "--", "sleep", "600"])
+            .spawn()
+            .expect("the other user's process"),
+    );
+    let others_pid = others.0.id();
+    let cg = OthersCgroup {
+        rel: format!("/{}", common::unique("lt15-other")),
+        child: {
+            let child = Command::new("setpriv")
+                .arg(format!("--reuid={}", other.1))
+                .arg(format!("--regid={}", other.2))
+                .args(["--clear-groups", "--", "sleep", "600"])
+                .spawn()
+                .expect("the other user's second process");
+            child
+        },
+    };
+    let cg_dir = common::cgroup_path(&cg.rel);
+    std::fs::create_dir(&cg_dir).expect("mkdir cgroup");
+    for file in ["cpuset.cpus", "cpuset.mems"] {
+        // v1 cpusets start empty; v2 has no such files until the controller is enabled.
+        let parent_value = std::fs::read_to_string(cg_dir.parent().expect("parent").join(file));
+        if let Ok(v) = parent_value {
+            let _ = std::fs::write(cg_dir.join(file), v.trim());
+        }
+    }
+    std::fs::write(cg_dir.join("cgroup.procs"), cg.child.id().to_string())
+        .expect("move the other user's process");
+    let out = run_as(
+        None,
+        &bus,
+        &ctl,
+        &[
+            "--json",
+            "register",
+            "training",
+            "--pid",
+            &others_pid.to_string(),
+            "--cores",
+            "1",
+            "--user",
+            &other.0,
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    let job: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let others_job = job["id"].as_str().expect("id").to_string();
+    assert_eq!(job["owner_uid"].as_u64(), Some(u64::from(other.1)), "{job}");
+
+    // The member's attempts on what is not theirs are refused, each saying which and why.
+    let w = Workload::train(1);
+    let root_pid = w.pid().to_string();
+    let daemon_pid = daemon.0.id().to_string();
+    let test_pid = std::process::id().to_string();
+    for (args, says) in [
+        (
+            vec!["register", "training", "--pid", &root_pid, "--cores", "1"],
+            vec![format!("process {root_pid} belongs to uid 0")],
+        ),
+        (
+            vec!["register", "training", "--pid", &daemon_pid, "--cores", "1"],
+            vec![format!("process {daemon_pid} is lodgerd itself")],
+        ),
+        (
+            vec!["register", "training", "--pid", &test_pid, "--cores", "1"],
+            vec![format!("process {test_pid} is an ancestor of lodgerd")],
+        ),
+        (
+            vec!["register", "training", "--pid", "1", "--cores", "1"],
+            vec!["process 1 is the init process".to_string()],
+        ),
+        (
+            vec!["register", "training", "--cgroup", &cg.rel, "--cores", "1"],
+            vec![format!(
+                "cgroup {} holds process {} of uid {}",
+                cg.rel,
+                cg.child.id(),
+                other.1
+            )],
+        ),
+        (
+            vec!["unregister", &others_job],
+            vec![format!("job {others_job} belongs to uid {}", other.1)],
+        ),
+        (
+            vec![
+                "register", "training", "--pid", &root_pid, "--cores", "1", "--user", "root",
+            ],
+            vec!["only root may act for another user".to_string()],
+        ),
+    ] {
+        let out = as_member(&args);
+        let says: Vec<&str> = says.iter().map(String::as_str).collect();
+        refused(&out, &says);
+    }
+    // ... and changed nothing: the two jobs are still there, the root process untouched.
+    let out = run_as(None, &bus, &ctl, &["--json", "list"]);
+    let list: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let mut ids: Vec<&str> = list
+        .as_array()
+        .expect("array")
+        .iter()
+        .filter_map(|j| j["id"].as_str())
+        .collect();
+    ids.sort_unstable();
+    let mut want = vec![member_job.as_str(), others_job.as_str()];
+    want.sort_unstable();
+    assert_eq!(ids, want, "{list}");
+    assert!(
+        common::all_other(w.pid()),
+        "the root process stays SCHED_OTHER"
+    );
+
+    // The non-member reads everything but may not register (the bus refuses it).
+    for args in [
+        &["status"][..],
+        &["list"],
+        &["show", &member_job],
+        &["top", "--once"],
+    ] {
+        let out = as_other(args);
+        assert!(out.status.success(), "lodgerctl {args:?}: {}", text(&out));
+    }
+    let out = as_other(&[
+        "register",
+        "training",
+        "--pid",
+        &others_pid.to_string(),
+        "--cores",
+        "1",
+    ]);
+    assert!(refused_by_bus(&out, "RegisterJob"), "{}", text(&out));
+
+    // The member may unregister its own job.
+    let out = as_member(&["unregister", &member_job]);
+    assert!(out.status.success(), "{}", text(&out));
+
+    // Ten thousand refused registrations leave lodgerd's memory where it was.
+    let helper = |calls: u32| {
+        let out = Command::new("setpriv")
+            .arg(format!("--reuid={}", member.1))
+            .arg(format!("--regid={}", member.2))
+            .args(["--init-groups", "--"])
+            .arg(std::env::current_exe().expect("test binary"))
+            .args(["--exact", "refused_registrations_helper", "--ignored"])
+            .env("LT15_CALLS", calls.to_string())
+            .env("DBUS_SYSTEM_BUS_ADDRESS", &bus.address)
+            .output()
+            .expect("helper");
+        assert!(out.status.success(), "helper: {}", text(&out));
+    };
+    helper(200); // Warm-up: allocator pools, the bus connection's buffers.
+    let before = rss_kib(daemon.0.id());
+    helper(10_000);
+    let after = rss_kib(daemon.0.id());
+    println!(
+        "lodgerd RSS across 10000 refused registrations: before {before} KiB, after {after} KiB, \
+         growth {} KiB (limit 1024 KiB)",
+        after.saturating_sub(before)
+    );
+    assert!(
+        after < before + 1024,
+        "RSS grew from {before} KiB to {after} KiB"
+    );
+    // Each call was audited: who (uid, pid, command name), what, and the refusal.
+    let audit = std::fs::read_to_string(&log).unwrap_or_default();
+    let refusals = audit
+        .lines()
+        .filter(|l| {
+            l.contains(&format!("caller_uid={}", member.1))
+                && l.contains("caller_pid=")
+                && l.contains("caller_comm=")
+                && l.contains("outcome=\"refused\"")
+                && l.contains("process 1 is the init process")
+        })
+        .count();
+    assert!(
+        refusals >= 10_200,
+        "{refusals} audit records of the member's refused calls; a line: {:?}",
+        audit.lines().find(|l| l.contains("refused"))
+    );
+
+    // Root releases the other user's job (its process leaves lodger's cgroup).
+    let out = run_as(None, &bus, &ctl, &["unregister", "--all"]);
+    assert!(out.status.success(), "{}", text(&out));
+    drop(others);
+    drop(w);
     drop(daemon);
 }

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use lodger::cpuset::CpuSet;
 use lodger::enforce::instances::{
-    InstanceError, InstanceOutput, InstancePlacement, InstanceSettings, InstanceSpec,
+    Identity, InstanceError, InstanceOutput, InstancePlacement, InstanceSettings, InstanceSpec,
     InstanceState, InstanceStats, Instances, TemplateProblem,
 };
 use lodger::enforce::PinMethod;
@@ -70,6 +70,11 @@ fn spec(job_id: &str, index: u32, argv: Vec<String>, cpus: &str, threads: u32) -
         threads,
         batch: 2,
         offline: false,
+        // The test's own uid: no change of user, as for root's own jobs.
+        identity: Identity {
+            uid: nix::unistd::getuid().as_raw(),
+            ..Identity::default()
+        },
     }
 }
 

@@ -150,7 +150,7 @@ pub struct Snapshot {
 
 pub(super) enum Command {
     Register {
-        spec: JobSpec,
+        spec: Box<JobSpec>,
         /// The uid the job is registered for; None: the caller's.
         owner: Option<u32>,
         caller: Caller,
@@ -192,7 +192,7 @@ impl AgentHandle {
         caller: Caller,
     ) -> Result<Job, AgentError> {
         self.ask(|reply| Command::Register {
-            spec,
+            spec: Box::new(spec),
             owner,
             caller,
             reply,

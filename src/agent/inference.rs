@@ -10,7 +10,7 @@ use tracing::{info, warn};
 use super::layout::SearchRun;
 use super::{Event, TickCx};
 use crate::cpuset::CpuSet;
-use crate::enforce::instances::{InstanceSpec, InstanceState, InstanceStats, Instances};
+use crate::enforce::instances::{Identity, InstanceSpec, InstanceState, InstanceStats, Instances};
 use crate::enforce::network::node::{procs_of, CpuJob};
 use crate::job::{InstanceView, JobId, JobKind, JobState};
 use crate::policy::contention::Throttles;
@@ -268,11 +268,13 @@ fn desired_instances(state: &State, plan: &inference::InferencePlan) -> Vec<Inst
     let online = plan.online.iter().map(|e| (e, false));
     let offline = plan.offline.iter().map(|e| (e, true));
     for ((id, instances), is_offline) in online.chain(offline) {
-        let Some(inf) = state
-            .jobs
-            .get(id)
-            .and_then(|s| s.job.spec.inference.as_ref())
-        else {
+        let Some((owner, inf)) = state.jobs.get(id).and_then(|s| {
+            s.job
+                .spec
+                .inference
+                .as_ref()
+                .map(|inf| (s.job.owner_uid, inf))
+        }) else {
             continue;
         };
         for (index, inst) in instances {
@@ -285,6 +287,10 @@ fn desired_instances(state: &State, plan: &inference::InferencePlan) -> Vec<Inst
                 threads: inst.threads,
                 batch: inst.batch,
                 offline: is_offline,
+                identity: Identity {
+                    uid: owner,
+                    launch: Box::new(inf.launch.clone()),
+                },
             });
         }
     }

@@ -27,6 +27,7 @@ mod rightsize;
 mod rtguard;
 mod run;
 mod training;
+mod trust;
 
 #[cfg(test)]
 mod published_tests;
@@ -45,6 +46,7 @@ use tracing::{info, warn};
 pub use self::contention::MbaTarget;
 pub use self::handle::{AgentError, AgentHandle, Caller, Event, NodeStatus, Snapshot};
 pub use self::training::Enforce;
+pub use self::trust::TrustSettings;
 pub use crate::sense::link::SensorLink;
 
 use self::contention::Contention;
@@ -76,6 +78,8 @@ pub struct AgentSettings {
     /// The RT guard's headroom under the kernel's RT limit, points of a CPU
     /// (`training.rt_headroom_percent`); None: off (training is not SCHED_RR).
     pub rt_headroom_percent: Option<u32>,
+    /// Who may register what, and the per-owner caps (`[api]`).
+    pub trust: TrustSettings,
 }
 
 /// Right-sizing of training jobs (SODA §V-B), from `[rightsize]`.

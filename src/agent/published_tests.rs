@@ -98,6 +98,8 @@ fn status_list_and_show_answer_while_a_tick_is_stuck_in_enforcement() {
         proc_root: proc_root.path().to_path_buf(),
         rightsize: RightsizeSettings::default(),
         contention: None,
+        rt_headroom_percent: None,
+        trust: Default::default(),
     };
     let mut agent = Agent::builder(
         settings,

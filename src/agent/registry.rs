@@ -5,7 +5,7 @@
 
 use tracing::info;
 
-use super::{Agent, AgentError, Caller, Event};
+use super::{trust, Agent, AgentError, Caller, Event};
 use crate::clock::now_secs;
 use crate::cpuset::CpuSet;
 use crate::enforce::JobRecord;
@@ -15,10 +15,12 @@ use crate::store::{Lodging, StoredJob};
 
 /// A mutating command, as the one caller check sees it.
 pub(super) enum Change<'a> {
-    /// Register a job for `owner` (None: for the caller).
-    Register { owner: Option<u32> },
+    /// Register `spec` for `owner` (None: for the caller).
+    Register {
+        owner: Option<u32>,
+        spec: &'a JobSpec,
+    },
     Unregister {
-        #[allow(dead_code)] // Ownership rules (issue: caller identity) will look at it.
         id: &'a str,
     },
 }
@@ -48,27 +50,82 @@ fn new_job(id: JobId, spec: JobSpec, owner_uid: u32) -> Job {
 }
 
 impl Agent {
-    /// The one place a caller is checked against what it asks. Returns the uid the change acts
-    /// for. Today's rules: any caller the API let through (root, or the configured group) may
-    /// register and unregister any job; only root may register a job for another user.
+    /// The one place a caller is checked against what it asks (docs/security.md). Returns the
+    /// uid the change acts for. The API lets through only root and members of `api.group`;
+    /// here a member may register only processes and cgroups it owns and change only its own
+    /// jobs, root may do everything and act for another user, and nobody may hand lodger pid 1,
+    /// a kernel thread, lodgerd's own ancestry or lodger's own cgroups.
     pub(super) fn authorize(
         &self,
         caller: &Caller,
         change: &Change<'_>,
     ) -> Result<u32, AgentError> {
         match change {
-            Change::Register { owner: Some(owner) } if *owner != caller.uid => {
-                if caller.is_root() {
-                    Ok(*owner)
+            Change::Register { owner, spec } => {
+                let owner = match owner {
+                    Some(owner) if *owner != caller.uid && !caller.is_root() => {
+                        return Err(AgentError::AccessDenied(format!(
+                            "uid {} may not register a job for uid {owner}: only root may act \
+                             for another user (--user)",
+                            caller.uid
+                        )))
+                    }
+                    Some(owner) => *owner,
+                    None => caller.uid,
+                };
+                let proc_root = &self.settings.proc_root;
+                let ancestry = trust::own_ancestry(proc_root);
+                match &spec.target {
+                    Target::Pids(pids) => {
+                        for &pid in pids {
+                            trust::check_pid(proc_root, pid, caller, &ancestry)?;
+                        }
+                    }
+                    Target::Cgroup(path) => trust::check_cgroup(
+                        &self.settings.trust,
+                        proc_root,
+                        path,
+                        caller,
+                        &ancestry,
+                    )?,
+                    Target::Instances => {
+                        if let Some(inf) = &spec.inference {
+                            crate::enforce::instances::check_launch(owner, &inf.launch)
+                                .map_err(AgentError::AccessDenied)?;
+                        }
+                    }
+                }
+                Ok(owner)
+            }
+            Change::Unregister { id } => {
+                let job = &self.find(id)?.job;
+                if caller.is_root() || job.owner_uid == caller.uid {
+                    Ok(job.owner_uid)
                 } else {
                     Err(AgentError::AccessDenied(format!(
-                        "uid {} may not register a job for uid {owner}: only root may set 'owner'",
-                        caller.uid
+                        "job {} belongs to uid {}: only its owner or root may change it \
+                         (you are uid {})",
+                        job.id, job.owner_uid, caller.uid
                     )))
                 }
             }
-            Change::Register { .. } | Change::Unregister { .. } => Ok(caller.uid),
         }
+    }
+
+    /// The spec to register for `owner` within the per-owner caps (see `trust::within_caps`).
+    pub(super) fn within_caps(
+        &self,
+        caller: &Caller,
+        owner: u32,
+        spec: JobSpec,
+    ) -> Result<JobSpec, AgentError> {
+        trust::within_caps(
+            &self.settings.trust,
+            caller,
+            owner,
+            spec,
+            self.state.jobs.values().map(|s| &s.job),
+        )
     }
 
     /// Checks a spec against the node and the other jobs, without changing anything.

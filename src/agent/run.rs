@@ -10,7 +10,7 @@ use tracing::{info, warn};
 
 use super::handle::Command;
 use super::registry::Change;
-use super::{training, Agent, AgentHandle, NodeStatus, Snapshot, TickCx};
+use super::{training, Agent, AgentError, AgentHandle, Caller, NodeStatus, Snapshot, TickCx};
 use crate::cpuset::CpuSet;
 use crate::policy::{self, contention::Throttles};
 
@@ -79,9 +79,21 @@ impl Agent {
                 caller,
                 reply,
             } => {
+                let asked = describe(&spec, owner);
                 let result = self
-                    .authorize(&caller, &Change::Register { owner })
-                    .and_then(|owner_uid| self.register(spec, owner_uid));
+                    .authorize(&caller, &Change::Register { owner, spec: &spec })
+                    .and_then(|owner_uid| {
+                        let spec = self.within_caps(&caller, owner_uid, *spec)?;
+                        self.register(spec, owner_uid)
+                    });
+                audit(
+                    &caller,
+                    "register",
+                    &asked,
+                    result
+                        .as_ref()
+                        .map(|j| format!("registered {} for uid {}", j.id, j.owner_uid)),
+                );
                 self.publish();
                 let _ = reply.send(result);
             }
@@ -89,6 +101,12 @@ impl Agent {
                 let result = self
                     .authorize(&caller, &Change::Unregister { id: &id })
                     .and_then(|_| self.unregister(&id));
+                audit(
+                    &caller,
+                    "unregister",
+                    &format!("job {id}"),
+                    result.as_ref().map(|()| format!("unregistered {id}")),
+                );
                 self.publish();
                 let _ = reply.send(result);
             }
@@ -216,5 +234,63 @@ impl Agent {
         }
         self.ticks.fetch_add(1, Ordering::Relaxed);
         self.publish();
+    }
+}
+
+/// A registration request in words, for the audit record.
+fn describe(spec: &crate::job::JobSpec, owner: Option<u32>) -> String {
+    let target = match &spec.target {
+        crate::job::Target::Pids(p) => format!("pids {p:?}"),
+        crate::job::Target::Cgroup(c) => format!("cgroup {c}"),
+        crate::job::Target::Instances => {
+            let argv = spec
+                .inference
+                .as_ref()
+                .map(|i| i.command.join(" "))
+                .unwrap_or_default();
+            format!("instances of `{argv}`")
+        }
+    };
+    let owner = owner.map(|o| format!(" for uid {o}")).unwrap_or_default();
+    format!(
+        "{} job, {target}, {} core(s){owner}",
+        spec.kind.as_str(),
+        spec.cores
+    )
+}
+
+/// The audit record of one mutating call: who (as the bus vouches), what was asked, and what
+/// lodgerd did or why it refused, as fields an operator can filter on (`target=lodger::audit`).
+fn audit<T: AsRef<str>>(
+    caller: &Caller,
+    action: &str,
+    asked: &str,
+    result: Result<T, &AgentError>,
+) {
+    let comm = caller.comm.as_deref().unwrap_or("");
+    let pid = caller.pid.unwrap_or(0);
+    match result {
+        Ok(done) => tracing::info!(
+            target: "lodger::audit",
+            caller_uid = caller.uid,
+            caller_pid = pid,
+            caller_comm = comm,
+            action,
+            asked,
+            outcome = "done",
+            done = done.as_ref(),
+            "{action} by uid {}: {}", caller.uid, done.as_ref()
+        ),
+        Err(e) => tracing::warn!(
+            target: "lodger::audit",
+            caller_uid = caller.uid,
+            caller_pid = pid,
+            caller_comm = comm,
+            action,
+            asked,
+            outcome = "refused",
+            reason = %e,
+            "{action} by uid {} refused: {e}", caller.uid
+        ),
     }
 }

@@ -4,8 +4,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use super::registry::Change;
 use super::RightsizeSettings;
-use super::{Agent, AgentBuilder, AgentError, AgentSettings, Enforce, Event, MbaTarget};
+use super::{Agent, AgentBuilder, AgentError, AgentSettings, Caller, Enforce, Event, MbaTarget};
 use crate::cpuset::CpuSet;
 use crate::enforce::{EnforceError, JobRecord, Outcome};
 use crate::job::{Category, JobId, JobKind, JobSpec, JobState, Target};
@@ -131,6 +132,7 @@ impl Rig {
                 ..ContentionConfig::default()
             }),
             rt_headroom_percent: Some(5),
+            trust: Default::default(),
         };
         Agent::builder(
             settings,
@@ -759,4 +761,99 @@ fn right_sizing_holds_while_gpu_sensing_is_stale() {
         tuning(&agent).0.is_some(),
         "settles once GPU figures are fresh"
     );
+}
+
+#[test]
+fn owners_are_capped_also_when_root_registers_for_them_but_roots_own_calls_are_not() {
+    let rig = Rig::new();
+    for pid in 100..106 {
+        rig.spawn(pid);
+    }
+    let mut agent = rig.agent();
+    agent.settings.trust.max_jobs_per_owner = 2;
+    agent.settings.trust.max_instances_per_owner = 5;
+    let (root, member) = (Caller::uid(0), Caller::uid(1000));
+    let reg = |agent: &mut Agent, caller: &Caller, owner: u32, pid: u32| {
+        agent
+            .within_caps(caller, owner, spec(vec![pid], 1))
+            .and_then(|s| agent.register(s, owner))
+            .map_err(|e| e.to_string())
+    };
+    assert!(reg(&mut agent, &member, 1000, 100).is_ok());
+    assert!(
+        reg(&mut agent, &root, 1000, 101).is_ok(),
+        "root for the member"
+    );
+    let err = reg(&mut agent, &member, 1000, 102).unwrap_err();
+    assert!(err.contains("uid 1000 already has 2 jobs") && err.contains("api.max_jobs_per_owner"));
+    let err = reg(&mut agent, &root, 1000, 102).unwrap_err();
+    assert!(err.contains("api.max_jobs_per_owner"), "{err}");
+    for pid in 102..105 {
+        assert!(reg(&mut agent, &root, 0, pid).is_ok(), "root's own call");
+    }
+    assert_eq!(agent.state.jobs.len(), 5);
+
+    // Instances: a job that names no max_instances gets what is left of the owner's cap, one
+    // that asks for more than is left is refused.
+    let offline = |max: Option<u32>| JobSpec {
+        kind: JobKind::Offline,
+        target: Target::Instances,
+        inference: Some(crate::job::InferenceSpec {
+            command: vec!["worker".into()],
+            slo_ms: None,
+            rate_per_s: None,
+            max_batch: 8,
+            max_instances: max,
+            launch: Default::default(),
+        }),
+        ..spec(vec![], 0)
+    };
+    let other = Caller::uid(2000);
+    let capped = agent.within_caps(&other, 2000, offline(None)).unwrap();
+    assert_eq!(capped.inference.unwrap().max_instances, Some(5));
+    let err = agent
+        .within_caps(&other, 2000, offline(Some(6)))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("may run 5 more instance(s)"), "{err}");
+    let own = agent.within_caps(&root, 0, offline(None)).unwrap();
+    assert_eq!(
+        own.inference.unwrap().max_instances,
+        None,
+        "root's own: uncapped"
+    );
+}
+
+#[test]
+fn only_a_jobs_owner_or_root_may_unregister_it() {
+    let rig = Rig::new();
+    rig.spawn(100);
+    let mut agent = rig.agent();
+    let id = agent.register(spec(vec![100], 1), 1000).unwrap().id;
+    let change = Change::Unregister { id: id.as_str() };
+    let err = agent
+        .authorize(&Caller::uid(1001), &change)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains(&format!("job {id} belongs to uid 1000")),
+        "{err}"
+    );
+    assert_eq!(
+        agent.authorize(&Caller::uid(1000), &change).ok(),
+        Some(1000)
+    );
+    assert_eq!(agent.authorize(&Caller::uid(0), &change).ok(), Some(1000));
+    let s = spec(vec![100], 1);
+    let err = agent
+        .authorize(
+            &Caller::uid(1000),
+            &Change::Register {
+                owner: Some(1001),
+                spec: &s,
+            },
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("only root may act for another user"), "{err}");
 }

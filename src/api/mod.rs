@@ -51,40 +51,65 @@ pub struct Authority {
 const DEFAULT_PROC_ROOT: &str = "/proc";
 
 impl Authority {
-    /// Asks the bus daemon who the sender is (never trusts anything in the message) and whether
-    /// that user is root or in the configured group. The caller's pid and command name are
-    /// looked up as well, best effort: they describe the caller, they never decide.
-    async fn check(&self, conn: &Connection, hdr: &Header<'_>) -> Result<Caller, ApiError> {
+    /// Asks the bus daemon who the sender is (`GetConnectionCredentials`: never anything in the
+    /// message) and whether that user is root or in the configured group. The pid and its
+    /// command name describe the caller in the audit record; they never decide. A refusal here
+    /// is audited here, since the call never reaches the agent.
+    async fn check(
+        &self,
+        conn: &Connection,
+        hdr: &Header<'_>,
+        action: &str,
+    ) -> Result<Caller, ApiError> {
         let sender = hdr
             .sender()
             .ok_or_else(|| ApiError::AccessDenied("the call has no sender".into()))?;
         let dbus = zbus::fdo::DBusProxy::new(conn).await?;
-        let uid = dbus
-            .get_connection_unix_user(sender.clone().into())
+        let creds = dbus
+            .get_connection_credentials(sender.clone().into())
             .await
             .map_err(|e| ApiError::AccessDenied(format!("cannot tell who the caller is: {e}")))?;
+        let uid = creds.unix_user_id().ok_or_else(|| {
+            ApiError::AccessDenied("the bus did not say which user the caller is".into())
+        })?;
+        let pid = creds.process_id();
+        let caller = Caller {
+            uid,
+            pid,
+            comm: pid.and_then(|p| command_name(std::path::Path::new(DEFAULT_PROC_ROOT), p)),
+        };
         if uid != 0 {
             let group = self.group.clone();
             let member = tokio::task::spawn_blocking(move || user_in_group(uid, &group))
                 .await
                 .unwrap_or(false);
             if !member {
-                return Err(ApiError::AccessDenied(format!(
+                let e = ApiError::AccessDenied(format!(
                     "uid {uid} may not change lodger's jobs: run as root or add the user to the '{}' group",
                     self.group
-                )));
+                ));
+                audit_refused(&caller, action, &e);
+                return Err(e);
             }
         }
-        let pid = dbus
-            .get_connection_unix_process_id(sender.clone().into())
-            .await
-            .ok();
-        Ok(Caller {
-            uid,
-            pid,
-            comm: pid.and_then(|p| command_name(std::path::Path::new(DEFAULT_PROC_ROOT), p)),
-        })
+        Ok(caller)
     }
+}
+
+/// The audit record of a mutating call refused before it reached the agent (which records
+/// the others): the same fields as the agent's (`target=lodger::audit`).
+fn audit_refused(caller: &Caller, action: &str, e: &ApiError) {
+    warn!(
+        target: "lodger::audit",
+        caller_uid = caller.uid,
+        caller_pid = caller.pid.unwrap_or(0),
+        caller_comm = caller.comm.as_deref().unwrap_or(""),
+        action,
+        outcome = "refused",
+        reason = %e,
+        "{action} by uid {} refused: {e}",
+        caller.uid
+    );
 }
 
 /// A process's command name (`<proc_root>/<pid>/comm`), if it can be read.
@@ -129,9 +154,11 @@ impl Manager {
         #[zbus(connection)] conn: &Connection,
         spec: HashMap<String, OwnedValue>,
     ) -> Result<(String, OwnedObjectPath), ApiError> {
-        let caller = self.auth.check(conn, &hdr).await?;
-        let owner = spec::owner_from_dict(&spec).map_err(ApiError::InvalidSpec)?;
-        let spec = spec::spec_from_dict(&spec).map_err(ApiError::InvalidSpec)?;
+        let caller = self.auth.check(conn, &hdr, "register").await?;
+        let parsed = spec::owner_from_dict(&spec)
+            .and_then(|owner| Ok((owner, spec::spec_from_dict(&spec)?)))
+            .map_err(ApiError::InvalidSpec);
+        let (owner, spec) = parsed.inspect_err(|e| audit_refused(&caller, "register", e))?;
         let job = self.agent.register(spec, owner, caller).await?;
         let path = job_path(&job.id);
         add_job_object(conn, &self.agent, &job.id, self.rt_priority).await;
@@ -146,7 +173,7 @@ impl Manager {
         #[zbus(connection)] conn: &Connection,
         id: String,
     ) -> Result<(), ApiError> {
-        let caller = self.auth.check(conn, &hdr).await?;
+        let caller = self.auth.check(conn, &hdr, "unregister").await?;
         Ok(self.agent.unregister(&id, caller).await?)
     }
 

@@ -5,7 +5,9 @@ use std::collections::HashMap;
 
 use zbus::zvariant::{OwnedValue, Value};
 
-use crate::job::{Category, InferenceSpec, Job, JobKind, JobSpec, Target, DEFAULT_MAX_BATCH};
+use crate::job::{
+    Category, InferenceSpec, Job, JobKind, JobSpec, Launch, Target, DEFAULT_MAX_BATCH,
+};
 use crate::sense::{JobMetrics, NodeMetrics};
 
 /// Keys accepted in a `RegisterJob` spec.
@@ -26,6 +28,9 @@ pub const SPEC_KEYS: &[&str] = &[
     "max_batch",
     "max_instances",
     "owner",
+    "cwd",
+    "env",
+    "output",
 ];
 
 fn unsigned(key: &str, v: &Value<'_>) -> Result<u32, String> {
@@ -138,6 +143,9 @@ pub fn spec_from_dict(dict: &HashMap<String, OwnedValue>) -> Result<JobSpec, Str
         "rate_per_s",
         "max_batch",
         "max_instances",
+        "cwd",
+        "env",
+        "output",
     ] {
         if dict.contains_key(key) {
             return Err(format!(
@@ -251,6 +259,14 @@ fn inference_spec_from_dict(
             max_instances: get("max_instances")
                 .map(|v| unsigned("max_instances", v))
                 .transpose()?,
+            launch: Launch {
+                cwd: get("cwd").map(|v| string("cwd", v)).transpose()?,
+                env: get("env")
+                    .map(|v| string_list("env", v))
+                    .transpose()?
+                    .unwrap_or_default(),
+                output: get("output").map(|v| string("output", v)).transpose()?,
+            },
         }),
     })
 }
@@ -501,6 +517,30 @@ mod tests {
         let d = job_metrics_to_dict(&refused);
         assert_eq!(d["membw_unavailable"], Value::from("no free RMID"));
         assert!(!d.contains_key("membw_domains") && !d.contains_key("membw_bytes_per_s"));
+    }
+
+    #[test]
+    fn launch_keys_are_read_for_inference_and_refused_for_training() {
+        let spec = spec_from_dict(&dict(vec![
+            ("kind", Value::from("offline")),
+            ("command", Value::from(vec!["worker"])),
+            ("cwd", Value::from("/home/alice")),
+            ("env", Value::from(vec!["MODEL=bert"])),
+            ("output", Value::from("/home/alice/out.log")),
+        ]))
+        .unwrap();
+        let launch = spec.inference.expect("inference").launch;
+        assert_eq!(launch.cwd.as_deref(), Some("/home/alice"));
+        assert_eq!(launch.env, vec!["MODEL=bert".to_string()]);
+        assert_eq!(launch.output.as_deref(), Some("/home/alice/out.log"));
+        let err = spec_from_dict(&dict(vec![
+            ("kind", Value::from("training")),
+            ("pids", Value::from(vec![10u32])),
+            ("cores", Value::from(1u32)),
+            ("cwd", Value::from("/tmp")),
+        ]))
+        .unwrap_err();
+        assert!(err.contains("key 'cwd' is for online and offline"), "{err}");
     }
 
     #[test]

@@ -7,7 +7,9 @@ use clap::Parser;
 use zbus::zvariant::{OwnedValue, Value};
 
 use lodger::api::proxy::ManagerProxy;
-use lodger::cli::lodgerctl::{Cli, Command, InferenceArgs, Register, TopArgs, UnregisterArgs};
+use lodger::cli::lodgerctl::{
+    Cli, Command, InferenceArgs, OwnerArgs, Register, TopArgs, UnregisterArgs,
+};
 
 /// A failure, with the exit code it maps to.
 struct Failure {
@@ -182,7 +184,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
     let proxy = connect(cli.session).await?;
     match cli.command {
         Command::Register(Register::Online(a)) => {
-            let mut spec = inference_spec("online", &a.common);
+            let mut spec = inference_spec("online", &a.common)?;
             spec.insert("slo_ms", Value::from(a.slo_ms));
             if let Some(rate) = a.rate {
                 spec.insert("rate_per_s", Value::from(rate));
@@ -190,7 +192,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             register_and_show(&proxy, spec, cli.json).await?;
         }
         Command::Register(Register::Offline(a)) => {
-            let spec = inference_spec("offline", &a.common);
+            let spec = inference_spec("offline", &a.common)?;
             register_and_show(&proxy, spec, cli.json).await?;
         }
         Command::Register(Register::Training(a)) => {
@@ -212,6 +214,9 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             spec.insert("pipeline", Value::from(a.pipeline));
             spec.insert("multi_node", Value::from(a.multi_node));
             spec.insert("rightsize", Value::from(!a.no_rightsize));
+            if let Some(uid) = owner_uid(&a.owner)? {
+                spec.insert("owner", Value::from(uid));
+            }
             let (id, path) = proxy
                 .register_job(spec)
                 .await
@@ -454,9 +459,60 @@ async fn run(cli: Cli) -> Result<(), Failure> {
     Ok(())
 }
 
-/// The common keys of an online or offline job's spec.
-fn inference_spec<'a>(kind: &'a str, a: &'a InferenceArgs) -> HashMap<&'a str, Value<'a>> {
+/// `--user NAME`: the uid to register for (a name looked up on this node, or a number).
+fn owner_uid(a: &OwnerArgs) -> Result<Option<u32>, Failure> {
+    let Some(user) = &a.user else {
+        return Ok(None);
+    };
+    if let Ok(uid) = user.parse::<u32>() {
+        return Ok(Some(uid));
+    }
+    match nix::unistd::User::from_name(user) {
+        Ok(Some(u)) => Ok(Some(u.uid.as_raw())),
+        Ok(None) => Err(Failure {
+            code: 2,
+            message: format!("--user {user}: no such user on this node"),
+        }),
+        Err(e) => Err(Failure {
+            code: 2,
+            message: format!("--user {user}: cannot look the user up: {e}"),
+        }),
+    }
+}
+
+/// The common keys of an online or offline job's spec, with where and as whom its instances
+/// start (the working directory is the current one unless --cwd says otherwise).
+fn inference_spec<'a>(
+    kind: &'a str,
+    a: &'a InferenceArgs,
+) -> Result<HashMap<&'a str, Value<'a>>, Failure> {
+    let bad = |message: String| Failure { code: 2, message };
+    let cwd = match &a.cwd {
+        Some(dir) => std::path::absolute(dir),
+        None => std::env::current_dir(),
+    }
+    .map_err(|e| bad(format!("cannot tell the working directory: {e}")))?;
+    let cwd = cwd
+        .to_str()
+        .ok_or_else(|| bad(format!("{} is not UTF-8", cwd.display())))?
+        .to_string();
     let mut spec: HashMap<&str, Value<'_>> = HashMap::new();
+    spec.insert("cwd", Value::from(cwd));
+    if !a.env.is_empty() {
+        spec.insert("env", Value::from(a.env.clone()));
+    }
+    if let Some(out) = &a.output {
+        let out = std::path::absolute(out)
+            .map_err(|e| bad(format!("--output {}: {e}", out.display())))?;
+        let out = out
+            .to_str()
+            .ok_or_else(|| bad(format!("{} is not UTF-8", out.display())))?
+            .to_string();
+        spec.insert("output", Value::from(out));
+    }
+    if let Some(uid) = owner_uid(&a.owner)? {
+        spec.insert("owner", Value::from(uid));
+    }
     spec.insert("kind", Value::from(kind));
     spec.insert("command", Value::from(a.command.clone()));
     spec.insert("max_batch", Value::from(a.max_batch));
@@ -466,7 +522,7 @@ fn inference_spec<'a>(kind: &'a str, a: &'a InferenceArgs) -> HashMap<&'a str, V
     if let Some(n) = &a.name {
         spec.insert("name", Value::from(n.as_str()));
     }
-    spec
+    Ok(spec)
 }
 
 async fn register_and_show(

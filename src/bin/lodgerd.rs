@@ -11,10 +11,24 @@ use lodger::cli::lodgerd::Cli;
 use lodger::daemon;
 
 fn init_logging(level: &str) {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_env("LODGER_LOG").unwrap_or_else(|_| EnvFilter::new(level));
-    // Under systemd the journal adds its own timestamps and has no terminal colours.
+    // Under systemd, records go to the journal natively: each field (the audit record's
+    // caller_uid, action, outcome ...) becomes a journal field an operator can filter on
+    // (`journalctl CALLER_UID=1001`, docs/security.md). Elsewhere, or when the journal's
+    // socket cannot be opened, as text on stderr.
     let under_journal = std::env::var_os("JOURNAL_STREAM").is_some();
+    if under_journal {
+        if let Ok(journal) = tracing_journald::layer() {
+            tracing_subscriber::registry()
+                .with(filter)
+                .with(journal.with_syslog_identifier("lodgerd".into()))
+                .init();
+            return;
+        }
+    }
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

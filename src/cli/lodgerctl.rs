@@ -8,6 +8,10 @@ Exit status:
   1  lodgerd refused or failed the request (the message says why)
   2  bad command line, or lodgerd could not be reached
 
+Who may do what: every user may list, show, status and top; members of lodgerd's api.group may
+register their own processes, cgroups and commands and unregister their own jobs; root may do
+everything, also for another user (--user). See docs/security.md.
+
 The bus is the system bus; DBUS_SYSTEM_BUS_ADDRESS selects another one (tests, the demo).";
 
 /// Control lodgerd, the colocation agent that gives training jobs dedicated cores and lends the
@@ -119,8 +123,23 @@ pub struct InferenceArgs {
     /// A name to recognise the job by.
     #[arg(long)]
     pub name: Option<String>,
+    /// The instances' working directory (default: the current one). It must be a directory
+    /// the job's owner may enter.
+    #[arg(long, value_name = "DIR")]
+    pub cwd: Option<std::path::PathBuf>,
+    /// An environment variable for the instances, NAME=value; repeat for more. Instances get
+    /// only PATH, HOME, USER, LOGNAME, LANG, lodger's LODGER_* and thread-count variables and
+    /// these, never lodgerd's environment.
+    #[arg(long = "env", value_name = "NAME=VALUE")]
+    pub env: Vec<String>,
+    /// Append the instances' stdout and stderr to FILE, opened as the job's owner (default:
+    /// where lodgerd's [inference] output setting sends them).
+    #[arg(long, value_name = "FILE")]
+    pub output: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    pub owner: OwnerArgs,
     /// One instance's command, after `--`. Placeholders: {threads}, {batch}, {cpus},
-    /// {instance}, {job} (docs/instance-protocol.md).
+    /// {instance}, {job} (docs/instance-protocol.md). It runs as the job's owner.
     #[arg(last = true, required = true, value_name = "COMMAND")]
     pub command: Vec<String>,
 }
@@ -155,6 +174,17 @@ pub struct TrainingArgs {
     /// Keep exactly --cores: never right-size this job from its GPU utilization.
     #[arg(long)]
     pub no_rightsize: bool,
+    #[command(flatten)]
+    pub owner: OwnerArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct OwnerArgs {
+    /// Register the job for user NAME (a name or a uid) instead of for yourself: root only
+    /// (Slurm prologs, container runtimes). It counts against that user's caps; its instances
+    /// run as that user.
+    #[arg(long, value_name = "NAME")]
+    pub user: Option<String>,
 }
 
 #[cfg(test)]

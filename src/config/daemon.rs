@@ -55,13 +55,23 @@ impl Default for AgentConfig {
     }
 }
 
-/// `[api]`: the D-Bus surface.
+/// `[api]`: the D-Bus surface and who may do what through it (docs/security.md).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ApiConfig {
     /// Root and members of this group may make mutating calls.
     pub group: String,
     pub bus: BusKind,
+    /// Cgroup subtrees under `/system.slice` that members may register cgroups in (a Slurm or
+    /// container runtime root), as paths from the hierarchy root.
+    pub cgroup_roots: Vec<String>,
+    /// Most jobs one owner may have registered (root's own direct calls are not counted).
+    pub max_jobs_per_owner: u32,
+    /// Most inference instances one owner's jobs may run together.
+    pub max_instances_per_owner: u32,
 }
+
+/// Valid per-owner caps: at least one, at most what one node could ever hold.
+pub const OWNER_CAP_RANGE: RangeInclusive<i64> = 1..=100_000;
 
 named_enum! {
     /// `api.bus`: which D-Bus bus lodgerd serves on.
@@ -77,6 +87,9 @@ impl Default for ApiConfig {
         Self {
             group: "lodger".to_string(),
             bus: BusKind::System,
+            cgroup_roots: Vec::new(),
+            max_jobs_per_owner: 32,
+            max_instances_per_owner: 128,
         }
     }
 }
@@ -133,6 +146,9 @@ pub(super) struct RawAgent {
 pub(super) struct RawApi {
     group: Option<Spanned<String>>,
     bus: Option<Spanned<String>>,
+    cgroup_roots: Option<Spanned<Vec<String>>>,
+    max_jobs_per_owner: Option<Spanned<i64>>,
+    max_instances_per_owner: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize)]
@@ -173,6 +189,24 @@ impl Cx<'_> {
             bus: self.field("api.bus", raw.bus, d.bus, |s| {
                 one_of(&s, BusKind::from_name, BusKind::NAMES)
             })?,
+            cgroup_roots: self.field(
+                "api.cgroup_roots",
+                raw.cgroup_roots,
+                d.cgroup_roots,
+                |roots| roots.into_iter().map(cgroup_root).collect(),
+            )?,
+            max_jobs_per_owner: self.field(
+                "api.max_jobs_per_owner",
+                raw.max_jobs_per_owner,
+                d.max_jobs_per_owner,
+                |v| in_range(v, &OWNER_CAP_RANGE),
+            )?,
+            max_instances_per_owner: self.field(
+                "api.max_instances_per_owner",
+                raw.max_instances_per_owner,
+                d.max_instances_per_owner,
+                |v| in_range(v, &OWNER_CAP_RANGE),
+            )?,
         })
     }
 
@@ -203,6 +237,23 @@ impl Cx<'_> {
                 }
             })?,
         })
+    }
+}
+
+/// One `api.cgroup_roots` entry: an absolute cgroup path below `/system.slice`, without `.` or
+/// `..` components (anything outside `/system.slice` needs no allowing).
+fn cgroup_root(value: String) -> Result<String, String> {
+    let trimmed = value.trim_end_matches('/');
+    let valid = trimmed.starts_with("/system.slice/")
+        && !trimmed.split('/').any(|c| c == "." || c == "..")
+        && !trimmed.contains("//")
+        && !trimmed.contains('\0');
+    if valid {
+        Ok(trimmed.to_string())
+    } else {
+        Err(format!(
+            "\"{value}\" is not a cgroup below /system.slice (e.g. \"/system.slice/slurmstepd.scope\")"
+        ))
     }
 }
 

@@ -230,6 +230,9 @@ command_timeout_ms = 2500
 [api]
 group = "gpu-admins"
 bus = "session"
+cgroup_roots = ["/system.slice/slurmstepd.scope", "/system.slice/containerd.service/"]
+max_jobs_per_owner = 4
+max_instances_per_owner = 16
 [cgroup]
 driver = "v1"
 root = "/cg"
@@ -264,6 +267,15 @@ level = "trace"
     assert_eq!(c.agent.command_timeout(), Duration::from_millis(2500));
     assert_eq!(c.api.group, "gpu-admins");
     assert_eq!(c.api.bus, BusKind::Session);
+    assert_eq!(
+        c.api.cgroup_roots,
+        [
+            "/system.slice/slurmstepd.scope",
+            "/system.slice/containerd.service"
+        ]
+    );
+    assert_eq!(c.api.max_jobs_per_owner, 4);
+    assert_eq!(c.api.max_instances_per_owner, 16);
     assert_eq!(c.cgroup.driver, CgroupDriver::V1);
     assert_eq!(c.cgroup.root, Path::new("/cg"));
     assert_eq!(c.cgroup.parent, "lodger.slice");
@@ -271,7 +283,7 @@ level = "trace"
     assert_eq!(c.log.level, LogLevel::Trace);
     assert_eq!(c.origin(), Some(Path::new(ORIGIN)));
     assert_eq!(c.location_of("agent.state_dir").line, Some(18));
-    assert_eq!(c.location_of("log.level").line, Some(29));
+    assert_eq!(c.location_of("log.level").line, Some(32));
     // A key left out has a file but no line.
     let d = parse("").expect("empty");
     assert_eq!(d.location_of("log.level").to_string(), ORIGIN);
@@ -446,6 +458,21 @@ fn bad_input_names_file_line_and_key() {
             "[cgroup]\npid_jobs = \"Cgroup\"\n",
             "/etc/lodger/lodger.toml:2: cgroup.pid_jobs: must be one of auto, cgroup, \
              affinity (got \"Cgroup\")",
+        ),
+        (
+            "[api]\ncgroup_roots = [\"/user.slice\"]\n",
+            "/etc/lodger/lodger.toml:2: api.cgroup_roots: \"/user.slice\" is not a cgroup below \
+             /system.slice (e.g. \"/system.slice/slurmstepd.scope\")",
+        ),
+        (
+            "[api]\ncgroup_roots = [\"/system.slice/../init.scope\"]\n",
+            "/etc/lodger/lodger.toml:2: api.cgroup_roots: \"/system.slice/../init.scope\" is \
+             not a cgroup below /system.slice (e.g. \"/system.slice/slurmstepd.scope\")",
+        ),
+        (
+            "[api]\nmax_jobs_per_owner = 0\n",
+            "/etc/lodger/lodger.toml:2: api.max_jobs_per_owner: must be between 1 and 100000 \
+             (got 0)",
         ),
         (
             "[api]\nbus = \"user\"\n",

@@ -254,7 +254,8 @@ check "the two jobs share no CPU" disjoint "$cpus_a" "$cpus_b"
 phase "who may change jobs"
 useradd --no-create-home --shell /usr/sbin/nologin e2e-user
 useradd --no-create-home --shell /usr/sbin/nologin --groups lodger e2e-member
-pid_c=$(start_training train-c 0)
+# The member's own process: lodgerd refuses a member another user's (docs/security.md).
+pid_c=$(start_training train-c 0 -p User=e2e-member)
 check "non-root user may list jobs" runuser -u e2e-user -- lodgerctl list
 runuser -u e2e-user -- lodgerctl register training --pid "$pid_c" --cores 2 >"$share/nonroot.log" 2>&1
 status=$?
@@ -269,6 +270,7 @@ job_c=$(field "$out_c" id)
 check "member of group lodger may register ($out_c)" test -n "$job_c"
 check "member of group lodger may unregister $job_c" runuser -u e2e-member -- lodgerctl unregister "$job_c"
 check "$job_c's threads back to SCHED_OTHER on every CPU" all_other_everywhere "$pid_c"
+. "$share/trust.sh"
 
 # A job registered by cgroup: lodgerd writes the unit's cpuset.cpus, which the service's
 # ProtectSystem=strict + ProtectKernelTunables=yes would forbid but for ReadWritePaths=.

@@ -278,7 +278,7 @@ dpkg-deb -R "$deb" "$run/upgrade"
 sed -i 's/^Version: .*/&+e2e1/' "$run/upgrade/DEBIAN/control"
 dpkg-deb --root-owner-group -b "$run/upgrade" "$run/share/upgrade/" >/dev/null
 rm -rf "$run/upgrade"
-cp "$target/release/examples/train_emulator" tests/e2e/guest.sh "$run/share/"
+cp "$target/release/examples/train_emulator" tests/e2e/guest.sh tests/e2e/trust.sh "$run/share/"
 smp_args=(-m 2048 -smp 16,sockets=2,cores=4,threads=2
     -object memory-backend-ram,id=mem0,size=1024M
     -object memory-backend-ram,id=mem1,size=1024M

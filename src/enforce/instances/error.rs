@@ -99,6 +99,10 @@ pub enum InstanceError {
         path: PathBuf,
         source: io::Error,
     },
+    /// The owner it would run as cannot be resolved (no account, no groups), or systemd would not
+    /// start its transient unit.
+    #[error("instance {key}: {reason}")]
+    Identity { key: InstanceKey, reason: String },
     #[error("instance {key}: cannot start `{program}`: {source}")]
     Spawn {
         key: InstanceKey,

@@ -13,6 +13,7 @@ use tracing::{info, warn};
 use super::error::InstanceError;
 use super::supervisor::{backoff_delay, invalid, pid_of, Slot, SlotState};
 use super::template::Template;
+use super::unit;
 use super::{
     InstanceKey, InstanceSettings, InstanceSpec, CGROUP_KILL, ENV_PARENT, REMOVE_WAIT, STEP,
 };
@@ -165,7 +166,14 @@ impl Host {
         spec: &InstanceSpec,
     ) -> Result<bool, InstanceError> {
         let key = slot.key();
-        match (self.placement, &slot.cgroup) {
+        // A transient unit's process is outside lodger's cgroups: moved by affinity.
+        let by_unit = slot.run.as_ref().is_some_and(|r| r.unit.is_some());
+        let placement = if by_unit {
+            PinMethod::Affinity
+        } else {
+            self.placement
+        };
+        match (placement, &slot.cgroup) {
             (PinMethod::Cgroup, Some(cg)) => self
                 .set_cpuset(cg, &spec.cpus, &spec.mems)
                 .map_err(|source| InstanceError::Cgroup { key, source }),
@@ -212,7 +220,12 @@ impl Host {
         next: Option<(InstanceSpec, Template)>,
     ) {
         if let Some(run) = &slot.run {
-            if let Some(pgid) = pid_of(run.pid) {
+            let by_systemd = match (&run.unit, unit::systemd()) {
+                // Every process of the unit, not only the group.
+                (Some((name, _)), Some(systemd)) => systemd.kill(name, libc::SIGTERM).is_ok(),
+                _ => false,
+            };
+            if let (false, Some(pgid)) = (by_systemd, pid_of(run.pid)) {
                 // ESRCH: it exited meanwhile; `poll` reaps it.
                 let _ = killpg(pgid, Signal::SIGTERM);
             }
@@ -228,6 +241,11 @@ impl Host {
     /// SIGKILL to the instance's process group and everything in its cgroup.
     pub(super) fn kill_run(&self, slot: &Slot, errors: &mut Vec<InstanceError>) {
         if let Some(run) = &slot.run {
+            if let (Some((name, _)), Some(systemd)) = (&run.unit, unit::systemd()) {
+                // SIGKILL to the whole unit, then stop it (it is collected once inactive).
+                let _ = systemd.kill(name, libc::SIGKILL);
+                let _ = systemd.stop(name);
+            }
             if let Some(pgid) = pid_of(run.pid) {
                 match killpg(pgid, Signal::SIGKILL) {
                     Ok(()) | Err(Errno::ESRCH) => {}

@@ -16,6 +16,11 @@
 //!   its own CPU affinity in `pre_exec`; memory nodes are then not enforced, and a CPU change is
 //!   applied to every thread of the instance's process tree.
 //!
+//! Another user's instance, where systemd is PID 1, is not forked: systemd starts it as a
+//! transient unit in `lodger-instances.slice` ([`unit`], docs/security.md), placed by CPU
+//! affinity and followed through a pidfd; what follows about death signals and leftovers is the
+//! fork path's (at start, lodgerd stops the slice).
+//!
 //! Instances never outlive lodger: each child asks for `PR_SET_PDEATHSIG = SIGKILL` in `pre_exec`.
 //! The kernel sends it when the *thread* that spawned the child exits, so [`Instances`] must be
 //! driven from one long-lived thread (the agent's), never from a pool thread that may be retired
@@ -30,21 +35,24 @@
 //! Rooms: [`template`] (command templates and finding the program), [`report`] (the report
 //! protocol and per-window rates), `supervisor` (the slots and [`Instances`]' reconcile and
 //! poll), `stop` (stopping, the start-up sweep, `Drop`), `host` (cgroups and signals),
-//! `spawn` (fork/exec and the child's setup), [`error`]. May touch `sys/`,
+//! `spawn` (fork/exec and the child's setup), `identity` (the owner it runs as), [`unit`] (transient units of systemd), [`error`]. May touch `sys/`,
 //! `enforce::{cpusets, sched, procs}`; nothing above enforce.
 
 pub mod error;
 mod host;
+mod identity;
 pub mod report;
 mod spawn;
 mod stop;
 mod supervisor;
 pub mod template;
+pub mod unit;
 
 #[cfg(test)]
 mod tests;
 
 pub use self::error::{InstanceError, TemplateProblem};
+pub use self::identity::{check_launch, Identity};
 pub use self::report::{parse_report, Report};
 pub use self::supervisor::{backoff_delay, Instances};
 pub use self::template::{find_program, show_argv, validate_template, Placeholder, Template};
@@ -198,6 +206,9 @@ pub struct InstanceSpec {
     /// An offline (throughput) instance: SCHED_IDLE when `InstanceSettings::offline_idle`.
     #[serde(default)]
     pub offline: bool,
+    /// Who it runs as, where, with what environment and output.
+    #[serde(default)]
+    pub identity: Identity,
 }
 
 impl InstanceSpec {

@@ -1,7 +1,8 @@
 //! Starting one instance: fork/exec with its environment and placeholders, the report pipe, and
-//! the setup the child does before exec (process group, death signal, cgroup or affinity, the
-//! report descriptor). Touches fork/exec and the child's cgroupfs and affinity (and, with
-//! affinity placement and network shaping on v2, the cgroup2 directory instances start in).
+//! the setup the child does before exec (process group, cgroup or affinity, the owner's identity,
+//! death signal, the report descriptor). Touches fork/exec and the child's cgroupfs and affinity
+//! (and, with affinity placement and network shaping on v2, the cgroup2 directory instances start
+//! in).
 
 use std::fs::{self, File, OpenOptions};
 use std::io;
@@ -15,8 +16,10 @@ use tracing::{debug, warn};
 
 use super::error::{InstanceError, TemplateProblem};
 use super::host::Host;
+use super::identity::Credentials;
 use super::supervisor::{Run, Slot};
 use super::template::show_argv;
+use super::unit;
 use super::{
     InstanceKey, InstanceOutput, ENV_BATCH, ENV_CPUS, ENV_INSTANCE, ENV_JOB, ENV_PARENT,
     ENV_REPORT_FD, ENV_THREADS, REPORT_FD, REPORT_PIPE_BYTES, THREAD_ENV,
@@ -37,6 +40,14 @@ impl Host {
                 problem: TemplateProblem::Empty,
             });
         };
+
+        // Another user's instance where systemd is PID 1: a transient unit (docs/security.md).
+        if spec.identity.uid != nix::unistd::getuid().as_raw() {
+            if let Some(systemd) = unit::systemd() {
+                let (program, args) = (program.clone(), args.to_vec());
+                return self.spawn_unit(slot, now, systemd, program, args);
+            }
+        }
 
         let mut procs_file = None;
         let mut mask = None;
@@ -85,8 +96,17 @@ impl Host {
             source,
         })?;
 
+        // Who it runs as, where, with which environment: never lodgerd's own (docs/security.md).
+        let creds = Credentials::resolve(&spec.identity, nix::unistd::getuid().as_raw()).map_err(
+            |reason| InstanceError::Identity {
+                key: key.clone(),
+                reason,
+            },
+        )?;
         let mut cmd = Command::new(program);
         cmd.args(args)
+            .env_clear()
+            .envs(creds.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .env(ENV_REPORT_FD, REPORT_FD.to_string())
             .env(ENV_THREADS, spec.threads.to_string())
@@ -132,11 +152,13 @@ impl Host {
             procs_fd: procs_file.as_ref().map(AsRawFd::as_raw_fd),
             mask,
             report_fd: report_write.as_raw_fd(),
+            creds,
         };
         // SAFETY: the closure runs in the forked child before exec and only makes
         // async-signal-safe system calls (prctl, getppid, sched_setscheduler, write,
-        // sched_setaffinity, dup2, fcntl) on values prepared before the fork: it allocates
-        // nothing, takes no lock and touches no state shared with other threads.
+        // sched_setaffinity, setgroups, setresgid, setresuid, chdir, open, dup2, close, fcntl)
+        // on values prepared before the fork: it allocates nothing, takes no lock and touches no
+        // state shared with other threads.
         unsafe {
             cmd.pre_exec(move || setup.apply());
         }
@@ -151,7 +173,8 @@ impl Host {
         drop(procs_file);
         Ok(Run {
             pid: child.id(),
-            child,
+            child: Some(child),
+            unit: None,
             started: now,
             report: Some(File::from(report_read)),
         })
@@ -175,6 +198,109 @@ fn start_cgroup_procs(dir: &Path, key: &InstanceKey) -> Option<File> {
             None
         }
     }
+}
+
+impl Host {
+    /// Starts the instance as a transient unit of systemd: systemd switches to the owner, places
+    /// it in lodger's slice on its CPUs and supervises it; lodgerd keeps the report pipe's read
+    /// end and a pidfd on the main process.
+    fn spawn_unit(
+        &mut self,
+        slot: &mut Slot,
+        now: Instant,
+        systemd: &unit::Systemd,
+        program: String,
+        args: Vec<String>,
+    ) -> Result<Run, InstanceError> {
+        let key = slot.key();
+        let spec = &slot.spec;
+        let identity_err = |reason| InstanceError::Identity {
+            key: key.clone(),
+            reason,
+        };
+        let creds = Credentials::resolve(&spec.identity, nix::unistd::getuid().as_raw())
+            .map_err(identity_err)?;
+        let (gid, groups) = creds.groups().unwrap_or((0, &[]));
+        let mut env: Vec<String> = creds.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        env.extend([
+            format!("{ENV_REPORT_FD}={REPORT_FD}"),
+            format!("{ENV_THREADS}={}", spec.threads),
+            format!("{ENV_BATCH}={}", spec.batch),
+            format!("{ENV_INSTANCE}={}", spec.index),
+            format!("{ENV_CPUS}={}", spec.cpus),
+            format!("{ENV_JOB}={}", spec.job.as_str()),
+            format!("{ENV_PARENT}={}", self.parent),
+        ]);
+        env.extend(THREAD_ENV.iter().map(|v| format!("{v}={}", spec.threads)));
+        let (output, output_fd) = match &self.settings.output {
+            InstanceOutput::Inherit => (unit::UnitOutput::Journal, None),
+            InstanceOutput::Null => (unit::UnitOutput::Null, None),
+            InstanceOutput::Directory(dir) => {
+                let path = dir.join(format!("{key}.log"));
+                let file = OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&path)
+                    .map_err(|source| InstanceError::Output {
+                        key: key.clone(),
+                        path: path.clone(),
+                        source,
+                    })?;
+                (unit::UnitOutput::Descriptor, Some(OwnedFd::from(file)))
+            }
+        };
+        let mut argv = vec![program];
+        argv.extend(args);
+        let unit_spec = unit::UnitSpec {
+            name: unit::unit_name(&key.to_string()),
+            description: format!("lodger inference instance {key}"),
+            instance: key.to_string(),
+            job: spec.job.to_string(),
+            user: creds.user.clone(),
+            gid,
+            groups: groups.to_vec(),
+            cwd: creds.cwd().to_string(),
+            env,
+            argv,
+            output_file: creds.output().map(str::to_string),
+            output,
+            cpus: spec.cpus.clone(),
+            stop_grace: self.settings.stop_grace,
+        };
+        let (report_read, report_write) = report_pipe().map_err(|source| InstanceError::Pipe {
+            key: key.clone(),
+            source,
+        })?;
+        let pid = systemd
+            .start(&unit_spec, &report_write, output_fd.as_ref())
+            .map_err(identity_err)?;
+        // systemd holds its own copy until the unit is collected.
+        drop(report_write);
+        let pidfd = pidfd_open(pid).map_err(|source| InstanceError::Spawn {
+            key: key.clone(),
+            program: unit_spec.argv[0].clone(),
+            source,
+        })?;
+        debug!(instance = %key, unit = %unit_spec.name, pid, "started as a transient unit");
+        Ok(Run {
+            pid,
+            child: None,
+            unit: Some((unit_spec.name, pidfd)),
+            started: now,
+            report: Some(File::from(report_read)),
+        })
+    }
+}
+
+/// A pidfd on `pid` (Linux 5.3+), readable once the process exits.
+fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel returned a new open descriptor nobody else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }
 
 /// A pipe for one instance's reports: (read end, non-blocking; write end), both close-on-exec.
@@ -222,21 +348,14 @@ pub(super) struct ChildSetup {
     /// Affinity placement: the instance's CPUs.
     pub(super) mask: Option<CpuMask>,
     pub(super) report_fd: RawFd,
+    /// The owner it becomes, once placed.
+    pub(super) creds: Credentials,
 }
 
 impl ChildSetup {
     /// Runs in the child between fork and exec: async-signal-safe system calls only.
     pub(super) fn apply(&self) -> io::Result<()> {
         let fail = || Err(io::Error::last_os_error());
-        // SAFETY: prctl with integer arguments only.
-        if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, self.death_signal) } != 0 {
-            return fail();
-        }
-        // lodgerd died between fork and prctl: the death signal was missed, do not start.
-        // SAFETY: getppid has no arguments and cannot fail.
-        if unsafe { libc::getppid() } != self.parent_pid {
-            return Err(io::Error::from_raw_os_error(libc::ESRCH));
-        }
         // A child inherits the spawning thread's policy: instances are SCHED_OTHER, the class
         // training's SCHED_RR pre-empts (Cloud Reamer §III-A), or SCHED_IDLE for offline ones.
         // SAFETY: `self.param` is a valid sched_param that outlives the call.
@@ -255,6 +374,18 @@ impl ChildSetup {
             if let Err(errno) = mask.apply_to(0) {
                 return Err(io::Error::from_raw_os_error(errno as i32));
             }
+        }
+        // Placed with lodgerd's rights; from here on the owner's.
+        self.creds.apply()?;
+        // After the change of uid, which clears the death signal.
+        // SAFETY: prctl with integer arguments only.
+        if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, self.death_signal) } != 0 {
+            return fail();
+        }
+        // lodgerd died between fork and prctl: the death signal was missed, do not start.
+        // SAFETY: getppid has no arguments and cannot fail.
+        if unsafe { libc::getppid() } != self.parent_pid {
+            return Err(io::Error::from_raw_os_error(libc::ESRCH));
         }
         if self.report_fd == REPORT_FD {
             // dup2 onto itself keeps close-on-exec: clear it instead.

@@ -125,6 +125,7 @@ impl Instances {
         self.host.retry_removals();
         if self.slots.is_empty() {
             self.host.remove_lodgers(&mut out.errors);
+            super::unit::stop_slices();
         }
         out
     }
@@ -152,6 +153,8 @@ impl Instances {
         for cg in &cgroups {
             out.killed.extend(h.kill_cgroup(cg)?);
         }
+        // Instance units an earlier lodgerd started.
+        super::unit::stop_slices();
         out.killed.extend(self.host.kill_marked()?);
         out.killed.sort_unstable();
         out.killed.dedup();
@@ -194,6 +197,10 @@ impl Drop for Instances {
                  away: killing them"
             );
         }
+        let had_units = self
+            .slots
+            .iter()
+            .any(|s| s.run.as_ref().is_some_and(|r| r.unit.is_some()));
         let mut errors = Vec::new();
         for slot in &mut self.slots {
             if slot.run.is_some() {
@@ -216,6 +223,9 @@ impl Drop for Instances {
             self.host.discard(&slot, &mut errors);
         }
         self.host.remove_lodgers(&mut errors);
+        if had_units {
+            super::unit::stop_slices();
+        }
         for e in errors {
             warn!("while killing instances: {e}");
         }

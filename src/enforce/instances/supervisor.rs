@@ -3,6 +3,7 @@
 //! through [`Host`](super::host::Host).
 
 use std::fs::{self, File};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::process::{Child, ExitStatus};
@@ -33,7 +34,10 @@ use crate::sys::procfs::{ProcReader, ProcessTable};
 /// The live process of an instance.
 #[derive(Debug)]
 pub(super) struct Run {
-    pub(super) child: Child,
+    /// lodgerd's child (the fork path); `None` for a transient unit's process.
+    pub(super) child: Option<Child>,
+    /// The transient unit it runs in, and a pidfd on its main process.
+    pub(super) unit: Option<(String, OwnedFd)>,
     pub(super) pid: u32,
     pub(super) started: Instant,
     /// The read end of the report pipe, non-blocking; `None` after end of file.
@@ -56,9 +60,22 @@ impl Run {
                 Err(_) => {}
             }
         }
-        match self.child.try_wait() {
-            Ok(status) => status.map(describe_exit),
-            Err(e) => Some(format!("gone ({e})")),
+        if let Some((name, pidfd)) = &self.unit {
+            // Not our child: its pidfd turns readable when it exits. systemd reaps it and
+            // kills what it left in the unit's cgroup.
+            let mut fds = [libc::pollfd {
+                fd: pidfd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            }];
+            // SAFETY: one valid pollfd, timeout 0 (no wait).
+            let ready = unsafe { libc::poll(fds.as_mut_ptr(), 1, 0) };
+            return (ready > 0).then(|| format!("exited (unit {name})"));
+        }
+        match self.child.as_mut().map(Child::try_wait) {
+            Some(Ok(status)) => status.map(describe_exit),
+            Some(Err(e)) => Some(format!("gone ({e})")),
+            None => Some("gone".to_string()),
         }
     }
 }

@@ -33,6 +33,7 @@ fn spec(args: &[&str]) -> InstanceSpec {
         threads: 3,
         batch: 16,
         offline: false,
+        identity: Identity::default(),
     }
 }
 

@@ -1,0 +1,528 @@
+//! Instances as systemd transient units, where systemd is PID 1 (docs/security.md): the
+//! property list for `StartTransientUnit` (a pure function of what the instance needs), and the
+//! few Manager calls lodgerd makes (start, find the main pid, signal, stop), as `systemd-run
+//! --uid` does. systemd switches the uid outside lodgerd's sandbox; lodgerd keeps
+//! `CAP_SETUID`/`CAP_SETGID` out of its unit. Touches the system bus.
+
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::Path;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use zbus::zvariant::{Fd, OwnedObjectPath, OwnedValue, Value};
+
+use crate::cpuset::CpuSet;
+
+/// The slice every instance unit runs in.
+pub const SLICE: &str = "lodger-instances.slice";
+/// Its parent, which systemd creates with it (a `-` in a slice's name nests it).
+pub const PARENT_SLICE: &str = "lodger.slice";
+const DEST: &str = "org.freedesktop.systemd1";
+const PATH: &str = "/org/freedesktop/systemd1";
+const MANAGER: &str = "org.freedesktop.systemd1.Manager";
+/// How long a started unit may take to show its main pid.
+const START_WAIT: Duration = Duration::from_secs(10);
+const STEP: Duration = Duration::from_millis(10);
+
+/// The shell line every unit runs: the report pipe arrives as stdin and moves to descriptor 3
+/// (so the instance sees the protocol of `docs/instance-protocol.md` unchanged), stdin becomes
+/// /dev/null, the caller's `--output` file (`$1`, may be empty) is opened as the owner, and the
+/// instance's own command replaces the shell. systemd 252 has no `OpenFile=`; a descriptor given
+/// as `StandardInputFileDescriptor` works on every systemd lodger supports.
+pub const WRAPPER: &str =
+    "exec 3>&0 </dev/null; if [ -n \"$1\" ]; then exec >>\"$1\" 2>&1; fi; shift; exec \"$@\"";
+/// `$0` of the wrapper, as `ps` shows it until the exec.
+const WRAPPER_NAME: &str = "lodger-instance";
+const SHELL: &str = "/bin/sh";
+
+/// Where the unit's stdout and stderr go when the caller named no file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnitOutput {
+    Journal,
+    Null,
+    /// A descriptor lodgerd opened (the operator's `[inference]` output directory).
+    Descriptor,
+}
+
+/// What one instance unit needs: built from the spec and the resolved identity.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnitSpec {
+    pub name: String,
+    pub description: String,
+    /// The instance key, for the journal field.
+    pub instance: String,
+    pub job: String,
+    pub user: String,
+    pub gid: u32,
+    pub groups: Vec<u32>,
+    pub cwd: String,
+    /// The instance's whole environment (`NAME=value`).
+    pub env: Vec<String>,
+    /// Program (absolute) and arguments.
+    pub argv: Vec<String>,
+    /// The caller's `--output` file, opened by the wrapper as the owner.
+    pub output_file: Option<String>,
+    pub output: UnitOutput,
+    pub cpus: CpuSet,
+    pub stop_grace: Duration,
+}
+
+/// A property value as `StartTransientUnit` takes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Prop {
+    Str(String),
+    Bool(bool),
+    Strs(Vec<String>),
+    Bytes(Vec<u8>),
+    /// `aay` (`LogExtraFields`: `FIELD=value` as bytes).
+    ByteStrs(Vec<Vec<u8>>),
+    U64(u64),
+    /// `a(sasb)`: path, argv, ignore failure.
+    Exec(Vec<(String, Vec<String>, bool)>),
+    /// A descriptor passed with the call (the report pipe, or lodgerd's output file).
+    Fd(FdRole),
+}
+
+/// Which descriptor a [`Prop::Fd`] stands for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FdRole {
+    Report,
+    Output,
+}
+
+/// The bit mask `CPUAffinity=` takes: byte i, bit j is CPU 8i+j.
+pub fn cpu_mask(cpus: &CpuSet) -> Vec<u8> {
+    let mut mask = Vec::new();
+    for cpu in cpus.iter() {
+        let byte = (cpu / 8) as usize;
+        if mask.len() <= byte {
+            mask.resize(byte + 1, 0);
+        }
+        mask[byte] |= 1 << (cpu % 8);
+    }
+    mask
+}
+
+/// The properties of an instance's transient service (pure: spec in, list out).
+pub fn properties(spec: &UnitSpec) -> Vec<(&'static str, Prop)> {
+    let s = |v: &str| Prop::Str(v.to_string());
+    let mut argv = vec![
+        SHELL.to_string(),
+        "-c".to_string(),
+        WRAPPER.to_string(),
+        WRAPPER_NAME.to_string(),
+        spec.output_file.clone().unwrap_or_default(),
+    ];
+    argv.extend(spec.argv.iter().cloned());
+    let mut props = vec![
+        ("Description", s(&spec.description)),
+        ("Type", s("exec")),
+        ("Slice", s(SLICE)),
+        ("User", s(&spec.user)),
+        ("Group", Prop::Str(spec.gid.to_string())),
+        (
+            "SupplementaryGroups",
+            Prop::Strs(spec.groups.iter().map(u32::to_string).collect()),
+        ),
+        ("WorkingDirectory", s(&spec.cwd)),
+        ("Environment", Prop::Strs(spec.env.clone())),
+        ("NoNewPrivileges", Prop::Bool(true)),
+        ("CPUAffinity", Prop::Bytes(cpu_mask(&spec.cpus))),
+        (
+            "ExecStart",
+            Prop::Exec(vec![(SHELL.to_string(), argv, false)]),
+        ),
+        ("StandardInputFileDescriptor", Prop::Fd(FdRole::Report)),
+        ("CollectMode", s("inactive-or-failed")),
+        ("KillMode", s("control-group")),
+        ("SendSIGKILL", Prop::Bool(true)),
+        (
+            "TimeoutStopUSec",
+            Prop::U64(u64::try_from(spec.stop_grace.as_micros()).unwrap_or(u64::MAX)),
+        ),
+        (
+            "LogExtraFields",
+            Prop::ByteStrs(vec![
+                format!("LODGER_JOB={}", spec.job).into_bytes(),
+                format!("LODGER_INSTANCE={}", spec.instance).into_bytes(),
+            ]),
+        ),
+        (
+            "SyslogIdentifier",
+            Prop::Str(format!("lodger-{}", spec.job)),
+        ),
+    ];
+    match spec.output {
+        UnitOutput::Journal => {
+            props.push(("StandardOutput", s("journal")));
+            props.push(("StandardError", s("journal")));
+        }
+        UnitOutput::Null => {
+            props.push(("StandardOutput", s("null")));
+            props.push(("StandardError", s("null")));
+        }
+        UnitOutput::Descriptor => {
+            props.push(("StandardOutputFileDescriptor", Prop::Fd(FdRole::Output)));
+            props.push(("StandardErrorFileDescriptor", Prop::Fd(FdRole::Output)));
+        }
+    }
+    props
+}
+
+/// A unit name for one start of instance `key` (`lodger-<key>-<lodgerd pid>-<n>.service`): a
+/// new name per start, so a restart never meets the previous unit still being collected.
+/// Characters a unit name may not hold become `_`.
+pub fn unit_name(key: &str) -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let safe: String = key
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!("lodger-{safe}-{}-{n}.service", std::process::id())
+}
+
+/// A connection to systemd on the system bus, with its own small runtime: the instance
+/// supervisor is driven from a plain thread.
+pub struct Systemd {
+    rt: tokio::runtime::Runtime,
+    conn: zbus::Connection,
+}
+
+/// systemd, when it is PID 1 (`/run/systemd/system` exists) and its bus answers; looked up
+/// once. `None`: instances are forked by lodgerd.
+pub fn systemd() -> Option<&'static Systemd> {
+    static SYSTEMD: OnceLock<Option<Systemd>> = OnceLock::new();
+    SYSTEMD
+        .get_or_init(|| {
+            if !Path::new("/run/systemd/system").is_dir() {
+                return None;
+            }
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .ok()?;
+            match outside_runtime(|| rt.block_on(zbus::Connection::system())) {
+                Ok(conn) => Some(Systemd { rt, conn }),
+                Err(e) => {
+                    tracing::warn!("systemd is PID 1 but its bus does not answer ({e}): lodgerd forks instances itself");
+                    // Dropping a runtime may panic inside another runtime; this may not.
+                    rt.shutdown_background();
+                    None
+                }
+            }
+        })
+        .as_ref()
+}
+
+/// Runs `f` on this thread, or on a short-lived one if this thread is inside a tokio runtime
+/// (where `block_on` may not be called).
+fn outside_runtime<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    if tokio::runtime::Handle::try_current().is_err() {
+        return f();
+    }
+    std::thread::scope(|s| match s.spawn(f).join() {
+        Ok(v) => v,
+        Err(panic) => std::panic::resume_unwind(panic),
+    })
+}
+
+fn to_value<'a>(
+    prop: &'a Prop,
+    report: BorrowedFd<'a>,
+    output: Option<BorrowedFd<'a>>,
+) -> Value<'a> {
+    match prop {
+        Prop::Str(v) => Value::from(v.as_str()),
+        Prop::Bool(v) => Value::from(*v),
+        Prop::Strs(v) => Value::from(v.clone()),
+        Prop::Bytes(v) => Value::from(v.clone()),
+        Prop::ByteStrs(v) => Value::from(v.clone()),
+        Prop::U64(v) => Value::from(*v),
+        Prop::Exec(v) => Value::from(v.clone()),
+        Prop::Fd(FdRole::Report) => Value::from(Fd::from(report)),
+        Prop::Fd(FdRole::Output) => match output {
+            Some(fd) => Value::from(Fd::from(fd)),
+            None => Value::from(Fd::from(report)),
+        },
+    }
+}
+
+impl Systemd {
+    fn call<B, R>(&self, iface: &str, path: &str, method: &str, body: &B) -> zbus::Result<R>
+    where
+        B: serde::Serialize + zbus::zvariant::DynamicType + Sync,
+        R: for<'d> zbus::zvariant::DynamicDeserialize<'d> + Send,
+    {
+        outside_runtime(|| {
+            self.rt.block_on(async {
+                let reply = self
+                    .conn
+                    .call_method(Some(DEST), path, Some(iface), method, body)
+                    .await?;
+                reply.body().deserialize::<R>()
+            })
+        })
+    }
+
+    /// Starts the unit (mode `fail`) and waits until it has a main process: its pid.
+    pub fn start(
+        &self,
+        spec: &UnitSpec,
+        report: &OwnedFd,
+        output: Option<&OwnedFd>,
+    ) -> Result<u32, String> {
+        let props = properties(spec);
+        let body: Vec<(&str, Value<'_>)> = props
+            .iter()
+            .map(|(k, p)| (*k, to_value(p, report.as_fd(), output.map(AsFd::as_fd))))
+            .collect();
+        let aux: Vec<(&str, Vec<(&str, Value<'_>)>)> = Vec::new();
+        let _job: OwnedObjectPath = self
+            .call(
+                MANAGER,
+                PATH,
+                "StartTransientUnit",
+                &(spec.name.as_str(), "fail", body, aux),
+            )
+            .map_err(|e| format!("systemd refused to start {}: {e}", spec.name))?;
+        let deadline = Instant::now() + START_WAIT;
+        loop {
+            let unit: OwnedObjectPath = self
+                .call(MANAGER, PATH, "GetUnit", &(spec.name.as_str(),))
+                .map_err(|e| format!("{} is gone at start: {e}", spec.name))?;
+            let pid = self.property(&unit, "org.freedesktop.systemd1.Service", "MainPID");
+            if let Some(pid) = pid.and_then(|v| u32::try_from(v).ok()).filter(|&p| p != 0) {
+                return Ok(pid);
+            }
+            let state = self.property(&unit, "org.freedesktop.systemd1.Unit", "ActiveState");
+            if let Some(state) = state.and_then(|v| String::try_from(v).ok()) {
+                if state == "failed" || state == "inactive" {
+                    return Err(format!(
+                        "{} did not start ({state}; `journalctl -u {}` says why)",
+                        spec.name, spec.name
+                    ));
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "{} has no main process after {START_WAIT:?}",
+                    spec.name
+                ));
+            }
+            std::thread::sleep(STEP);
+        }
+    }
+
+    fn property(&self, unit: &OwnedObjectPath, iface: &str, name: &str) -> Option<OwnedValue> {
+        self.call(
+            "org.freedesktop.DBus.Properties",
+            unit.as_str(),
+            "Get",
+            &(iface, name),
+        )
+        .ok()
+    }
+
+    /// Sends `signal` to every process of the unit.
+    pub fn kill(&self, name: &str, signal: i32) -> zbus::Result<()> {
+        self.call(MANAGER, PATH, "KillUnit", &(name, "all", signal))
+    }
+
+    /// Stops the unit: systemd sends SIGTERM, then SIGKILL after `TimeoutStopUSec`.
+    pub fn stop(&self, name: &str) -> zbus::Result<()> {
+        let _job: OwnedObjectPath = self.call(MANAGER, PATH, "StopUnit", &(name, "replace"))?;
+        Ok(())
+    }
+}
+
+/// Stops lodger's slices (every instance unit in them, SIGTERM then SIGKILL after their grace):
+/// at lodgerd's start (what an earlier one left) and when no instance is left, so no cgroup of
+/// lodger's outlives it. Slices that were never started are not an error.
+pub fn stop_slices() {
+    if let Some(systemd) = systemd() {
+        for slice in [SLICE, PARENT_SLICE] {
+            let _ = systemd.stop(slice);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> UnitSpec {
+        UnitSpec {
+            name: unit_name("job/1-0"),
+            description: "lodger instance job-0".into(),
+            instance: "job-0".into(),
+            job: "job".into(),
+            user: "alice".into(),
+            gid: 1001,
+            groups: vec![1001, 27],
+            cwd: "/home/alice".into(),
+            env: vec!["PATH=/usr/bin".into(), "LODGER_REPORT_FD=3".into()],
+            argv: vec!["/usr/bin/serve".into(), "--threads".into(), "4".into()],
+            output_file: None,
+            output: UnitOutput::Journal,
+            cpus: [0, 1, 9].into_iter().collect(),
+            stop_grace: Duration::from_secs(10),
+        }
+    }
+
+    fn get<'a>(props: &'a [(&str, Prop)], key: &str) -> Vec<&'a Prop> {
+        props
+            .iter()
+            .filter(|(k, _)| *k == key)
+            .map(|(_, p)| p)
+            .collect()
+    }
+
+    #[test]
+    fn an_instance_unit_runs_as_its_owner_in_lodgers_slice() {
+        let spec = spec();
+        let props = properties(&spec);
+        let str_of = |k: &str| match get(&props, k).as_slice() {
+            [Prop::Str(v)] => v.clone(),
+            other => panic!("{k}: {other:?}"),
+        };
+        assert_eq!(str_of("User"), "alice");
+        assert_eq!(str_of("Group"), "1001");
+        assert_eq!(str_of("Slice"), SLICE);
+        assert_eq!(str_of("WorkingDirectory"), "/home/alice");
+        assert_eq!(str_of("CollectMode"), "inactive-or-failed");
+        assert_eq!(str_of("StandardOutput"), "journal");
+        assert_eq!(
+            get(&props, "SupplementaryGroups"),
+            [&Prop::Strs(vec!["1001".into(), "27".into()])]
+        );
+        assert_eq!(get(&props, "NoNewPrivileges"), [&Prop::Bool(true)]);
+        assert_eq!(get(&props, "Environment"), [&Prop::Strs(spec.env.clone())]);
+        // CPUs 0, 1 and 9: bits 0 and 1 of byte 0, bit 1 of byte 1.
+        assert_eq!(get(&props, "CPUAffinity"), [&Prop::Bytes(vec![0b11, 0b10])]);
+        assert_eq!(get(&props, "TimeoutStopUSec"), [&Prop::U64(10_000_000)]);
+        assert_eq!(
+            get(&props, "LogExtraFields"),
+            [&Prop::ByteStrs(vec![
+                b"LODGER_JOB=job".to_vec(),
+                b"LODGER_INSTANCE=job-0".to_vec()
+            ])]
+        );
+        assert_eq!(
+            get(&props, "StandardInputFileDescriptor"),
+            [&Prop::Fd(FdRole::Report)]
+        );
+        let [Prop::Exec(exec)] = get(&props, "ExecStart").as_slice() else {
+            panic!("one ExecStart");
+        };
+        let [(path, argv, false)] = exec.as_slice() else {
+            panic!("{exec:?}");
+        };
+        assert_eq!(path, SHELL);
+        assert_eq!(argv[..5], [SHELL, "-c", WRAPPER, WRAPPER_NAME, ""]);
+        assert_eq!(argv[5..], spec.argv[..]);
+        let names: Vec<&str> = props.iter().map(|(k, _)| *k).collect();
+        let mut unique = names.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(
+            unique.len(),
+            names.len(),
+            "a property given twice: {names:?}"
+        );
+    }
+
+    #[test]
+    fn output_goes_to_the_callers_file_lodgerds_descriptor_or_nowhere() {
+        let mut spec = spec();
+        spec.output_file = Some("/home/alice/out.log".into());
+        spec.output = UnitOutput::Descriptor;
+        let props = properties(&spec);
+        let [Prop::Exec(exec)] = get(&props, "ExecStart").as_slice() else {
+            panic!("one ExecStart");
+        };
+        assert_eq!(exec[0].1[4], "/home/alice/out.log");
+        assert_eq!(
+            get(&props, "StandardOutputFileDescriptor"),
+            [&Prop::Fd(FdRole::Output)]
+        );
+        assert!(get(&props, "StandardOutput").is_empty());
+        spec.output = UnitOutput::Null;
+        let props = properties(&spec);
+        assert_eq!(get(&props, "StandardError"), [&Prop::Str("null".into())]);
+    }
+
+    #[test]
+    fn every_property_has_the_signature_systemd_takes() {
+        // org.freedesktop.systemd1(5): the types StartTransientUnit accepts for these names.
+        let want = [
+            ("Description", "s"),
+            ("Type", "s"),
+            ("Slice", "s"),
+            ("User", "s"),
+            ("Group", "s"),
+            ("SupplementaryGroups", "as"),
+            ("WorkingDirectory", "s"),
+            ("Environment", "as"),
+            ("NoNewPrivileges", "b"),
+            ("CPUAffinity", "ay"),
+            ("ExecStart", "a(sasb)"),
+            ("StandardInputFileDescriptor", "h"),
+            ("StandardOutputFileDescriptor", "h"),
+            ("StandardErrorFileDescriptor", "h"),
+            ("CollectMode", "s"),
+            ("KillMode", "s"),
+            ("SendSIGKILL", "b"),
+            ("TimeoutStopUSec", "t"),
+            ("LogExtraFields", "aay"),
+            ("SyslogIdentifier", "s"),
+        ];
+        let mut spec = spec();
+        spec.output = UnitOutput::Descriptor;
+        let (read, write) = crate::enforce::instances::spawn::report_pipe().unwrap();
+        for (name, prop) in properties(&spec) {
+            let value = to_value(&prop, write.as_fd(), Some(read.as_fd()));
+            let sig = value.value_signature().to_string();
+            let expected = want.iter().find(|(n, _)| *n == name).map(|(_, s)| *s);
+            assert_eq!(Some(sig.as_str()), expected, "{name}");
+        }
+    }
+
+    #[test]
+    fn unit_names_are_valid_and_new_for_every_start() {
+        let a = unit_name("train/x y-0");
+        let b = unit_name("train/x y-0");
+        assert_ne!(a, b);
+        assert!(a.starts_with("lodger-train_x_y-0-"), "{a}");
+        assert!(a.ends_with(".service"));
+        assert!(a
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.:".contains(c)));
+    }
+
+    #[test]
+    fn the_wrapper_hands_the_report_pipe_to_descriptor_3_and_runs_the_command() {
+        // The wrapper as systemd runs it, with stdin standing in for the report pipe.
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("out");
+        let report = dir.path().join("report");
+        let status = std::process::Command::new(SHELL)
+            .args(["-c", WRAPPER, WRAPPER_NAME])
+            .arg(&out)
+            .args(["/bin/sh", "-c", "echo report >&3; echo hello; cat"])
+            .stdin(std::fs::File::create(&report).unwrap())
+            .status()
+            .unwrap();
+        assert!(status.success());
+        assert_eq!(std::fs::read_to_string(&report).unwrap(), "report\n");
+        // `cat` read /dev/null, not the report pipe.
+        assert_eq!(std::fs::read_to_string(&out).unwrap(), "hello\n");
+    }
+}
