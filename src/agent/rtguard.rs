@@ -20,6 +20,7 @@ use super::TickCx;
 use crate::job::{JobId, JobState, Role, RtStanding};
 use crate::policy;
 use crate::sense::rtlimit::{self, ThreadTimes};
+use crate::store::StoredJob;
 
 /// Ticks in a row near the limit before the job is grown (one tick's sample is noisy).
 pub const GROW_AFTER: u32 = 3;
@@ -60,6 +61,7 @@ impl RtGuard {
                 s.job.spec.kind.role() == Role::Training
                     && s.job.state == JobState::Running
                     && !s.job.pids.is_empty()
+                    && !searching(s, rightsize_enforce)
             })
             .map(|s| s.job.id.clone())
             .collect();
@@ -129,6 +131,17 @@ impl RtGuard {
         }
         grown
     }
+}
+
+/// Whether the right-sizer is still searching this job's core count. The guard leaves such a job
+/// alone: a core added under a probe would make the tuner measure another count than it chose,
+/// and the search itself sees a throttled count as a slower one (SODA §V-B). Once settled, the
+/// guard watches it again.
+fn searching(s: &StoredJob, rightsize_enforce: Option<bool>) -> bool {
+    rightsize_enforce == Some(true)
+        && s.tuning
+            .as_ref()
+            .is_some_and(|t| t.tuner.settled().is_none())
 }
 
 /// Gives `id` one more core if the plan then still places every job it placed.
