@@ -763,10 +763,12 @@ impl Daemon {
 
 /// Whether a second core makes the training emulator (`workers` loaders, `args`) busier on
 /// this machine now, without lodger: the emulator (SCHED_RR, as lodger runs training) pinned by
-/// affinity to `cpus[0]` for a few seconds, then to both, its published GPU busy fraction read after each. `Err`
-/// with the figures when two CPUs do not make it at least 10% busier, as on an emulated guest
-/// whose vCPUs share fewer, loaded host CPUs: there a right-sizer rightly finds one core enough.
-/// Stop SCHED_RR work on `cpus` first.
+/// affinity to `cpus[0]` for a few seconds, then to both, its published GPU busy fraction read
+/// after each. `Err` with the figures when two CPUs do not make it at least 1.35 times as busy
+/// (the grow tests' workload can gain at most 1.5 times: two cores make it GPU-bound; this
+/// 2-CPU host, loaded, measured 0.60 -> 0.94), as on an emulated guest whose vCPUs share fewer,
+/// loaded host CPUs: there the gain is within the noise a right-sizer must ignore, and one core
+/// is rightly enough. Stop SCHED_RR work on `cpus` first.
 pub fn second_core_speeds_up(workers: u32, args: &[&str], cpus: [u32; 2]) -> Result<(), String> {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut all: Vec<&str> = args.to_vec();
@@ -793,13 +795,13 @@ pub fn second_core_speeds_up(workers: u32, args: &[&str], cpus: [u32; 2]) -> Res
     let one = busy_on(&cpus[..1]);
     let two = busy_on(&cpus);
     drop(w);
-    if two >= 1.1 * one && two > 0.0 {
+    if two >= 1.35 * one && two > 0.0 {
         Ok(())
     } else {
         Err(format!(
-            "a second CPU does not speed the emulator up here (without lodger: GPU busy \
-             {:.1} % on CPU {}, {:.1} % on CPUs {} and {}): this machine's CPUs do not run \
-             independently (an emulated guest's vCPUs sharing fewer host CPUs)",
+            "a second CPU barely speeds the emulator up here (without lodger: GPU busy \
+             {:.1} % on CPU {}, {:.1} % on CPUs {} and {}, under 1.35x): this machine's CPUs do \
+             not run independently (an emulated guest's vCPUs sharing fewer host CPUs)",
             100.0 * one,
             cpus[0],
             100.0 * two,

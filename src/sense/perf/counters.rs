@@ -328,7 +328,22 @@ impl PerfCounters {
                 let tids = self.threads_of(pids).map_err(OpenFailure::Fatal)?;
                 self.check_budget(job, target, tids.len(), events.len())?;
                 for tid in tids {
-                    match self.open_group(&events, Some(tid), None, target) {
+                    // EINVAL can be a race, not a refusal: the kernel swaps the perf contexts of
+                    // threads whose inherited contexts are clones when it switches between them,
+                    // so a member can find its leader in another thread's context. Such a group
+                    // is opened again, a few times; a real refusal stays one.
+                    let mut tries = 0;
+                    let opened = loop {
+                        match self.open_group(&events, Some(tid), None, target) {
+                            Err(OpenFailure::Fatal(PerfError::Open { source, .. }))
+                                if source.raw_os_error() == Some(libc::EINVAL) && tries < 3 =>
+                            {
+                                tries += 1
+                            }
+                            other => break other,
+                        }
+                    };
+                    match opened {
                         Ok(g) => groups.push(g),
                         Err(OpenFailure::Gone) => continue,
                         Err(other) => return Err(other),
