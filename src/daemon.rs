@@ -541,7 +541,12 @@ fn serve(rt: &tokio::runtime::Runtime, config: &Config, handle: &AgentHandle) ->
         if let Some(period) = sd_notify::watchdog_enabled() {
             tokio::spawn(watchdog(handle.clone(), period, config.interval()));
         }
-        wait_for_signal().await;
+        let mut running = config.clone();
+        while wait_for_signal().await == Signal::Reload {
+            notify(&[sd_notify::NotifyState::Reloading]);
+            running = reload(&running, handle).await;
+            notify(&[sd_notify::NotifyState::Ready]);
+        }
         notify(&[sd_notify::NotifyState::Stopping]);
         info!("stopping");
         drop(conn);
@@ -581,20 +586,62 @@ async fn watchdog(agent: AgentHandle, period: Duration, interval: Duration) {
     }
 }
 
-async fn wait_for_signal() {
+/// What a signal asks of lodgerd.
+#[derive(Debug, PartialEq, Eq)]
+enum Signal {
+    /// SIGTERM, SIGINT.
+    Stop,
+    /// SIGHUP (`systemctl reload lodgerd`).
+    Reload,
+}
+
+async fn wait_for_signal() -> Signal {
     use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (
+    let (Ok(mut term), Ok(mut int), Ok(mut hup)) = (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
+        signal(SignalKind::hangup()),
     ) else {
         // Without signal handlers the default action (exit) still stops lodgerd.
         std::future::pending::<()>().await;
-        return;
+        return Signal::Stop;
     };
     tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
+        _ = term.recv() => Signal::Stop,
+        _ = int.recv() => Signal::Stop,
+        _ = hup.recv() => Signal::Reload,
     }
+}
+
+/// Re-reads the config file lodgerd was started with and applies what can change live
+/// (`config::reload`); a file that does not parse changes nothing. Returns the config now
+/// running. Registered jobs are never dropped.
+async fn reload(running: &Config, handle: &AgentHandle) -> Config {
+    let Some(path) = running.origin().map(Path::to_path_buf) else {
+        info!("reload: lodgerd runs on the built-in defaults (no config file): nothing to re-read");
+        return running.clone();
+    };
+    let new = match Config::load(&path) {
+        Ok(c) => c,
+        Err(e) => {
+            warn!("reload refused, the running config is kept: {e}");
+            return running.clone();
+        }
+    };
+    let (next, what) = config::reload(running, &new);
+    if !what.applied.is_empty() {
+        let settings = agent_settings(&next);
+        if let Err(e) = handle.reload(settings.interval, settings.rightsize).await {
+            warn!("reload not applied: {e}");
+            return running.clone();
+        }
+    }
+    if what.refused.is_empty() {
+        info!("reloaded {}: {}", path.display(), what.describe());
+    } else {
+        warn!("reloaded {}: {}", path.display(), what.describe());
+    }
+    next
 }
 
 #[cfg(test)]

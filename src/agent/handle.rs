@@ -161,6 +161,12 @@ pub(super) enum Command {
         caller: Caller,
         reply: oneshot::Sender<Result<(), AgentError>>,
     },
+    /// A config reload: the settings that can change live (`config::reload`).
+    Reload {
+        interval: std::time::Duration,
+        rightsize: super::RightsizeSettings,
+        reply: oneshot::Sender<()>,
+    },
     Stop,
 }
 
@@ -256,6 +262,22 @@ impl AgentHandle {
     fn newer_observations(&self, than_ms: u64) -> Option<Arc<Observations>> {
         let latest = self.sensed.as_ref()?.lock().ok()?.clone()?;
         (latest.unix_ms > than_ms).then_some(latest)
+    }
+
+    /// Applies the settings a reload may change (the loop's interval, right-sizing) between two
+    /// ticks; registered jobs are kept as they are.
+    pub async fn reload(
+        &self,
+        interval: std::time::Duration,
+        rightsize: super::RightsizeSettings,
+    ) -> Result<(), AgentError> {
+        self.ask(|reply| Command::Reload {
+            interval,
+            rightsize,
+            reply,
+        })
+        .await
+        .ok_or(AgentError::Stopped)
     }
 
     pub fn subscribe(&self) -> broadcast::Receiver<Event> {

@@ -309,6 +309,35 @@ fn contention_halves_an_offline_lodger_when_training_progress_drops() {
             tuning: None,
         },
     );
+    // Issue 16: low passes while the GPU source is stale are not evidence: nothing is
+    // throttled, and they do not count towards pressure_ticks below.
+    for i in 0..5u64 {
+        let mut obs = Observations {
+            unix_ms: 1500 + i,
+            ..Observations::default()
+        };
+        obs.jobs.insert(
+            train.id.clone(),
+            crate::sense::JobMetrics {
+                gpu_percent: Some(45.0),
+                ..Default::default()
+            },
+        );
+        obs.ages.insert(
+            "gpu".into(),
+            crate::sense::SourceAge {
+                age_s: 30.0,
+                stale: true,
+            },
+        );
+        agent.observations = obs;
+        agent.tick();
+    }
+    let throttles = agent.contention.as_ref().unwrap().throttles();
+    assert!(
+        throttles.cores.is_empty(),
+        "held while stale: {throttles:?}"
+    );
     // pressure_ticks = 2: halved after two low passes, and again after two more.
     for i in 0..2u64 {
         pass(&mut agent, 2000 + i, 45.0);

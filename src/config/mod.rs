@@ -30,6 +30,7 @@ mod error;
 mod inference;
 mod network;
 mod node;
+mod reload;
 mod rightsize;
 mod sense;
 #[cfg(test)]
@@ -46,6 +47,7 @@ pub use error::{ConfigError, Location};
 pub use inference::InferenceConfig;
 pub use network::{NetSteering, NetworkSection};
 pub use node::{GpuOverride, NodeConfig, ReservedCpus};
+pub use reload::{reload, Reload};
 pub use rightsize::{RightsizeConfig, RightsizeMode};
 pub use sense::{
     GpuSourceChoice, SenseConfig, HISTORY_RANGE, PERF_MAX_FDS_RANGE, SENSE_INTERVAL_MS_RANGE,

@@ -1,0 +1,120 @@
+//! config::reload: what a reload (`systemctl reload lodgerd`, SIGHUP) may change in a running
+//! lodgerd. Compares the running config with the file as it reads now and returns the config to
+//! run with: the keys that can change live taken from the file, every other key kept as it runs,
+//! each refusal said with the key. Touches no file.
+
+use super::Config;
+
+/// What a reload did: the keys taken from the file, and the sections that differ but cannot
+/// change without a restart (kept as they run).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Reload {
+    pub applied: Vec<String>,
+    pub refused: Vec<String>,
+}
+
+impl Reload {
+    /// One log line's worth: what changed, and what was refused and why.
+    pub fn describe(&self) -> String {
+        let applied = if self.applied.is_empty() {
+            "nothing changed".to_string()
+        } else {
+            format!("applied {}", self.applied.join(", "))
+        };
+        if self.refused.is_empty() {
+            return applied;
+        }
+        format!(
+            "{applied}; refused (they need a restart, the running values are kept): {}",
+            self.refused.join(", ")
+        )
+    }
+}
+
+/// The config to run with after a reload to `new`, and what that changed. Live: `agent.interval_ms`
+/// (the loop's tick) and `[rightsize]` (mode, warm-up, window, shrink, tolerance; a search under
+/// way keeps the window it started with). Every other section is wired into threads, cgroups,
+/// the bus or the kernel at start, so a change there is refused and the running value kept.
+pub fn reload(running: &Config, new: &Config) -> (Config, Reload) {
+    let mut next = running.clone();
+    let mut r = Reload::default();
+    if new.agent.interval_ms != running.agent.interval_ms {
+        next.agent.interval_ms = new.agent.interval_ms;
+        r.applied.push(format!(
+            "agent.interval_ms = {} (was {})",
+            new.agent.interval_ms, running.agent.interval_ms
+        ));
+    }
+    if new.rightsize != running.rightsize {
+        next.rightsize = new.rightsize.clone();
+        r.applied.push("[rightsize]".to_string());
+    }
+    let mut agent_rest = new.agent.clone();
+    agent_rest.interval_ms = running.agent.interval_ms;
+    let refused = [
+        ("[node]", new.node != running.node),
+        ("[training]", new.training != running.training),
+        (
+            "[agent] state_dir/command_timeout_ms",
+            agent_rest != running.agent,
+        ),
+        ("[api]", new.api != running.api),
+        ("[cgroup]", new.cgroup != running.cgroup),
+        ("[log]", new.log != running.log),
+        ("[sense]", new.sense != running.sense),
+        ("[metrics]", new.metrics != running.metrics),
+        ("[inference]", new.inference != running.inference),
+        ("[contention]", new.contention != running.contention),
+        ("[network]", new.network != running.network),
+    ];
+    r.refused = refused
+        .into_iter()
+        .filter(|(_, differs)| *differs)
+        .map(|(name, _)| name.to_string())
+        .collect();
+    (next, r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    fn parse(text: &str) -> Config {
+        Config::parse(text, Path::new("/etc/lodger/lodger.toml")).expect("config")
+    }
+
+    #[test]
+    fn live_keys_are_taken_and_the_others_refused_and_kept() {
+        let running = parse("[agent]\ninterval_ms = 1000\n[api]\ngroup = \"lodger\"\n");
+        let new = parse(
+            "[agent]\ninterval_ms = 250\nstate_dir = \"/srv/lodger\"\n[api]\ngroup = \"gpu\"\n\
+             [rightsize]\nmode = \"advise\"\n",
+        );
+        let (next, r) = reload(&running, &new);
+        assert_eq!(next.agent.interval_ms, 250);
+        assert_eq!(next.rightsize, new.rightsize);
+        // Refused: kept as they run.
+        assert_eq!(next.agent.state_dir, running.agent.state_dir);
+        assert_eq!(next.api.group, "lodger");
+        assert_eq!(
+            r.applied,
+            ["agent.interval_ms = 250 (was 1000)", "[rightsize]"]
+        );
+        assert_eq!(r.refused, ["[agent] state_dir/command_timeout_ms", "[api]"]);
+        assert!(
+            r.describe().contains("refused (they need a restart"),
+            "{}",
+            r.describe()
+        );
+    }
+
+    #[test]
+    fn the_same_file_changes_nothing() {
+        let running = parse("[agent]\ninterval_ms = 500\n");
+        let (next, r) = reload(&running, &running.clone());
+        assert_eq!(next, running);
+        assert_eq!(r, Reload::default());
+        assert_eq!(r.describe(), "nothing changed");
+    }
+}

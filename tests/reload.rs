@@ -1,0 +1,75 @@
+//! Reloading the config (SIGHUP, what `systemctl reload lodgerd` sends) under a registered job,
+//! as root: the live keys change, the others are refused and kept, a broken file changes
+//! nothing, and the job is never dropped.
+
+mod common;
+
+use common::*;
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
+fn hup(d: &Daemon) {
+    kill(Pid::from_raw(d.pid() as i32), Signal::SIGHUP).expect("SIGHUP lodgerd");
+}
+
+#[test]
+fn a_reload_applies_live_keys_refuses_the_rest_and_keeps_the_jobs() {
+    if !need_root("a_reload_applies_live_keys_refuses_the_rest_and_keeps_the_jobs") {
+        return;
+    }
+    let bus = PrivateBus::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = Daemon::start(&bus, dir.path(), DaemonOptions::default());
+    let w = Workload::train(1);
+    let id = d.register_pid(w.pid(), 1);
+    let before = d.job(&id);
+    assert_eq!(d.ctl_json(&["status"])["interval_ms"], 100);
+
+    // A live key (the tick), a live section, and a key that needs a restart.
+    let text = std::fs::read_to_string(&d.config).expect("config");
+    let changed = text
+        .replace("interval_ms = 100", "interval_ms = 250")
+        .replace("level = \"debug\"", "level = \"info\"")
+        + "\n[rightsize]\nmode = \"advise\"\n";
+    assert_ne!(changed, text);
+    std::fs::write(&d.config, changed).expect("write config");
+    hup(&d);
+    wait_until(WAIT, "the reload to be logged", || {
+        d.log().contains("reloaded ")
+    });
+    let log = d.log();
+    assert!(
+        log.contains("applied agent.interval_ms = 250 (was 100), [rightsize]"),
+        "{log}"
+    );
+    assert!(log.contains("refused (they need a restart"), "{log}");
+    assert!(log.contains("[log]"), "{log}");
+    let status = d.ctl_json(&["status"]);
+    assert_eq!(status["interval_ms"], 250, "{status}");
+    assert_eq!(status["jobs"], 1, "{status}");
+    let after = d.job(&id);
+    assert_eq!(after["state"], before["state"], "{after}");
+    assert_eq!(after["cpus"], before["cpus"], "{after}");
+    assert!(all_rr_on(
+        w.pid(),
+        10,
+        before["cpus"].as_str().expect("cpus")
+    ));
+
+    // A file that does not parse changes nothing.
+    std::fs::write(&d.config, "[agent]\ninterval_ms = \"fast\"\n").expect("write config");
+    hup(&d);
+    wait_until(WAIT, "the refusal to be logged", || {
+        d.log()
+            .contains("reload refused, the running config is kept")
+    });
+    let status = d.ctl_json(&["status"]);
+    assert_eq!(status["interval_ms"], 250, "{status}");
+    assert_eq!(status["jobs"], 1, "{status}");
+    assert_eq!(d.job(&id)["cpus"], before["cpus"]);
+    // Still serving and ticking after both reloads.
+    let ticks = status["ticks"].as_u64().expect("ticks");
+    wait_until(WAIT, "the loop to go on ticking", || {
+        d.ctl_json(&["status"])["ticks"].as_u64() > Some(ticks)
+    });
+}
