@@ -189,6 +189,8 @@ impl Drop for Instances {
     fn drop(&mut self) {
         let running = self.slots.iter().filter(|s| s.run.is_some()).count();
         if running == 0 && self.slots.is_empty() {
+            // Instance units that ran and were stopped earlier leave their slices behind.
+            super::unit::stop_slices_if_connected();
             return;
         }
         if running > 0 {
@@ -197,10 +199,6 @@ impl Drop for Instances {
                  away: killing them"
             );
         }
-        let had_units = self
-            .slots
-            .iter()
-            .any(|s| s.run.as_ref().is_some_and(|r| r.unit.is_some()));
         let mut errors = Vec::new();
         for slot in &mut self.slots {
             if slot.run.is_some() {
@@ -223,9 +221,8 @@ impl Drop for Instances {
             self.host.discard(&slot, &mut errors);
         }
         self.host.remove_lodgers(&mut errors);
-        if had_units {
-            super::unit::stop_slices();
-        }
+        // Also when an instance unit ran and its slots were removed earlier.
+        super::unit::stop_slices_if_connected();
         for e in errors {
             warn!("while killing instances: {e}");
         }

@@ -196,10 +196,16 @@ pub struct Systemd {
     conn: zbus::Connection,
 }
 
+static SYSTEMD: OnceLock<Option<Systemd>> = OnceLock::new();
+
+/// systemd, if this process has already connected to it (an instance unit was asked for).
+pub fn connected() -> Option<&'static Systemd> {
+    SYSTEMD.get().and_then(Option::as_ref)
+}
+
 /// systemd, when it is PID 1 (`/run/systemd/system` exists) and its bus answers; looked up
 /// once. `None`: instances are forked by lodgerd.
 pub fn systemd() -> Option<&'static Systemd> {
-    static SYSTEMD: OnceLock<Option<Systemd>> = OnceLock::new();
     SYSTEMD
         .get_or_init(|| {
             if !Path::new("/run/systemd/system").is_dir() {
@@ -347,11 +353,20 @@ impl Systemd {
 /// at lodgerd's start (what an earlier one left) and when no instance is left, so no cgroup of
 /// lodger's outlives it. Slices that were never started are not an error.
 pub fn stop_slices() {
-    if let Some(systemd) = systemd() {
+    stop_slices_of(systemd());
+}
+
+fn stop_slices_of(systemd: Option<&Systemd>) {
+    if let Some(systemd) = systemd {
         for slice in [SLICE, PARENT_SLICE] {
             let _ = systemd.stop(slice);
         }
     }
+}
+
+/// [`stop_slices`], only if this process has talked to systemd (when its supervisor goes away).
+pub fn stop_slices_if_connected() {
+    stop_slices_of(connected());
 }
 
 #[cfg(test)]
