@@ -44,7 +44,6 @@ mod tail;
 
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
@@ -154,21 +153,7 @@ impl Bench {
             .stderr(Stdio::inherit())
             .spawn()
             .expect("spawn train_emulator");
-        let stdout = child.stdout.take().expect("stdout");
-        let mut reader = BufReader::new(stdout);
-        let mut line = String::new();
-        loop {
-            line.clear();
-            let n = reader.read_line(&mut line).expect("read emulator output");
-            assert!(n > 0, "train_emulator exited before it was ready");
-            if line.starts_with("ready") {
-                break;
-            }
-        }
-        std::thread::spawn(move || {
-            let mut sink = Vec::new();
-            let _ = reader.read_to_end(&mut sink);
-        });
+        wait_ready(&mut child, "train_emulator");
         Proc {
             child,
             out: Some(report),

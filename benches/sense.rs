@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{example, online_cpus, unique};
+use common::{example, online_cpus, unique, wait_ready};
 use lodger::cpuset::CpuSet;
 use lodger::job::JobId;
 use lodger::sense::cpu::{CgroupCpuReader, CpuReader};
@@ -140,21 +140,7 @@ fn spawn_busy() -> Child {
         .stdout(Stdio::piped())
         .spawn()
         .expect("busy_loop");
-    // Wait for its ready line, then let it write into a drained pipe.
-    let stdout = child.stdout.take().expect("stdout");
-    let mut reader = std::io::BufReader::new(stdout);
-    let mut line = String::new();
-    use std::io::BufRead;
-    while reader.read_line(&mut line).map(|n| n > 0).unwrap_or(false) {
-        if line.starts_with("ready") {
-            break;
-        }
-        line.clear();
-    }
-    std::thread::spawn(move || {
-        let mut sink = Vec::new();
-        let _ = std::io::Read::read_to_end(&mut reader, &mut sink);
-    });
+    wait_ready(&mut child, "busy_loop");
     child
 }
 

@@ -4,8 +4,8 @@
 
 mod common;
 
+use common::wait_ready;
 use std::collections::BTreeSet;
-use std::io::{BufRead, BufReader, Read};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -52,21 +52,7 @@ impl Emulator {
             }
         }
         let mut child = cmd.spawn().expect("spawn train_emulator");
-        let stdout = child.stdout.take().expect("stdout");
-        let mut reader = BufReader::new(stdout);
-        let mut line = String::new();
-        loop {
-            line.clear();
-            let n = reader.read_line(&mut line).expect("read emulator output");
-            assert!(n > 0, "train_emulator exited before it was ready");
-            if line.starts_with("ready") {
-                break;
-            }
-        }
-        thread::spawn(move || {
-            let mut sink = Vec::new();
-            let _ = reader.read_to_end(&mut sink);
-        });
+        wait_ready(&mut child, "train_emulator");
         Emulator { child }
     }
 

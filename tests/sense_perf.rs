@@ -9,7 +9,6 @@
 //!   reads, cross-checked against the CPU time `sense::cpu` reads from /proc and cgroupfs.
 mod common;
 
-use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::thread::sleep;
@@ -36,21 +35,7 @@ impl Running {
             .stderr(Stdio::inherit())
             .spawn()
             .expect("spawn workload");
-        let stdout = child.stdout.take().expect("stdout");
-        let mut reader = BufReader::new(stdout);
-        let mut line = String::new();
-        loop {
-            line.clear();
-            let n = reader.read_line(&mut line).expect("read workload output");
-            assert!(n > 0, "{cmd:?} exited before it was ready");
-            if line.starts_with("ready") {
-                break;
-            }
-        }
-        std::thread::spawn(move || {
-            let mut sink = Vec::new();
-            let _ = reader.read_to_end(&mut sink);
-        });
+        wait_ready(&mut child, &format!("{cmd:?}"));
         Running(child)
     }
 

@@ -73,6 +73,27 @@ pub fn wait_until(timeout: Duration, what: &str, mut cond: impl FnMut() -> bool)
 
 pub const WAIT: Duration = Duration::from_secs(20);
 
+/// Waits for a bundled workload's `ready` line on its piped stdout, then keeps draining that pipe
+/// on a thread so the workload never blocks on a full pipe. Panics (naming `what`) when the
+/// workload exits first.
+pub fn wait_ready(child: &mut Child, what: &str) {
+    let stdout = child.stdout.take().expect("stdout piped");
+    let mut reader = BufReader::new(stdout);
+    let mut line = String::new();
+    loop {
+        line.clear();
+        let n = reader.read_line(&mut line).expect("read workload output");
+        assert!(n > 0, "{what} exited before it was ready");
+        if line.starts_with("ready") {
+            break;
+        }
+    }
+    std::thread::spawn(move || {
+        let mut sink = Vec::new();
+        let _ = reader.read_to_end(&mut sink);
+    });
+}
+
 /// A private bus with a permissive policy, reachable by any local user (so a non-root caller
 /// can be tested), removed on drop.
 pub struct PrivateBus {
@@ -471,22 +492,7 @@ impl Workload {
             .stderr(Stdio::inherit())
             .spawn()
             .expect("spawn train_emulator");
-        let stdout = child.stdout.take().expect("stdout");
-        let mut reader = BufReader::new(stdout);
-        let mut line = String::new();
-        loop {
-            line.clear();
-            let n = reader.read_line(&mut line).expect("read emulator output");
-            assert!(n > 0, "train_emulator exited before it was ready");
-            if line.starts_with("ready") {
-                break;
-            }
-        }
-        // Keep draining its output so it never blocks on a full pipe.
-        std::thread::spawn(move || {
-            let mut sink = Vec::new();
-            let _ = reader.read_to_end(&mut sink);
-        });
+        wait_ready(&mut child, "train_emulator");
         Workload { child }
     }
 
