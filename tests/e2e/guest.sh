@@ -67,12 +67,16 @@ sched_of() {
     set -- $stat
     echo "${39} ${38}"
 }
-# Every thread of $1 is SCHED_RR (policy 2) at priority $2 and allowed exactly CPUs $3.
+# Every thread of $1 is SCHED_RR (policy 2) at priority $2 (or $2 + 1: with training.role_priorities,
+# threads that mostly wait run one above the busy ones) and allowed exactly CPUs $3.
 all_rr_on() {
     local pid=$1 prio=$2 cpus=$3 t n=0
     for t in /proc/"$pid"/task/*; do
         n=$((n + 1))
-        [ "$(sched_of "$t")" = "2 $prio" ] || { echo "thread ${t##*/}: policy/prio $(sched_of "$t")"; return 1; }
+        case "$(sched_of "$t")" in
+            "2 $prio" | "2 $((prio + 1))") ;;
+            *) echo "thread ${t##*/}: policy/prio $(sched_of "$t")"; return 1 ;;
+        esac
         grep -q "^Cpus_allowed_list:[[:space:]]*$cpus\$" "$t/status" ||
             { echo "thread ${t##*/}: $(grep Cpus_allowed_list "$t/status")"; return 1; }
     done
