@@ -514,9 +514,9 @@ fn serve(rt: &tokio::runtime::Runtime, config: &Config, handle: &AgentHandle) ->
     let auth = Authority {
         group: config.api.group.clone(),
     };
-    let rt_priority = config.training.rt_priority;
+    let sched = api::spec::SchedLabels::new(&config.training);
     rt.block_on(async {
-        let conn = match api::serve(bus, handle.clone(), auth, rt_priority).await {
+        let conn = match api::serve(bus, handle.clone(), auth, sched).await {
             Ok(c) => c,
             Err(e) => {
                 error!(

@@ -20,6 +20,7 @@ use zbus::{interface, Connection};
 use crate::agent::{AgentHandle, Caller, Event};
 use crate::job::JobId;
 pub use error::ApiError;
+use spec::SchedLabels;
 
 pub const BUS_NAME: &str = "org.lodger1";
 pub const MANAGER_PATH: &str = "/org/lodger1";
@@ -142,7 +143,7 @@ fn user_in_group(uid: u32, group: &str) -> bool {
 pub struct Manager {
     agent: AgentHandle,
     auth: Authority,
-    rt_priority: i32,
+    sched: SchedLabels,
 }
 
 #[interface(name = "org.lodger1.Manager")]
@@ -161,7 +162,7 @@ impl Manager {
         let (owner, spec) = parsed.inspect_err(|e| audit_refused(&caller, "register", e))?;
         let job = self.agent.register(spec, owner, caller).await?;
         let path = job_path(&job.id);
-        add_job_object(conn, &self.agent, &job.id, self.rt_priority).await;
+        add_job_object(conn, &self.agent, &job.id, &self.sched).await;
         Ok((job.id.to_string(), path))
     }
 
@@ -197,7 +198,7 @@ impl Manager {
 
     async fn get_job(&self, id: String) -> Result<HashMap<String, Value<'static>>, ApiError> {
         let job = self.agent.get(&id).await?;
-        Ok(spec::job_to_dict(&job, self.rt_priority))
+        Ok(spec::job_to_dict(&job, &self.sched))
     }
 
     /// The node as a dictionary (the same fields as the properties, plus counts).
@@ -343,7 +344,7 @@ impl Manager {
 pub struct JobObject {
     id: JobId,
     agent: AgentHandle,
-    rt_priority: i32,
+    sched: SchedLabels,
 }
 
 impl JobObject {
@@ -398,8 +399,8 @@ impl JobObject {
         Ok(self.job().await?.rr_threads)
     }
     #[zbus(property)]
-    async fn sched_policy(&self) -> String {
-        spec::sched_policy(self.rt_priority)
+    async fn sched_policy(&self) -> zbus::fdo::Result<String> {
+        Ok(self.sched.of(self.job().await?.spec.kind).to_string())
     }
     #[zbus(property)]
     async fn last_error(&self) -> zbus::fdo::Result<String> {
@@ -425,11 +426,11 @@ impl JobObject {
     }
 }
 
-async fn add_job_object(conn: &Connection, agent: &AgentHandle, id: &JobId, rt_priority: i32) {
+async fn add_job_object(conn: &Connection, agent: &AgentHandle, id: &JobId, sched: &SchedLabels) {
     let obj = JobObject {
         id: id.clone(),
         agent: agent.clone(),
-        rt_priority,
+        sched: sched.clone(),
     };
     // `at` returns false when the object is already there (the event forwarder may have won).
     if let Err(e) = conn.object_server().at(job_path(id), obj).await {
@@ -443,12 +444,12 @@ pub async fn serve(
     bus: Bus,
     agent: AgentHandle,
     auth: Authority,
-    rt_priority: i32,
+    sched: SchedLabels,
 ) -> zbus::Result<Connection> {
     let manager = Manager {
         agent: agent.clone(),
         auth,
-        rt_priority,
+        sched: sched.clone(),
     };
     let builder = match bus {
         Bus::System => zbus::connection::Builder::system()?,
@@ -463,10 +464,10 @@ pub async fn serve(
         .await?;
     if let Ok(jobs) = agent.list().await {
         for job in jobs {
-            add_job_object(&conn, &agent, &job.id, rt_priority).await;
+            add_job_object(&conn, &agent, &job.id, &sched).await;
         }
     }
-    tokio::spawn(forward_events(conn.clone(), agent, events, rt_priority));
+    tokio::spawn(forward_events(conn.clone(), agent, events, sched));
     Ok(conn)
 }
 
@@ -474,7 +475,7 @@ async fn forward_events(
     conn: Connection,
     agent: AgentHandle,
     mut events: tokio::sync::broadcast::Receiver<Event>,
-    rt_priority: i32,
+    sched: SchedLabels,
 ) {
     let Ok(emitter) = SignalEmitter::new(&conn, MANAGER_PATH) else {
         return;
@@ -491,7 +492,7 @@ async fn forward_events(
         debug!(?event, "forwarding");
         let result = match &event {
             Event::JobAdded(id) => {
-                add_job_object(&conn, &agent, id, rt_priority).await;
+                add_job_object(&conn, &agent, id, &sched).await;
                 Manager::job_changed(&emitter, id.as_str(), "running").await
             }
             Event::JobChanged(id, state) => {

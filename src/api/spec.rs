@@ -5,6 +5,7 @@ use std::collections::HashMap;
 
 use zbus::zvariant::{OwnedValue, Value};
 
+use crate::config::{TrainingConfig, TrainingPolicy};
 use crate::job::{
     Category, InferenceSpec, Job, JobKind, JobSpec, Launch, Target, DEFAULT_MAX_BATCH,
 };
@@ -271,13 +272,57 @@ fn inference_spec_from_dict(
     })
 }
 
-/// The scheduling policy lodger keeps a job's threads in, as shown to people.
-pub fn sched_policy(rt_priority: i32) -> String {
-    format!("SCHED_RR/{rt_priority}")
+/// The scheduling policies lodger keeps jobs' threads in, as shown to people (`sched_policy`):
+/// one for training jobs, one for offline instances, one for the other lodgers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SchedLabels {
+    pub training: String,
+    pub offline: String,
+    pub lodger: String,
+}
+
+impl SchedLabels {
+    /// From `[training]`: SCHED_RR at `rt_priority` (and one above it for threads that mostly
+    /// wait, with `role_priorities`), or SCHED_OTHER at `other_nice`; offline instances
+    /// SCHED_IDLE when `lodgers_sched_idle` or `policy = "other"`.
+    pub fn new(t: &TrainingConfig) -> Self {
+        let training = match (t.policy, t.role_priorities) {
+            (TrainingPolicy::Rr, false) => format!("SCHED_RR/{}", t.rt_priority),
+            (TrainingPolicy::Rr, true) => {
+                format!(
+                    "SCHED_RR/{}-{}",
+                    t.rt_priority,
+                    t.rt_priority.saturating_add(1)
+                )
+            }
+            (TrainingPolicy::Other, _) => format!("SCHED_OTHER/nice {}", t.other_nice),
+        };
+        let idle = t.lodgers_sched_idle || t.policy == TrainingPolicy::Other;
+        Self {
+            training,
+            offline: if idle { "SCHED_IDLE" } else { "SCHED_OTHER" }.to_string(),
+            lodger: "SCHED_OTHER".to_string(),
+        }
+    }
+
+    /// The label of a job of `kind`.
+    pub fn of(&self, kind: JobKind) -> &str {
+        match kind {
+            JobKind::Offline => &self.offline,
+            k if k.is_lodger() => &self.lodger,
+            _ => &self.training,
+        }
+    }
+}
+
+impl Default for SchedLabels {
+    fn default() -> Self {
+        Self::new(&TrainingConfig::default())
+    }
 }
 
 /// A job as a D-Bus dictionary (`GetJob`).
-pub fn job_to_dict(job: &Job, rt_priority: i32) -> HashMap<String, Value<'static>> {
+pub fn job_to_dict(job: &Job, sched: &SchedLabels) -> HashMap<String, Value<'static>> {
     let mut d: HashMap<String, Value<'static>> = HashMap::new();
     let mut put = |k: &str, v: Value<'static>| {
         d.insert(k.to_string(), v);
@@ -309,11 +354,7 @@ pub fn job_to_dict(job: &Job, rt_priority: i32) -> HashMap<String, Value<'static
     put("rr_threads", Value::from(job.rr_threads));
     put(
         "sched_policy",
-        Value::from(if job.spec.kind.is_lodger() {
-            "SCHED_OTHER".to_string()
-        } else {
-            sched_policy(rt_priority)
-        }),
+        Value::from(sched.of(job.spec.kind).to_string()),
     );
     put(
         "last_error",
@@ -488,6 +529,23 @@ pub fn node_metrics_to_dict(n: &NodeMetrics) -> HashMap<String, Value<'static>> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sched_labels_follow_the_training_section() {
+        let mut t = TrainingConfig::default();
+        let l = SchedLabels::new(&t);
+        assert_eq!(l.of(JobKind::Training), "SCHED_RR/10-11");
+        assert_eq!(l.of(JobKind::Offline), "SCHED_OTHER");
+        assert_eq!(l.of(JobKind::Online), "SCHED_OTHER");
+        t.role_priorities = false;
+        t.rt_priority = 20;
+        assert_eq!(SchedLabels::new(&t).of(JobKind::Training), "SCHED_RR/20");
+        t.policy = TrainingPolicy::Other;
+        let l = SchedLabels::new(&t);
+        assert_eq!(l.of(JobKind::Training), "SCHED_OTHER/nice -10");
+        assert_eq!(l.of(JobKind::Offline), "SCHED_IDLE");
+        assert_eq!(l.of(JobKind::Online), "SCHED_OTHER");
+    }
 
     fn dict(entries: Vec<(&str, Value<'static>)>) -> HashMap<String, OwnedValue> {
         entries
