@@ -61,12 +61,11 @@ impl RtGuard {
                 s.job.spec.kind.role() == Role::Training
                     && s.job.state == JobState::Running
                     && !s.job.pids.is_empty()
-                    && !searching(s, rightsize_enforce)
             })
             .map(|s| s.job.id.clone())
             .collect();
         self.watches.retain(|id, _| running.contains(id));
-        let mut grown = false;
+        let mut changed = false;
         for id in running {
             let Some(stored) = cx.state.jobs.get_mut(&id) else {
                 continue;
@@ -100,6 +99,16 @@ impl RtGuard {
                 near_limit: near,
                 extra_cores: extra,
             });
+            if holds_for_rightsizing(stored, rightsize_enforce) {
+                watch.near_ticks = 0;
+                // The right-sizer owns the count while it searches: a core added before a new
+                // search began goes back, so each probe measures the count it chose.
+                if let Some(rt) = stored.job.rt.as_mut().filter(|r| r.extra_cores > 0) {
+                    rt.extra_cores = 0;
+                    changed = true;
+                }
+                continue;
+            }
             if watch.near_ticks < GROW_AFTER {
                 continue;
             }
@@ -116,7 +125,7 @@ impl RtGuard {
                      ({limit_pct:.0}% = sched_rt_runtime_us / sched_rt_period_us): the kernel would \
                      stop its threads for the rest of each period; grown by one core"
                 );
-                grown = true;
+                changed = true;
             } else if !watch.told {
                 watch.told = true;
                 warn!(
@@ -129,15 +138,17 @@ impl RtGuard {
                 );
             }
         }
-        grown
+        changed
     }
 }
 
-/// Whether the right-sizer is still searching this job's core count. The guard leaves such a job
-/// alone: a core added under a probe would make the tuner measure another count than it chose,
-/// and the search itself sees a throttled count as a slower one (SODA §V-B). Once settled, the
-/// guard watches it again.
-fn searching(s: &StoredJob, rightsize_enforce: Option<bool>) -> bool {
+/// Whether the guard leaves the job to the right-sizer: right-sizing resizes and has not settled
+/// the job's core count (it is searching, or waiting for the GPU figures to search with). A core
+/// added under a probe would make the tuner measure another count than it chose (seen as
+/// searches that never settled), and the search itself sees a throttled count as a slower one
+/// (SODA §V-B). Once the search settles, or where right-sizing is off or advises only, the
+/// guard acts. The job's standing is measured and shown either way.
+fn holds_for_rightsizing(s: &StoredJob, rightsize_enforce: Option<bool>) -> bool {
     rightsize_enforce == Some(true)
         && s.tuning
             .as_ref()
