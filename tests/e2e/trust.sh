@@ -59,5 +59,9 @@ check "member may unregister $job_i" runuser -u e2e-member -- lodgerctl unregist
 instance_gone() { ! pgrep -u e2e-member -f latency_ms >/dev/null && \
     ! systemctl list-units --all --no-legend 'lodger-*.service' | grep -q .; }
 check "member's instance and its unit gone within 60 s" poll_for 60 instance_gone
+if ! instance_gone; then
+    { systemctl list-units --all --no-legend 'lodger*'; pgrep -a -u e2e-member;
+      journalctl -b -u lodgerd -o cat | grep -E "$job_i|unit|instance|WARN|ERROR" | tail -n 30; } 2>&1 | note
+fi
 check "every user may read (lodgerctl top --once)" runuser -u e2e-user -- lodgerctl top --once
 check "the refusals registered nothing" sh -c "! lodgerctl --json list | grep -q '\"pids\":\[1\]'"
