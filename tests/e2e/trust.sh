@@ -56,8 +56,10 @@ check "lodgerd's unit has no CAP_SETUID/CAP_SETGID" \
     sh -c '! systemctl show -p CapabilityBoundingSet --value lodgerd | grep -qi "cap_set[ug]id"'
 check_eq "lodgerd's unit keeps ProtectHome=yes" "$(systemctl show -p ProtectHome --value lodgerd)" yes
 check "member may unregister $job_i" runuser -u e2e-member -- lodgerctl unregister "$job_i"
+# The instance's units are lodger-<job>-<index>-<pid>-<n>.service (not lodger-e2e.service, this
+# suite's own unit).
 instance_gone() { ! pgrep -u e2e-member -f latency_ms >/dev/null && \
-    ! systemctl list-units --all --no-legend 'lodger-*.service' | grep -q .; }
+    ! systemctl list-units --all --no-legend "lodger-$job_i-*.service" | grep -q .; }
 check "member's instance and its unit gone within 60 s" poll_for 60 instance_gone
 if ! instance_gone; then
     { systemctl list-units --all --no-legend 'lodger*'; pgrep -a -u e2e-member;
