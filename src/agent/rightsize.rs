@@ -8,7 +8,9 @@ use super::{RightsizeSettings, TickCx};
 use crate::clock::wall_clock;
 use crate::cpuset::CpuSet;
 use crate::job::{Job, JobId, TuningView};
-use crate::policy::rightsize::{self, CoreLimits, StartHints, Tuner, TunerAction, TunerSettings};
+use crate::policy::rightsize::{
+    self, CoreLimits, StartHints, Tuner, TunerAction, TunerSettings, MAX_EXTENSIONS,
+};
 use crate::policy::Plan;
 use crate::store::{State, Tuning};
 use crate::topology::Topology;
@@ -160,10 +162,17 @@ impl Rightsize {
                 (None, TunerAction::Hold(why), _) => {
                     format!("at {cores} cores, not measuring: {why}")
                 }
-                (None, _, true) => format!(
-                    "tuning: at {cores} cores, {} probes so far",
-                    tuning.tuner.probes()
-                ),
+                (None, _, true) => match tuning.tuner.extended() {
+                    0 => format!(
+                        "tuning: at {cores} cores, {} probes so far",
+                        tuning.tuner.probes()
+                    ),
+                    n => format!(
+                        "tuning: at {cores} cores, {} probes so far; window too noisy to judge, \
+                         measured on ({n} of {MAX_EXTENSIONS})",
+                        tuning.tuner.probes()
+                    ),
+                },
                 (None, _, false) => format!("advise: tuning, would run {cores} cores"),
             });
             stored.job.tuning = tuning

@@ -20,5 +20,5 @@ pub use start::{
 };
 pub use tuner::{
     Decision, HoldReason, Probe, Tuner, TunerAction, TunerSettings, DEFAULT_TOLERANCE,
-    DEFAULT_WARMUP, DEFAULT_WINDOW, MIN_WINDOW_SAMPLES,
+    DEFAULT_WARMUP, DEFAULT_WINDOW, MAX_EXTENSIONS, MIN_WINDOW_SAMPLES,
 };

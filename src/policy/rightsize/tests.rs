@@ -611,6 +611,80 @@ fn feed(
         .collect()
 }
 
+/// The figures of a CI run where the grow test failed: one core starved the job (62 % busy,
+/// steady), two made it busier (80 %) but so noisily that six samples could not tell; judged
+/// then, two cores were "no better". The window is measured on instead, and its twelve
+/// samples show the rise.
+#[test]
+fn a_window_too_noisy_to_judge_is_measured_on() {
+    let s = TunerSettings {
+        warmup: Duration::from_secs(2),
+        window: Duration::from_secs(6),
+        tolerance: 0,
+        ..TunerSettings::new(1, CoreLimits { floor: 1, max: 2 })
+    };
+    let mut t = Tuner::new(s, Duration::ZERO);
+    t.step(Duration::from_secs(2), &[], false);
+    let mut now = 2;
+    let mut at = |t: &mut Tuner, samples: &[f64]| {
+        let mut last = TunerAction::Wait;
+        for x in samples {
+            now += 1;
+            last = t.step(Duration::from_secs(now), &[*x], false);
+        }
+        last
+    };
+    let baseline = [61.0, 62.0, 63.0, 62.0, 61.0, 63.0];
+    assert_eq!(at(&mut t, &baseline), TunerAction::Resize(2));
+    let noisy = [98.0, 62.0, 98.0, 62.0, 98.0, 62.0];
+    assert_eq!(
+        at(&mut t, &noisy),
+        TunerAction::Wait,
+        "{}",
+        describe(t.history())
+    );
+    assert_eq!(t.extended(), 1);
+    assert_eq!(t.cores(), 2);
+    assert_eq!(
+        at(&mut t, &noisy),
+        TunerAction::Settle(2),
+        "{}",
+        describe(t.history())
+    );
+    let last = t.history().last().expect("a probe");
+    assert!(
+        matches!(last.decision, Decision::Better { than: 1, .. }),
+        "{}",
+        describe(t.history())
+    );
+    assert_eq!(last.samples, 12);
+    assert_eq!(t.extended(), 0);
+}
+
+/// A noisy window that does not lean toward a change is judged at once: measuring on is for
+/// evidence that points one way without clearing the noise, not for every noisy window.
+#[test]
+fn a_noisy_window_with_no_lean_is_judged_at_once() {
+    let s = TunerSettings {
+        warmup: Duration::from_secs(2),
+        window: Duration::from_secs(6),
+        tolerance: 0,
+        ..TunerSettings::new(1, CoreLimits { floor: 1, max: 2 })
+    };
+    let mut t = Tuner::new(s, Duration::ZERO);
+    t.step(Duration::from_secs(2), &[], false);
+    let mut now = 2;
+    let mut last = TunerAction::Wait;
+    for x in [
+        61.0, 62.0, 63.0, 62.0, 61.0, 63.0, 80.0, 44.0, 80.0, 44.0, 80.0, 44.0,
+    ] {
+        now += 1;
+        last = t.step(Duration::from_secs(now), &[x], false);
+    }
+    assert_eq!(last, TunerAction::Settle(1), "{}", describe(t.history()));
+    assert_eq!(t.history().last().map(|p| p.samples), Some(6));
+}
+
 #[test]
 fn a_throttle_stops_the_window_and_undoes_a_smaller_probe() {
     let util = |c: u32| 90.0 * f64::from(c.min(6)) / 6.0;

@@ -27,6 +27,10 @@ pub const MIN_WINDOW_SAMPLES: usize = 6;
 const STARVED_ELASTICITY: f64 = 0.5;
 /// A galloping step is long enough for a starved job to change by this many noise thresholds.
 const POWER_MARGIN: f64 = 2.0;
+/// A window that ends undecided (see `Tuner::undecided`) is measured on for another window's
+/// length, at most this many times: more samples shrink its noise. Bounded, so a job whose
+/// utilization is that noisy is still judged, on three windows' worth of samples.
+pub const MAX_EXTENSIONS: u32 = 2;
 // ---------------------------------------------------------------------------------------------
 // Tuning (§V-B-2).
 
@@ -240,6 +244,10 @@ enum Phase {
         /// rather than judging it on part of itself.
         #[serde(skip)]
         samples: Option<Vec<f64>>,
+        /// Times the window was measured on because it ended undecided; it lasts
+        /// `window * (1 + extended)`.
+        #[serde(default)]
+        extended: u32,
     },
     /// A throttle stopped the window measuring `cores`; it restarts when the throttle ends.
     Throttled {
@@ -357,6 +365,7 @@ impl Tuner {
                     purpose: Purpose::Baseline,
                     started: now,
                     samples: Some(Vec::new()),
+                    extended: 0,
                 };
                 TunerAction::Wait
             }
@@ -367,6 +376,7 @@ impl Tuner {
                     purpose,
                     started: now,
                     samples: Some(Vec::new()),
+                    extended: 0,
                 };
                 if self.cores == cores {
                     TunerAction::Wait
@@ -380,6 +390,7 @@ impl Tuner {
                 purpose,
                 started,
                 samples: kept,
+                extended,
             } => {
                 // A clock stepped back restarts the window rather than stretching it, and so
                 // does a window whose samples were not kept (a tuner read back from the state
@@ -392,7 +403,8 @@ impl Tuner {
                     }
                 };
                 window.extend(samples.iter().copied().filter(|s| s.is_finite()));
-                if now - *started < self.settings.window {
+                let length = self.settings.window.saturating_mul(1 + *extended);
+                if now - *started < length {
                     return TunerAction::Wait;
                 }
                 if window.len() < MIN_WINDOW_SAMPLES {
@@ -402,7 +414,13 @@ impl Tuner {
                     });
                 }
                 let stats = WindowStats::of(*cores, window);
-                let purpose = *purpose;
+                let (purpose, times) = (*purpose, *extended);
+                if times < MAX_EXTENSIONS && self.undecided(&stats, purpose) {
+                    if let Phase::Measuring { extended, .. } = &mut self.phase {
+                        *extended += 1;
+                    }
+                    return TunerAction::Wait;
+                }
                 self.judge(stats, purpose);
                 self.next(now)
             }
@@ -448,6 +466,40 @@ impl Tuner {
             return TunerAction::Resize(safe);
         }
         held
+    }
+
+    /// Whether a window that ended is too noisy to judge yet: it points toward a starved job
+    /// (utilization lower at fewer cores by more than half the noise threshold) without clearing
+    /// the threshold, and the step it measures is too short for a starved job's change to clear
+    /// that threshold twice over (the power `Tuner::gallop` plans each step for, from the noise
+    /// measured before the window; a window noisier than that undoes the plan). Judged now, it
+    /// would read "no change" where the evidence leans the other way; measured on, its noise
+    /// shrinks (sequential testing). A baseline, a window the evidence does not lean either way
+    /// on, or a step already long enough is judged at once.
+    fn undecided(&self, stats: &WindowStats, purpose: Purpose) -> bool {
+        let (fewer, more) = match purpose {
+            Purpose::Baseline => return false,
+            Purpose::Below { reference, .. } => match self.stats_at(reference) {
+                Some(r) => (*stats, r),
+                None => return false,
+            },
+            Purpose::Above { from, .. } => match self.stats_at(from) {
+                Some(f) => (f, *stats),
+                None => return false,
+            },
+        };
+        let threshold = self.change_threshold(&fewer, &more);
+        let rise = more.mean - fewer.mean;
+        let leans = rise > threshold / 2.0 && rise <= threshold;
+        // The rise a starved job shows over this step, from the count it is compared with
+        // (the larger one for a shrinking probe, as in `Tuner::gallop`; the smaller for growth).
+        let base = match purpose {
+            Purpose::Below { .. } => more,
+            _ => fewer,
+        };
+        let step = f64::from(more.cores.abs_diff(fewer.cores));
+        let starved_rise = STARVED_ELASTICITY * base.mean * step / f64::from(base.cores.max(1));
+        leans && starved_rise < POWER_MARGIN * threshold
     }
 
     /// Records the window and moves the bracket.
@@ -678,6 +730,7 @@ impl Tuner {
             purpose,
             started: now,
             samples: Some(Vec::new()),
+            extended: 0,
         };
         TunerAction::Resize(cores)
     }
@@ -708,6 +761,15 @@ impl Tuner {
         match self.phase {
             Phase::Settled(n) => n,
             _ => self.search.hi,
+        }
+    }
+
+    /// Times the current window was measured on because it ended too noisy to judge (0 when
+    /// none is running), at most [`MAX_EXTENSIONS`].
+    pub fn extended(&self) -> u32 {
+        match self.phase {
+            Phase::Measuring { extended, .. } => extended,
+            _ => 0,
         }
     }
 
@@ -770,14 +832,21 @@ impl Phase {
                     purpose,
                     started,
                     samples: _,
+                    extended,
                 },
                 Phase::Measuring {
                     cores: other_cores,
                     purpose: other_purpose,
                     started: other_started,
                     samples: _,
+                    extended: other_extended,
                 },
-            ) => cores == other_cores && purpose == other_purpose && started == other_started,
+            ) => {
+                cores == other_cores
+                    && purpose == other_purpose
+                    && started == other_started
+                    && extended == other_extended
+            }
             _ => self == other,
         }
     }
