@@ -511,12 +511,10 @@ pub fn run(prepared: Prepared, sim: bool) -> ExitCode {
 /// until SIGTERM/SIGINT.
 fn serve(rt: &tokio::runtime::Runtime, config: &Config, handle: &AgentHandle) -> ExitCode {
     let bus = Bus::from(config.api.bus);
-    let auth = Authority {
-        group: config.api.group.clone(),
-    };
+    let auth = Authority::new(config.api.group.clone());
     let sched = api::spec::SchedLabels::new(&config.training);
     rt.block_on(async {
-        let conn = match api::serve(bus, handle.clone(), auth, sched).await {
+        let conn = match api::serve(bus, handle.clone(), auth.clone(), sched).await {
             Ok(c) => c,
             Err(e) => {
                 error!(
@@ -544,7 +542,7 @@ fn serve(rt: &tokio::runtime::Runtime, config: &Config, handle: &AgentHandle) ->
         let mut running = config.clone();
         while wait_for_signal().await == Signal::Reload {
             notify(&[sd_notify::NotifyState::Reloading]);
-            running = reload(&running, handle).await;
+            running = reload(&running, handle, &auth).await;
             notify(&[sd_notify::NotifyState::Ready]);
         }
         notify(&[sd_notify::NotifyState::Stopping]);
@@ -616,7 +614,7 @@ async fn wait_for_signal() -> Signal {
 /// Re-reads the config file lodgerd was started with and applies what can change live
 /// (`config::reload`); a file that does not parse changes nothing. Returns the config now
 /// running. Registered jobs are never dropped.
-async fn reload(running: &Config, handle: &AgentHandle) -> Config {
+async fn reload(running: &Config, handle: &AgentHandle, auth: &Authority) -> Config {
     let Some(path) = running.origin().map(Path::to_path_buf) else {
         info!("reload: lodgerd runs on the built-in defaults (no config file): nothing to re-read");
         return running.clone();
@@ -630,11 +628,11 @@ async fn reload(running: &Config, handle: &AgentHandle) -> Config {
     };
     let (next, what) = config::reload(running, &new);
     if !what.applied.is_empty() {
-        let settings = agent_settings(&next);
-        if let Err(e) = handle.reload(settings.interval, settings.rightsize).await {
+        if let Err(e) = handle.reload(agent_settings(&next).live()).await {
             warn!("reload not applied: {e}");
             return running.clone();
         }
+        auth.set_group(next.api.group.clone());
     }
     if what.refused.is_empty() {
         info!("reloaded {}: {}", path.display(), what.describe());

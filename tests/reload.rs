@@ -23,14 +23,22 @@ fn a_reload_applies_live_keys_refuses_the_rest_and_keeps_the_jobs() {
     let w = Workload::train(1);
     let id = d.register_pid(w.pid(), 1);
     let before = d.job(&id);
-    assert_eq!(d.ctl_json(&["status"])["interval_ms"], 100);
+    let status = d.ctl_json(&["status"]);
+    assert_eq!(status["interval_ms"], 100);
+    assert!(
+        status["contention"]
+            .as_str()
+            .is_some_and(|c| c.starts_with("enforce")),
+        "{status}"
+    );
 
-    // A live key (the tick), a live section, and a key that needs a restart.
+    // A live key (the tick), live sections, and a key that needs a restart.
     let text = std::fs::read_to_string(&d.config).expect("config");
     let changed = text
         .replace("interval_ms = 100", "interval_ms = 250")
         .replace("level = \"debug\"", "level = \"info\"")
-        + "\n[rightsize]\nmode = \"advise\"\n";
+        + "\n[rightsize]\nmode = \"advise\"\n\n[contention]\nmode = \"advise\"\n\
+           membw_threshold = 0.8\n";
     assert_ne!(changed, text);
     std::fs::write(&d.config, changed).expect("write config");
     hup(&d);
@@ -39,7 +47,7 @@ fn a_reload_applies_live_keys_refuses_the_rest_and_keeps_the_jobs() {
     });
     let log = d.log();
     assert!(
-        log.contains("applied agent.interval_ms = 250 (was 100), [rightsize]"),
+        log.contains("applied agent.interval_ms = 250 (was 100), [rightsize], [contention]"),
         "{log}"
     );
     assert!(log.contains("refused (they need a restart"), "{log}");
@@ -47,6 +55,12 @@ fn a_reload_applies_live_keys_refuses_the_rest_and_keeps_the_jobs() {
     let status = d.ctl_json(&["status"]);
     assert_eq!(status["interval_ms"], 250, "{status}");
     assert_eq!(status["jobs"], 1, "{status}");
+    assert!(
+        status["contention"]
+            .as_str()
+            .is_some_and(|c| c.starts_with("advise")),
+        "{status}"
+    );
     let after = d.job(&id);
     assert_eq!(after["state"], before["state"], "{after}");
     assert_eq!(after["cpus"], before["cpus"], "{after}");

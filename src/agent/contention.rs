@@ -66,6 +66,28 @@ impl Contention {
         }
     }
 
+    /// A reload's new settings (see [`ContentionEliminator::reconfigure`]). Going to advise
+    /// lifts what is applied at the next pass, as the mode says.
+    pub(super) fn reconfigure(&mut self, config: ContentionConfig) {
+        if config != *self.eliminator.config() {
+            tracing::info!(
+                mode = config.mode.as_str(),
+                membw_threshold = config.membw_threshold,
+                pressure_ticks = config.pressure_ticks,
+                calm_ticks = config.calm_ticks,
+                "contention control reconfigured"
+            );
+        }
+        self.eliminator.reconfigure(config);
+    }
+
+    /// Contention control is switched off: every MBA throttle is given back and lodger's
+    /// resctrl group removed; returns the MBA target for a later reload that switches it on.
+    pub(super) fn into_mba(mut self) -> Option<MbaTarget> {
+        self.shutdown();
+        self.mba
+    }
+
     /// The throttles in force, handed to inference placement (fewer cores for a throttled job).
     pub(super) fn throttles(&self) -> Throttles {
         self.eliminator.throttles()

@@ -163,8 +163,7 @@ pub(super) enum Command {
     },
     /// A config reload: the settings that can change live (`config::reload`).
     Reload {
-        interval: std::time::Duration,
-        rightsize: super::RightsizeSettings,
+        live: Box<super::LiveSettings>,
         reply: oneshot::Sender<()>,
     },
     Stop,
@@ -264,16 +263,11 @@ impl AgentHandle {
         (latest.unix_ms > than_ms).then_some(latest)
     }
 
-    /// Applies the settings a reload may change (the loop's interval, right-sizing) between two
-    /// ticks; registered jobs are kept as they are.
-    pub async fn reload(
-        &self,
-        interval: std::time::Duration,
-        rightsize: super::RightsizeSettings,
-    ) -> Result<(), AgentError> {
+    /// Applies the settings a reload may change ([`super::LiveSettings`]) between two ticks;
+    /// registered jobs are kept as they are.
+    pub async fn reload(&self, live: super::LiveSettings) -> Result<(), AgentError> {
         self.ask(|reply| Command::Reload {
-            interval,
-            rightsize,
+            live: Box::new(live),
             reply,
         })
         .await

@@ -23,12 +23,15 @@ mod layout;
 mod network;
 mod published;
 mod registry;
+mod reload;
 mod rightsize;
 mod rtguard;
 mod run;
 mod training;
 mod trust;
 
+#[cfg(test)]
+mod contention_tests;
 #[cfg(test)]
 mod published_tests;
 #[cfg(test)]
@@ -82,6 +85,29 @@ pub struct AgentSettings {
     pub trust: TrustSettings,
 }
 
+/// The part of [`AgentSettings`] a reload may change while jobs run (`config::reload`).
+#[derive(Debug, Clone)]
+pub struct LiveSettings {
+    pub interval: Duration,
+    pub rightsize: RightsizeSettings,
+    pub contention: Option<ContentionConfig>,
+    pub rt_headroom_percent: Option<u32>,
+    pub trust: TrustSettings,
+}
+
+impl AgentSettings {
+    /// What a reload may change of these settings.
+    pub fn live(&self) -> LiveSettings {
+        LiveSettings {
+            interval: self.interval,
+            rightsize: self.rightsize.clone(),
+            contention: self.contention.clone(),
+            rt_headroom_percent: self.rt_headroom_percent,
+            trust: self.trust.clone(),
+        }
+    }
+}
+
 /// Right-sizing of training jobs (SODA §V-B), from `[rightsize]`.
 #[derive(Debug, Clone)]
 pub struct RightsizeSettings {
@@ -133,6 +159,8 @@ pub struct Agent {
     rightsize: Rightsize,
     /// Contention control (SODA §V-E); absent when off.
     contention: Option<Contention>,
+    /// resctrl MBA kept while contention control is off, for a reload that turns it on.
+    idle_mba: Option<MbaTarget>,
     /// Keeps SCHED_RR training jobs under the RT limit; absent when training is not RR.
     rt_guard: Option<RtGuard>,
     training: Training,
@@ -226,13 +254,14 @@ impl AgentBuilder {
             contention::remove_stale_group(mba);
         }
         let (events, _) = broadcast::channel(256);
+        let (contention, idle_mba) = match self.settings.contention.clone() {
+            Some(c) => (Some(Contention::new(c, self.mba)), None),
+            None => (None, self.mba),
+        };
         let mut agent = Agent {
             rightsize: Rightsize::new(self.settings.rightsize.clone()),
-            contention: self
-                .settings
-                .contention
-                .clone()
-                .map(|c| Contention::new(c, self.mba)),
+            contention,
+            idle_mba,
             rt_guard: self.settings.rt_headroom_percent.map(RtGuard::new),
             training: Training::new(self.enforcer),
             inference: self

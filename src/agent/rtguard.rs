@@ -49,6 +49,12 @@ impl RtGuard {
         }
     }
 
+    /// A reload's new `training.rt_headroom_percent`: applies from the next tick; the jobs
+    /// watched and the cores already added are kept.
+    pub(super) fn set_headroom(&mut self, headroom_percent: u32) {
+        self.headroom = f64::from(headroom_percent) / 100.0;
+    }
+
     /// Measures every running training job; grows those that stayed near the limit. Returns
     /// whether a job's core count changed (the plan must be made again).
     pub(super) fn tick(&mut self, cx: &mut TickCx<'_>, rightsize_enforce: Option<bool>) -> bool {

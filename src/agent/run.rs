@@ -110,16 +110,8 @@ impl Agent {
                 self.publish();
                 let _ = reply.send(result);
             }
-            Command::Reload {
-                interval,
-                rightsize,
-                reply,
-            } => {
-                // Jobs, plans and searches under way are untouched: a search keeps the window
-                // it started with, the mode applies from the next tick.
-                self.settings.interval = interval;
-                self.settings.rightsize = rightsize.clone();
-                self.rightsize = super::rightsize::Rightsize::new(rightsize);
+            Command::Reload { live, reply } => {
+                self.reload(*live);
                 self.publish();
                 let _ = reply.send(());
             }

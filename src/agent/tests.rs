@@ -6,19 +6,19 @@ use std::time::Duration;
 
 use super::registry::Change;
 use super::RightsizeSettings;
-use super::{Agent, AgentBuilder, AgentError, AgentSettings, Caller, Enforce, Event, MbaTarget};
+use super::{Agent, AgentBuilder, AgentError, AgentSettings, Caller, Enforce, Event};
 use crate::cpuset::CpuSet;
 use crate::enforce::{EnforceError, JobRecord, Outcome};
 use crate::job::{Category, JobId, JobKind, JobSpec, JobState, Target};
 use crate::policy::contention::ContentionConfig;
 use crate::policy::Placement;
 use crate::sense::Observations;
-use crate::store::{Lodging, Store, StoredJob};
+use crate::store::Store;
 use crate::topology::Topology;
 
 /// What the fake node looks like: which pids live, and what was applied/released.
 #[derive(Default)]
-struct FakeNode {
+pub(super) struct FakeNode {
     alive: BTreeSet<u32>,
     applied: BTreeMap<JobId, CpuSet>,
     released: Vec<JobId>,
@@ -74,7 +74,7 @@ impl Enforce for FakeEnforcer {
     }
 }
 
-fn spec(pids: Vec<u32>, cores: u32) -> JobSpec {
+pub(super) fn spec(pids: Vec<u32>, cores: u32) -> JobSpec {
     JobSpec {
         kind: JobKind::Training,
         name: None,
@@ -89,14 +89,14 @@ fn spec(pids: Vec<u32>, cores: u32) -> JobSpec {
     }
 }
 
-struct Rig {
-    node: Arc<Mutex<FakeNode>>,
-    dir: tempfile::TempDir,
-    proc_root: tempfile::TempDir,
+pub(super) struct Rig {
+    pub(super) node: Arc<Mutex<FakeNode>>,
+    pub(super) dir: tempfile::TempDir,
+    pub(super) proc_root: tempfile::TempDir,
 }
 
 impl Rig {
-    fn new() -> Rig {
+    pub(super) fn new() -> Rig {
         Rig {
             node: Arc::new(Mutex::new(FakeNode::default())),
             dir: tempfile::tempdir().unwrap(),
@@ -104,21 +104,21 @@ impl Rig {
         }
     }
 
-    fn spawn(&self, pid: u32) {
+    pub(super) fn spawn(&self, pid: u32) {
         std::fs::create_dir_all(self.proc_root.path().join(pid.to_string())).unwrap();
         self.node.lock().unwrap().alive.insert(pid);
     }
 
-    fn kill(&self, pid: u32) {
+    pub(super) fn kill(&self, pid: u32) {
         std::fs::remove_dir_all(self.proc_root.path().join(pid.to_string())).unwrap();
         self.node.lock().unwrap().alive.remove(&pid);
     }
 
-    fn agent(&self) -> Agent {
+    pub(super) fn agent(&self) -> Agent {
         self.builder().start().unwrap()
     }
 
-    fn builder(&self) -> AgentBuilder {
+    pub(super) fn builder(&self) -> AgentBuilder {
         // 2 sockets x 1 node x 4 cores x 2 threads = 16 CPUs; reserve CPU 0 and its sibling 8.
         let topo = Topology::synthetic(2, 1, 4, 2, 0);
         let settings = AgentSettings {
@@ -262,232 +262,6 @@ fn ticks_are_idempotent_on_the_plan() {
         before, after,
         "an idle tick must not rewrite the state file"
     );
-}
-
-/// SODA §V-E without MBM: a training job's GPU utilization falls below its learnt level while
-/// an offline lodger runs; the lodger's cores are halved, the step is signalled with its
-/// evidence, and right-sizing would hold meanwhile.
-#[test]
-fn contention_halves_an_offline_lodger_when_training_progress_drops() {
-    let rig = Rig::new();
-    rig.spawn(100);
-    let mut agent = rig.agent();
-    let train = agent.register(spec(vec![100], 2), 0).unwrap();
-    let mut events = agent.events.subscribe();
-    let pass = |agent: &mut Agent, ms: u64, gpu: f64| {
-        let mut obs = Observations {
-            unix_ms: ms,
-            ..Observations::default()
-        };
-        obs.jobs.insert(
-            train.id.clone(),
-            crate::sense::JobMetrics {
-                gpu_percent: Some(gpu),
-                ..Default::default()
-            },
-        );
-        agent.observations = obs;
-        agent.tick();
-    };
-    // The stable level is learnt while no lodger runs.
-    for (i, gpu) in [90.0, 91.0, 89.5, 90.5].into_iter().enumerate() {
-        pass(&mut agent, 1000 + i as u64, gpu);
-    }
-    // An offline lodger on 4 CPUs arrives (inserted directly: no instance runner here).
-    let lodger = JobId::from_seq(99);
-    let mut job = agent.state.jobs[&train.id].job.clone();
-    job.id = lodger.clone();
-    job.spec.kind = JobKind::Offline;
-    job.spec.target = Target::Instances;
-    job.cpus = CpuSet::parse("2-5").unwrap();
-    agent.state.jobs.insert(
-        lodger.clone(),
-        StoredJob {
-            job,
-            record: JobRecord::default(),
-            lodging: Lodging::default(),
-            tuning: None,
-        },
-    );
-    // Issue 16: low passes while the GPU source is stale are not evidence: nothing is
-    // throttled, and they do not count towards pressure_ticks below.
-    for i in 0..5u64 {
-        let mut obs = Observations {
-            unix_ms: 1500 + i,
-            ..Observations::default()
-        };
-        obs.jobs.insert(
-            train.id.clone(),
-            crate::sense::JobMetrics {
-                gpu_percent: Some(45.0),
-                ..Default::default()
-            },
-        );
-        obs.ages.insert(
-            "gpu".into(),
-            crate::sense::SourceAge {
-                age_s: 30.0,
-                stale: true,
-            },
-        );
-        agent.observations = obs;
-        agent.tick();
-    }
-    let throttles = agent.contention.as_ref().unwrap().throttles();
-    assert!(
-        throttles.cores.is_empty(),
-        "held while stale: {throttles:?}"
-    );
-    // pressure_ticks = 2: halved after two low passes, and again after two more.
-    for i in 0..2u64 {
-        pass(&mut agent, 2000 + i, 45.0);
-    }
-    let throttles = agent.contention.as_ref().unwrap().throttles();
-    assert_eq!(throttles.cores.get(&lodger), Some(&2), "{throttles:?}");
-    for i in 2..4u64 {
-        pass(&mut agent, 2000 + i, 45.0);
-    }
-    let throttles = agent.contention.as_ref().unwrap().throttles();
-    assert_eq!(throttles.cores.get(&lodger), Some(&1), "{throttles:?}");
-    assert!(
-        !throttles.cores.contains_key(&train.id),
-        "training is never throttled"
-    );
-    let text = agent.state.jobs[&lodger].job.throttle.clone().unwrap();
-    assert!(text.contains("cores"), "{text}");
-    let mut levels = Vec::new();
-    while let Ok(e) = events.try_recv() {
-        if let Event::Throttled {
-            id,
-            mechanism,
-            level,
-        } = e
-        {
-            assert_eq!(id, lodger);
-            assert_eq!(mechanism, "cores");
-            levels.push(level);
-        }
-    }
-    assert_eq!(levels, ["1", "2"], "a Throttled event per step");
-    assert!(agent
-        .status()
-        .contention
-        .contains("1 job(s) on fewer cores"));
-    assert_eq!(agent.status().throttle_actions, 2);
-    // Training recovers: after calm passes the steps are given back one at a time.
-    for i in 0..40u64 {
-        pass(&mut agent, 3000 + i, 90.0);
-    }
-    let throttles = agent.contention.as_ref().unwrap().throttles();
-    assert!(throttles.cores.is_empty(), "{throttles:?}");
-}
-
-/// SODA §V-E with MBA, through the agent, on a copy of the recorded Intel resctrl tree:
-/// node bandwidth over the threshold lowers lodger's group's MB schemata step by step with
-/// the offline lodger's threads in it, and calm gives the bandwidth back.
-#[test]
-fn contention_throttles_offline_lodgers_with_mba_on_an_intel_tree() {
-    use crate::sys::resctrlfs::{CpuVendor, MbaCaps};
-    let resctrl = crate::testutil::copy_of(&crate::testutil::resctrl_fixture("intel-mba-mbm"));
-    let schemata = resctrl.path().join("lodger-lodgers/schemata");
-    let tasks = resctrl.path().join("lodger-lodgers/tasks");
-    // The recorded group was left throttled by an earlier run; start from unthrottled.
-    std::fs::write(&schemata, "MB:0=100;1=100\n").unwrap();
-    std::fs::write(&tasks, "").unwrap();
-    let caps = MbaCaps::read(resctrl.path(), &CpuVendor::Intel).unwrap();
-
-    let rig = Rig::new();
-    rig.spawn(100);
-    // The offline lodger's process, with two threads.
-    for tid in [300, 301] {
-        std::fs::create_dir_all(rig.proc_root.path().join(format!("300/task/{tid}"))).unwrap();
-    }
-    let mut agent = rig
-        .builder()
-        .mba(MbaTarget::new(resctrl.path().to_path_buf(), caps))
-        .start()
-        .unwrap();
-    let train = agent.register(spec(vec![100], 2), 0).unwrap();
-    let lodger = JobId::from_seq(99);
-    let mut job = agent.state.jobs[&train.id].job.clone();
-    job.id = lodger.clone();
-    job.spec.kind = JobKind::Offline;
-    job.spec.target = Target::Instances;
-    job.pids = vec![300];
-    agent.state.jobs.insert(
-        lodger.clone(),
-        StoredJob {
-            job,
-            record: JobRecord::default(),
-            lodging: Lodging::default(),
-            tuning: None,
-        },
-    );
-    let mut events = agent.events.subscribe();
-    let pass = |agent: &mut Agent, ms: u64, fraction: f64| {
-        let mut obs = Observations {
-            unix_ms: ms,
-            ..Observations::default()
-        };
-        obs.node.membw_bytes_per_s = Some(fraction * 100e9);
-        obs.node.membw_fraction_of_peak = Some(fraction);
-        agent.observations = obs;
-        agent.tick();
-    };
-    let mb = || std::fs::read_to_string(&schemata).unwrap();
-    pass(&mut agent, 1000, 0.5);
-    assert_eq!(mb(), "MB:0=100;1=100\n", "no pressure, no throttle");
-    // Two pressured passes (pressure_ticks = 2): one step down, the lodger's threads moved.
-    pass(&mut agent, 1001, 0.95);
-    pass(&mut agent, 1002, 0.95);
-    let first = mb();
-    assert_ne!(first, "MB:0=100;1=100\n");
-    let moved = std::fs::read_to_string(&tasks).unwrap();
-    assert_eq!(
-        moved.split_whitespace().collect::<Vec<_>>(),
-        ["300", "301"],
-        "{moved}"
-    );
-    // Still pressured: a further step, values multiples of the granularity (10 here).
-    pass(&mut agent, 1003, 0.95);
-    pass(&mut agent, 1004, 0.95);
-    let second = mb();
-    let values = |s: &str| -> Vec<u32> {
-        s.trim()
-            .trim_start_matches("MB:")
-            .split(';')
-            .map(|d| d.split('=').nth(1).unwrap().parse().unwrap())
-            .collect()
-    };
-    assert!(values(&second) < values(&first), "{first} -> {second}");
-    assert!(
-        values(&second).iter().all(|v| v % 10 == 0 && *v >= 10),
-        "{second}"
-    );
-    assert!(agent.state.jobs[&lodger]
-        .job
-        .throttle
-        .as_deref()
-        .is_some_and(|t| t.contains(" MB:")));
-    assert!(
-        agent.state.jobs[&train.id].job.throttle.is_none(),
-        "training never"
-    );
-    let mut mechanisms = Vec::new();
-    while let Ok(e) = events.try_recv() {
-        if let Event::Throttled { id, mechanism, .. } = e {
-            assert_eq!(id, lodger);
-            mechanisms.push(mechanism);
-        }
-    }
-    // One per L3 domain per step: two domains, two steps.
-    assert_eq!(mechanisms, ["mba"; 4]);
-    // Calm for long enough: every step given back, the schemata unthrottled.
-    for i in 0..60u64 {
-        pass(&mut agent, 2000 + i, 0.3);
-    }
-    assert_eq!(mb(), "MB:0=100;1=100\n");
-    assert!(agent.state.jobs[&lodger].job.throttle.is_none());
 }
 
 /// Issue 16, quiet state: a right-sized training job fed a GPU sample every sensing pass. A pass

@@ -9,6 +9,7 @@ pub mod proxy;
 pub mod spec;
 
 use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
 
 use tokio::sync::broadcast::error::RecvError;
 use tracing::{debug, warn};
@@ -42,16 +43,39 @@ pub enum Bus {
     Session,
 }
 
-/// Who may make mutating calls: root, and members of this group.
+/// Who may make mutating calls: root, and members of a group (`api.group`). Clones share the
+/// group, so a config reload ([`Authority::set_group`]) reaches the serving objects.
 #[derive(Debug, Clone)]
 pub struct Authority {
-    pub group: String,
+    group: Arc<RwLock<String>>,
 }
 
 /// Where the caller's command name is read (`<root>/<pid>/comm`).
 const DEFAULT_PROC_ROOT: &str = "/proc";
 
 impl Authority {
+    pub fn new(group: String) -> Self {
+        Self {
+            group: Arc::new(RwLock::new(group)),
+        }
+    }
+
+    /// The group whose members may make mutating calls.
+    pub fn group(&self) -> String {
+        match self.group.read() {
+            Ok(g) => g.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// A reload's new `api.group`: from the next call on.
+    pub fn set_group(&self, group: String) {
+        match self.group.write() {
+            Ok(mut g) => *g = group,
+            Err(poisoned) => *poisoned.into_inner() = group,
+        }
+    }
+
     /// Asks the bus daemon who the sender is (`GetConnectionCredentials`: never anything in the
     /// message) and whether that user is root or in the configured group. The pid and its
     /// command name describe the caller in the audit record; they never decide. A refusal here
@@ -80,14 +104,14 @@ impl Authority {
             comm: pid.and_then(|p| command_name(std::path::Path::new(DEFAULT_PROC_ROOT), p)),
         };
         if uid != 0 {
-            let group = self.group.clone();
-            let member = tokio::task::spawn_blocking(move || user_in_group(uid, &group))
+            let group = self.group();
+            let asked = group.clone();
+            let member = tokio::task::spawn_blocking(move || user_in_group(uid, &asked))
                 .await
                 .unwrap_or(false);
             if !member {
                 let e = ApiError::AccessDenied(format!(
-                    "uid {uid} may not change lodger's jobs: run as root or add the user to the '{}' group",
-                    self.group
+                    "uid {uid} may not change lodger's jobs: run as root or add the user to the '{group}' group"
                 ));
                 audit_refused(&caller, action, &e);
                 return Err(e);

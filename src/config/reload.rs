@@ -31,10 +31,12 @@ impl Reload {
     }
 }
 
-/// The config to run with after a reload to `new`, and what that changed. Live: `agent.interval_ms`
-/// (the loop's tick) and `[rightsize]` (mode, warm-up, window, shrink, tolerance; a search under
-/// way keeps the window it started with). Every other section is wired into threads, cgroups,
-/// the bus or the kernel at start, so a change there is refused and the running value kept.
+/// The config to run with after a reload to `new`, and what that changed. Live:
+/// `agent.interval_ms` (the loop's tick), `[rightsize]` (a search under way keeps the window it
+/// started with), `[contention]` (mode, threshold, tick counts; off gives every throttle back),
+/// `training.rt_headroom_percent`, and `[api]`'s group, cgroup roots and per-owner caps (from the
+/// next call). Every other key is wired into threads, cgroups, the bus or the kernel at start, so
+/// a change there is refused and the running value kept.
 pub fn reload(running: &Config, new: &Config) -> (Config, Reload) {
     let mut next = running.clone();
     let mut r = Reload::default();
@@ -49,22 +51,47 @@ pub fn reload(running: &Config, new: &Config) -> (Config, Reload) {
         next.rightsize = new.rightsize.clone();
         r.applied.push("[rightsize]".to_string());
     }
+    if new.contention != running.contention {
+        next.contention = new.contention.clone();
+        r.applied.push("[contention]".to_string());
+    }
+    if new.training.rt_headroom_percent != running.training.rt_headroom_percent {
+        next.training.rt_headroom_percent = new.training.rt_headroom_percent;
+        r.applied.push(format!(
+            "training.rt_headroom_percent = {} (was {})",
+            new.training.rt_headroom_percent, running.training.rt_headroom_percent
+        ));
+    }
+    let mut api_live = running.api.clone();
+    api_live.group = new.api.group.clone();
+    api_live.cgroup_roots = new.api.cgroup_roots.clone();
+    api_live.max_jobs_per_owner = new.api.max_jobs_per_owner;
+    api_live.max_instances_per_owner = new.api.max_instances_per_owner;
+    if api_live != running.api {
+        next.api = api_live;
+        r.applied
+            .push("[api] group/cgroup_roots/max_*_per_owner".to_string());
+    }
     let mut agent_rest = new.agent.clone();
     agent_rest.interval_ms = running.agent.interval_ms;
+    let mut training_rest = new.training.clone();
+    training_rest.rt_headroom_percent = running.training.rt_headroom_percent;
     let refused = [
         ("[node]", new.node != running.node),
-        ("[training]", new.training != running.training),
+        (
+            "[training] (but rt_headroom_percent)",
+            training_rest != running.training,
+        ),
         (
             "[agent] state_dir/command_timeout_ms",
             agent_rest != running.agent,
         ),
-        ("[api]", new.api != running.api),
+        ("api.bus", new.api.bus != running.api.bus),
         ("[cgroup]", new.cgroup != running.cgroup),
         ("[log]", new.log != running.log),
         ("[sense]", new.sense != running.sense),
         ("[metrics]", new.metrics != running.metrics),
         ("[inference]", new.inference != running.inference),
-        ("[contention]", new.contention != running.contention),
         ("[network]", new.network != running.network),
     ];
     r.refused = refused
@@ -88,20 +115,41 @@ mod tests {
     fn live_keys_are_taken_and_the_others_refused_and_kept() {
         let running = parse("[agent]\ninterval_ms = 1000\n[api]\ngroup = \"lodger\"\n");
         let new = parse(
-            "[agent]\ninterval_ms = 250\nstate_dir = \"/srv/lodger\"\n[api]\ngroup = \"gpu\"\n\
-             [rightsize]\nmode = \"advise\"\n",
+            "[agent]\ninterval_ms = 250\nstate_dir = \"/srv/lodger\"\n\
+             [api]\ngroup = \"gpu\"\nbus = \"session\"\nmax_jobs_per_owner = 4\n\
+             [rightsize]\nmode = \"advise\"\n\
+             [contention]\nmode = \"off\"\nmembw_threshold = 0.5\n\
+             [training]\nrt_headroom_percent = 10\nrt_priority = 20\n",
         );
         let (next, r) = reload(&running, &new);
         assert_eq!(next.agent.interval_ms, 250);
         assert_eq!(next.rightsize, new.rightsize);
+        assert_eq!(next.contention, new.contention);
+        assert_eq!(next.training.rt_headroom_percent, 10);
+        assert_eq!(next.api.group, "gpu");
+        assert_eq!(next.api.max_jobs_per_owner, 4);
         // Refused: kept as they run.
         assert_eq!(next.agent.state_dir, running.agent.state_dir);
-        assert_eq!(next.api.group, "lodger");
+        assert_eq!(next.api.bus, running.api.bus);
+        assert_eq!(next.training.rt_priority, running.training.rt_priority);
         assert_eq!(
             r.applied,
-            ["agent.interval_ms = 250 (was 1000)", "[rightsize]"]
+            [
+                "agent.interval_ms = 250 (was 1000)",
+                "[rightsize]",
+                "[contention]",
+                "training.rt_headroom_percent = 10 (was 5)",
+                "[api] group/cgroup_roots/max_*_per_owner",
+            ]
         );
-        assert_eq!(r.refused, ["[agent] state_dir/command_timeout_ms", "[api]"]);
+        assert_eq!(
+            r.refused,
+            [
+                "[training] (but rt_headroom_percent)",
+                "[agent] state_dir/command_timeout_ms",
+                "api.bus",
+            ]
+        );
         assert!(
             r.describe().contains("refused (they need a restart"),
             "{}",

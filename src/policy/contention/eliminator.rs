@@ -116,6 +116,23 @@ impl ContentionEliminator {
         self.config.mode = mode;
     }
 
+    /// New thresholds, tick counts and mode, from the next [`step`](Self::step) on (a config
+    /// reload). What the eliminator holds is kept: throttles in force, learnt stable levels,
+    /// the runs of pressured and calm ticks; the calm a give-back needs is brought within the
+    /// new `calm_ticks ..= max_calm_ticks`. The MBA ladder stays as built at the start
+    /// (`mba_step_percent` and `mba_floor_percent` keep their running values).
+    pub fn reconfigure(&mut self, config: ContentionConfig) {
+        let calm = config.calm_ticks.max(1);
+        self.calm_needed = self
+            .calm_needed
+            .clamp(calm, config.max_calm_ticks.max(calm));
+        self.config = ContentionConfig {
+            mba_step_percent: self.config.mba_step_percent,
+            mba_floor_percent: self.config.mba_floor_percent,
+            ..config
+        };
+    }
+
     /// The last tick's detection.
     pub fn detection(&self) -> Option<&Detection> {
         self.detection.as_ref()
