@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 use tracing::{error, info, warn};
 
 use crate::agent::{
-    Agent, AgentHandle, AgentSettings, Enforce, MbaTarget, RightsizeSettings, TrustSettings,
+    Agent, AgentHandle, AgentSettings, Enforce, LiveSettings, MbaTarget, NetworkReload,
+    RightsizeSettings, TrustSettings,
 };
 use crate::api::{self, Authority, Bus};
 use crate::config::{self, Config, ConfigError};
@@ -276,22 +277,23 @@ fn sampler_settings(config: &Config) -> SamplerSettings {
 }
 
 /// Network shaping (SODA §V-E) when `[[network.link]]` names interfaces, with the way CPU
-/// jobs' traffic is told apart on this node's cgroups. Where that is a cgroup of lodgerd's own
+/// jobs' traffic is told apart on this node's cgroups (kept for a reload that changes
+/// `[network]`; `None` when shaping is off at start). Where that is a cgroup of lodgerd's own
 /// (v2, instances placed by affinity), instances start in it.
 fn network_control(
     config: &Config,
     runner: Option<&mut Instances>,
     sim: bool,
-) -> Option<NetworkControl> {
+) -> (Option<NetworkControl>, Option<Classifier>) {
     let shaping = config.network.shaping();
     let slow = config.network.slow_network();
     if shaping.is_none() && slow.is_none() {
         info!("network shaping off: no [[network.link]] (or network.cpu_jobs_interface) in the config");
-        return None;
+        return (None, None);
     }
     if sim {
         info!("network shaping off: --sim changes nothing on the node");
-        return None;
+        return (None, None);
     }
     let classifier = match runner.as_deref() {
         None => Classifier::Unavailable("inference instances are unavailable".into()),
@@ -343,6 +345,16 @@ fn network_control(
     if let (Classifier::OwnCgroupV2 { root, relative }, Some(r)) = (&classifier, runner) {
         r.start_in_cgroup(root.join(relative));
     }
+    let control = shaping_control(config, classifier.clone());
+    (control, Some(classifier))
+}
+
+/// The shaping (or two-network) control `[network]` asks for, telling CPU jobs' traffic apart
+/// with `classifier`; `None` when `[network]` names no interface or its settings cannot work
+/// (logged).
+fn shaping_control(config: &Config, classifier: Classifier) -> Option<NetworkControl> {
+    let shaping = config.network.shaping();
+    let slow = config.network.slow_network();
     // A hung `tc` or `nft` is killed at the deadline; shaping reports it in `status` and the
     // log and tries again at the next tick.
     let runner = Box::new(CommandRunner::new().with_deadline(config.agent.command_timeout()));
@@ -449,7 +461,8 @@ pub fn run(prepared: Prepared, sim: bool) -> ExitCode {
             info!("memory-bandwidth allocation (MBA) unavailable, contention control halves cores instead: {e}");
         }
     }
-    if let Some(n) = network_control(&config, runner.as_mut().map(|(r, _)| r), sim) {
+    let (network, classifier) = network_control(&config, runner.as_mut().map(|(r, _)| r), sim);
+    if let Some(n) = network {
         agent = agent.network(n);
     }
     if let Some((r, probe)) = runner {
@@ -491,7 +504,7 @@ pub fn run(prepared: Prepared, sim: bool) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let code = serve(&rt, &config, &handle);
+    let code = serve(&rt, &config, &handle, classifier);
     handle.stop();
     if join.join().is_err() {
         error!("the agent thread panicked");
@@ -509,7 +522,12 @@ pub fn run(prepared: Prepared, sim: bool) -> ExitCode {
 
 /// Serves `org.lodger1` on the configured bus (and metrics, and the systemd watchdog) on `rt`
 /// until SIGTERM/SIGINT.
-fn serve(rt: &tokio::runtime::Runtime, config: &Config, handle: &AgentHandle) -> ExitCode {
+fn serve(
+    rt: &tokio::runtime::Runtime,
+    config: &Config,
+    handle: &AgentHandle,
+    classifier: Option<Classifier>,
+) -> ExitCode {
     let bus = Bus::from(config.api.bus);
     let auth = Authority::new(config.api.group.clone());
     let sched = api::spec::SchedLabels::new(&config.training);
@@ -542,7 +560,7 @@ fn serve(rt: &tokio::runtime::Runtime, config: &Config, handle: &AgentHandle) ->
         let mut running = config.clone();
         while wait_for_signal().await == Signal::Reload {
             notify(&[sd_notify::NotifyState::Reloading]);
-            running = reload(&running, handle, &auth).await;
+            running = reload(&running, handle, &auth, classifier.as_ref()).await;
             notify(&[sd_notify::NotifyState::Ready]);
         }
         notify(&[sd_notify::NotifyState::Stopping]);
@@ -613,8 +631,14 @@ async fn wait_for_signal() -> Signal {
 
 /// Re-reads the config file lodgerd was started with and applies what can change live
 /// (`config::reload`); a file that does not parse changes nothing. Returns the config now
-/// running. Registered jobs are never dropped.
-async fn reload(running: &Config, handle: &AgentHandle, auth: &Authority) -> Config {
+/// running. Registered jobs are never dropped. `classifier`: how CPU jobs' traffic is told apart,
+/// known when lodgerd shaped at start (`[network]` can then change live).
+async fn reload(
+    running: &Config,
+    handle: &AgentHandle,
+    auth: &Authority,
+    classifier: Option<&Classifier>,
+) -> Config {
     let Some(path) = running.origin().map(Path::to_path_buf) else {
         info!("reload: lodgerd runs on the built-in defaults (no config file): nothing to re-read");
         return running.clone();
@@ -626,9 +650,19 @@ async fn reload(running: &Config, handle: &AgentHandle, auth: &Authority) -> Con
             return running.clone();
         }
     };
-    let (next, what) = config::reload(running, &new);
+    let (next, what) = config::reload(running, &new, classifier.is_some());
     if !what.applied.is_empty() {
-        if let Err(e) = handle.reload(agent_settings(&next).live()).await {
+        let network = match classifier {
+            Some(c) if next.network != running.network => {
+                NetworkReload::Replace(shaping_control(&next, c.clone()).map(Box::new))
+            }
+            _ => NetworkReload::Keep,
+        };
+        let live = LiveSettings {
+            sense_pace: Some((next.sense.interval(), next.sense.deadline())),
+            ..agent_settings(&next).live()
+        };
+        if let Err(e) = handle.reload(live, network).await {
             warn!("reload not applied: {e}");
             return running.clone();
         }

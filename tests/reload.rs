@@ -5,12 +5,6 @@
 mod common;
 
 use common::*;
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
-
-fn hup(d: &Daemon) {
-    kill(Pid::from_raw(d.pid() as i32), Signal::SIGHUP).expect("SIGHUP lodgerd");
-}
 
 #[test]
 fn a_reload_applies_live_keys_refuses_the_rest_and_keeps_the_jobs() {
@@ -41,7 +35,7 @@ fn a_reload_applies_live_keys_refuses_the_rest_and_keeps_the_jobs() {
            membw_threshold = 0.8\n";
     assert_ne!(changed, text);
     std::fs::write(&d.config, changed).expect("write config");
-    hup(&d);
+    d.hup();
     wait_until(WAIT, "the reload to be logged", || {
         d.log().contains("reloaded ")
     });
@@ -72,7 +66,7 @@ fn a_reload_applies_live_keys_refuses_the_rest_and_keeps_the_jobs() {
 
     // A file that does not parse changes nothing.
     std::fs::write(&d.config, "[agent]\ninterval_ms = \"fast\"\n").expect("write config");
-    hup(&d);
+    d.hup();
     wait_until(WAIT, "the refusal to be logged", || {
         d.log()
             .contains("reload refused, the running config is kept")

@@ -821,6 +821,30 @@ fn lodgerd_shapes_while_a_multi_node_training_job_runs_and_cleans_up() {
     let after = receiver.measure(WINDOW);
     eprintln!("{TEST}: shaped by lodgerd: {after}");
 
+    // A reload (issue 16) with another line rate replaces the tree in place, jobs kept; and
+    // back, so what follows sees the rate it expects.
+    let text = std::fs::read_to_string(&d.config).expect("config");
+    let rate = |mbit: u64| format!("line_rate_mbit = {mbit}");
+    for mbit in [LINK_MBIT / 2, LINK_MBIT] {
+        std::fs::write(&d.config, text.replace(&rate(LINK_MBIT), &rate(mbit))).expect("config");
+        d.hup();
+        common::wait_until(common::WAIT, "shaping at the reloaded rate", || {
+            network_status(&d).starts_with(&format!("shaping lt0a ({mbit} Mbit/s)"))
+        });
+        let classes = output(
+            "ip",
+            &["netns", "exec", &ns.a, "tc", "class", "show", "dev", "lt0a"],
+        );
+        assert!(classes.contains(&format!("rate {mbit}Mbit")), "{classes}");
+        common::wait_until(common::WAIT, "the CPU job held again", || {
+            d.job(&cpu_id)["network"]
+                .as_str()
+                .is_some_and(|n| n.starts_with("held to 25%"))
+        });
+    }
+    assert!(d.log().contains("applied [network]"), "{}", d.log());
+    assert_eq!(d.ctl_json(&["list"]).as_array().map(Vec::len), Some(2));
+
     // A crash does not lose it: the restarted lodgerd re-adopts the job and the tree.
     d.kill();
     assert!(

@@ -10,6 +10,7 @@ use serde::Serialize;
 use tokio::sync::{broadcast, oneshot};
 
 use crate::cpuset::CpuSet;
+use crate::enforce::network::node::NetworkControl;
 use crate::enforce::EnforceError;
 use crate::job::{Job, JobId, JobSpec, JobState, SpecError};
 use crate::policy::consolidate::NoCapacity;
@@ -164,9 +165,19 @@ pub(super) enum Command {
     /// A config reload: the settings that can change live (`config::reload`).
     Reload {
         live: Box<super::LiveSettings>,
+        network: NetworkReload,
         reply: oneshot::Sender<()>,
     },
     Stop,
+}
+
+/// What a reload does to network shaping.
+pub enum NetworkReload {
+    /// `[network]` did not change.
+    Keep,
+    /// `[network]` changed: what runs now is removed and this (none: shaping off) takes its
+    /// place, applied at the next tick if a multi-node training job runs.
+    Replace(Option<Box<NetworkControl>>),
 }
 
 /// The API's way in: cheap to clone, safe to use from any task.
@@ -263,11 +274,16 @@ impl AgentHandle {
         (latest.unix_ms > than_ms).then_some(latest)
     }
 
-    /// Applies the settings a reload may change ([`super::LiveSettings`]) between two ticks;
-    /// registered jobs are kept as they are.
-    pub async fn reload(&self, live: super::LiveSettings) -> Result<(), AgentError> {
+    /// Applies the settings a reload may change ([`super::LiveSettings`], and network shaping)
+    /// between two ticks; registered jobs are kept as they are.
+    pub async fn reload(
+        &self,
+        live: super::LiveSettings,
+        network: NetworkReload,
+    ) -> Result<(), AgentError> {
         self.ask(|reply| Command::Reload {
             live: Box::new(live),
+            network,
             reply,
         })
         .await

@@ -47,7 +47,9 @@ use tokio::sync::broadcast;
 use tracing::{info, warn};
 
 pub use self::contention::MbaTarget;
-pub use self::handle::{AgentError, AgentHandle, Caller, Event, NodeStatus, Snapshot};
+pub use self::handle::{
+    AgentError, AgentHandle, Caller, Event, NetworkReload, NodeStatus, Snapshot,
+};
 pub use self::training::Enforce;
 pub use self::trust::TrustSettings;
 pub use crate::sense::link::SensorLink;
@@ -93,6 +95,9 @@ pub struct LiveSettings {
     pub contention: Option<ContentionConfig>,
     pub rt_headroom_percent: Option<u32>,
     pub trust: TrustSettings,
+    /// The sensing thread's new interval and staleness deadline (`sense.interval_ms`,
+    /// `sense.deadline_ms`); None: as they are.
+    pub sense_pace: Option<(Duration, Duration)>,
 }
 
 impl AgentSettings {
@@ -104,6 +109,7 @@ impl AgentSettings {
             contention: self.contention.clone(),
             rt_headroom_percent: self.rt_headroom_percent,
             trust: self.trust.clone(),
+            sense_pace: None,
         }
     }
 }

@@ -16,10 +16,12 @@ pub(super) struct Network {
 
 impl Network {
     pub(super) fn new(control: NetworkControl) -> Self {
-        Self {
-            control,
-            actions: 0,
-        }
+        Self::with_actions(control, 0)
+    }
+
+    /// Taking over the count of shaping steps from the control it replaces (a reload).
+    pub(super) fn with_actions(control: NetworkControl, actions: u64) -> Self {
+        Self { control, actions }
     }
 
     pub(super) fn actions(&self) -> u64 {

@@ -5,8 +5,9 @@
 use tracing::info;
 
 use super::contention::Contention;
+use super::network::Network;
 use super::rtguard::RtGuard;
-use super::{Agent, LiveSettings};
+use super::{Agent, LiveSettings, NetworkReload};
 
 impl Agent {
     /// Applies `live` from the next tick on.
@@ -19,7 +20,11 @@ impl Agent {
     ///   switched on, detection starts learning from the next pass.
     /// - the RT guard's headroom: from the next tick; the cores it added stay.
     /// - `[api]`'s trust settings: from the next call.
+    /// - sensing's interval and deadline: from each source's next pass.
     pub(super) fn reload(&mut self, live: LiveSettings) {
+        if let (Some((interval, deadline)), Some(sensor)) = (live.sense_pace, &self.sensor) {
+            sensor.pace.set(interval, deadline);
+        }
         self.settings.interval = live.interval;
         self.settings.rightsize = live.rightsize.clone();
         self.rightsize = super::rightsize::Rightsize::new(live.rightsize);
@@ -53,5 +58,30 @@ impl Agent {
         };
         self.settings.rt_headroom_percent = live.rt_headroom_percent;
         self.settings.trust = live.trust;
+    }
+
+    /// A changed `[network]`: the shaping in place is removed (its CPU jobs told they are
+    /// released) and the new control, if any, applies from the next tick, as at a start.
+    pub(super) fn reload_network(&mut self, network: NetworkReload) {
+        let NetworkReload::Replace(control) = network else {
+            return;
+        };
+        let mut actions = 0;
+        if let Some(mut old) = self.network.take() {
+            for e in old.shutdown() {
+                self.emit(e);
+            }
+            actions = old.actions();
+        }
+        for stored in self.state.jobs.values_mut() {
+            stored.job.network = None;
+        }
+        self.network = control.map(|c| {
+            info!("network shaping reconfigured: {}", c.status());
+            Network::with_actions(*c, actions)
+        });
+        if self.network.is_none() {
+            info!("network shaping off");
+        }
     }
 }

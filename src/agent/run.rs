@@ -110,8 +110,13 @@ impl Agent {
                 self.publish();
                 let _ = reply.send(result);
             }
-            Command::Reload { live, reply } => {
+            Command::Reload {
+                live,
+                network,
+                reply,
+            } => {
                 self.reload(*live);
+                self.reload_network(network);
                 self.publish();
                 let _ = reply.send(());
             }

@@ -35,9 +35,13 @@ impl Reload {
 /// `agent.interval_ms` (the loop's tick), `[rightsize]` (a search under way keeps the window it
 /// started with), `[contention]` (mode, threshold, tick counts; off gives every throttle back),
 /// `training.rt_headroom_percent`, and `[api]`'s group, cgroup roots and per-owner caps (from the
-/// next call). Every other key is wired into threads, cgroups, the bus or the kernel at start, so
-/// a change there is refused and the running value kept.
-pub fn reload(running: &Config, new: &Config) -> (Config, Reload) {
+/// next call), `sense.interval_ms` and `sense.deadline_ms` (from each source's next pass), and
+/// `[network]` when `network_live` (lodgerd shaped or routed at start, so it knows
+/// how CPU jobs' traffic is told apart here: links, shares, steering and the two-network option
+/// change; the tree in place is removed and the new one applied). Every other key is wired into
+/// threads, cgroups, the bus or the kernel at start, so a change there is refused and the running
+/// value kept.
+pub fn reload(running: &Config, new: &Config, network_live: bool) -> (Config, Reload) {
     let mut next = running.clone();
     let mut r = Reload::default();
     if new.agent.interval_ms != running.agent.interval_ms {
@@ -72,6 +76,24 @@ pub fn reload(running: &Config, new: &Config) -> (Config, Reload) {
         r.applied
             .push("[api] group/cgroup_roots/max_*_per_owner".to_string());
     }
+    let network_refused = new.network != running.network && !network_live;
+    if new.network != running.network && network_live {
+        next.network = new.network.clone();
+        r.applied.push("[network]".to_string());
+    }
+    let (live_sense, mut sense_rest) = (&new.sense, new.sense.clone());
+    if (live_sense.interval_ms, live_sense.deadline_ms)
+        != (running.sense.interval_ms, running.sense.deadline_ms)
+    {
+        next.sense.interval_ms = live_sense.interval_ms;
+        next.sense.deadline_ms = live_sense.deadline_ms;
+        r.applied.push(format!(
+            "sense.interval_ms = {}, sense.deadline_ms = {}",
+            live_sense.interval_ms, live_sense.deadline_ms
+        ));
+    }
+    sense_rest.interval_ms = running.sense.interval_ms;
+    sense_rest.deadline_ms = running.sense.deadline_ms;
     let mut agent_rest = new.agent.clone();
     agent_rest.interval_ms = running.agent.interval_ms;
     let mut training_rest = new.training.clone();
@@ -89,10 +111,16 @@ pub fn reload(running: &Config, new: &Config) -> (Config, Reload) {
         ("api.bus", new.api.bus != running.api.bus),
         ("[cgroup]", new.cgroup != running.cgroup),
         ("[log]", new.log != running.log),
-        ("[sense]", new.sense != running.sense),
+        (
+            "[sense] (but interval_ms and deadline_ms)",
+            sense_rest != running.sense,
+        ),
         ("[metrics]", new.metrics != running.metrics),
         ("[inference]", new.inference != running.inference),
-        ("[network]", new.network != running.network),
+        (
+            "[network] (shaping was off at start: a restart turns it on)",
+            network_refused,
+        ),
     ];
     r.refused = refused
         .into_iter()
@@ -119,15 +147,18 @@ mod tests {
              [api]\ngroup = \"gpu\"\nbus = \"session\"\nmax_jobs_per_owner = 4\n\
              [rightsize]\nmode = \"advise\"\n\
              [contention]\nmode = \"off\"\nmembw_threshold = 0.5\n\
-             [training]\nrt_headroom_percent = 10\nrt_priority = 20\n",
+             [training]\nrt_headroom_percent = 10\nrt_priority = 20\n\
+             [sense]\ninterval_ms = 2000\ngpu = \"off\"\n",
         );
-        let (next, r) = reload(&running, &new);
+        let (next, r) = reload(&running, &new, false);
         assert_eq!(next.agent.interval_ms, 250);
         assert_eq!(next.rightsize, new.rightsize);
         assert_eq!(next.contention, new.contention);
         assert_eq!(next.training.rt_headroom_percent, 10);
         assert_eq!(next.api.group, "gpu");
         assert_eq!(next.api.max_jobs_per_owner, 4);
+        assert_eq!(next.sense.interval_ms, 2000);
+        assert_eq!(next.sense.gpu, running.sense.gpu);
         // Refused: kept as they run.
         assert_eq!(next.agent.state_dir, running.agent.state_dir);
         assert_eq!(next.api.bus, running.api.bus);
@@ -140,6 +171,7 @@ mod tests {
                 "[contention]",
                 "training.rt_headroom_percent = 10 (was 5)",
                 "[api] group/cgroup_roots/max_*_per_owner",
+                "sense.interval_ms = 2000, sense.deadline_ms = 5000",
             ]
         );
         assert_eq!(
@@ -148,6 +180,7 @@ mod tests {
                 "[training] (but rt_headroom_percent)",
                 "[agent] state_dir/command_timeout_ms",
                 "api.bus",
+                "[sense] (but interval_ms and deadline_ms)",
             ]
         );
         assert!(
@@ -160,9 +193,26 @@ mod tests {
     #[test]
     fn the_same_file_changes_nothing() {
         let running = parse("[agent]\ninterval_ms = 500\n");
-        let (next, r) = reload(&running, &running.clone());
+        let (next, r) = reload(&running, &running.clone(), true);
         assert_eq!(next, running);
         assert_eq!(r, Reload::default());
         assert_eq!(r.describe(), "nothing changed");
+    }
+
+    #[test]
+    fn network_changes_live_only_where_lodgerd_shaped_at_start() {
+        let running =
+            parse("[network]\n[[network.link]]\ninterface = \"eth0\"\nline_rate_mbit = 100\n");
+        let new = parse("[network]\n[[network.link]]\ninterface = \"eth0\"\nline_rate_mbit = 40\n");
+        let (next, r) = reload(&running, &new, true);
+        assert_eq!(next.network, new.network);
+        assert_eq!(r.applied, ["[network]"]);
+        assert!(r.refused.is_empty());
+        let (next, r) = reload(&running, &new, false);
+        assert_eq!(next.network, running.network);
+        assert_eq!(
+            r.refused,
+            ["[network] (shaping was off at start: a restart turns it on)"]
+        );
     }
 }

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use tracing::{info, warn};
 
-use super::link::{LatestObservations, SensorLink};
+use super::link::{LatestObservations, Pace, SensorLink};
 use super::sampler::{Sampler, SamplerSettings};
 use super::{Observations, SensedJob, SourceAge};
 use crate::clock::unix_ms;
@@ -171,7 +171,7 @@ pub fn spawn(
     settings: SamplerSettings,
     deadline: Duration,
 ) -> std::io::Result<(SensorLink, thread::JoinHandle<()>)> {
-    let interval = settings.interval;
+    let pace = Pace::new(settings.interval, deadline);
     let sources: Vec<(SourceKind, OpenSource)> = SourceKind::ALL
         .into_iter()
         .map(|kind| {
@@ -181,14 +181,13 @@ pub fn spawn(
             (kind, open)
         })
         .collect();
-    spawn_sources(sources, interval, deadline)
+    spawn_sources(sources, pace)
 }
 
-/// [`spawn`] with any sources (the tests' fakes).
+/// [`spawn`] with any sources (the tests' fakes), at `pace`.
 pub fn spawn_sources(
     sources: Vec<(SourceKind, OpenSource)>,
-    interval: Duration,
-    deadline: Duration,
+    pace: Arc<Pace>,
 ) -> std::io::Result<(SensorLink, thread::JoinHandle<()>)> {
     let mut workers = Vec::new();
     for (kind, open) in sources {
@@ -196,10 +195,11 @@ pub fn spawn_sources(
         let (done_tx, done_rx) = mpsc::channel();
         let latest: Latest = Arc::new(Mutex::new(None));
         let slot = latest.clone();
+        let worker_pace = pace.clone();
         thread::Builder::new()
             .name(format!("lodger-sense-{}", kind.name()))
             .spawn(move || {
-                work(open, jobs_rx, &slot, interval);
+                work(open, jobs_rx, &slot, &worker_pace);
                 let _ = done_tx.send(());
             })?;
         workers.push(Worker {
@@ -218,26 +218,23 @@ pub fn spawn_sources(
         tx: obs_tx,
         latest: latest.clone(),
     };
+    let coordinator_pace = pace.clone();
     let join = thread::Builder::new()
         .name("lodger-sense".into())
-        .spawn(move || coordinate(workers, &jobs_rx, &out, interval, deadline))?;
+        .spawn(move || coordinate(workers, &jobs_rx, &out, &coordinator_pace))?;
     Ok((
         SensorLink {
             observations: obs_rx,
             jobs: jobs_tx,
             latest,
+            pace,
         },
         join,
     ))
 }
 
 /// A worker: a pass every interval, the newest handed over; ends when the coordinator goes.
-fn work(
-    open: OpenSource,
-    jobs: mpsc::Receiver<Vec<SensedJob>>,
-    latest: &Latest,
-    interval: Duration,
-) {
+fn work(open: OpenSource, jobs: mpsc::Receiver<Vec<SensedJob>>, latest: &Latest, pace: &Pace) {
     let mut source = open();
     let mut next = Instant::now();
     loop {
@@ -247,7 +244,7 @@ fn work(
             if let Ok(mut l) = latest.lock() {
                 *l = Some((Instant::now(), obs));
             }
-            next = Instant::now() + interval;
+            next = Instant::now() + pace.interval();
             continue;
         }
         match jobs.recv_timeout(next - now) {
@@ -265,10 +262,10 @@ fn coordinate(
     mut workers: Vec<Worker>,
     jobs: &mpsc::Receiver<Vec<SensedJob>>,
     out: &Out,
-    interval: Duration,
-    deadline: Duration,
+    pace: &Pace,
 ) {
     let started = Instant::now();
+    let deadline = pace.deadline();
     // The first merge as soon as every source has answered once (or the deadline passed), so
     // a fresh lodgerd shows its sources at once rather than after a whole interval.
     while started.elapsed() < deadline
@@ -282,14 +279,14 @@ fn coordinate(
     loop {
         let now = Instant::now();
         if now >= next {
-            let obs = merge(&mut workers, started, interval + deadline);
+            let obs = merge(&mut workers, started, pace.interval() + pace.deadline());
             if let Ok(mut l) = out.latest.lock() {
                 *l = Some(Arc::new(obs.clone()));
             }
             if out.tx.send(obs).is_err() {
                 break;
             }
-            next = Instant::now() + interval;
+            next = Instant::now() + pace.interval();
             continue;
         }
         match jobs.recv_timeout(next - now) {
@@ -304,7 +301,7 @@ fn coordinate(
     }
     let done: Vec<mpsc::Receiver<()>> = workers.into_iter().map(|w| w.done).collect();
     for d in done {
-        let _ = d.recv_timeout(deadline);
+        let _ = d.recv_timeout(pace.deadline());
     }
 }
 

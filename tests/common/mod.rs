@@ -313,6 +313,16 @@ impl Daemon {
         }
     }
 
+    /// SIGHUP, what `systemctl reload lodgerd` sends: re-read the config file.
+    pub fn hup(&self) {
+        let pid = i32::try_from(self.pid()).expect("pid");
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGHUP,
+        )
+        .expect("SIGHUP lodgerd");
+    }
+
     pub fn pid(&self) -> u32 {
         self.child
             .as_ref()

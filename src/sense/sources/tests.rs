@@ -64,7 +64,7 @@ fn a_source_that_blocks_goes_stale_with_its_age_and_the_others_keep_their_cadenc
     ];
     let interval = Duration::from_millis(20);
     let deadline = Duration::from_millis(300);
-    let (link, join) = spawn_sources(sources, interval, deadline).expect("spawn");
+    let (link, join) = spawn_sources(sources, Pace::new(interval, deadline)).expect("spawn");
     let next = || link.observations.recv_timeout(HANG_GUARD).expect("a pass");
 
     // Until the GPU source is past its deadline, its one pass is shown.
@@ -109,6 +109,17 @@ fn a_source_that_blocks_goes_stale_with_its_age_and_the_others_keep_their_cadenc
     for w in seen.windows(2) {
         assert!(w[1].unix_ms >= w[0].unix_ms);
     }
+
+    // A reload that gives sources longer (sense.deadline_ms) counts the stuck one fresh from
+    // the next merge on (passes merged before the change may still be queued), and back.
+    let within = |stale: bool, what: &str| {
+        let found = (0..5000).any(|_| next().is_stale("gpu") == stale);
+        assert!(found, "{what}");
+    };
+    link.pace.set(interval, Duration::from_secs(600));
+    within(false, "fresh under the longer deadline");
+    link.pace.set(interval, deadline);
+    within(true, "stale again under the first deadline");
 
     // Once it answers, it is fresh again.
     release_tx.send(()).expect("release");
