@@ -190,6 +190,9 @@ fn enforce_settings(config: &Config) -> EnforceSettings {
 }
 
 /// `[inference]`: the instance runner's settings and the layout probe's length.
+/// Under `agent.state_dir`: the instances' report FIFOs.
+const INSTANCE_REPORT_DIR: &str = "instances";
+
 fn instance_settings(config: &Config, enforce: &EnforceSettings) -> (InstanceSettings, Duration) {
     let probe = Duration::from_secs(config.inference.probe_seconds);
     let settings = InstanceSettings {
@@ -198,6 +201,8 @@ fn instance_settings(config: &Config, enforce: &EnforceSettings) -> (InstanceSet
         // Under "other" training is SCHED_OTHER too: only SCHED_IDLE keeps lodgers below it.
         offline_idle: config.training.lodgers_sched_idle
             || config.training.policy == config::TrainingPolicy::Other,
+        // Report FIFOs outlive lodgerd with the instances (issue 17).
+        report_dir: Some(config.agent.state_dir.join(INSTANCE_REPORT_DIR)),
         ..InstanceSettings::with_enforce(enforce)
     };
     (settings, probe)

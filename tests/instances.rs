@@ -560,76 +560,107 @@ fn stop_leaves_no_process_and_no_cgroup() {
     );
 }
 
+/// Issue 17: a supervisor that goes away without stopping anything (a crashed or restarted
+/// lodgerd) leaves its instances running; the next one adopts the instance its plan still wants
+/// (same process, heard again through its report FIFO, nothing restarted) and kills and removes
+/// the one it does not want, with the process that instance started and its cgroup.
 #[test]
-fn sweep_cleans_up_after_a_crash() {
-    let Some(f) = Fixture::new("sweep_cleans_up_after_a_crash", cgroup_placement()) else {
+fn a_crashed_supervisors_instances_are_adopted_or_swept() {
+    let Some(f) = Fixture::new(
+        "a_crashed_supervisors_instances_are_adopted_or_swept",
+        cgroup_placement(),
+    ) else {
         return;
     };
-    let s = f.settings(cgroup_placement());
+    let fifos = tempfile::tempdir().expect("tempdir");
+    let with_fifos = || InstanceSettings {
+        report_dir: Some(fifos.path().to_path_buf()),
+        ..f.settings(cgroup_placement())
+    };
+    let s = with_fifos();
     let lodgers = f.lodgers();
-    // A lodgerd that dies without cleaning up: its supervising thread goes away.
+    let kept = spec("j8", 0, worker(&[]), "0", 1);
     let (tx, rx) = mpsc::channel();
+    let first = kept.clone();
     let crashed = {
         let lodgers = lodgers.clone();
         std::thread::spawn(move || {
             let mut inst = Instances::new(s).expect("Instances");
-            inst.reconcile(&[
-                spec("j8", 0, worker(&[]), "0", 1),
-                spec("j8", 1, wrapped_worker(), "1", 1),
-            ])
-            .expect("reconcile");
-            wait_until(WAIT, "the wrapped worker to start", || {
-                procs_of(&format!("{lodgers}/j8-1")).len() == 2
-            });
+            inst.reconcile(&[first, spec("j8", 1, wrapped_worker(), "1", 1)])
+                .expect("reconcile");
+            wait_until(
+                WAIT,
+                "the wrapped worker to start and j8-0 to report",
+                || {
+                    let _ = inst.poll();
+                    let reported = inst
+                        .stats()
+                        .iter()
+                        .any(|s| s.index == 0 && s.reports_total > 0);
+                    reported && procs_of(&format!("{lodgers}/j8-1")).len() == 2
+                },
+            );
             let direct: Vec<u32> = inst.stats().iter().filter_map(|s| s.pid).collect();
             tx.send((direct, procs_of(&format!("{lodgers}/j8-1"))))
                 .expect("send");
+            // Gone without stopping anything, as a killed lodgerd.
             std::mem::forget(inst);
         })
     };
     crashed.join().expect("thread");
     let (direct, wrapped) = rx.recv().expect("pids");
-    // The death signal: the instances themselves die with the thread that started them...
-    wait_until(WAIT, "PR_SET_PDEATHSIG to kill the instances", || {
-        direct.iter().all(|&p| !alive(p))
-    });
-    // ...but the wrapper's child is still there, in its cgroup.
-    let orphans: Vec<u32> = wrapped
-        .iter()
-        .copied()
-        .filter(|p| !direct.contains(p))
-        .collect();
-    assert_eq!(orphans.len(), 1, "{wrapped:?} {direct:?}");
-    assert!(alive(orphans[0]));
-    assert_eq!(procs_of(&format!("{lodgers}/j8-1")), orphans);
-    assert!(cgroup_dir(&format!("{lodgers}/j8-1")).is_dir());
-
-    // The next lodgerd sweeps before it starts anything.
-    let mut next = Instances::new(f.settings(cgroup_placement())).expect("Instances");
-    let swept = next.sweep_leftovers().expect("sweep");
-    assert_eq!(swept.killed, orphans);
-    let mut removed = swept.removed_cgroups.clone();
-    removed.sort();
-    assert_eq!(
-        removed,
-        vec![
-            lodgers.clone(),
-            format!("{lodgers}/j8-0"),
-            format!("{lodgers}/j8-1")
-        ]
+    assert_eq!(direct.len(), 2, "{direct:?}");
+    // No death signal: everything runs on without its supervisor.
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        direct.iter().chain(&wrapped).all(|&p| alive(p)),
+        "{direct:?} {wrapped:?}"
     );
-    assert!(!alive(orphans[0]));
-    assert!(!cgroup_dir(&lodgers).exists());
-    // Nothing left: a second sweep finds nothing.
-    assert_eq!(next.sweep_leftovers().expect("sweep"), Default::default());
-    // And it refuses to sweep under running instances.
-    next.reconcile(&[spec("j8", 0, worker(&[]), "0", 1)])
+
+    // The next supervisor wants j8-0 only.
+    let mut next = Instances::new(with_fifos()).expect("Instances");
+    let out = next.adopt(std::slice::from_ref(&kept)).expect("adopt");
+    assert_eq!(out.adopted.len(), 1, "{out:?}");
+    assert_eq!(out.adopted[0].1, direct[0], "the same process");
+    let mut killed = wrapped.clone();
+    killed.sort_unstable();
+    assert_eq!(out.killed, killed, "j8-1's shell and the worker it started");
+    assert_eq!(out.removed_cgroups, vec![format!("{lodgers}/j8-1")]);
+    wait_until(WAIT, "j8-1's processes to die", || {
+        wrapped.iter().all(|&p| !alive(p))
+    });
+    assert!(!cgroup_dir(&format!("{lodgers}/j8-1")).exists());
+    assert!(!fifos.path().join("j8-1.report").exists());
+    // Supervised again: nothing restarted, and its reports reach the new supervisor.
+    let started = next
+        .reconcile(std::slice::from_ref(&kept))
         .expect("reconcile");
+    assert!(
+        started.started.is_empty() && !started.changed,
+        "{started:?}"
+    );
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let _ = next.poll();
+        let stats = next.stats();
+        if stats[0].reports_total > 0 {
+            assert_eq!(stats[0].pid, Some(direct[0]));
+            assert_eq!(stats[0].restarts, 0);
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no report after adoption: {stats:#?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // And it refuses to adopt under running instances.
     assert!(matches!(
-        next.sweep_leftovers(),
+        next.adopt(&[kept]),
         Err(InstanceError::SweepWithInstances { running: 1 })
     ));
     next.stop_all();
+    assert!(!alive(direct[0]));
     drop(f);
 }
 
@@ -671,7 +702,7 @@ fn affinity_placement_pins_moves_and_sweeps_without_cgroups() {
     f.inst().stop_all();
     assert!(!alive(pid));
 
-    // A crash with a wrapped worker: its child is found by its LODGER_PARENT.
+    // A crash with a wrapped worker, whose job is then gone.
     let s = f.settings(InstancePlacement::Affinity);
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
@@ -692,14 +723,18 @@ fn affinity_placement_pins_moves_and_sweeps_without_cgroups() {
     .join()
     .expect("thread");
     let (sh, orphan) = rx.recv().expect("pids");
-    wait_until(WAIT, "the death signal", || !alive(sh));
-    assert!(alive(orphan));
+    assert!(alive(sh) && alive(orphan));
     assert_eq!(cpus_allowed(orphan, orphan).as_deref(), Some("1"));
+    // Not wanted any more: the shell and its child are found by their LODGER_PARENT.
     let mut next = Instances::new(f.settings(InstancePlacement::Affinity)).expect("Instances");
-    let swept = next.sweep_leftovers().expect("sweep");
-    assert_eq!(swept.killed, vec![orphan]);
-    assert!(swept.removed_cgroups.is_empty());
-    wait_until(WAIT, "the orphan to die", || !alive(orphan));
+    let swept = next.adopt(&[]).expect("adopt");
+    let mut both = vec![sh, orphan];
+    both.sort_unstable();
+    assert_eq!(swept.killed, both);
+    assert!(swept.adopted.is_empty() && swept.removed_cgroups.is_empty());
+    wait_until(WAIT, "the leftovers to die", || {
+        !alive(sh) && !alive(orphan)
+    });
 }
 
 #[test]

@@ -1,6 +1,7 @@
-# lodger %preun ($1: 0 on erase, 1 on upgrade): %systemd_preun written out, preceded by releasing
-# every job. A stopped lodgerd leaves its jobs pinned and SCHED_RR on purpose (an upgrade must not
-# disturb training), so erasing the package has to release them first.
+# lodger %preun ($1: 0 on erase, 1 on upgrade): %systemd_preun written out, preceded by a drain
+# (every job released, every inference instance stopped). A stopped lodgerd leaves its jobs pinned
+# and SCHED_RR and its instances running on purpose (an upgrade must not disturb training or
+# serving), so erasing the package has to undo them first.
 if [ "$1" -eq 0 ]; then
     if [ -d /run/systemd/system ]; then
         # Jobs left by a lodgerd that is not running: start it to re-adopt and release them.
@@ -8,7 +9,7 @@ if [ "$1" -eq 0 ]; then
             systemctl start lodgerd.service || :
         fi
         if systemctl --quiet is-active lodgerd.service; then
-            lodgerctl unregister --all >/dev/null ||
+            lodgerctl drain >/dev/null ||
                 echo "lodger: could not release every job; see 'journalctl -u lodgerd'" >&2
         fi
     fi

@@ -107,6 +107,9 @@ pub struct NodeStatus {
     pub gpus: u32,
     pub smt: bool,
     pub jobs: u32,
+    /// Inference instances supervised: running, backing off, or still stopping after their job
+    /// was unregistered (`lodgerctl drain` waits for none).
+    pub instances: u32,
     pub enforcement: String,
     pub rt_priority: i32,
     pub interval_ms: u64,

@@ -27,21 +27,33 @@ pub(super) struct Inference {
 }
 
 impl Inference {
-    /// Takes the runner after sweeping the instances a previous lodgerd (killed before it could
-    /// stop them) left behind. `probe_window` is how long each layout probe is measured.
-    pub(super) fn new(mut runner: Instances, probe_window: Duration) -> Self {
-        match runner.sweep_leftovers() {
-            Ok(swept) if !swept.killed.is_empty() || !swept.removed_cgroups.is_empty() => info!(
-                "removed leftover inference instances: killed {:?}, cgroups {:?}",
-                swept.killed, swept.removed_cgroups
-            ),
-            Ok(_) => {}
-            Err(e) => warn!("cannot sweep leftover inference instances: {e}"),
+    /// Takes the runner after adopting the instances a previous lodgerd left running that
+    /// `state`'s plan still wants (issue 17: a restart restarts no instance) and removing every
+    /// other leftover. `probe_window` is how long each layout probe is measured.
+    pub(super) fn new(mut runner: Instances, probe_window: Duration, state: &State) -> Self {
+        match runner.adopt(&desired_instances(state, &state.inference)) {
+            Ok(out) => {
+                if !out.adopted.is_empty() {
+                    info!(
+                        "adopted {} running inference instance(s) from a previous lodgerd",
+                        out.adopted.len()
+                    );
+                }
+            }
+            Err(e) => warn!("cannot adopt or sweep the instances a previous lodgerd left: {e}"),
         }
         Self {
             runner,
             probe_window,
             searches: BTreeMap::new(),
+        }
+    }
+
+    /// lodgerd is stopping: the instances run on for the next lodgerd to adopt.
+    pub(super) fn leave_running(&mut self) {
+        let running = self.runner.leave_running();
+        if running > 0 {
+            info!("leaving {running} inference instance(s) running for the next lodgerd");
         }
     }
 
@@ -78,11 +90,17 @@ impl Inference {
         cpu_jobs.into_values().collect()
     }
 
-    /// Places, starts and supervises inference instances (Cloud Reamer §III-A/B): online
-    /// instances on exclusive leftover cores, offline ones on every non-reserved core, training's
-    /// included. `throttles` are contention's (a throttled job runs fewer instances). Returns
-    /// whether anything persisted changed.
-    pub(super) fn tick(&mut self, cx: &mut TickCx<'_>, throttles: &Throttles) -> bool {
+    /// Places inference instances (Cloud Reamer §III-A/B): online instances on exclusive
+    /// leftover cores, offline ones on every non-reserved core, training's included.
+    /// `throttles` are contention's (a throttled job runs fewer instances). Returns the
+    /// instances the plan wants and whether the plan changed: a changed plan is persisted before
+    /// [`Inference::apply`] starts anything, so a lodgerd killed meanwhile finds every instance
+    /// it started in the plan it reads at its next start, and adopts it.
+    pub(super) fn plan(
+        &mut self,
+        cx: &mut TickCx<'_>,
+        throttles: &Throttles,
+    ) -> (Vec<InstanceSpec>, bool) {
         let training = inference::training_cpus(&cx.state.plan);
         let usable = cx
             .topology
@@ -141,9 +159,16 @@ impl Inference {
             &cx.state.inference,
         );
         let desired = desired_instances(cx.state, &plan);
-        let mut dirty = plan != cx.state.inference;
+        let changed = plan != cx.state.inference;
         cx.state.inference = plan;
-        match self.runner.reconcile(&desired) {
+        (desired, changed)
+    }
+
+    /// Starts and supervises the instances [`Inference::plan`] asked for, and shows them on
+    /// their jobs. Returns whether anything persisted changed.
+    pub(super) fn apply(&mut self, cx: &mut TickCx<'_>, desired: &[InstanceSpec]) -> bool {
+        let mut dirty = false;
+        match self.runner.reconcile(desired) {
             Ok(out) => {
                 for e in out.errors {
                     warn!("inference instances: {e}");
@@ -154,7 +179,14 @@ impl Inference {
         // The runner logs exits and restarts itself.
         let _ = self.runner.poll();
         let stats = self.runner.stats();
-        for (id, _) in &ids {
+        let ids: Vec<JobId> = cx
+            .state
+            .jobs
+            .values()
+            .filter(|s| s.job.spec.kind.is_inference())
+            .map(|s| s.job.id.clone())
+            .collect();
+        for id in &ids {
             dirty |= self.show(cx, id, &stats);
         }
         dirty

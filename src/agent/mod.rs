@@ -272,7 +272,7 @@ impl AgentBuilder {
             training: Training::new(self.enforcer),
             inference: self
                 .runner
-                .map(|(runner, probe_window)| Inference::new(runner, probe_window)),
+                .map(|(runner, probe_window)| Inference::new(runner, probe_window, &state)),
             network: self.network.map(Network::new),
             settings: self.settings,
             topology: self.topology,

@@ -55,10 +55,13 @@ impl Agent {
         );
     }
 
-    /// lodgerd is stopping: training jobs stay enforced (a restart re-adopts them), but what
-    /// only lodgerd keeps in step goes: network shaping and lodger's resctrl group. The
-    /// instances themselves are stopped when the runner is dropped.
+    /// lodgerd is stopping: training jobs stay enforced and inference instances run on (a
+    /// restart re-adopts both), but what only lodgerd keeps in step goes: network shaping and
+    /// lodger's resctrl group.
     fn shutdown(&mut self) {
+        if let Some(inference) = &mut self.inference {
+            inference.leave_running();
+        }
         if let Some(network) = &mut self.network {
             for e in network.shutdown() {
                 self.emit(e);
@@ -156,6 +159,9 @@ impl Agent {
             gpus: u32::try_from(self.topology.gpus.len()).unwrap_or(u32::MAX),
             smt: self.topology.has_smt(),
             jobs: u32::try_from(self.state.jobs.len()).unwrap_or(u32::MAX),
+            instances: self.inference.as_ref().map_or(0, |i| {
+                u32::try_from(i.runner.stats().len()).unwrap_or(u32::MAX)
+            }),
             enforcement: self.training.enforcer.describe(),
             rt_priority: self.settings.rt_priority,
             interval_ms: u64::try_from(self.settings.interval.as_millis()).unwrap_or(u64::MAX),
@@ -215,7 +221,15 @@ impl Agent {
         let (changed, gone) = self.training.tick(&mut cx);
         dirty |= changed;
         if let Some(inference) = &mut self.inference {
-            dirty |= inference.tick(&mut cx, &throttles);
+            let (desired, replanned) = inference.plan(&mut cx, &throttles);
+            if replanned {
+                // Before anything starts (see `Inference::plan`).
+                if let Err(e) = self.store.save(cx.state) {
+                    warn!("{e}");
+                }
+                dirty = true;
+            }
+            dirty |= inference.apply(&mut cx, &desired);
         }
         if let Some(network) = &mut self.network {
             let cpu_jobs = self

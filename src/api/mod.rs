@@ -239,6 +239,7 @@ impl Manager {
         d.insert("gpus".into(), Value::from(s.gpus));
         d.insert("smt".into(), Value::from(s.smt));
         d.insert("jobs".into(), Value::from(s.jobs));
+        d.insert("instances".into(), Value::from(s.instances));
         d.insert("enforcement".into(), Value::from(s.enforcement));
         d.insert("rt_priority".into(), Value::from(s.rt_priority));
         d.insert("interval_ms".into(), Value::from(s.interval_ms));

@@ -45,6 +45,11 @@ pub enum Command {
     },
     /// Show the node: CPUs, reserved, free, training CPUs, enforcement mode.
     Status,
+    /// Undo everything lodgerd did, on purpose: release every job (threads back to SCHED_OTHER,
+    /// cgroups restored, network shaping removed) and wait until every inference instance has
+    /// stopped. Run it before stopping lodgerd for good (the packages' removal does); a plain
+    /// stop or restart undoes nothing, and instances run on for the next lodgerd.
+    Drain(DrainArgs),
     /// Live measurements per job (CPU %, IPC, cache-miss %, GPU %, memory bandwidth), refreshed
     /// like top; `--once` or `--json` print one sample for scripts.
     Top(TopArgs),
@@ -78,6 +83,13 @@ pub struct UnregisterArgs {
     /// lodgerd, which otherwise leaves its jobs pinned on purpose).
     #[arg(long)]
     pub all: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct DrainArgs {
+    /// Seconds to wait for the instances to stop (each gets lodgerd's stop grace, then SIGKILL).
+    #[arg(long, default_value_t = 60, value_name = "SECONDS")]
+    pub timeout: u64,
 }
 
 #[derive(Subcommand, Debug)]

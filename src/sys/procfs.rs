@@ -24,6 +24,8 @@ pub enum ProcError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ProcStat {
     pub ppid: u32,
+    /// The process group.
+    pub pgrp: u32,
     /// Clock ticks after boot: with the pid, identifies one process for its whole life.
     pub start_time: u64,
     /// False for zombies and dead tasks: they hold their pid but run nothing.
@@ -36,13 +38,15 @@ pub fn parse_stat(text: &[u8]) -> Option<ProcStat> {
     let close = text.iter().rposition(|&b| b == b')')?;
     let rest = std::str::from_utf8(text.get(close + 1..)?).ok()?;
     let mut fields = rest.split_ascii_whitespace();
-    // After the name: state (3), ppid (4), ... starttime (22).
+    // After the name: state (3), ppid (4), pgrp (5), ... starttime (22).
     let state = fields.next()?;
     let ppid = fields.next()?.parse().ok()?;
-    let start_time = fields.nth(22 - 5)?.parse().ok()?;
+    let pgrp = fields.next()?.parse().ok()?;
+    let start_time = fields.nth(22 - 6)?.parse().ok()?;
     let running = !matches!(state, "Z" | "X" | "x");
     Some(ProcStat {
         ppid,
+        pgrp,
         start_time,
         running,
     })
@@ -247,6 +251,7 @@ mod tests {
         let line = b"1234 (a) b (c)) S 77 1234 1234 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 3 0 98765 1000 10 18446744073709551615 0 0 0 0 0 0 0 0 0 0 0 0 17 1 0 0 0 0 0\n";
         let s = parse_stat(line).expect("parses");
         assert_eq!(s.ppid, 77);
+        assert_eq!(s.pgrp, 1234);
         assert_eq!(s.start_time, 98765);
         assert!(s.running);
         let zombie = b"5 (x) Z 1 5 5 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 42 0 0";

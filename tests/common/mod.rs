@@ -390,22 +390,53 @@ impl Daemon {
 }
 
 impl Drop for Daemon {
-    /// Leaves nothing behind: a stopped lodgerd keeps its jobs enforced (by design), so the test
-    /// daemon unregisters them first, then removes its (by then empty) parent cgroup.
+    /// Leaves nothing behind: a stopped lodgerd keeps its jobs enforced and its instances
+    /// running (by design), so the test daemon drains first (every job released, every instance
+    /// stopped), then removes its (by then empty) parent cgroup. Should the drain fail, whatever
+    /// still carries this lodgerd's mark is killed, so no test leaves a process behind.
     fn drop(&mut self) {
         if self.child.is_some() {
-            let out = self.ctl(&["--json", "list"]);
-            if let Ok(serde_json::Value::Array(jobs)) = serde_json::from_slice(&out.stdout) {
-                for job in jobs {
-                    if let Some(id) = job["id"].as_str() {
-                        let _ = self.ctl(&["unregister", id]);
-                    }
-                }
-            }
+            let _ = self.ctl(&["drain", "--timeout", "30"]);
         }
         self.stop();
+        kill_marked(&self.parent);
         remove_cgroup_tree(&self.parent);
     }
+}
+
+/// SIGKILL to every process whose environment carries `LODGER_PARENT` naming lodger cgroup
+/// `parent` (the instances of the lodgerd that used it, and what they started).
+pub fn kill_marked(parent: &str) -> Vec<u32> {
+    let want = parent.trim_matches('/');
+    let mut killed = Vec::new();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return killed;
+    };
+    for entry in dir.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(env) = std::fs::read(entry.path().join("environ")) else {
+            continue;
+        };
+        let marked = env.split(|&b| b == 0).any(|v| {
+            v.strip_prefix(b"LODGER_PARENT=")
+                .and_then(|p| std::str::from_utf8(p).ok())
+                .is_some_and(|p| p.trim_matches('/') == want)
+        });
+        if marked {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            killed.push(pid);
+        }
+    }
+    killed
 }
 
 /// Removes the (empty) cgroup `rel` and the empty cgroups under it, deepest first, in the cpuset

@@ -135,7 +135,7 @@ pub enum InstanceError {
     #[error("cannot kill leftover process {pid}: {errno}")]
     Leftover { pid: u32, errno: Errno },
     #[error(
-        "sweep_leftovers runs once at start, before the first reconcile: {running} instance(s) \
+        "adopt runs once at start, before the first reconcile: {running} instance(s) \
          are already managed"
     )]
     SweepWithInstances { running: usize },

@@ -14,15 +14,13 @@ use super::error::InstanceError;
 use super::supervisor::{backoff_delay, invalid, pid_of, Slot, SlotState};
 use super::template::Template;
 use super::unit;
-use super::{
-    InstanceKey, InstanceSettings, InstanceSpec, CGROUP_KILL, ENV_PARENT, REMOVE_WAIT, STEP,
-};
+use super::{InstanceKey, InstanceSettings, InstanceSpec, CGROUP_KILL, REMOVE_WAIT, STEP};
 use crate::cpuset::CpuSet;
 use crate::enforce::cpusets::{self, CpusetHierarchy};
 use crate::enforce::sched::{self, AffinityState, CpuMask};
 use crate::enforce::PinMethod;
 use crate::sys::cgroupfs::{child_of, CgroupError, CgroupVersion};
-use crate::sys::procfs::{self, ProcReader, ProcessTable};
+use crate::sys::procfs::{ProcReader, ProcessTable};
 
 /// Everything that touches the node, apart from the slots.
 #[derive(Debug)]
@@ -185,31 +183,55 @@ impl Host {
                 if slot.spec.cpus == spec.cpus {
                     return Ok(false);
                 }
-                let mask = CpuMask::from_cpuset(&spec.cpus);
-                self.table.rescan(&mut self.reader)?;
-                let mut pids = vec![run.pid];
-                self.table.descendants(&[run.pid], &mut pids);
-                let mut changed = false;
-                let mut tids = Vec::new();
-                for pid in pids {
-                    tids.clear();
-                    self.reader.threads(pid, &mut tids)?;
-                    for &tid in &tids {
-                        match sched::ensure_affinity(tid, &mask) {
-                            Ok(AffinityState::Changed) => changed = true,
-                            Ok(_) => {}
-                            Err(source) => {
-                                return Err(InstanceError::Sched {
-                                    key: key.clone(),
-                                    source,
-                                })
-                            }
-                        }
-                    }
-                }
-                Ok(changed)
+                self.pin_tree(&key, run.pid, &spec.cpus)
             }
         }
+    }
+
+    /// An adopted instance: where its spec says, whatever the previous lodgerd last did (its
+    /// cgroup's cpuset, or every thread of its process tree by affinity).
+    pub(super) fn place_again(&mut self, slot: &Slot) -> Result<(), InstanceError> {
+        let key = slot.key();
+        match (&slot.cgroup, &slot.run) {
+            (Some(cg), _) => self
+                .set_cpuset(cg, &slot.spec.cpus, &slot.spec.mems)
+                .map(|_| ())
+                .map_err(|source| InstanceError::Cgroup { key, source }),
+            (None, Some(run)) => self.pin_tree(&key, run.pid, &slot.spec.cpus).map(|_| ()),
+            (None, None) => Ok(()),
+        }
+    }
+
+    /// Every thread of `pid` and its descendants on `cpus`; returns whether one moved.
+    fn pin_tree(
+        &mut self,
+        key: &InstanceKey,
+        pid: u32,
+        cpus: &CpuSet,
+    ) -> Result<bool, InstanceError> {
+        let mask = CpuMask::from_cpuset(cpus);
+        self.table.rescan(&mut self.reader)?;
+        let mut pids = vec![pid];
+        self.table.descendants(&[pid], &mut pids);
+        let mut changed = false;
+        let mut tids = Vec::new();
+        for pid in pids {
+            tids.clear();
+            self.reader.threads(pid, &mut tids)?;
+            for &tid in &tids {
+                match sched::ensure_affinity(tid, &mask) {
+                    Ok(AffinityState::Changed) => changed = true,
+                    Ok(_) => {}
+                    Err(source) => {
+                        return Err(InstanceError::Sched {
+                            key: key.clone(),
+                            source,
+                        })
+                    }
+                }
+            }
+        }
+        Ok(changed)
     }
 
     /// SIGTERM to the instance's process group; the slot starts stopping.
@@ -280,6 +302,9 @@ impl Host {
             }
         }
         slot.run = None;
+        if let Some(dir) = &self.settings.report_dir {
+            let _ = fs::remove_file(super::spawn::report_path(dir, &slot.key()));
+        }
     }
 
     /// An instance exited on its own: back off before the restart.
@@ -439,32 +464,5 @@ impl Host {
                 Err(e) => errors.push(e.into()),
             }
         }
-    }
-
-    /// SIGKILL to every process whose environment holds `LODGER_PARENT=<parent>`.
-    pub(super) fn kill_marked(&mut self) -> Result<Vec<u32>, InstanceError> {
-        let mark = format!("{ENV_PARENT}={}", self.parent).into_bytes();
-        let me = std::process::id();
-        let root = self.settings.proc_root.clone();
-        let mut killed = Vec::new();
-        for pid in procfs::list_pids(&root)? {
-            if pid == me {
-                continue;
-            }
-            // Gone, a kernel thread, a zombie: nothing to read, nothing to kill.
-            let Ok(environ) = fs::read(root.join(pid.to_string()).join("environ")) else {
-                continue;
-            };
-            if !environ.split(|&b| b == 0).any(|var| var == mark.as_slice()) {
-                continue;
-            }
-            let Some(p) = pid_of(pid) else { continue };
-            match kill(p, Signal::SIGKILL) {
-                Ok(()) => killed.push(pid),
-                Err(Errno::ESRCH) => {}
-                Err(errno) => return Err(InstanceError::Leftover { pid, errno }),
-            }
-        }
-        Ok(killed)
     }
 }

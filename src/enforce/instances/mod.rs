@@ -18,16 +18,17 @@
 //!
 //! Another user's instance, where systemd is PID 1, is not forked: systemd starts it as a
 //! transient unit in `lodger-instances.slice` ([`unit`], docs/security.md), placed by CPU
-//! affinity and followed through a pidfd; what follows about death signals and leftovers is the
-//! fork path's (at start, lodgerd stops the slice).
+//! affinity and followed through a pidfd.
 //!
-//! Instances never outlive lodger: each child asks for `PR_SET_PDEATHSIG = SIGKILL` in `pre_exec`.
-//! The kernel sends it when the *thread* that spawned the child exits, so [`Instances`] must be
-//! driven from one long-lived thread (the agent's), never from a pool thread that may be retired
-//! (tokio's `spawn_blocking`). The death signal does not reach an instance's own children, so at
-//! start lodgerd calls [`Instances::sweep_leftovers`], which kills every process left in lodger's
-//! instance cgroups or carrying lodger's `LODGER_PARENT` in its environment, and removes the
-//! cgroups. Dropping [`Instances`] kills what it runs (SIGKILL, no grace).
+//! Instances outlive lodgerd (issue 17: a restart, an upgrade or a crash is no outage): no death
+//! signal, and lodgerd stopping calls [`Instances::leave_running`]. Each instance's report channel
+//! is a FIFO under [`InstanceSettings::report_dir`] that the instance holds open for reading and
+//! writing, so its writes never fail while lodgerd is away and are read by the next one. At start
+//! lodgerd calls [`Instances::adopt`] with what its persisted plan wants: an instance whose process
+//! still runs (found by the `LODGER_*` marks in its environment) is supervised again through a
+//! pidfd, and everything else left behind (processes carrying lodger's `LODGER_PARENT`, instance
+//! cgroups, FIFOs) is killed and removed. Dropping [`Instances`] otherwise kills what it runs
+//! (SIGKILL, no grace). Drive it from one long-lived thread (the agent's).
 //!
 //! Each instance is its own process group: SIGTERM and SIGKILL go to the group, and after an
 //! instance exits whatever it left in its group and cgroup is killed before it starts again.
@@ -38,6 +39,7 @@
 //! `spawn` (fork/exec and the child's setup), `identity` (the owner it runs as), [`unit`] (transient units of systemd), [`error`]. May touch `sys/`,
 //! `enforce::{cpusets, sched, procs}`; nothing above enforce.
 
+mod adopt;
 pub mod error;
 mod host;
 mod identity;
@@ -51,6 +53,7 @@ pub mod unit;
 #[cfg(test)]
 mod tests;
 
+pub use self::adopt::AdoptOutcome;
 pub use self::error::{InstanceError, TemplateProblem};
 pub use self::identity::{check_launch, Identity};
 pub use self::report::{parse_report, Report};
@@ -80,8 +83,8 @@ pub const ENV_BATCH: &str = "LODGER_BATCH";
 pub const ENV_INSTANCE: &str = "LODGER_INSTANCE";
 pub const ENV_CPUS: &str = "LODGER_CPUS";
 pub const ENV_JOB: &str = "LODGER_JOB";
-/// lodger's parent cgroup: marks the processes of this lodgerd's instances for
-/// [`Instances::sweep_leftovers`].
+/// lodger's parent cgroup: marks the processes of this lodger's instances for
+/// [`Instances::adopt`].
 pub const ENV_PARENT: &str = "LODGER_PARENT";
 /// The thread-count variables of the common math libraries, all set to the instance's threads.
 pub const THREAD_ENV: [&str; 3] = ["OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"];
@@ -154,6 +157,11 @@ pub struct InstanceSettings {
     /// Offline instances run SCHED_IDLE (`training.lodgers_sched_idle`): they yield even to
     /// SCHED_OTHER training threads (`training.policy = "other"`).
     pub offline_idle: bool,
+    /// Where each instance's report channel is a FIFO (`<dir>/<job>-<index>.report`, lodgerd's
+    /// `<state_dir>/instances`): the instance's descriptor 3 is opened on it for reading and
+    /// writing, so its writes never fail because lodgerd is gone, and the next lodgerd opens the
+    /// same path to hear it again. `None`: an anonymous pipe, which ends with lodgerd.
+    pub report_dir: Option<PathBuf>,
 }
 
 impl Default for InstanceSettings {
@@ -172,6 +180,7 @@ impl Default for InstanceSettings {
             window: Duration::from_secs(10),
             output: InstanceOutput::Inherit,
             offline_idle: false,
+            report_dir: None,
         }
     }
 }
@@ -346,13 +355,4 @@ pub struct StopOutcome {
     /// Needed SIGKILL after the grace period.
     pub killed: Vec<InstanceKey>,
     pub errors: Vec<InstanceError>,
-}
-
-/// What `sweep_leftovers` found.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub struct SweepOutcome {
-    /// Processes killed, sorted.
-    pub killed: Vec<u32>,
-    /// Cgroups removed, relative to the cpuset hierarchy.
-    pub removed_cgroups: Vec<String>,
 }

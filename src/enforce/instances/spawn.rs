@@ -1,6 +1,6 @@
-//! Starting one instance: fork/exec with its environment and placeholders, the report pipe, and
-//! the setup the child does before exec (process group, cgroup or affinity, the owner's identity,
-//! death signal, the report descriptor). Touches fork/exec and the child's cgroupfs and affinity
+//! Starting one instance: fork/exec with its environment and placeholders, the report channel
+//! (a FIFO lodgerd can open again after a restart, or a pipe), and the setup the child does
+//! before exec (process group, cgroup or affinity, the owner's identity, the report descriptor). Touches fork/exec and the child's cgroupfs and affinity
 //! (and, with affinity placement and network shaping on v2, the cgroup2 directory instances start
 //! in).
 
@@ -91,10 +91,7 @@ impl Host {
             }
         }
 
-        let (report_read, report_write) = report_pipe().map_err(|source| InstanceError::Pipe {
-            key: key.clone(),
-            source,
-        })?;
+        let (report_read, report_write) = self.report_channel(&key)?;
 
         // Who it runs as, where, with which environment: never lodgerd's own (docs/security.md).
         let creds = Credentials::resolve(&spec.identity, nix::unistd::getuid().as_raw()).map_err(
@@ -139,8 +136,6 @@ impl Host {
             }
         }
         let setup = ChildSetup {
-            parent_pid: nix::unistd::getpid().as_raw(),
-            death_signal: libc::c_ulong::try_from(libc::SIGKILL).unwrap_or(9),
             // SAFETY: sched_param is plain integers (one on glibc, padding on musl): all-zero is
             // valid, and is priority 0.
             param: unsafe { std::mem::zeroed() },
@@ -155,7 +150,7 @@ impl Host {
             creds,
         };
         // SAFETY: the closure runs in the forked child before exec and only makes
-        // async-signal-safe system calls (prctl, getppid, sched_setscheduler, write,
+        // async-signal-safe system calls (sched_setscheduler, write,
         // sched_setaffinity, setgroups, setresgid, setresuid, chdir, open, dup2, close, fcntl)
         // on values prepared before the fork: it allocates nothing, takes no lock and touches no
         // state shared with other threads.
@@ -175,6 +170,7 @@ impl Host {
             pid: child.id(),
             child: Some(child),
             unit: None,
+            adopted: None,
             started: now,
             report: Some(File::from(report_read)),
         })
@@ -267,10 +263,7 @@ impl Host {
             cpus: spec.cpus.clone(),
             stop_grace: self.settings.stop_grace,
         };
-        let (report_read, report_write) = report_pipe().map_err(|source| InstanceError::Pipe {
-            key: key.clone(),
-            source,
-        })?;
+        let (report_read, report_write) = self.report_channel(&key)?;
         let pid = systemd
             .start(&unit_spec, &report_write, output_fd.as_ref())
             .map_err(identity_err)?;
@@ -286,14 +279,98 @@ impl Host {
             pid,
             child: None,
             unit: Some((unit_spec.name, pidfd)),
+            adopted: None,
             started: now,
             report: Some(File::from(report_read)),
         })
     }
 }
 
+impl Host {
+    /// An instance's report channel: (lodgerd's read end, non-blocking; the instance's end), both
+    /// close-on-exec. A FIFO under [`InstanceSettings::report_dir`] when set (see there), else
+    /// an anonymous pipe.
+    ///
+    /// [`InstanceSettings::report_dir`]: super::InstanceSettings::report_dir
+    pub(super) fn report_channel(
+        &self,
+        key: &InstanceKey,
+    ) -> Result<(OwnedFd, OwnedFd), InstanceError> {
+        let err = |source| InstanceError::Pipe {
+            key: key.clone(),
+            source,
+        };
+        match &self.settings.report_dir {
+            Some(dir) => report_fifo(&report_path(dir, key)).map_err(err),
+            None => report_pipe().map_err(err),
+        }
+    }
+}
+
+/// Where instance `key`'s report FIFO is under `dir`.
+pub(super) fn report_path(dir: &Path, key: &InstanceKey) -> std::path::PathBuf {
+    dir.join(format!("{key}.report"))
+}
+
+/// A new FIFO at `path` (one left by an earlier process of the instance is replaced): the
+/// instance's end opened for reading and writing (a FIFO with a reader never fails a write with
+/// EPIPE, and it is its own reader while lodgerd is away), lodgerd's opened for reading,
+/// non-blocking. The directory is lodgerd's alone (0700): the instance inherits its descriptor
+/// and never needs the path.
+fn report_fifo(path: &Path) -> io::Result<(OwnedFd, OwnedFd)> {
+    use std::os::unix::fs::DirBuilderExt;
+    if let Some(dir) = path.parent() {
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)?;
+    }
+    match fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    nix::unistd::mkfifo(path, nix::sys::stat::Mode::from_bits_truncate(0o600))
+        .map_err(io::Error::from)?;
+    let write = OpenOptions::new().read(true).write(true).open(path)?;
+    let write = above_report_fd(OwnedFd::from(write))?;
+    // SAFETY: fcntl on an open descriptor we own, with an integer argument; best effort.
+    unsafe {
+        libc::fcntl(write.as_raw_fd(), libc::F_SETPIPE_SZ, REPORT_PIPE_BYTES);
+    }
+    let read = open_report_fifo(path)?;
+    Ok((read, write))
+}
+
+/// lodgerd's end of an instance's report FIFO: read only, non-blocking, close-on-exec (also to
+/// hear an instance again after a restart).
+pub(super) fn open_report_fifo(path: &Path) -> io::Result<OwnedFd> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let read = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)?;
+    Ok(OwnedFd::from(read))
+}
+
+/// `fd`, or a close-on-exec duplicate of it numbered above [`REPORT_FD`]: the instance's end is
+/// never one of the standard descriptors (the child's stdio is set up before `pre_exec` moves
+/// it to [`REPORT_FD`]).
+fn above_report_fd(fd: OwnedFd) -> io::Result<OwnedFd> {
+    if fd.as_raw_fd() >= REPORT_FD {
+        return Ok(fd);
+    }
+    // SAFETY: F_DUPFD_CLOEXEC on an open descriptor; the result is checked.
+    let dup = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, REPORT_FD + 1) };
+    if dup < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fcntl returned a new open descriptor nobody else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(dup) })
+}
+
 /// A pidfd on `pid` (Linux 5.3+), readable once the process exits.
-fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
+pub(super) fn pidfd_open(pid: u32) -> io::Result<OwnedFd> {
     // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
     if fd < 0 {
@@ -313,16 +390,8 @@ pub(super) fn report_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
         return Err(io::Error::last_os_error());
     }
     // SAFETY: pipe2 succeeded: both descriptors are open and owned by nobody else.
-    let (read, mut write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-    if write.as_raw_fd() < REPORT_FD {
-        // SAFETY: F_DUPFD_CLOEXEC on an open descriptor; the result is checked.
-        let dup = unsafe { libc::fcntl(write.as_raw_fd(), libc::F_DUPFD_CLOEXEC, REPORT_FD + 1) };
-        if dup < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: fcntl returned a new open descriptor nobody else owns.
-        write = unsafe { OwnedFd::from_raw_fd(dup) };
-    }
+    let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    let write = above_report_fd(write)?;
     // SAFETY: fcntl on an open descriptor we own; F_GETFL/F_SETFL take and return plain flags.
     unsafe {
         let flags = libc::fcntl(read.as_raw_fd(), libc::F_GETFL);
@@ -336,9 +405,8 @@ pub(super) fn report_pipe() -> io::Result<(OwnedFd, OwnedFd)> {
 }
 
 /// What the forked child does before exec. Built before the fork: `apply` allocates nothing.
+/// No death signal: an instance outlives lodgerd (a restart adopts it, `adopt`).
 pub(super) struct ChildSetup {
-    pub(super) parent_pid: libc::pid_t,
-    pub(super) death_signal: libc::c_ulong,
     /// Priority 0, for SCHED_OTHER or SCHED_IDLE.
     pub(super) param: libc::sched_param,
     /// SCHED_OTHER, or SCHED_IDLE for offline instances that yield to everything.
@@ -377,16 +445,6 @@ impl ChildSetup {
         }
         // Placed with lodgerd's rights; from here on the owner's.
         self.creds.apply()?;
-        // After the change of uid, which clears the death signal.
-        // SAFETY: prctl with integer arguments only.
-        if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, self.death_signal) } != 0 {
-            return fail();
-        }
-        // lodgerd died between fork and prctl: the death signal was missed, do not start.
-        // SAFETY: getppid has no arguments and cannot fail.
-        if unsafe { libc::getppid() } != self.parent_pid {
-            return Err(io::Error::from_raw_os_error(libc::ESRCH));
-        }
         if self.report_fd == REPORT_FD {
             // dup2 onto itself keeps close-on-exec: clear it instead.
             // SAFETY: fcntl on an open descriptor with an integer argument.

@@ -1,17 +1,15 @@
 //! Stopping instances (one job's without waiting, or one job's or all and waiting; SIGTERM then
-//! SIGKILL after the grace period), the start-up sweep of what a previous lodgerd left, and
-//! `Drop`, which kills whatever still runs.
+//! SIGKILL after the grace period), leaving them running for the next lodgerd, and `Drop`, which
+//! kills whatever still runs unless they were left running on purpose.
 //! Touches signals and lodger's instance cgroups through [`Host`](super::host::Host).
 
 use std::time::Instant;
 
-use nix::sys::wait::{waitpid, WaitPidFlag};
-use nix::unistd::Pid;
 use tracing::warn;
 
 use super::error::InstanceError;
 use super::supervisor::{Instances, SlotState};
-use super::{InstanceKey, StopOutcome, SweepOutcome, KILL_WAIT, STEP};
+use super::{InstanceKey, StopOutcome, KILL_WAIT, STEP};
 use crate::job::JobId;
 
 impl Instances {
@@ -130,63 +128,27 @@ impl Instances {
         out
     }
 
-    /// Kills what a previous lodgerd left behind and removes its instance cgroups: every process
-    /// in `<parent>/lodgers/*`, and every process whose environment carries this lodger's
-    /// `LODGER_PARENT` (instances placed by affinity, and children that left their cgroup). Run
-    /// once at start, before the first `reconcile`.
-    pub fn sweep_leftovers(&mut self) -> Result<SweepOutcome, InstanceError> {
-        if !self.slots.is_empty() {
-            return Err(InstanceError::SweepWithInstances {
-                running: self.slots.len(),
-            });
-        }
-        let h = &self.host;
-        let mut out = SweepOutcome::default();
-        let mut cgroups = Vec::new();
-        if h.cpusets.exists(&h.lodgers) {
-            match h.cpusets.children(&h.lodgers, &mut cgroups) {
-                Ok(()) => {}
-                Err(e) if e.is_gone() => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
-        for cg in &cgroups {
-            out.killed.extend(h.kill_cgroup(cg)?);
-        }
-        // Instance units an earlier lodgerd started.
-        super::unit::stop_slices();
-        out.killed.extend(self.host.kill_marked()?);
-        out.killed.sort_unstable();
-        out.killed.dedup();
-        for cg in &cgroups {
-            if self.host.remove_cgroup(cg, KILL_WAIT)? {
-                out.removed_cgroups.push(cg.clone());
-            }
-        }
-        // Reap the ones that were our own children (a lodger-like parent that is this process).
-        for &pid in &out.killed {
-            if let Ok(p) = i32::try_from(pid) {
-                let _ = waitpid(Pid::from_raw(p), Some(WaitPidFlag::WNOHANG));
-            }
-        }
-        let h = &self.host;
-        if h.cpusets.exists(&h.lodgers) && h.cpusets.remove_if_unused(&h.lodgers)? {
-            out.removed_cgroups.push(h.lodgers.clone());
-        }
-        if !out.killed.is_empty() || !out.removed_cgroups.is_empty() {
-            warn!(
-                "removed leftovers of a previous lodgerd: killed processes {:?}, removed cgroups \
-                 {:?}",
-                out.killed, out.removed_cgroups
-            );
-        }
-        Ok(out)
+    /// Stops supervising without stopping anything (lodgerd is stopping, for a restart or an
+    /// upgrade): the instances run on, their report FIFOs hold what they write meanwhile, and
+    /// the next lodgerd adopts them ([`Instances::adopt`]). Returns how many were running. An
+    /// instance that was being stopped is left to the next lodgerd, which kills it if its job
+    /// is gone. Dropping `Instances` afterwards touches nothing.
+    pub fn leave_running(&mut self) -> usize {
+        let running = self.slots.iter().filter(|s| s.run.is_some()).count();
+        // Our children become init's (or a subreaper's) once lodgerd exits; nothing is signalled.
+        self.slots.clear();
+        self.left_running = true;
+        running
     }
 }
 
 impl Drop for Instances {
-    /// The last line of "never leave an instance behind": whatever still runs is killed.
+    /// Whatever still runs is killed, unless lodgerd left it running on purpose
+    /// ([`Instances::leave_running`]).
     fn drop(&mut self) {
+        if self.left_running {
+            return;
+        }
         let running = self.slots.iter().filter(|s| s.run.is_some()).count();
         if running == 0 && self.slots.is_empty() {
             // Instance units that ran and were stopped earlier leave their slices behind.

@@ -38,6 +38,9 @@ pub(super) struct Run {
     pub(super) child: Option<Child>,
     /// The transient unit it runs in, and a pidfd on its main process.
     pub(super) unit: Option<(String, OwnedFd)>,
+    /// A pidfd on a process started by an earlier lodgerd and adopted (neither our child nor a
+    /// unit's).
+    pub(super) adopted: Option<OwnedFd>,
     pub(super) pid: u32,
     pub(super) started: Instant,
     /// The read end of the report pipe, non-blocking; `None` after end of file.
@@ -63,14 +66,20 @@ impl Run {
         if let Some((name, pidfd)) = &self.unit {
             // Not our child: its pidfd turns readable when it exits. systemd reaps it and
             // kills what it left in the unit's cgroup.
-            let mut fds = [libc::pollfd {
-                fd: pidfd.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            }];
-            // SAFETY: one valid pollfd, timeout 0 (no wait).
-            let ready = unsafe { libc::poll(fds.as_mut_ptr(), 1, 0) };
-            return (ready > 0).then(|| format!("exited (unit {name})"));
+            return exited(pidfd).then(|| format!("exited (unit {name})"));
+        }
+        if let Some(pidfd) = &self.adopted {
+            // Started by an earlier lodgerd: init reaps it. What it left in its process group
+            // keeps the group's id from being reused, so the group is still its own.
+            if !exited(pidfd) {
+                return None;
+            }
+            if let Some(pgid) = pid_of(self.pid) {
+                let _ = killpg(pgid, Signal::SIGKILL);
+            }
+            return Some(
+                "exited (adopted: how is known only to the lodgerd that started it)".into(),
+            );
         }
         match self.child.as_mut().map(Child::try_wait) {
             Some(Ok(status)) => status.map(describe_exit),
@@ -78,6 +87,17 @@ impl Run {
             None => Some("gone".to_string()),
         }
     }
+}
+
+/// Whether the process a pidfd refers to has exited (the pidfd is readable).
+fn exited(pidfd: &OwnedFd) -> bool {
+    let mut fds = [libc::pollfd {
+        fd: pidfd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    }];
+    // SAFETY: one valid pollfd, timeout 0 (no wait).
+    unsafe { libc::poll(fds.as_mut_ptr(), 1, 0) > 0 }
 }
 
 #[derive(Debug)]
@@ -168,6 +188,8 @@ pub struct Instances {
     pub(super) host: Host,
     /// Sorted by key.
     pub(super) slots: Vec<Slot>,
+    /// [`Instances::leave_running`] was called: dropping touches nothing.
+    pub(super) left_running: bool,
 }
 impl Instances {
     /// Detects the cgroup mode and chooses the placement (logged with its reason).
@@ -232,6 +254,7 @@ impl Instances {
                 settings,
             },
             slots: Vec::new(),
+            left_running: false,
         })
     }
 
@@ -406,6 +429,7 @@ impl Instances {
         let now = Instant::now();
         let mut out = PollOutcome::default();
         self.host.retry_removals();
+        let had_slots = !self.slots.is_empty();
         let mut i = 0;
         while i < self.slots.len() {
             let slot = &mut self.slots[i];
@@ -488,6 +512,12 @@ impl Instances {
                 }
             }
             i += 1;
+        }
+        if had_slots && self.slots.is_empty() {
+            // The last instance is gone (a drain, the last job unregistered): lodger's instance
+            // cgroups and slices go with it, as lodgerd no longer removes them when it stops.
+            self.host.remove_lodgers(&mut out.errors);
+            super::unit::stop_slices_if_connected();
         }
         out
     }

@@ -7,9 +7,9 @@ use clap::Parser;
 use zbus::zvariant::{OwnedValue, Value};
 
 use lodger::api::proxy::ManagerProxy;
-use lodger::cli::lodgerctl::{
-    Cli, Command, InferenceArgs, OwnerArgs, Register, TopArgs, UnregisterArgs,
-};
+use lodger::cli::lodgerctl::{Cli, Command, InferenceArgs, OwnerArgs, Register, UnregisterArgs};
+
+mod top;
 
 /// A failure, with the exit code it maps to.
 struct Failure {
@@ -253,20 +253,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             }
         }
         Command::Unregister(UnregisterArgs { id: None, .. }) => {
-            let jobs = proxy
-                .list_jobs()
-                .await
-                .map_err(|e| from_zbus("unregister --all", e))?;
-            let mut released = Vec::new();
-            for (id, ..) in jobs {
-                match proxy.unregister_job(&id).await {
-                    Ok(()) => released.push(id),
-                    // It ended between the two calls: nothing left to release.
-                    Err(zbus::Error::MethodError(name, ..))
-                        if name.as_str() == "org.lodger1.Error.NotFound" => {}
-                    Err(e) => return Err(from_zbus(&format!("unregister {id}"), e)),
-                }
-            }
+            let released = unregister_all(&proxy, "unregister --all").await?;
             if cli.json {
                 println!("{}", serde_json::json!({ "unregistered": released }));
             } else if released.is_empty() {
@@ -424,7 +411,45 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 );
             }
         }
-        Command::Top(args) => top(&proxy, cli.json, args).await?,
+        Command::Top(args) => top::top(&proxy, cli.json, args).await?,
+        Command::Drain(args) => {
+            let released = unregister_all(&proxy, "drain").await?;
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(args.timeout);
+            let left = loop {
+                let s = proxy
+                    .get_status()
+                    .await
+                    .map_err(|e| from_zbus("drain", e))?;
+                let left = (get(&s, "jobs"), get(&s, "instances"));
+                if left == ("0".to_string(), "0".to_string())
+                    || std::time::Instant::now() >= deadline
+                {
+                    break left;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            };
+            if left != ("0".to_string(), "0".to_string()) {
+                return Err(Failure {
+                    code: 1,
+                    message: format!(
+                        "drain: after {} s, {} job(s) and {} instance(s) are left; see \
+                         `lodgerctl list` and lodgerd's log",
+                        args.timeout, left.0, left.1
+                    ),
+                });
+            }
+            if cli.json {
+                println!(
+                    "{}",
+                    serde_json::json!({ "unregistered": released, "drained": true })
+                );
+            } else {
+                println!(
+                    "drained: {} job(s) released, no instance running",
+                    released.len()
+                );
+            }
+        }
         Command::Status => {
             let s = proxy
                 .get_status()
@@ -443,6 +468,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                     ("GPUs", "gpus"),
                     ("SMT", "smt"),
                     ("Jobs", "jobs"),
+                    ("Instances", "instances"),
                     ("Enforcement", "enforcement"),
                     ("RT priority", "rt_priority"),
                     ("Interval ms", "interval_ms"),
@@ -460,6 +486,22 @@ async fn run(cli: Cli) -> Result<(), Failure> {
 }
 
 /// `--user NAME`: the uid to register for (a name looked up on this node, or a number).
+/// Unregisters every job; returns the ids released (a job that ended meanwhile is skipped).
+async fn unregister_all(proxy: &ManagerProxy<'_>, action: &str) -> Result<Vec<String>, Failure> {
+    let jobs = proxy.list_jobs().await.map_err(|e| from_zbus(action, e))?;
+    let mut released = Vec::new();
+    for (id, ..) in jobs {
+        match proxy.unregister_job(&id).await {
+            Ok(()) => released.push(id),
+            // It ended between the two calls: nothing left to release.
+            Err(zbus::Error::MethodError(name, ..))
+                if name.as_str() == "org.lodger1.Error.NotFound" => {}
+            Err(e) => return Err(from_zbus(&format!("unregister {id}"), e)),
+        }
+    }
+    Ok(released)
+}
+
 fn owner_uid(a: &OwnerArgs) -> Result<Option<u32>, Failure> {
     let Some(user) = &a.user else {
         return Ok(None);
@@ -559,184 +601,6 @@ async fn register_and_show(
         );
     }
     Ok(())
-}
-
-fn fmt_opt(v: Option<f64>, digits: usize) -> String {
-    v.map(|v| format!("{v:.digits$}"))
-        .unwrap_or_else(|| "-".into())
-}
-
-fn fmt_bytes_per_s(v: Option<f64>) -> String {
-    match v {
-        None => "-".into(),
-        Some(b) if b >= 1e9 => format!("{:.1}G/s", b / 1e9),
-        Some(b) if b >= 1e6 => format!("{:.1}M/s", b / 1e6),
-        Some(b) if b >= 1e3 => format!("{:.1}k/s", b / 1e3),
-        Some(b) => format!("{b:.0}B/s"),
-    }
-}
-
-fn num(d: &HashMap<String, OwnedValue>, k: &str) -> Option<f64> {
-    match d.get(k).map(|v| &**v) {
-        Some(Value::F64(x)) => Some(*x),
-        _ => None,
-    }
-}
-
-/// One `top` screen (or JSON document).
-async fn top_once(proxy: &ManagerProxy<'_>, json: bool) -> Result<String, Failure> {
-    let (node, metrics, sources) = proxy
-        .get_observations()
-        .await
-        .map_err(|e| from_zbus("top", e))?;
-    let jobs = proxy.list_jobs().await.map_err(|e| from_zbus("top", e))?;
-    let status = proxy.get_status().await.map_err(|e| from_zbus("top", e))?;
-    let mut details = Vec::new();
-    for (id, ..) in &jobs {
-        if let Ok(d) = proxy.get_job(id).await {
-            details.push(d);
-        }
-    }
-    if json {
-        let jobs: Vec<serde_json::Value> = details
-            .iter()
-            .map(|d| {
-                let id = get(d, "id");
-                let mut v = serde_json::json!({
-                    "id": id,
-                    "name": get(d, "name"),
-                    "state": get(d, "state"),
-                    "cpus": get(d, "cpus"),
-                    "threads": d.get("threads").map(|v| to_json(v)),
-                });
-                if let serde_json::Value::Object(o) = &mut v {
-                    if let Some(m) = metrics.get(&id) {
-                        o.insert("metrics".into(), dict_to_json(m));
-                    }
-                    // Contention throttles and network shaping in force on the job.
-                    for key in ["throttle", "network", "rt"] {
-                        if d.contains_key(key) {
-                            o.insert(key.into(), get(d, key).into());
-                        }
-                    }
-                }
-                v
-            })
-            .collect();
-        let v = serde_json::json!({
-            "node": dict_to_json(&node),
-            "sources": sources,
-            "contention": get(&status, "contention"),
-            "network": get(&status, "network"),
-            "sensing": get(&status, "sensing"),
-            "jobs": jobs,
-        });
-        return Ok(v.to_string());
-    }
-    let mut out = String::new();
-    let src = |k: &str| sources.get(k).cloned().unwrap_or_else(|| "-".into());
-    out.push_str(&format!(
-        "node: cpu {}%  pressure {}%  membw {}\n",
-        fmt_opt(num(&node, "cpu_percent"), 1),
-        fmt_opt(num(&node, "cpu_pressure_percent"), 1),
-        fmt_bytes_per_s(num(&node, "membw_bytes_per_s")),
-    ));
-    for k in ["gpu", "perf", "membw"] {
-        out.push_str(&format!("{k:>5}: {}\n", src(k)));
-    }
-    out.push_str(&format!("contention: {}\n", get(&status, "contention")));
-    out.push_str(&format!("   network: {}\n", get(&status, "network")));
-    out.push_str(&format!("sample age: {}\n", get(&status, "sensing")));
-    out.push('\n');
-    let header = [
-        "ID", "NAME", "STATE", "CPUS", "CPU%", "IPC", "MISS%", "GPU%", "MEMBW", "NET",
-    ];
-    let rows: Vec<Vec<String>> = details
-        .iter()
-        .map(|d| {
-            let id = get(d, "id");
-            let empty = HashMap::new();
-            let m = metrics.get(&id).unwrap_or(&empty);
-            let gpu = match (
-                num(m, "gpu_percent"),
-                m.get("gpu_source").map(|v| show_value(v)),
-            ) {
-                (Some(g), Some(s)) if s == "emulated" => format!("{g:.1} (emulated)"),
-                (g, _) => fmt_opt(g, 1),
-            };
-            vec![
-                id,
-                get(d, "name"),
-                get(d, "state"),
-                get(d, "cpus"),
-                fmt_opt(num(m, "cpu_percent"), 1),
-                fmt_opt(num(m, "ipc"), 2),
-                fmt_opt(num(m, "cache_miss_percent"), 1),
-                gpu,
-                if m.contains_key("membw_unavailable") {
-                    "n/a".to_string()
-                } else {
-                    fmt_bytes_per_s(num(m, "membw_bytes_per_s"))
-                },
-                // Received + sent in the job's own network namespace.
-                match (num(m, "net_rx_bytes_per_s"), num(m, "net_tx_bytes_per_s")) {
-                    (Some(rx), Some(tx)) => fmt_bytes_per_s(Some(rx + tx)),
-                    _ => "-".to_string(),
-                },
-            ]
-        })
-        .collect();
-    out.push_str(&render_table(&header, &rows));
-    if rows.is_empty() {
-        out.push_str("No jobs registered.\n");
-    }
-    // Throttles and network shaping in force, with their evidence.
-    for d in &details {
-        let id = get(d, "id");
-        if d.contains_key("throttle") {
-            out.push_str(&format!("{id}: throttled: {}\n", get(d, "throttle")));
-        }
-        if d.contains_key("network") {
-            out.push_str(&format!("{id}: network: {}\n", get(d, "network")));
-        }
-        if d.contains_key("rt") {
-            out.push_str(&format!("{id}: RT limit: {}\n", get(d, "rt")));
-        }
-    }
-    // Why a job's bandwidth is not measured while the node's is (no free RMID).
-    for d in &details {
-        let id = get(d, "id");
-        if let Some(why) = metrics.get(&id).map(|m| get(m, "membw_unavailable")) {
-            if !why.is_empty() {
-                out.push_str(&format!("{id}: memory bandwidth unavailable: {why}\n"));
-            }
-        }
-    }
-    Ok(out)
-}
-
-async fn top(proxy: &ManagerProxy<'_>, json: bool, args: TopArgs) -> Result<(), Failure> {
-    use std::io::IsTerminal;
-    if args.once || json {
-        print!("{}", top_once(proxy, json).await?);
-        if json {
-            println!();
-        }
-        return Ok(());
-    }
-    let clear = std::io::stdout().is_terminal();
-    loop {
-        let screen = top_once(proxy, false).await?;
-        if clear {
-            // Home the cursor and clear the screen, like top(1).
-            print!("\x1b[H\x1b[2J");
-        }
-        print!("{screen}");
-        if !clear {
-            println!();
-        }
-        tokio::time::sleep(std::time::Duration::from_secs_f64(args.refresh)).await;
-    }
 }
 
 fn main() -> ExitCode {

@@ -1,0 +1,191 @@
+//! `lodgerctl top`: live measurements per job, once or refreshed like top.
+
+use std::collections::HashMap;
+
+use zbus::zvariant::{OwnedValue, Value};
+
+use super::{dict_to_json, from_zbus, get, render_table, show_value, to_json, Failure};
+use lodger::api::proxy::ManagerProxy;
+use lodger::cli::lodgerctl::TopArgs;
+
+fn fmt_opt(v: Option<f64>, digits: usize) -> String {
+    v.map(|v| format!("{v:.digits$}"))
+        .unwrap_or_else(|| "-".into())
+}
+
+fn fmt_bytes_per_s(v: Option<f64>) -> String {
+    match v {
+        None => "-".into(),
+        Some(b) if b >= 1e9 => format!("{:.1}G/s", b / 1e9),
+        Some(b) if b >= 1e6 => format!("{:.1}M/s", b / 1e6),
+        Some(b) if b >= 1e3 => format!("{:.1}k/s", b / 1e3),
+        Some(b) => format!("{b:.0}B/s"),
+    }
+}
+
+fn num(d: &HashMap<String, OwnedValue>, k: &str) -> Option<f64> {
+    match d.get(k).map(|v| &**v) {
+        Some(Value::F64(x)) => Some(*x),
+        _ => None,
+    }
+}
+
+/// One `top` screen (or JSON document).
+async fn top_once(proxy: &ManagerProxy<'_>, json: bool) -> Result<String, Failure> {
+    let (node, metrics, sources) = proxy
+        .get_observations()
+        .await
+        .map_err(|e| from_zbus("top", e))?;
+    let jobs = proxy.list_jobs().await.map_err(|e| from_zbus("top", e))?;
+    let status = proxy.get_status().await.map_err(|e| from_zbus("top", e))?;
+    let mut details = Vec::new();
+    for (id, ..) in &jobs {
+        if let Ok(d) = proxy.get_job(id).await {
+            details.push(d);
+        }
+    }
+    if json {
+        let jobs: Vec<serde_json::Value> = details
+            .iter()
+            .map(|d| {
+                let id = get(d, "id");
+                let mut v = serde_json::json!({
+                    "id": id,
+                    "name": get(d, "name"),
+                    "state": get(d, "state"),
+                    "cpus": get(d, "cpus"),
+                    "threads": d.get("threads").map(|v| to_json(v)),
+                });
+                if let serde_json::Value::Object(o) = &mut v {
+                    if let Some(m) = metrics.get(&id) {
+                        o.insert("metrics".into(), dict_to_json(m));
+                    }
+                    // Contention throttles and network shaping in force on the job.
+                    for key in ["throttle", "network", "rt"] {
+                        if d.contains_key(key) {
+                            o.insert(key.into(), get(d, key).into());
+                        }
+                    }
+                }
+                v
+            })
+            .collect();
+        let v = serde_json::json!({
+            "node": dict_to_json(&node),
+            "sources": sources,
+            "contention": get(&status, "contention"),
+            "network": get(&status, "network"),
+            "sensing": get(&status, "sensing"),
+            "jobs": jobs,
+        });
+        return Ok(v.to_string());
+    }
+    let mut out = String::new();
+    let src = |k: &str| sources.get(k).cloned().unwrap_or_else(|| "-".into());
+    out.push_str(&format!(
+        "node: cpu {}%  pressure {}%  membw {}\n",
+        fmt_opt(num(&node, "cpu_percent"), 1),
+        fmt_opt(num(&node, "cpu_pressure_percent"), 1),
+        fmt_bytes_per_s(num(&node, "membw_bytes_per_s")),
+    ));
+    for k in ["gpu", "perf", "membw"] {
+        out.push_str(&format!("{k:>5}: {}\n", src(k)));
+    }
+    out.push_str(&format!("contention: {}\n", get(&status, "contention")));
+    out.push_str(&format!("   network: {}\n", get(&status, "network")));
+    out.push_str(&format!("sample age: {}\n", get(&status, "sensing")));
+    out.push('\n');
+    let header = [
+        "ID", "NAME", "STATE", "CPUS", "CPU%", "IPC", "MISS%", "GPU%", "MEMBW", "NET",
+    ];
+    let rows: Vec<Vec<String>> = details
+        .iter()
+        .map(|d| {
+            let id = get(d, "id");
+            let empty = HashMap::new();
+            let m = metrics.get(&id).unwrap_or(&empty);
+            let gpu = match (
+                num(m, "gpu_percent"),
+                m.get("gpu_source").map(|v| show_value(v)),
+            ) {
+                (Some(g), Some(s)) if s == "emulated" => format!("{g:.1} (emulated)"),
+                (g, _) => fmt_opt(g, 1),
+            };
+            vec![
+                id,
+                get(d, "name"),
+                get(d, "state"),
+                get(d, "cpus"),
+                fmt_opt(num(m, "cpu_percent"), 1),
+                fmt_opt(num(m, "ipc"), 2),
+                fmt_opt(num(m, "cache_miss_percent"), 1),
+                gpu,
+                if m.contains_key("membw_unavailable") {
+                    "n/a".to_string()
+                } else {
+                    fmt_bytes_per_s(num(m, "membw_bytes_per_s"))
+                },
+                // Received + sent in the job's own network namespace.
+                match (num(m, "net_rx_bytes_per_s"), num(m, "net_tx_bytes_per_s")) {
+                    (Some(rx), Some(tx)) => fmt_bytes_per_s(Some(rx + tx)),
+                    _ => "-".to_string(),
+                },
+            ]
+        })
+        .collect();
+    out.push_str(&render_table(&header, &rows));
+    if rows.is_empty() {
+        out.push_str("No jobs registered.\n");
+    }
+    // Throttles and network shaping in force, with their evidence.
+    for d in &details {
+        let id = get(d, "id");
+        if d.contains_key("throttle") {
+            out.push_str(&format!("{id}: throttled: {}\n", get(d, "throttle")));
+        }
+        if d.contains_key("network") {
+            out.push_str(&format!("{id}: network: {}\n", get(d, "network")));
+        }
+        if d.contains_key("rt") {
+            out.push_str(&format!("{id}: RT limit: {}\n", get(d, "rt")));
+        }
+    }
+    // Why a job's bandwidth is not measured while the node's is (no free RMID).
+    for d in &details {
+        let id = get(d, "id");
+        if let Some(why) = metrics.get(&id).map(|m| get(m, "membw_unavailable")) {
+            if !why.is_empty() {
+                out.push_str(&format!("{id}: memory bandwidth unavailable: {why}\n"));
+            }
+        }
+    }
+    Ok(out)
+}
+
+pub(crate) async fn top(
+    proxy: &ManagerProxy<'_>,
+    json: bool,
+    args: TopArgs,
+) -> Result<(), Failure> {
+    use std::io::IsTerminal;
+    if args.once || json {
+        print!("{}", top_once(proxy, json).await?);
+        if json {
+            println!();
+        }
+        return Ok(());
+    }
+    let clear = std::io::stdout().is_terminal();
+    loop {
+        let screen = top_once(proxy, false).await?;
+        if clear {
+            // Home the cursor and clear the screen, like top(1).
+            print!("\x1b[H\x1b[2J");
+        }
+        print!("{screen}");
+        if !clear {
+            println!();
+        }
+        tokio::time::sleep(std::time::Duration::from_secs_f64(args.refresh)).await;
+    }
+}

@@ -1,0 +1,306 @@
+//! Re-adopting what a previous lodgerd left running (a restart, an upgrade, a crash): each wanted
+//! instance whose process still runs is found by the marks its environment carries
+//! (`LODGER_PARENT`, `LODGER_JOB`, `LODGER_INSTANCE`, and the threads and batch it was started
+//! with), followed through a pidfd from then on and heard again through its report FIFO; anything
+//! else a previous lodgerd left (an instance no longer wanted, or started with other settings,
+//! the processes it started, its cgroup and FIFO) is killed and removed. Touches /proc, signals,
+//! lodger's instance cgroups and the report directory through [`Host`](super::host::Host).
+
+use std::collections::BTreeSet;
+use std::fs::{self, File};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, Signal};
+use nix::sys::wait::{waitpid, WaitPidFlag};
+use nix::unistd::Pid;
+use tracing::{info, warn};
+
+use super::error::InstanceError;
+use super::report::ReportLog;
+use super::spawn::{open_report_fifo, pidfd_open, report_path};
+use super::supervisor::{pid_of, Instances, Run, Slot, SlotState};
+use super::template::validate_template;
+use super::unit;
+use super::{
+    InstanceKey, InstanceSpec, ENV_BATCH, ENV_INSTANCE, ENV_JOB, ENV_PARENT, ENV_THREADS, KILL_WAIT,
+};
+use crate::enforce::PinMethod;
+use crate::sys::procfs::{self, parse_stat};
+
+/// What [`Instances::adopt`] found.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct AdoptOutcome {
+    /// Instances supervised again, with their processes' pids.
+    pub adopted: Vec<(InstanceKey, u32)>,
+    /// Processes killed: left by instances no longer wanted, or started with other settings.
+    pub killed: Vec<u32>,
+    /// Instance cgroups removed, relative to the cpuset hierarchy.
+    pub removed_cgroups: Vec<String>,
+}
+
+/// A process carrying this lodger's mark.
+#[derive(Debug)]
+struct Marked {
+    pid: u32,
+    pgrp: u32,
+    job: String,
+    index: Option<u32>,
+    threads: Option<u32>,
+    batch: Option<u32>,
+    /// Its unit, when it runs in one of lodger's transient units.
+    unit: Option<String>,
+    start_time: u64,
+}
+
+impl Instances {
+    /// Supervises again the instances in `desired` (what the persisted plan wants) whose
+    /// processes a previous lodgerd left running, and removes every other leftover: processes
+    /// marked with this lodger's `LODGER_PARENT`, lodger's instance cgroups and report FIFOs.
+    /// An adopted instance keeps its process (nothing is restarted); its CPUs are set again to
+    /// what `desired` says. Run once at start, before the first `reconcile`.
+    pub fn adopt(&mut self, desired: &[InstanceSpec]) -> Result<AdoptOutcome, InstanceError> {
+        if !self.slots.is_empty() {
+            return Err(InstanceError::SweepWithInstances {
+                running: self.slots.len(),
+            });
+        }
+        let now = Instant::now();
+        let marked = self.host.marked()?;
+        let mut out = AdoptOutcome::default();
+        for spec in desired {
+            let key = spec.key();
+            let Some(m) = marked.iter().find(|m| {
+                m.pid == m.pgrp
+                    && m.job == spec.job.as_str()
+                    && m.index == Some(spec.index)
+                    && m.threads == Some(spec.threads)
+                    && m.batch == Some(spec.batch)
+            }) else {
+                continue;
+            };
+            if self.slots.iter().any(|s| s.key() == key) {
+                continue;
+            }
+            match self.adopt_one(spec, m, now) {
+                Ok(slot) => {
+                    info!(instance = %key, pid = m.pid, "instance adopted from a previous lodgerd");
+                    out.adopted.push((key, m.pid));
+                    let pos = self
+                        .slots
+                        .binary_search_by(|s| s.key().cmp(&slot.key()))
+                        .unwrap_or_else(|p| p);
+                    self.slots.insert(pos, slot);
+                }
+                Err(e) => {
+                    warn!(instance = %key, "cannot adopt pid {}: {e}; starting it again", m.pid)
+                }
+            }
+        }
+        self.sweep_unadopted(&marked, &mut out)?;
+        Ok(out)
+    }
+
+    fn adopt_one(
+        &mut self,
+        spec: &InstanceSpec,
+        m: &Marked,
+        now: Instant,
+    ) -> Result<Slot, InstanceError> {
+        let key = spec.key();
+        let template = validate_template(&spec.job, &spec.argv)?;
+        let spawn_err = |source| InstanceError::Spawn {
+            key: key.clone(),
+            program: spec.argv.first().cloned().unwrap_or_default(),
+            source,
+        };
+        let pidfd = pidfd_open(m.pid).map_err(spawn_err)?;
+        // Still the process that was marked (not a reused pid).
+        let stat = fs::read(self.host.settings.proc_root.join(format!("{}/stat", m.pid)))
+            .ok()
+            .and_then(|t| parse_stat(&t));
+        if stat.map(|s| s.start_time) != Some(m.start_time) {
+            return Err(spawn_err(std::io::Error::from_raw_os_error(libc::ESRCH)));
+        }
+        let report = match &self.host.settings.report_dir {
+            Some(dir) => Some(File::from(
+                open_report_fifo(&report_path(dir, &key)).map_err(|source| {
+                    InstanceError::Pipe {
+                        key: key.clone(),
+                        source,
+                    }
+                })?,
+            )),
+            None => None,
+        };
+        let cgroup = match self.host.placement {
+            PinMethod::Cgroup if m.unit.is_none() => {
+                let cg = self.host.instance_cgroup(&key);
+                self.host.cpusets.exists(&cg).then_some(cg)
+            }
+            _ => None,
+        };
+        let (unit, adopted) = match &m.unit {
+            Some(name) => (Some((name.clone(), pidfd)), None),
+            None => (None, Some(pidfd)),
+        };
+        let mut slot = Slot {
+            spec: spec.clone(),
+            template,
+            cgroup,
+            run: Some(Run {
+                child: None,
+                unit,
+                adopted,
+                pid: m.pid,
+                started: now,
+                report,
+            }),
+            state: SlotState::Running,
+            restarts: 0,
+            failures: 0,
+            backoff: Duration::ZERO,
+            last_exit: None,
+            last_error: None,
+            reports: ReportLog::default(),
+        };
+        slot.reports.restart();
+        // Where the plan wants it now (the plan may have changed just before the restart).
+        self.host.place_again(&slot)?;
+        Ok(slot)
+    }
+
+    /// Kills every marked process outside an adopted instance's process group and cgroup,
+    /// removes the instance cgroups and report FIFOs no adopted instance uses.
+    fn sweep_unadopted(
+        &mut self,
+        marked: &[Marked],
+        out: &mut AdoptOutcome,
+    ) -> Result<(), InstanceError> {
+        let groups: BTreeSet<u32> = out.adopted.iter().map(|(_, pid)| *pid).collect();
+        let kept_cgroups: BTreeSet<String> =
+            self.slots.iter().filter_map(|s| s.cgroup.clone()).collect();
+        let h = &self.host;
+        let mut cgroups = Vec::new();
+        if h.cpusets.exists(&h.lodgers) {
+            match h.cpusets.children(&h.lodgers, &mut cgroups) {
+                Ok(()) => {}
+                Err(e) if e.is_gone() => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        cgroups.retain(|cg| !kept_cgroups.contains(cg));
+        for cg in &cgroups {
+            out.killed.extend(h.kill_cgroup(cg)?);
+        }
+        for m in marked {
+            if groups.contains(&m.pgrp) {
+                continue;
+            }
+            let Some(p) = pid_of(m.pid) else { continue };
+            match kill(p, Signal::SIGKILL) {
+                Ok(()) => out.killed.push(m.pid),
+                Err(nix::errno::Errno::ESRCH) => {}
+                Err(errno) => return Err(InstanceError::Leftover { pid: m.pid, errno }),
+            }
+        }
+        out.killed.sort_unstable();
+        out.killed.dedup();
+        for cg in &cgroups {
+            if self.host.remove_cgroup(cg, KILL_WAIT)? {
+                out.removed_cgroups.push(cg.clone());
+            }
+        }
+        // Reap the ones that were our own children (a lodger-like parent that is this process).
+        for &pid in &out.killed {
+            if let Ok(p) = i32::try_from(pid) {
+                let _ = waitpid(Pid::from_raw(p), Some(WaitPidFlag::WNOHANG));
+            }
+        }
+        if let Some(dir) = self.host.settings.report_dir.clone() {
+            let kept: BTreeSet<std::path::PathBuf> = self
+                .slots
+                .iter()
+                .map(|s| report_path(&dir, &s.key()))
+                .collect();
+            if let Ok(entries) = fs::read_dir(&dir) {
+                for entry in entries.flatten() {
+                    let path = entry.path();
+                    if path.extension().is_some_and(|e| e == "report") && !kept.contains(&path) {
+                        let _ = fs::remove_file(&path);
+                    }
+                }
+            }
+        }
+        if self.slots.is_empty() {
+            let h = &self.host;
+            if h.cpusets.exists(&h.lodgers) && h.cpusets.remove_if_unused(&h.lodgers)? {
+                out.removed_cgroups.push(h.lodgers.clone());
+            }
+            // Instance units an earlier lodgerd started, none adopted: their slices go.
+            unit::stop_slices();
+        }
+        if !out.killed.is_empty() || !out.removed_cgroups.is_empty() {
+            warn!(
+                "removed leftovers of a previous lodgerd: killed processes {:?}, removed cgroups \
+                 {:?}",
+                out.killed, out.removed_cgroups
+            );
+        }
+        Ok(())
+    }
+}
+
+impl super::host::Host {
+    /// Every process whose environment holds `LODGER_PARENT=<parent>` (this lodger's instances
+    /// and whatever they started), with the instance it belongs to.
+    fn marked(&mut self) -> Result<Vec<Marked>, InstanceError> {
+        let mark = format!("{ENV_PARENT}={}", self.parent).into_bytes();
+        let me = std::process::id();
+        let root = self.settings.proc_root.clone();
+        let mut found = Vec::new();
+        for pid in procfs::list_pids(&root)? {
+            if pid == me {
+                continue;
+            }
+            let dir = root.join(pid.to_string());
+            // Gone, a kernel thread, a zombie: nothing to read.
+            let Ok(environ) = fs::read(dir.join("environ")) else {
+                continue;
+            };
+            let vars: Vec<&[u8]> = environ.split(|&b| b == 0).collect();
+            if !vars.contains(&mark.as_slice()) {
+                continue;
+            }
+            let Some(stat) = fs::read(dir.join("stat")).ok().and_then(|t| parse_stat(&t)) else {
+                continue;
+            };
+            let var = |name: &str| -> Option<String> {
+                let prefix = format!("{name}=");
+                vars.iter().find_map(|v| {
+                    v.strip_prefix(prefix.as_bytes())
+                        .and_then(|rest| std::str::from_utf8(rest).ok())
+                        .map(str::to_string)
+                })
+            };
+            let number = |name: &str| var(name).and_then(|v| v.parse().ok());
+            let unit = fs::read_to_string(dir.join("cgroup")).ok().and_then(|t| {
+                t.lines().find_map(|l| {
+                    let path = l.strip_prefix("0::")?;
+                    let (_, rest) = path.split_once(&format!("/{}/", unit::SLICE))?;
+                    Some(rest.split('/').next()?.to_string())
+                })
+            });
+            found.push(Marked {
+                pid,
+                pgrp: stat.pgrp,
+                job: var(ENV_JOB).unwrap_or_default(),
+                index: number(ENV_INSTANCE),
+                threads: number(ENV_THREADS),
+                batch: number(ENV_BATCH),
+                unit,
+                start_time: stat.start_time,
+            });
+        }
+        Ok(found)
+    }
+}
