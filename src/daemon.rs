@@ -318,6 +318,12 @@ fn network_control(
                 }
             }
             (CgroupVersion::V2, PinMethod::Cgroup) => Classifier::CgroupV2,
+            // Instances are transient units in lodger's slice: matched by their cgroups.
+            (CgroupVersion::V2, PinMethod::Affinity)
+                if crate::enforce::instances::unit::systemd().is_some() =>
+            {
+                Classifier::CgroupV2
+            }
             // Instances stay in lodgerd's own cgroup: shaping moves them into a child of it.
             (CgroupVersion::V2, PinMethod::Affinity) => {
                 let own = std::fs::read_to_string("/proc/self/cgroup")

@@ -29,74 +29,12 @@ use lodger::rng::Rng;
 
 const HEARTBEAT_MS: u64 = 20;
 
-fn daemon(bus: &PrivateBus, dir: &std::path::Path) -> Daemon {
-    Daemon::start(
-        bus,
-        dir,
-        DaemonOptions {
-            reserved: "",
-            extra: "[inference]\nprobe_seconds = 1\nstop_grace_seconds = 1\n\n\
-                    [rightsize]\nmode = \"off\"\n"
-                .into(),
-            ..DaemonOptions::default()
-        },
-    )
-}
-
 /// One registration the driver made and lodgerd answered.
 #[derive(Debug)]
 struct Registered {
     kind: &'static str,
     /// The training process, for a training job.
     pid: Option<u32>,
-}
-
-/// A process carrying `LODGER_PARENT` for `parent`: (pid, pgrp, job, instance index).
-fn marked(parent: &str) -> Vec<(u32, u32, String, String)> {
-    let want = parent.trim_matches('/');
-    let mut out = Vec::new();
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return out;
-    };
-    for entry in dir.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        let (Ok(env), Ok(stat)) = (
-            std::fs::read(entry.path().join("environ")),
-            std::fs::read_to_string(entry.path().join("stat")),
-        ) else {
-            continue;
-        };
-        let var = |name: &str| {
-            env.split(|&b| b == 0).find_map(|v| {
-                let v = std::str::from_utf8(v).ok()?;
-                v.strip_prefix(name)?.strip_prefix('=').map(str::to_string)
-            })
-        };
-        if !var("LODGER_PARENT").is_some_and(|p| p.trim_matches('/') == want) {
-            continue;
-        }
-        let fields: Vec<&str> = stat
-            .rsplit_once(')')
-            .map(|(_, rest)| rest.split_whitespace().collect())
-            .unwrap_or_default();
-        if matches!(fields.first(), Some(&"Z" | &"X") | None) {
-            continue;
-        }
-        let pgrp = fields.get(2).and_then(|p| p.parse().ok()).unwrap_or(0);
-        out.push((
-            pid,
-            pgrp,
-            var("LODGER_JOB").unwrap_or_default(),
-            var("LODGER_INSTANCE").unwrap_or_default(),
-        ));
-    }
-    out
 }
 
 fn alive(pid: u32) -> bool {
@@ -167,7 +105,7 @@ fn lodgerd_killed_at_random_moments_loses_orphans_and_restarts_nothing() {
     let mut rng = Rng::scrambled(seed);
     let bus = PrivateBus::start();
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut d = daemon(&bus, dir.path());
+    let mut d = lodgers_daemon(&bus, dir.path(), "[rightsize]\nmode = \"off\"\n");
     let worker = example("infer_worker").display().to_string();
     let beats = dir.path().join("beats");
     let heartbeat = format!(
@@ -322,8 +260,8 @@ fn lodgerd_killed_at_random_moments_loses_orphans_and_restarts_nothing() {
     }
     let run_time = started.elapsed();
 
-    // Settle: instances of unregistered jobs finish stopping (grace 1 s), the plan is applied.
-    std::thread::sleep(Duration::from_secs(3));
+    // Settle: instances of unregistered jobs finish stopping (grace 2 s), the plan is applied.
+    std::thread::sleep(Duration::from_secs(4));
     let jobs = listed(&d).expect("lodgerd answers");
     let lost: Vec<&String> = registered
         .iter()
@@ -336,10 +274,13 @@ fn lodgerd_killed_at_random_moments_loses_orphans_and_restarts_nothing() {
         .map(|(id, _)| id)
         .collect();
     let marks = marked(&d.parent);
-    let orphans: Vec<_> = marks.iter().filter(|m| !jobs.contains_key(&m.2)).collect();
+    let orphans: Vec<_> = marks
+        .iter()
+        .filter(|m| !jobs.contains_key(&m.job))
+        .collect();
     let mut leaders: BTreeMap<(String, String), u32> = BTreeMap::new();
-    for m in marks.iter().filter(|m| m.0 == m.1) {
-        *leaders.entry((m.2.clone(), m.3.clone())).or_default() += 1;
+    for m in marks.iter().filter(|m| m.pid == m.pgrp) {
+        *leaders.entry((m.job.clone(), m.index.clone())).or_default() += 1;
     }
     let duplicates: Vec<_> = leaders.iter().filter(|(_, n)| **n > 1).collect();
     let in_jobs: BTreeSet<u64> = jobs

@@ -9,18 +9,6 @@ fn worker() -> String {
     example("infer_worker").display().to_string()
 }
 
-fn daemon(bus: &PrivateBus, dir: &std::path::Path) -> Daemon {
-    Daemon::start(
-        bus,
-        dir,
-        DaemonOptions {
-            reserved: "",
-            extra: "[inference]\nprobe_seconds = 1\nstop_grace_seconds = 2\n".into(),
-            ..DaemonOptions::default()
-        },
-    )
-}
-
 fn instances(job: &serde_json::Value) -> Vec<serde_json::Value> {
     job["instances"].as_array().cloned().unwrap_or_default()
 }
@@ -41,7 +29,7 @@ fn online_never_on_training_cpus_offline_shares_them_and_nothing_is_left_behind(
     }
     let bus = PrivateBus::start();
     let dir = tempfile::tempdir().expect("tempdir");
-    let d = daemon(&bus, dir.path());
+    let d = lodgers_daemon(&bus, dir.path(), "");
     let w = Workload::train(1);
     let train = d.register_pid(w.pid(), 1);
     let training_cpus = d.job(&train)["cpus"].as_str().expect("cpus").to_string();
@@ -214,7 +202,7 @@ fn a_bad_command_template_is_refused() {
     }
     let bus = PrivateBus::start();
     let dir = tempfile::tempdir().expect("tempdir");
-    let d = daemon(&bus, dir.path());
+    let d = lodgers_daemon(&bus, dir.path(), "");
     let out = d.ctl(&["register", "offline", "--", "/no/such/program", "{threads}"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");

@@ -7,18 +7,6 @@ mod common;
 
 use common::*;
 
-fn daemon(bus: &PrivateBus, dir: &std::path::Path) -> Daemon {
-    Daemon::start(
-        bus,
-        dir,
-        DaemonOptions {
-            reserved: "",
-            extra: "[inference]\nprobe_seconds = 1\nstop_grace_seconds = 2\n".into(),
-            ..DaemonOptions::default()
-        },
-    )
-}
-
 /// (pid, restarts, items per second) of each running instance of `job`.
 fn running(job: &serde_json::Value) -> Vec<(u32, u64, f64)> {
     job["instances"]
@@ -53,7 +41,7 @@ fn instances_outlive_lodgerd_are_adopted_and_drain_undoes_everything() {
     }
     let bus = PrivateBus::start();
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut d = daemon(&bus, dir.path());
+    let mut d = lodgers_daemon(&bus, dir.path(), "");
     let worker = example("infer_worker").display().to_string();
     let off = d.ctl_json(&[
         "register",

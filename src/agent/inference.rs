@@ -10,6 +10,7 @@ use tracing::{info, warn};
 use super::layout::SearchRun;
 use super::{Event, TickCx};
 use crate::cpuset::CpuSet;
+use crate::enforce::instances::unit::{PARENT_SLICE, SLICE};
 use crate::enforce::instances::{Identity, InstanceSpec, InstanceState, InstanceStats, Instances};
 use crate::enforce::network::node::{procs_of, CpuJob};
 use crate::job::{InstanceView, JobId, JobKind, JobState};
@@ -80,6 +81,11 @@ impl Inference {
                 // An instance and every process it started.
                 entry.pids.extend(procs_of(&[self.runner.cgroup_dir(cg)]));
                 entry.cgroups.push(cg.clone());
+            }
+            if let Some(name) = &st.unit {
+                // A transient unit's cgroup (v2, from the hierarchy's root): network shaping
+                // matches the slice that holds them all.
+                entry.cgroups.push(format!("{PARENT_SLICE}/{SLICE}/{name}"));
             }
             entry.pids.extend(st.pid);
         }

@@ -404,13 +404,23 @@ impl Drop for Daemon {
     }
 }
 
-/// SIGKILL to every process whose environment carries `LODGER_PARENT` naming lodger cgroup
-/// `parent` (the instances of the lodgerd that used it, and what they started).
-pub fn kill_marked(parent: &str) -> Vec<u32> {
+/// A live process carrying the mark of the lodgerd whose parent cgroup is `parent`
+/// (`LODGER_PARENT`): one of its instances or something an instance started.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Marked {
+    pub pid: u32,
+    pub pgrp: u32,
+    /// `LODGER_JOB` and `LODGER_INSTANCE`.
+    pub job: String,
+    pub index: String,
+}
+
+/// Every live process marked for lodger cgroup `parent` (see [`Marked`]).
+pub fn marked(parent: &str) -> Vec<Marked> {
     let want = parent.trim_matches('/');
-    let mut killed = Vec::new();
+    let mut out = Vec::new();
     let Ok(dir) = std::fs::read_dir("/proc") else {
-        return killed;
+        return out;
     };
     for entry in dir.flatten() {
         let Some(pid) = entry
@@ -420,23 +430,64 @@ pub fn kill_marked(parent: &str) -> Vec<u32> {
         else {
             continue;
         };
-        let Ok(env) = std::fs::read(entry.path().join("environ")) else {
+        let (Ok(env), Ok(stat)) = (
+            std::fs::read(entry.path().join("environ")),
+            std::fs::read_to_string(entry.path().join("stat")),
+        ) else {
             continue;
         };
-        let marked = env.split(|&b| b == 0).any(|v| {
-            v.strip_prefix(b"LODGER_PARENT=")
-                .and_then(|p| std::str::from_utf8(p).ok())
-                .is_some_and(|p| p.trim_matches('/') == want)
+        let var = |name: &str| {
+            env.split(|&b| b == 0).find_map(|v| {
+                let v = std::str::from_utf8(v).ok()?;
+                v.strip_prefix(name)?.strip_prefix('=').map(str::to_string)
+            })
+        };
+        if !var("LODGER_PARENT").is_some_and(|p| p.trim_matches('/') == want) {
+            continue;
+        }
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .map(|(_, rest)| rest.split_whitespace().collect())
+            .unwrap_or_default();
+        if matches!(fields.first(), Some(&"Z" | &"X") | None) {
+            continue;
+        }
+        out.push(Marked {
+            pid,
+            pgrp: fields.get(2).and_then(|p| p.parse().ok()).unwrap_or(0),
+            job: var("LODGER_JOB").unwrap_or_default(),
+            index: var("LODGER_INSTANCE").unwrap_or_default(),
         });
-        if marked {
+    }
+    out
+}
+
+/// SIGKILL to every process [`marked`] for `parent`; returns their pids.
+pub fn kill_marked(parent: &str) -> Vec<u32> {
+    marked(parent)
+        .into_iter()
+        .map(|m| {
             let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid as i32),
+                nix::unistd::Pid::from_raw(m.pid as i32),
                 nix::sys::signal::Signal::SIGKILL,
             );
-            killed.push(pid);
-        }
-    }
-    killed
+            m.pid
+        })
+        .collect()
+}
+
+/// lodgerd for inference tests: no reserved CPU, 1-s layout probes, a 2-s stop grace, and
+/// `extra` config lines.
+pub fn lodgers_daemon(bus: &PrivateBus, dir: &Path, extra: &str) -> Daemon {
+    Daemon::start(
+        bus,
+        dir,
+        DaemonOptions {
+            reserved: "",
+            extra: format!("[inference]\nprobe_seconds = 1\nstop_grace_seconds = 2\n\n{extra}"),
+            ..DaemonOptions::default()
+        },
+    )
 }
 
 /// Removes the (empty) cgroup `rel` and the empty cgroups under it, deepest first, in the cpuset

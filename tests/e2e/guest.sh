@@ -358,11 +358,27 @@ check "unregister $job_o" lodgerctl unregister "$job_o"
 systemctl stop train-m
 
 phase "restart and upgrade keep the jobs"
+# Issue 17: an inference instance (root's: a transient unit too) outlives restarts and upgrades,
+# the same process, heard again through its report FIFO.
+out_s=$(lodgerctl --json register offline --max-instances 1 -- /bin/sh -c \
+    'while :; do echo "{{\"items\":1,\"latency_ms\":5}}" >&3; sleep 0.2; done' 2>&1)
+job_s=$(field "$out_s" id)
+check "register offline: a report loop ($out_s)" test -n "$job_s"
+instance_pid() { lodgerctl --json show "$job_s" | grep -o '"pid":[0-9]*' | head -n 1 | cut -d: -f2; }
+instance_runs() { [ -n "$(instance_pid)" ] && [ "$(instance_pid)" != 0 ]; }
+instance_heard() { lodgerctl --json show "$job_s" | grep -q '"p50_ms"'; }
+check "$job_s: its instance runs and reports within 60 s" poll_for 60 instance_heard
+pid_s=$(instance_pid)
+check "$job_s: its instance is a transient unit in lodger-instances.slice" \
+    grep -q "/lodger-instances.slice/lodger-$job_s-0-" "/proc/$pid_s/cgroup"
 jobs_before=$(placements)
 check "systemctl restart lodgerd" sh -c 'systemctl restart lodgerd && systemctl -q is-active lodgerd'
 check_eq "after restart: same jobs on the same CPUs" "$(placements)" "$jobs_before"
 check "after restart: $job_a threads still SCHED_RR/10 on $cpus_a" all_rr_on "$pid_a" 10 "$cpus_a"
 check "after restart: $job_b threads still SCHED_RR/10 on $cpus_b" all_rr_on "$pid_b" 10 "$cpus_b"
+check "after restart: $job_s's instance is listed within 30 s" poll_for 30 instance_runs
+check_eq "after restart: $job_s's instance is the same process" "$(instance_pid)" "$pid_s"
+check "after restart: $job_s's instance is heard again within 30 s" poll_for 30 instance_heard
 echo "$jobs_before" | note
 
 pid_before=$(systemctl show -p MainPID --value lodgerd)
@@ -374,6 +390,9 @@ check "upgrade: lodgerd restarted" sh -c "systemctl -q is-active lodgerd && \
 check "upgrade: still enabled" test "$(systemctl is-enabled lodgerd)" = enabled
 check_eq "upgrade: same jobs on the same CPUs" "$(placements)" "$jobs_before"
 check "upgrade: $job_a threads still SCHED_RR/10" all_rr_on "$pid_a" 10 "$cpus_a"
+check "upgrade: $job_s's instance is listed within 30 s" poll_for 30 instance_runs
+check_eq "upgrade: $job_s's instance is the same process" "$(instance_pid)" "$pid_s"
+check "upgrade: $job_s's instance is heard again within 30 s" poll_for 30 instance_heard
 check_eq "no watchdog or failure restarts (NRestarts=0)" "$(systemctl show -p NRestarts --value lodgerd)" 0
 lodgerctl --json status 2>&1 | note
 
@@ -390,6 +409,9 @@ check "purge: no real-time user thread on the node" no_rt_user_threads
 check "purge: $job_a back to SCHED_OTHER on every CPU" all_other_everywhere "$pid_a"
 check "purge: $job_b back to SCHED_OTHER on every CPU" all_other_everywhere "$pid_b"
 check "purge: the training processes still run" kill -0 "$pid_a" "$pid_b"
+check "purge: $job_s's instance stopped (drained)" sh -c "! kill -0 $pid_s 2>/dev/null"
+check "purge: no lodger instance unit" \
+    sh -c '! systemctl list-units --all --no-legend "lodger-*.service" | grep -q .'
 check "purge: no /var/lib/lodger, /etc/lodger, group lodger, D-Bus policy" sh -c \
     '! test -e /var/lib/lodger && ! test -e /etc/lodger && ! getent group lodger && \
      ! test -e /usr/share/dbus-1/system.d/org.lodger1.conf'

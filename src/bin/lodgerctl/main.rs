@@ -189,11 +189,11 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             if let Some(rate) = a.rate {
                 spec.insert("rate_per_s", Value::from(rate));
             }
-            register_and_show(&proxy, spec, cli.json).await?;
+            register_and_show(&proxy, spec, cli.json, inference_summary).await?;
         }
         Command::Register(Register::Offline(a)) => {
             let spec = inference_spec("offline", &a.common)?;
-            register_and_show(&proxy, spec, cli.json).await?;
+            register_and_show(&proxy, spec, cli.json, inference_summary).await?;
         }
         Command::Register(Register::Training(a)) => {
             let mut spec: HashMap<&str, Value<'_>> = HashMap::new();
@@ -217,29 +217,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             if let Some(uid) = owner_uid(&a.owner)? {
                 spec.insert("owner", Value::from(uid));
             }
-            let (id, path) = proxy
-                .register_job(spec)
-                .await
-                .map_err(|e| from_zbus("register", e))?;
-            let job = proxy
-                .get_job(&id)
-                .await
-                .map_err(|e| from_zbus("register", e))?;
-            if cli.json {
-                let mut v = dict_to_json(&job);
-                if let serde_json::Value::Object(m) = &mut v {
-                    m.insert("path".into(), path.as_str().into());
-                }
-                println!("{v}");
-            } else {
-                println!(
-                    "registered {id}: cpus {} (NUMA {}), {} thread(s) {}",
-                    get(&job, "cpus"),
-                    get(&job, "mems"),
-                    get(&job, "threads"),
-                    get(&job, "sched_policy")
-                );
-            }
+            register_and_show(&proxy, spec, cli.json, training_summary).await?;
         }
         Command::Unregister(UnregisterArgs { id: Some(id), .. }) => {
             proxy
@@ -571,6 +549,7 @@ async fn register_and_show(
     proxy: &ManagerProxy<'_>,
     spec: HashMap<&str, Value<'_>>,
     json: bool,
+    summary: fn(&str, &HashMap<String, OwnedValue>) -> String,
 ) -> Result<(), Failure> {
     let (id, path) = proxy
         .register_job(spec)
@@ -587,20 +566,36 @@ async fn register_and_show(
         }
         println!("{v}");
     } else {
-        println!(
-            "registered {id}: {} job, {} instance(s) on cpus {}; layout: {}",
-            get(&job, "kind"),
-            job.get("instances")
-                .map(|v| match &**v {
-                    Value::Array(a) => a.len(),
-                    _ => 0,
-                })
-                .unwrap_or(0),
-            get(&job, "cpus"),
-            get(&job, "layout"),
-        );
+        println!("{}", summary(&id, &job));
     }
     Ok(())
+}
+
+/// `register training`'s line.
+fn training_summary(id: &str, job: &HashMap<String, OwnedValue>) -> String {
+    format!(
+        "registered {id}: cpus {} (NUMA {}), {} thread(s) {}",
+        get(job, "cpus"),
+        get(job, "mems"),
+        get(job, "threads"),
+        get(job, "sched_policy")
+    )
+}
+
+/// `register online|offline`'s line.
+fn inference_summary(id: &str, job: &HashMap<String, OwnedValue>) -> String {
+    format!(
+        "registered {id}: {} job, {} instance(s) on cpus {}; layout: {}",
+        get(job, "kind"),
+        job.get("instances")
+            .map(|v| match &**v {
+                Value::Array(a) => a.len(),
+                _ => 0,
+            })
+            .unwrap_or(0),
+        get(job, "cpus"),
+        get(job, "layout"),
+    )
 }
 
 fn main() -> ExitCode {

@@ -8,7 +8,7 @@
 
 use std::collections::BTreeSet;
 use std::fs::{self, File};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use nix::sys::signal::{kill, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag};
@@ -16,7 +16,6 @@ use nix::unistd::Pid;
 use tracing::{info, warn};
 
 use super::error::InstanceError;
-use super::report::ReportLog;
 use super::spawn::{open_report_fifo, pidfd_open, report_path};
 use super::supervisor::{pid_of, Instances, Run, Slot, SlotState};
 use super::template::validate_template;
@@ -143,26 +142,16 @@ impl Instances {
             Some(name) => (Some((name.clone(), pidfd)), None),
             None => (None, Some(pidfd)),
         };
-        let mut slot = Slot {
-            spec: spec.clone(),
-            template,
-            cgroup,
-            run: Some(Run {
-                child: None,
-                unit,
-                adopted,
-                pid: m.pid,
-                started: now,
-                report,
-            }),
-            state: SlotState::Running,
-            restarts: 0,
-            failures: 0,
-            backoff: Duration::ZERO,
-            last_exit: None,
-            last_error: None,
-            reports: ReportLog::default(),
-        };
+        let mut slot = Slot::new(spec.clone(), template, SlotState::Running);
+        slot.cgroup = cgroup;
+        slot.run = Some(Run {
+            child: None,
+            unit,
+            adopted,
+            pid: m.pid,
+            started: now,
+            report,
+        });
         slot.reports.restart();
         // Where the plan wants it now (the plan may have changed just before the restart).
         self.host.place_again(&slot)?;

@@ -16,9 +16,9 @@
 //!   its own CPU affinity in `pre_exec`; memory nodes are then not enforced, and a CPU change is
 //!   applied to every thread of the instance's process tree.
 //!
-//! Another user's instance, where systemd is PID 1, is not forked: systemd starts it as a
-//! transient unit in `lodger-instances.slice` ([`unit`], docs/security.md), placed by CPU
-//! affinity and followed through a pidfd.
+//! Where systemd is PID 1 no instance is forked: systemd starts each as a transient unit in
+//! `lodger-instances.slice` ([`unit`], docs/security.md), as its owner, placed by CPU affinity and
+//! followed through a pidfd; stopping lodgerd's own unit leaves it running.
 //!
 //! Instances outlive lodgerd (issue 17: a restart, an upgrade or a crash is no outage): no death
 //! signal, and lodgerd stopping calls [`Instances::leave_running`]. Each instance's report channel
@@ -289,6 +289,8 @@ pub struct InstanceStats {
     pub batch: u32,
     /// Its cgroup, relative to the cpuset hierarchy (cgroup placement).
     pub cgroup: Option<String>,
+    /// The transient unit it runs in, where systemd started it.
+    pub unit: Option<String>,
     pub state: InstanceState,
     /// Restarts after it exited on its own or failed to start.
     pub restarts: u32,

@@ -41,12 +41,12 @@ impl Host {
             });
         };
 
-        // Another user's instance where systemd is PID 1: a transient unit (docs/security.md).
-        if spec.identity.uid != nix::unistd::getuid().as_raw() {
-            if let Some(systemd) = unit::systemd() {
-                let (program, args) = (program.clone(), args.to_vec());
-                return self.spawn_unit(slot, now, systemd, program, args);
-            }
+        // Where systemd is PID 1, every instance is a transient unit in lodger's slice: systemd
+        // switches to its owner (docs/security.md), and stopping or restarting lodgerd's own
+        // unit does not touch it (issue 17).
+        if let Some(systemd) = unit::systemd() {
+            let (program, args) = (program.clone(), args.to_vec());
+            return self.spawn_unit(slot, now, systemd, program, args);
         }
 
         let mut procs_file = None;

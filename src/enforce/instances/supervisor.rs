@@ -132,6 +132,23 @@ pub(super) struct Slot {
 }
 
 impl Slot {
+    /// A slot for `spec` with no history yet, in `state`.
+    pub(super) fn new(spec: InstanceSpec, template: Template, state: SlotState) -> Self {
+        Slot {
+            spec,
+            template,
+            cgroup: None,
+            run: None,
+            state,
+            restarts: 0,
+            failures: 0,
+            backoff: Duration::ZERO,
+            last_exit: None,
+            last_error: None,
+            reports: ReportLog::default(),
+        }
+    }
+
     pub(super) fn key(&self) -> InstanceKey {
         self.spec.key()
     }
@@ -156,6 +173,10 @@ impl Slot {
             threads: self.spec.threads,
             batch: self.spec.batch,
             cgroup: self.cgroup.clone(),
+            unit: self
+                .run
+                .as_ref()
+                .and_then(|r| r.unit.as_ref().map(|(name, _)| name.clone())),
             state,
             restarts: self.restarts,
             failures: self.failures,
@@ -347,19 +368,8 @@ impl Instances {
             let pos = match self.slots.binary_search_by(|s| s.spec.cmp_instance(spec)) {
                 Ok(pos) => pos,
                 Err(pos) => {
-                    let mut slot = Slot {
-                        spec: spec.clone(),
-                        template,
-                        cgroup: None,
-                        run: None,
-                        state: SlotState::BackingOff { at: now },
-                        restarts: 0,
-                        failures: 0,
-                        backoff: Duration::ZERO,
-                        last_exit: None,
-                        last_error: None,
-                        reports: ReportLog::default(),
-                    };
+                    let mut slot =
+                        Slot::new(spec.clone(), template, SlotState::BackingOff { at: now });
                     out.changed = true;
                     match self.host.start(&mut slot, now) {
                         Ok(()) => out.started.push(key),

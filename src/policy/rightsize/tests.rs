@@ -611,12 +611,9 @@ fn feed(
         .collect()
 }
 
-/// The figures of a CI run where the grow test failed: one core starved the job (62 % busy,
-/// steady), two made it busier (80 %) but so noisily that six samples could not tell; judged
-/// then, two cores were "no better". The window is measured on instead, and its twelve
-/// samples show the rise.
-#[test]
-fn a_window_too_noisy_to_judge_is_measured_on() {
+/// The grow test's tuner (tests/rightsize.rs): one core or two, 6-s windows after a 2-s warm-up,
+/// the warm-up over.
+fn one_or_two_cores() -> Tuner {
     let s = TunerSettings {
         warmup: Duration::from_secs(2),
         window: Duration::from_secs(6),
@@ -625,6 +622,16 @@ fn a_window_too_noisy_to_judge_is_measured_on() {
     };
     let mut t = Tuner::new(s, Duration::ZERO);
     t.step(Duration::from_secs(2), &[], false);
+    t
+}
+
+/// The figures of a CI run where the grow test failed: one core starved the job (62 % busy,
+/// steady), two made it busier (80 %) but so noisily that six samples could not tell; judged
+/// then, two cores were "no better". The window is measured on instead, and its twelve
+/// samples show the rise.
+#[test]
+fn a_window_too_noisy_to_judge_is_measured_on() {
+    let mut t = one_or_two_cores();
     let mut now = 2;
     let mut at = |t: &mut Tuner, samples: &[f64]| {
         let mut last = TunerAction::Wait;
@@ -665,14 +672,7 @@ fn a_window_too_noisy_to_judge_is_measured_on() {
 /// evidence that points one way without clearing the noise, not for every noisy window.
 #[test]
 fn a_noisy_window_with_no_lean_is_judged_at_once() {
-    let s = TunerSettings {
-        warmup: Duration::from_secs(2),
-        window: Duration::from_secs(6),
-        tolerance: 0,
-        ..TunerSettings::new(1, CoreLimits { floor: 1, max: 2 })
-    };
-    let mut t = Tuner::new(s, Duration::ZERO);
-    t.step(Duration::from_secs(2), &[], false);
+    let mut t = one_or_two_cores();
     let mut now = 2;
     let mut last = TunerAction::Wait;
     for x in [
