@@ -1,11 +1,12 @@
 //! Issue 17's crash suite, as root on a private bus: lodgerd is killed (SIGKILL) at random
 //! moments, `LODGER_CRASH_CYCLES` times (default 50), while a churn driver registers and
 //! unregisters training, offline and online jobs and some of the training processes exit. Each
-//! cycle: the driver's calls, then lodgerd is killed a random 0-400 ms later while it ticks
-//! (instances starting, stopping, being reaped, searched), and started again. With
-//! `LODGER_CRASH_DURING_CALLS=1` a killer thread kills it at that moment while the driver goes
-//! on calling (calls in flight; only answered ones count). At the end, once the node has
-//! settled, it prints and asserts:
+//! cycle kills lodgerd a random 0-400 ms into the cycle and starts it again: every other cycle
+//! a killer thread does it while the driver goes on calling (calls in flight; only answered ones
+//! count, an unanswered unregister may have been done), the others after the driver's calls,
+//! while lodgerd ticks (instances starting, stopping, being reaped, searched);
+//! `LODGER_CRASH_DURING_CALLS=1` or `0` makes every cycle one or the other. At the end, once the
+//! node has settled, it prints and asserts:
 //!
 //! - lost registrations (answered, process alive or instances wanted, not in `list`): 0;
 //! - orphan instances (processes carrying this lodgerd's mark whose job is not registered): 0;
@@ -93,13 +94,14 @@ fn lodgerd_killed_at_random_moments_loses_orphans_and_restarts_nothing() {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(1, |d| d.as_nanos() as u64)
         });
-    let during_calls = std::env::var("LODGER_CRASH_DURING_CALLS").is_ok_and(|v| v == "1");
+    // Which cycles kill with calls in flight: every other one, or (0) none, or (1) all.
+    let mode = std::env::var("LODGER_CRASH_DURING_CALLS").unwrap_or_default();
     eprintln!(
         "crash suite: {cycles} cycles, seed {seed} (LODGER_CRASH_SEED to replay), kills {}",
-        if during_calls {
-            "at any moment, calls in flight included (LODGER_CRASH_DURING_CALLS=1)"
-        } else {
-            "between calls, while lodgerd ticks"
+        match mode.as_str() {
+            "0" => "between calls, while lodgerd ticks",
+            "1" => "with calls in flight",
+            _ => "with calls in flight every other cycle, between calls the others",
         }
     );
     let mut rng = Rng::scrambled(seed);
@@ -159,6 +161,11 @@ fn lodgerd_killed_at_random_moments_loses_orphans_and_restarts_nothing() {
                 nix::unistd::Pid::from_raw(victim as i32),
                 nix::sys::signal::Signal::SIGKILL,
             );
+        };
+        let during_calls = match mode.as_str() {
+            "0" => false,
+            "1" => true,
+            _ => cycle % 2 == 1,
         };
         let killer = during_calls.then(|| std::thread::spawn(kill_lodgerd));
         // Churn while the killer waits: calls after the kill fail and count for nothing.
@@ -346,7 +353,7 @@ fn lodgerd_killed_at_random_moments_loses_orphans_and_restarts_nothing() {
     assert!(stale_cgroups.is_empty(), "stale cgroups: {stale_cgroups:?}");
     assert!(
         restarted_by_restart.is_empty(),
-        "restarted by a restart: {restarted_by_restart:?}"
+        "restarted by a restart: {restarted_by_restart:?}\n{log}"
     );
     // The sentinel ran the whole time, as one process.
     assert_eq!(

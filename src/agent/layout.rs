@@ -11,6 +11,7 @@ use super::TickCx;
 use crate::enforce::instances::{InstanceState, InstanceStats};
 use crate::job::JobId;
 use crate::policy::inference::{LayoutConfig, LayoutSearch, ProbeResult, SearchStart, SearchStep};
+use crate::store::SearchUnderWay;
 
 /// An online job's layout search between two probes.
 pub(super) struct SearchRun {
@@ -31,18 +32,55 @@ impl Inference {
         stats: &[InstanceStats],
     ) -> Option<LayoutConfig> {
         let stored = cx.state.jobs.get_mut(id)?;
+        let now = Instant::now();
+        // A search a previous lodgerd had under way resumes at the probe it ran (its instances
+        // were adopted): nothing restarts because lodgerd did.
+        if !self.searches.contains_key(id) {
+            if let Some(kept) = stored.lodging.search.take() {
+                if kept.free_cores == free_cores {
+                    info!(job = %id, probe = %kept.probe, "layout search resumed");
+                    self.searches.insert(
+                        id.clone(),
+                        SearchRun {
+                            search: kept.search,
+                            probe: kept.probe,
+                            since: now,
+                            free_cores,
+                        },
+                    );
+                }
+            }
+        }
+        let layout = self.layout_now(stored, id, free_cores, stats, cx.observations, now);
+        // What a restart needs of the search under way (persisted with the plan it changes).
+        stored.lodging.search = self.searches.get(id).map(|run| SearchUnderWay {
+            search: run.search.clone(),
+            probe: run.probe,
+            free_cores: run.free_cores,
+        });
+        layout
+    }
+
+    fn layout_now(
+        &mut self,
+        stored: &mut crate::store::StoredJob,
+        id: &JobId,
+        free_cores: u32,
+        stats: &[InstanceStats],
+        observations: &crate::sense::Observations,
+        now: Instant,
+    ) -> Option<LayoutConfig> {
         let inf = stored.job.spec.inference.as_ref()?;
         let slo = inf.slo_ms.unwrap_or(f64::MAX);
         let max_batch = inf.max_batch;
         let max_instances = inf.max_instances.unwrap_or(free_cores.max(1));
-        let now = Instant::now();
         if let Some(run) = self.searches.get_mut(id) {
             if run.free_cores == free_cores {
                 let measured = probe_result(
                     id,
                     run.probe,
                     stats,
-                    cx.observations.jobs.get(id),
+                    observations.jobs.get(id),
                     self.probe_window,
                 );
                 let overdue = now.duration_since(run.since) > self.probe_window * 3;

@@ -289,6 +289,7 @@ impl AgentBuilder {
                 status: NodeStatus::default(),
             }),
         };
+        agent.undo_interrupted_registration();
         let adopted = agent.state.jobs.len();
         agent.tick();
         if migrated {

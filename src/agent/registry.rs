@@ -11,7 +11,7 @@ use crate::cpuset::CpuSet;
 use crate::enforce::JobRecord;
 use crate::job::{Job, JobId, JobSpec, JobState, Target};
 use crate::policy::{self, Plan, TrainingJobView};
-use crate::store::{Lodging, StoredJob};
+use crate::store::{Lodging, Pending, StoredJob};
 
 /// A mutating command, as the one caller check sees it.
 pub(super) enum Change<'a> {
@@ -197,6 +197,45 @@ impl Agent {
         Ok(())
     }
 
+    /// A training registration a killed lodgerd left between touching the node and recording
+    /// the job ([`Pending`]): its processes are taken over once more (to learn what is there)
+    /// and released, so no thread stays real-time and no process in lodger's cgroup without a
+    /// job. Processes it had moved go back to the hierarchy's root, whose cgroup it did not get
+    /// to record. Run at start, before the first tick.
+    pub(super) fn undo_interrupted_registration(&mut self) {
+        let Some(p) = self.store.take_pending() else {
+            return;
+        };
+        if self.state.jobs.contains_key(&p.id) {
+            // Recorded after all: the state file has it.
+            return;
+        }
+        let mut record = JobRecord::default();
+        let _ = self
+            .training
+            .enforcer
+            .apply(&p.id, &p.target, &p.placement, &mut record);
+        self.training.release_quietly(&p.id, &p.target, &record);
+        // Its id is never given to another job (an id in a log means one job).
+        let seq =
+            p.id.as_str()
+                .trim_start_matches('j')
+                .parse::<u64>()
+                .unwrap_or(0);
+        if seq >= self.state.next_seq {
+            self.state.next_seq = seq + 1;
+            if let Err(e) = self.store.save(&self.state) {
+                tracing::warn!("{e}");
+            }
+        }
+        tracing::warn!(
+            job = %p.id,
+            "the registration of {} was interrupted by lodgerd's end: its processes were \
+             released (threads back to SCHED_OTHER); register them again",
+            p.id
+        );
+    }
+
     /// Registers `spec` for `owner_uid` (already authorized).
     pub(super) fn register(&mut self, spec: JobSpec, owner_uid: u32) -> Result<Job, AgentError> {
         self.check_spec(&spec)?;
@@ -218,6 +257,12 @@ impl Agent {
             AgentError::InvalidSpec("the policy gave the job no placement".into())
         })?;
 
+        // Undone at the next start if lodgerd dies before the state file lists the job.
+        self.store.write_pending(&Pending {
+            id: id.clone(),
+            target: spec.target.clone(),
+            placement: placement.clone(),
+        })?;
         let mut record = JobRecord::default();
         let outcome = match self
             .training
@@ -227,12 +272,14 @@ impl Agent {
             Ok(o) if o.alive => o,
             Ok(_) => {
                 self.training.release_quietly(&id, &spec.target, &record);
+                self.store.clear_pending();
                 return Err(AgentError::InvalidSpec(
                     "the job has no running process (did it exit?)".into(),
                 ));
             }
             Err(e) => {
                 self.training.release_quietly(&id, &spec.target, &record);
+                self.store.clear_pending();
                 return Err(e.into());
             }
         };
@@ -259,11 +306,13 @@ impl Agent {
             lodging: Lodging::default(),
             tuning,
         };
-        if let Err(e) = self.admit(stored, Some(plan)) {
+        let admitted = self.admit(stored, Some(plan));
+        if admitted.is_err() {
             self.training
                 .release_quietly(&id, &job.spec.target, &record);
-            return Err(e);
         }
+        self.store.clear_pending();
+        admitted?;
         info!(job = %id, cpus = %job.cpus, pids = ?job.pids, threads = job.threads, "registered training job");
         self.send_jobs_to_sensor();
         self.emit(Event::JobAdded(id));

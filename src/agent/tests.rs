@@ -660,3 +660,40 @@ fn only_a_jobs_owner_or_root_may_unregister_it() {
         .to_string();
     assert!(err.contains("only root may act for another user"), "{err}");
 }
+
+/// Issue 17: lodgerd killed between a training registration's first change to the node and
+/// the state file that records it leaves `registering.json`; the next start takes the processes
+/// over once more and releases them, records nothing, and never gives the id to another job.
+#[test]
+fn a_registration_interrupted_by_a_crash_is_undone_at_the_next_start() {
+    let rig = Rig::new();
+    rig.spawn(100);
+    let store = Store::new(rig.dir.path());
+    let id = JobId::from_seq(1);
+    store
+        .write_pending(&crate::store::Pending {
+            id: id.clone(),
+            target: Target::Pids(vec![100]),
+            placement: Placement {
+                cpus: CpuSet::parse("1").unwrap(),
+                mems: CpuSet::parse("0").unwrap(),
+            },
+        })
+        .unwrap();
+    let mut agent = rig.agent();
+    assert!(agent.jobs().is_empty(), "nothing recorded");
+    {
+        let node = rig.node.lock().unwrap();
+        assert!(node.released.contains(&id), "released: {:?}", node.released);
+        assert!(!node.applied.contains_key(&id), "still applied");
+    }
+    assert!(!rig.dir.path().join(crate::store::PENDING_FILE).exists());
+    let job = agent.register(spec(vec![100], 1), 0).unwrap();
+    assert_eq!(
+        job.id.as_str(),
+        "j2",
+        "the interrupted registration's id is not reused"
+    );
+    // A completed registration leaves no pending file behind.
+    assert!(!rig.dir.path().join(crate::store::PENDING_FILE).exists());
+}

@@ -19,11 +19,28 @@ use serde::{Deserialize, Serialize};
 
 use crate::enforce::JobRecord;
 use crate::job::{Job, JobId};
-use crate::policy::inference::{CapacityCheck, InferencePlan, SearchCache, SearchOutcome};
+use crate::policy::inference::{
+    CapacityCheck, InferencePlan, LayoutConfig, LayoutSearch, SearchCache, SearchOutcome,
+};
 use crate::policy::rightsize::{OwnerHistory, Tuner};
 use crate::policy::Plan;
 
 pub const STATE_FILE: &str = "state.json";
+/// The training registration under way (see [`Pending`]), beside the state file.
+pub const PENDING_FILE: &str = "registering.json";
+
+/// A training registration between its first change to the node and the state file that records
+/// it: written before lodger touches the job's processes, removed once the state file lists the
+/// job. A lodgerd killed in between leaves it, and the next one undoes what the registration may
+/// have done (its threads back to SCHED_OTHER, out of lodger's cgroup) rather than leave threads
+/// real-time that no job owns; the caller, who got no answer, registers again. Not fsynced: it
+/// guards against lodgerd dying, and a crash of the node ends the job's processes too.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Pending {
+    pub id: JobId,
+    pub target: crate::job::Target,
+    pub placement: crate::policy::Placement,
+}
 /// Bumped when the file's shape changes; a file of an older version is migrated step by step
 /// (`migrate`), a newer one is set aside, not read.
 ///
@@ -144,6 +161,20 @@ pub struct Lodging {
     pub outcome: Option<SearchOutcome>,
     /// The last capacity check of an online job with an expected rate.
     pub capacity: Option<CapacityCheck>,
+    /// The layout search under way and the probe it runs, so a restarted lodgerd resumes it with
+    /// the instances it adopted rather than start over (issue 17).
+    #[serde(default)]
+    pub search: Option<SearchUnderWay>,
+}
+
+/// An online job's layout search between two probes, as the state file keeps it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SearchUnderWay {
+    pub search: LayoutSearch,
+    /// The layout being measured.
+    pub probe: LayoutConfig,
+    /// The free cores it searches over; another count starts a new search.
+    pub free_cores: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -289,6 +320,35 @@ impl Store {
 
     /// Replaces the state file atomically: a crash leaves either the old or the new file whole.
     /// Returns whether it wrote: a state encoded as the file already holds it writes nothing.
+    /// Records the registration about to touch the node (see [`Pending`]).
+    pub fn write_pending(&self, pending: &Pending) -> Result<(), StoreError> {
+        self.ensure_dir()?;
+        let bytes = serde_json::to_vec(pending)?;
+        let path = self.dir.join(PENDING_FILE);
+        let tmp = self.dir.join(format!(".{PENDING_FILE}.tmp"));
+        let werr = |source| StoreError::Write {
+            path: path.clone(),
+            source,
+        };
+        fs::write(&tmp, bytes).map_err(werr)?;
+        fs::rename(&tmp, &path).map_err(werr)
+    }
+
+    /// The registration is recorded in the state file, or abandoned and undone.
+    pub fn clear_pending(&self) {
+        let _ = fs::remove_file(self.dir.join(PENDING_FILE));
+    }
+
+    /// The registration a killed lodgerd left under way, if any (an unreadable file counts as
+    /// none, and is removed).
+    pub fn take_pending(&self) -> Option<Pending> {
+        let path = self.dir.join(PENDING_FILE);
+        let bytes = fs::read(&path).ok()?;
+        let pending = serde_json::from_slice(&bytes).ok();
+        self.clear_pending();
+        pending
+    }
+
     pub fn save(&mut self, state: &State) -> Result<bool, StoreError> {
         let bytes = serde_json::to_vec_pretty(state)?;
         if self.on_disk.as_deref() == Some(bytes.as_slice()) {

@@ -82,21 +82,6 @@ tcg) accel_args=(-machine q35 -accel tcg,thread=multi -cpu max,vendor=GenuineInt
 *) die "LODGER_E2E_ACCEL must be auto, kvm or tcg" ;;
 esac
 
-# --- tools ---
-need=()
-command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
-command -v debootstrap >/dev/null || need+=(debootstrap)
-command -v mkfs.ext4 >/dev/null || need+=(e2fsprogs)
-if [ ${#need[@]} -gt 0 ]; then
-    command -v apt-get >/dev/null || die "install ${need[*]} (no apt-get here)"
-    say "installing ${need[*]}"
-    # --no-remove: apt aborts rather than remove a package to satisfy the install.
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends --no-remove \
-        "${need[@]}" >&2 ||
-        { apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-            --no-install-recommends --no-remove "${need[@]}" >&2; } || die "cannot install ${need[*]}"
-fi
-
 # --- the mirror: whatever this host's apt uses for the suite ---
 mirror_from_apt_sources() {
     local f
@@ -122,6 +107,42 @@ mirror_from_apt_sources() {
         awk -v suite="$suite" '$1 == "deb" && $3 == suite { print $2 }' || true
 }
 mirror=${LODGER_E2E_MIRROR:-$(mirror_from_apt_sources | head -n 1 || true)}
+
+# --- tools ---
+need=()
+command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
+command -v debootstrap >/dev/null || need+=(debootstrap)
+command -v mkfs.ext4 >/dev/null || need+=(e2fsprogs)
+if [ ${#need[@]} -gt 0 ]; then
+    command -v apt-get >/dev/null || die "install ${need[*]} (no apt-get here)"
+    say "installing ${need[*]}"
+    # --no-remove: apt aborts rather than remove a package to satisfy the install.
+    install() { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        --no-remove "$@" >&2; }
+    # A host whose qemu-utils came from backports (the machine image's qemu-img) needs
+    # qemu-system-x86 of the same version: the release's own would have apt remove qemu-utils.
+    backports_qemu() {
+        local codename
+        codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-}")
+        dpkg-query -W -f='${Version}' qemu-utils 2>/dev/null | grep -q '~bpo' && [ -n "$codename" ] ||
+            return 1
+        if ! grep -rqs "$codename-backports" /etc/apt/sources.list /etc/apt/sources.list.d/; then
+            say "adding $codename-backports to apt's sources (qemu-utils is from there)"
+            # The mirror this host's apt uses for its own release.
+            local uri
+            uri=$(suite=$codename mirror_from_apt_sources | head -n 1)
+            [ -n "$uri" ] || return 1
+            printf 'Types: deb\nURIs: %s\nSuites: %s-backports\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' \
+                "$uri" "$codename" >/etc/apt/sources.list.d/lodger-e2e-backports.sources
+            apt-get update -qq >&2
+        fi
+        install -t "$codename-backports" "${need[@]}"
+    }
+    install "${need[@]}" ||
+        { apt-get update -qq >&2 && install "${need[@]}"; } ||
+        backports_qemu || die "cannot install ${need[*]}"
+fi
+
 
 # --- the guest's root filesystem, kernel and initrd (cached) ---
 # man-db: so that `systemd-analyze verify` checks the unit's Documentation= pages too.

@@ -129,7 +129,7 @@ enum Move {
 }
 
 /// One measured layout (several windows averaged).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub(super) struct Sample {
     pub(super) throughput: f64,
     pub(super) p99: f64,
@@ -176,8 +176,11 @@ struct Need(LayoutConfig);
 /// layout not asked for is recorded under its own layout; `next(None)` while a probe is pending
 /// records that probe as failed. Every result counts against the budget.
 ///
+/// A search is plain data: the agent keeps the one under way in the state file, so a restart of
+/// lodgerd resumes it at the probe that runs rather than start over (and restart the instances).
+///
 /// [`next`]: LayoutSearch::next
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LayoutSearch {
     free_cores: u32,
     slo_ms: f64,
@@ -185,10 +188,37 @@ pub struct LayoutSearch {
     max_instances: u32,
     options: SearchOptions,
     pub(super) hint: Option<ModelTraits>,
+    /// As a list of pairs: JSON object keys are strings.
+    #[serde(with = "pairs")]
     samples: BTreeMap<LayoutConfig, Sample>,
     pending: Option<LayoutConfig>,
     probes: u32,
     done: Option<SearchOutcome>,
+}
+
+/// A map (de)serialized as a list of `[key, value]` pairs, for keys that are not strings.
+mod pairs {
+    use std::collections::BTreeMap;
+
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub(super) fn serialize<K, V, S>(map: &BTreeMap<K, V>, s: S) -> Result<S::Ok, S::Error>
+    where
+        K: Serialize,
+        V: Serialize,
+        S: Serializer,
+    {
+        s.collect_seq(map.iter())
+    }
+
+    pub(super) fn deserialize<'de, K, V, D>(d: D) -> Result<BTreeMap<K, V>, D::Error>
+    where
+        K: Deserialize<'de> + Ord,
+        V: Deserialize<'de>,
+        D: Deserializer<'de>,
+    {
+        Vec::<(K, V)>::deserialize(d).map(|pairs| pairs.into_iter().collect())
+    }
 }
 
 impl LayoutSearch {

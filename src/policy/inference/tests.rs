@@ -777,6 +777,41 @@ fn phase1_grows_from_one_core_and_bisects() {
     assert!(out.measured.unwrap().p99_latency_ms <= 21.0);
 }
 
+/// Issue 17: a search read back from the state file after every probe (a lodgerd restarted at
+/// each one) asks the same probes and ends at the same outcome as one never interrupted.
+#[test]
+fn a_search_resumes_from_json_where_it_stopped() {
+    let model = PerfModel {
+        slo_ms: 21.0,
+        noise: 0.0,
+        ..SMALL_CACHE
+    };
+    let (asked, outcome) = run_model(&model, search_for(&model));
+    let mut search = search_for(&model);
+    let mut resumed = Vec::new();
+    let mut last = None;
+    let end = loop {
+        let text = serde_json::to_string(&search).expect("serialize");
+        search = serde_json::from_str(&text).expect("read back");
+        match search.next(last.take()) {
+            SearchStep::Probe(c) => {
+                resumed.push(c);
+                let t = model.truth(&c);
+                last = Some(ProbeResult {
+                    config: c,
+                    throughput_per_s: t.throughput,
+                    p99_latency_ms: t.p99,
+                    ipc: model.counters.then_some(t.ipc),
+                    cache_miss_ratio: model.counters.then_some(t.miss),
+                });
+            }
+            SearchStep::Done(o) => break o,
+        }
+    };
+    assert_eq!(resumed, asked);
+    assert_eq!(end, outcome);
+}
+
 #[test]
 fn starts_where_the_trend_says() {
     for (model, want) in [
