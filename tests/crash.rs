@@ -12,8 +12,9 @@
 //! - orphan instances (processes carrying this lodgerd's mark whose job is not registered): 0;
 //! - duplicate instances (two process-group leaders for one job and index): 0;
 //! - threads left SCHED_RR in the test's training processes that are in no job: 0;
-//! - stale lodger cgroups (an instance cgroup of no running instance): 0;
-//! - instances restarted by a lodgerd restart (alive when lodgerd died, replaced after): 0;
+//! - stale lodger cgroups (an instance cgroup of no instance lodgerd lists): 0;
+//! - instances restarted by a lodgerd restart (alive when lodgerd died, replaced after by a
+//!   process with the same threads and batch; a new layout is the plan's doing): 0;
 //!
 //! and the longest pause of a report-writing instance (a shell loop that writes a report line
 //! and a timestamp every 20 ms) over the whole run, a figure printed beside its interval, not a
@@ -63,6 +64,15 @@ fn listed(d: &Daemon) -> Option<BTreeMap<String, serde_json::Value>> {
 
 /// Running instances' pids by "job-index".
 fn instance_pids(jobs: &BTreeMap<String, serde_json::Value>) -> BTreeMap<String, u32> {
+    instances(jobs)
+        .into_iter()
+        .map(|(key, (pid, _))| (key, pid))
+        .collect()
+}
+
+/// Running instances by "job-index": their pid and the threads and batch they run with (a change
+/// of those restarts an instance because the plan changed, not because lodgerd did).
+fn instances(jobs: &BTreeMap<String, serde_json::Value>) -> BTreeMap<String, (u32, String)> {
     let mut out = BTreeMap::new();
     for (id, j) in jobs {
         for i in j["instances"].as_array().into_iter().flatten() {
@@ -70,7 +80,8 @@ fn instance_pids(jobs: &BTreeMap<String, serde_json::Value>) -> BTreeMap<String,
                 continue;
             }
             if let (Some(index), Some(pid)) = (i["index"].as_u64(), i["pid"].as_u64()) {
-                out.insert(format!("{id}-{index}"), pid as u32);
+                let config = format!("{} thread(s), batch {}", i["threads"], i["batch"]);
+                out.insert(format!("{id}-{index}"), (pid as u32, config));
             }
         }
     }
@@ -152,7 +163,7 @@ fn lodgerd_killed_at_random_moments_loses_orphans_and_restarts_nothing() {
     let started = Instant::now();
     for cycle in 0..cycles {
         // What runs before the kill, to tell a restart's doing from the plan's.
-        let before = listed(&d).map(|j| instance_pids(&j)).unwrap_or_default();
+        let before = listed(&d).map(|j| instances(&j)).unwrap_or_default();
         let victim = d.pid();
         let delay = Duration::from_millis(u64::from(rng.int(0, 400)));
         let kill_lodgerd = move || {
@@ -244,22 +255,25 @@ fn lodgerd_killed_at_random_moments_loses_orphans_and_restarts_nothing() {
             None => kill_lodgerd(),
         }
         let down_from = now_ns().saturating_sub(delay_ns_slack());
-        let alive_at_kill: BTreeMap<String, u32> =
-            before.into_iter().filter(|(_, pid)| alive(*pid)).collect();
+        let alive_at_kill: BTreeMap<String, (u32, String)> = before
+            .into_iter()
+            .filter(|(_, (pid, _))| alive(*pid))
+            .collect();
         d.kill();
         d.restart();
         // The first view after the restart: an instance that was alive is the same process.
         let mut after = BTreeMap::new();
         wait_until(WAIT, "the restarted lodgerd to list its jobs", || {
             listed(&d).is_some_and(|j| {
-                after = instance_pids(&j);
+                after = instances(&j);
                 true
             })
         });
         downtimes.push((down_from, now_ns()));
-        for (key, pid) in &alive_at_kill {
-            if let Some(new) = after.get(key) {
-                if new != pid && !alive(*pid) {
+        for (key, (pid, config)) in &alive_at_kill {
+            if let Some((new, new_config)) = after.get(key) {
+                // The same layout in a new process: restarted because lodgerd was.
+                if new != pid && new_config == config && !alive(*pid) {
                     restarted_by_restart.push(format!("cycle {cycle}: {key} {pid} -> {new}"));
                 }
             }
@@ -307,13 +321,27 @@ fn lodgerd_killed_at_random_moments_loses_orphans_and_restarts_nothing() {
         }
     }
     let running = instance_pids(&jobs);
+    let listed_instances: BTreeSet<String> = jobs
+        .iter()
+        .flat_map(|(id, j)| {
+            j["instances"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|i| i["index"].as_u64())
+                .map(move |index| format!("{id}-{index}"))
+                .collect::<Vec<_>>()
+        })
+        .collect();
     let lodgers = cgroup_path(&format!("/{}/lodgers", d.parent));
     let stale_cgroups: Vec<String> = std::fs::read_dir(&lodgers)
         .map(|rd| {
             rd.flatten()
                 .filter(|e| e.path().is_dir())
                 .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|name| !running.contains_key(name))
+                // An instance backing off or restarting keeps its cgroup: only a cgroup of no
+                // instance lodgerd lists is stale.
+                .filter(|name| !listed_instances.contains(name))
                 .collect()
         })
         .unwrap_or_default();
@@ -350,7 +378,10 @@ fn lodgerd_killed_at_random_moments_loses_orphans_and_restarts_nothing() {
         rr_outside, 0,
         "threads left SCHED_RR outside any job\n{log}"
     );
-    assert!(stale_cgroups.is_empty(), "stale cgroups: {stale_cgroups:?}");
+    assert!(
+        stale_cgroups.is_empty(),
+        "stale cgroups: {stale_cgroups:?}\n{jobs:#?}\n{log}"
+    );
     assert!(
         restarted_by_restart.is_empty(),
         "restarted by a restart: {restarted_by_restart:?}\n{log}"

@@ -873,16 +873,17 @@ fn lodgerd_shapes_while_a_multi_node_training_job_runs_and_cleans_up() {
     );
     assert!(d.job(&cpu_id)["network"].is_null());
 
-    // A clean stop removes it too.
+    // A clean stop (systemctl stop, restart, an upgrade) undoes nothing either: the multi-node
+    // job and the CPU job's instance still run, and stay shaped.
     register_multi_node(&d, training.pid());
     common::wait_until(common::WAIT, "shaping again", || {
-        left(&ns.a, &mount.path, &parent).htb
+        left(&ns.a, &mount.path, &parent) == on
     });
     d.stop();
     assert_eq!(
         left(&ns.a, &mount.path, &parent),
-        NOTHING,
-        "left behind by a stopped lodgerd"
+        on,
+        "a stopped lodgerd undid the shaping its jobs still want"
     );
 
     // A crash, then the job ends while lodgerd is down: the next lodgerd cleans up.

@@ -61,9 +61,9 @@ impl Network {
         changed
     }
 
-    /// lodgerd is stopping: shaping goes (only lodgerd keeps it in step).
-    pub(super) fn shutdown(&mut self) -> Vec<Event> {
-        let events = self.control.shutdown();
+    /// A reload replaces this control: its tree goes, the CPU jobs are told they are released.
+    pub(super) fn remove_for_replacement(&mut self) -> Vec<Event> {
+        let events = self.control.remove_for_replacement();
         self.events(events)
     }
 

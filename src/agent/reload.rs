@@ -68,7 +68,7 @@ impl Agent {
         };
         let mut actions = 0;
         if let Some(mut old) = self.network.take() {
-            for e in old.shutdown() {
+            for e in old.remove_for_replacement() {
                 self.emit(e);
             }
             actions = old.actions();

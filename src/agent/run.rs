@@ -55,17 +55,14 @@ impl Agent {
         );
     }
 
-    /// lodgerd is stopping: training jobs stay enforced and inference instances run on (a
-    /// restart re-adopts both), but what only lodgerd keeps in step goes: network shaping and
-    /// lodger's resctrl group.
+    /// lodgerd is stopping: a stop, restart or upgrade undoes nothing (issue 17). Training jobs
+    /// stay enforced, inference instances run on and network shaping stays for the multi-node
+    /// jobs that still run (the next lodgerd re-adopts all three, and removes shaping no job
+    /// wants any more); `lodgerctl drain` undoes them on purpose. Only lodger's resctrl group
+    /// goes: contention control learns again from scratch after a start.
     fn shutdown(&mut self) {
         if let Some(inference) = &mut self.inference {
             inference.leave_running();
-        }
-        if let Some(network) = &mut self.network {
-            for e in network.shutdown() {
-                self.emit(e);
-            }
         }
         if let Some(contention) = &mut self.contention {
             contention.shutdown();

@@ -379,6 +379,10 @@ check "after restart: $job_b threads still SCHED_RR/10 on $cpus_b" all_rr_on "$p
 check "after restart: $job_s's instance is listed within 30 s" poll_for 30 instance_runs
 check_eq "after restart: $job_s's instance is the same process" "$(instance_pid)" "$pid_s"
 check "after restart: $job_s's instance is heard again within 30 s" poll_for 30 instance_heard
+if [ "$(instance_pid)" != "$pid_s" ]; then
+    { systemctl list-units --all --no-legend 'lodger*'; journalctl -b -u lodgerd -o cat |
+        grep -E "adopt|leftover|instance|$job_s" | tail -n 30; } 2>&1 | note
+fi
 echo "$jobs_before" | note
 
 pid_before=$(systemctl show -p MainPID --value lodgerd)
@@ -410,8 +414,9 @@ check "purge: $job_a back to SCHED_OTHER on every CPU" all_other_everywhere "$pi
 check "purge: $job_b back to SCHED_OTHER on every CPU" all_other_everywhere "$pid_b"
 check "purge: the training processes still run" kill -0 "$pid_a" "$pid_b"
 check "purge: $job_s's instance stopped (drained)" sh -c "! kill -0 $pid_s 2>/dev/null"
+# Instance units are lodger-<job>-<index>-...: not lodger-e2e.service, this suite's own unit.
 check "purge: no lodger instance unit" \
-    sh -c '! systemctl list-units --all --no-legend "lodger-*.service" | grep -q .'
+    sh -c '! systemctl list-units --all --no-legend "lodger-j*-*.service" | grep -q .'
 check "purge: no /var/lib/lodger, /etc/lodger, group lodger, D-Bus policy" sh -c \
     '! test -e /var/lib/lodger && ! test -e /etc/lodger && ! getent group lodger && \
      ! test -e /usr/share/dbus-1/system.d/org.lodger1.conf'

@@ -6,7 +6,7 @@
 //! the processes it started, its cgroup and FIFO) is killed and removed. Touches /proc, signals,
 //! lodger's instance cgroups and the report directory through [`Host`](super::host::Host).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{self, File};
 use std::time::Instant;
 
@@ -243,9 +243,10 @@ impl super::host::Host {
     /// Every process whose environment holds `LODGER_PARENT=<parent>` (this lodger's instances
     /// and whatever they started), with the instance it belongs to.
     fn marked(&mut self) -> Result<Vec<Marked>, InstanceError> {
-        let mark = format!("{ENV_PARENT}={}", self.parent).into_bytes();
+        let mark = format!("{ENV_PARENT}={}", self.parent);
         let me = std::process::id();
         let root = self.settings.proc_root.clone();
+        let mut unit_env: BTreeMap<String, Option<Vec<String>>> = BTreeMap::new();
         let mut found = Vec::new();
         for pid in procfs::list_pids(&root)? {
             if pid == me {
@@ -253,25 +254,9 @@ impl super::host::Host {
             }
             let dir = root.join(pid.to_string());
             // Gone, a kernel thread, a zombie: nothing to read.
-            let Ok(environ) = fs::read(dir.join("environ")) else {
-                continue;
-            };
-            let vars: Vec<&[u8]> = environ.split(|&b| b == 0).collect();
-            if !vars.contains(&mark.as_slice()) {
-                continue;
-            }
             let Some(stat) = fs::read(dir.join("stat")).ok().and_then(|t| parse_stat(&t)) else {
                 continue;
             };
-            let var = |name: &str| -> Option<String> {
-                let prefix = format!("{name}=");
-                vars.iter().find_map(|v| {
-                    v.strip_prefix(prefix.as_bytes())
-                        .and_then(|rest| std::str::from_utf8(rest).ok())
-                        .map(str::to_string)
-                })
-            };
-            let number = |name: &str| var(name).and_then(|v| v.parse().ok());
             let unit = fs::read_to_string(dir.join("cgroup")).ok().and_then(|t| {
                 t.lines().find_map(|l| {
                     let path = l.strip_prefix("0::")?;
@@ -279,6 +264,33 @@ impl super::host::Host {
                     Some(rest.split('/').next()?.to_string())
                 })
             });
+            // Its environment; for a process of one of lodger's units that lodgerd's sandbox may
+            // not read, what systemd gave the unit.
+            let environ = fs::read(dir.join("environ")).unwrap_or_default();
+            let mut vars: Vec<String> = environ
+                .split(|&b| b == 0)
+                .filter_map(|v| std::str::from_utf8(v).ok())
+                .filter(|v| !v.is_empty())
+                .map(str::to_string)
+                .collect();
+            if vars.is_empty() {
+                if let (Some(name), Some(systemd)) = (&unit, unit::systemd()) {
+                    vars = unit_env
+                        .entry(name.clone())
+                        .or_insert_with(|| systemd.environment(name))
+                        .clone()
+                        .unwrap_or_default();
+                }
+            }
+            if !vars.contains(&mark) {
+                continue;
+            }
+            let var = |name: &str| -> Option<String> {
+                let prefix = format!("{name}=");
+                vars.iter()
+                    .find_map(|v| v.strip_prefix(prefix.as_str()).map(str::to_string))
+            };
+            let number = |name: &str| var(name).and_then(|v| v.parse().ok());
             found.push(Marked {
                 pid,
                 pgrp: stat.pgrp,

@@ -337,6 +337,16 @@ impl Systemd {
         .ok()
     }
 
+    /// The unit's `Environment=`: what an instance unit's processes got from lodgerd, for a
+    /// lodgerd whose sandbox may not read their `/proc/PID/environ` (another uid, or root with
+    /// capabilities lodgerd's unit lacks: reading it takes ptrace rights). `None` when the unit
+    /// is gone or has none.
+    pub fn environment(&self, name: &str) -> Option<Vec<String>> {
+        let unit: OwnedObjectPath = self.call(MANAGER, PATH, "GetUnit", &(name,)).ok()?;
+        let env = self.property(&unit, "org.freedesktop.systemd1.Service", "Environment")?;
+        Vec::<String>::try_from(env).ok()
+    }
+
     /// Sends `signal` to every process of the unit.
     pub fn kill(&self, name: &str, signal: i32) -> zbus::Result<()> {
         self.call(MANAGER, PATH, "KillUnit", &(name, "all", signal))

@@ -53,7 +53,8 @@ pub enum Classifier {
     /// `InstanceSettings::start_cgroup`), since a socket keeps the cgroup its process had when
     /// it was made; shaping moves in any process of a CPU job found outside it. It stays while
     /// lodgerd runs, shaping or not (removed, the sockets made in it would match no later
-    /// rule), and is dissolved when lodgerd stops.
+    /// rule), and across lodgerd's restarts with the instances in it (issue 17); it is dissolved
+    /// only when the shaping control is replaced (a reload).
     OwnCgroupV2 { root: PathBuf, relative: String },
     /// Not possible on this node; the reason, said once when shaping is wanted.
     Unavailable(String),
@@ -420,10 +421,18 @@ impl NetworkControl {
             .collect()
     }
 
-    /// lodgerd is stopping: remove everything, whatever runs.
+    /// Remove everything, whatever runs, and lodgerd's own CPU jobs' cgroup too (its processes
+    /// back to lodgerd's cgroup): shaping ends for good.
     pub fn shutdown(&mut self) -> Vec<NetworkEvent> {
         self.active = None;
         self.remove_all(true)
+    }
+
+    /// Remove the tree, whatever runs, for another control to take over (a reload): lodgerd's
+    /// own CPU jobs' cgroup stays, with the instances and the sockets they made in it.
+    pub fn remove_for_replacement(&mut self) -> Vec<NetworkEvent> {
+        self.active = None;
+        self.remove_all(false)
     }
 }
 
