@@ -728,6 +728,18 @@ fn trend_table() {
     );
 }
 
+/// What `model` measures for layout `c` (its truth: the caller sets the noise).
+fn measure(model: &PerfModel, c: LayoutConfig) -> ProbeResult {
+    let t = model.truth(&c);
+    ProbeResult {
+        config: c,
+        throughput_per_s: t.throughput,
+        p99_latency_ms: t.p99,
+        ipc: model.counters.then_some(t.ipc),
+        cache_miss_ratio: model.counters.then_some(t.miss),
+    }
+}
+
 /// Drives a search with a noiseless model; returns the probes asked and the outcome.
 fn run_model(model: &PerfModel, search: LayoutSearch) -> (Vec<LayoutConfig>, SearchOutcome) {
     let model = PerfModel {
@@ -741,14 +753,7 @@ fn run_model(model: &PerfModel, search: LayoutSearch) -> (Vec<LayoutConfig>, Sea
         match search.next(last.take()) {
             SearchStep::Probe(c) => {
                 asked.push(c);
-                let t = model.truth(&c);
-                last = Some(ProbeResult {
-                    config: c,
-                    throughput_per_s: t.throughput,
-                    p99_latency_ms: t.p99,
-                    ipc: model.counters.then_some(t.ipc),
-                    cache_miss_ratio: model.counters.then_some(t.miss),
-                });
+                last = Some(measure(&model, c));
             }
             SearchStep::Done(o) => return (asked, o),
         }
@@ -796,14 +801,7 @@ fn a_search_resumes_from_json_where_it_stopped() {
         match search.next(last.take()) {
             SearchStep::Probe(c) => {
                 resumed.push(c);
-                let t = model.truth(&c);
-                last = Some(ProbeResult {
-                    config: c,
-                    throughput_per_s: t.throughput,
-                    p99_latency_ms: t.p99,
-                    ipc: model.counters.then_some(t.ipc),
-                    cache_miss_ratio: model.counters.then_some(t.miss),
-                });
+                last = Some(measure(&model, c));
             }
             SearchStep::Done(o) => break o,
         }
