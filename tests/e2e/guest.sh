@@ -400,6 +400,27 @@ check "upgrade: $job_s's instance is heard again within 30 s" poll_for 30 instan
 check_eq "no watchdog or failure restarts (NRestarts=0)" "$(systemctl show -p NRestarts --value lodgerd)" 0
 lodgerctl --json status 2>&1 | note
 
+phase "lodgerd killed 10 times (kill -9): nothing lost, doubled or restarted"
+# Issue 17's crash suite, short, under systemd: SIGKILL, systemd restarts lodgerd
+# (Restart=on-failure, 2 s later), which re-adopts the jobs and the instance unit. reset-failed
+# keeps systemd's start limit (5 in 10 s) out of the way.
+lodgerd_answers() { lodgerctl status >/dev/null 2>&1; }
+kills_ok=0
+for i in 1 2 3 4 5 6 7 8 9 10; do
+    systemctl kill -s SIGKILL lodgerd
+    sleep 0.5
+    if poll_for 30 lodgerd_answers; then kills_ok=$((kills_ok + 1)); fi
+    systemctl reset-failed lodgerd 2>/dev/null || true
+done
+check_eq "lodgerd answered after each of the 10 kills" "$kills_ok" 10
+check "after the kills: $job_s's instance is listed within 30 s" poll_for 30 instance_runs
+check_eq "after the kills: $job_s's instance is the same process" "$(instance_pid)" "$pid_s"
+check_eq "after the kills: one unit runs for $job_s" \
+    "$(systemctl list-units --no-legend --state=running "lodger-$job_s-*.service" | wc -l)" 1
+check "after the kills: $job_s's instance is heard again within 30 s" poll_for 30 instance_heard
+check_eq "after the kills: same jobs on the same CPUs" "$(placements)" "$jobs_before"
+check "after the kills: $job_a threads still SCHED_RR/10 on $cpus_a" all_rr_on "$pid_a" 10 "$cpus_a"
+
 phase "purge leaves nothing behind"
 # train-c runs as e2e-member: userdel refuses a user with a running process.
 systemctl stop train-c

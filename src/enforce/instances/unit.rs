@@ -19,6 +19,8 @@ pub const SLICE: &str = "lodger-instances.slice";
 /// Its parent, which systemd creates with it (a `-` in a slice's name nests it).
 pub const PARENT_SLICE: &str = "lodger.slice";
 const DEST: &str = "org.freedesktop.systemd1";
+/// The system bus's well-known socket (the D-Bus specification's default).
+const SYSTEM_BUS: &str = "unix:path=/var/run/dbus/system_bus_socket";
 const PATH: &str = "/org/freedesktop/systemd1";
 const MANAGER: &str = "org.freedesktop.systemd1.Manager";
 /// How long a started unit may take to show its main pid.
@@ -215,7 +217,14 @@ pub fn systemd() -> Option<&'static Systemd> {
                 .enable_all()
                 .build()
                 .ok()?;
-            match outside_runtime(|| rt.block_on(zbus::Connection::system())) {
+            // systemd answers on the real system bus, whatever bus lodgerd serves its own API on
+            // (`DBUS_SYSTEM_BUS_ADDRESS` may name a private one: the tests, the demo).
+            let connect = || async {
+                zbus::connection::Builder::address(SYSTEM_BUS)?
+                    .build()
+                    .await
+            };
+            match outside_runtime(|| rt.block_on(connect())) {
                 Ok(conn) => Some(Systemd { rt, conn }),
                 Err(e) => {
                     tracing::warn!("systemd is PID 1 but its bus does not answer ({e}): lodgerd forks instances itself");
