@@ -13,12 +13,13 @@ mod start;
 #[cfg(test)]
 mod tests;
 mod tuner;
+mod types;
 
 pub use start::{
     category_default_per_gpu, default_floor, start_cores, CoreLimits, OwnerHistory, OwnerRecord,
     StartHints,
 };
 pub use tuner::{
-    Decision, HoldReason, Probe, Tuner, TunerAction, TunerSettings, DEFAULT_TOLERANCE,
-    DEFAULT_WARMUP, DEFAULT_WINDOW, MAX_EXTENSIONS, MIN_WINDOW_SAMPLES,
+    Tuner, DEFAULT_TOLERANCE, DEFAULT_WARMUP, DEFAULT_WINDOW, MAX_EXTENSIONS, MIN_WINDOW_SAMPLES,
 };
+pub use types::{Decision, HoldReason, Probe, TunerAction, TunerSettings};

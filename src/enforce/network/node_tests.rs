@@ -1,0 +1,335 @@
+//! Tests of the node's network control: shaping and routing decisions against a recorded runner.
+
+use super::*;
+use crate::enforce::network::{Link, RecordingRunner};
+use std::sync::{Arc, Mutex};
+
+/// A recording runner shared with the test, on a node with nothing of lodger's yet.
+#[derive(Clone)]
+struct Shared(Arc<Mutex<RecordingRunner>>);
+
+impl Default for Shared {
+    fn default() -> Self {
+        let mut r = RecordingRunner::new();
+        r.reply(
+            &["tc", "qdisc", "show"],
+            "qdisc noqueue 0: root refcnt 2 \n",
+        )
+        .fail(
+            &["nft", "-j", "list"],
+            "Error: No such file or directory\nlist table inet lodger\n",
+        );
+        Shared(Arc::new(Mutex::new(r)))
+    }
+}
+
+impl TcRunner for Shared {
+    fn run(&mut self, argv: &[String]) -> Result<String, TcError> {
+        self.0.lock().expect("runner").run(argv)
+    }
+}
+
+impl Shared {
+    fn changes(&self) -> Vec<String> {
+        self.0.lock().expect("runner").changes()
+    }
+    fn lines(&self) -> Vec<String> {
+        self.0.lock().expect("runner").lines()
+    }
+}
+
+fn job(s: &str) -> JobId {
+    JobId::parse(s).expect("id")
+}
+
+fn config() -> ShapingConfig {
+    ShapingConfig {
+        links: vec![Link {
+            interface: "eth0".into(),
+            line_rate_mbit: 1000,
+        }],
+        ..ShapingConfig::default()
+    }
+}
+
+fn control(runner: &Shared, classifier: Classifier) -> NetworkControl {
+    NetworkControl::new(
+        &config(),
+        Steering::Nft,
+        Box::new(runner.clone()),
+        classifier,
+    )
+    .expect("control")
+}
+
+fn want(multi: &[&str], cpu: &[(&str, &[&str])]) -> NetworkWant {
+    NetworkWant {
+        multi_node: multi.iter().map(|j| job(j)).collect(),
+        cpu_jobs: cpu
+            .iter()
+            .map(|(j, cgroups)| CpuJob {
+                job: job(j),
+                pids: Vec::new(),
+                cgroups: cgroups.iter().map(|c| c.to_string()).collect(),
+            })
+            .collect(),
+    }
+}
+
+#[test]
+fn v2_shapes_only_while_multi_node_training_runs_and_says_so() {
+    let runner = Shared::default();
+    let mut ctl = control(&runner, Classifier::CgroupV2);
+    // Start: nothing wanted, stale state removed (reads only: there is none).
+    assert!(ctl.reconcile(&want(&[], &[])).is_empty());
+    assert!(runner.changes().is_empty(), "{:?}", runner.changes());
+    assert!(ctl.status().starts_with("idle"), "{}", ctl.status());
+    // Quiet while idle: no command at all.
+    let before = runner.lines().len();
+    ctl.reconcile(&want(&[], &[]));
+    assert_eq!(runner.lines().len(), before);
+
+    let w = want(
+        &["j1"],
+        &[("j2", &["lodger/lodgers/j2-0", "lodger/lodgers/j2-1"])],
+    );
+    assert_eq!(ctl.reconcile(&w), [NetworkEvent::Held(job("j2"))]);
+    let changes = runner.changes().join("\n");
+    assert!(
+        changes.contains("qdisc replace dev eth0 root handle 4c44: htb default 10"),
+        "{changes}"
+    );
+    assert!(
+        changes.contains("socket cgroupv2 level 2 \"lodger/lodgers\" meta priority set 4c44:20"),
+        "{changes}"
+    );
+    assert!(ctl
+        .status()
+        .starts_with("shaping eth0 (1000 Mbit/s): training 75%"));
+    assert_eq!(
+        ctl.job_text(&job("j2"), false).as_deref(),
+        Some("held to 25% (ceil 25%) of eth0 (1000 Mbit/s) while multi-node training runs")
+    );
+    // Unchanged: no command until the verify tick.
+    let before = runner.lines().len();
+    for _ in 0..VERIFY_TICKS {
+        assert!(ctl.reconcile(&w).is_empty());
+    }
+    assert_eq!(runner.lines().len(), before);
+    ctl.reconcile(&w);
+    assert!(
+        runner.lines().len() > before,
+        "verify tick re-reads the tree"
+    );
+
+    // The last multi-node job leaves: everything goes, the CPU job is told.
+    assert_eq!(
+        ctl.reconcile(&want(&[], &[("j2", &["lodger/lodgers/j2-0"])])),
+        [NetworkEvent::Released(job("j2"))]
+    );
+    assert_eq!(ctl.job_text(&job("j2"), false), None);
+    assert!(ctl.status().starts_with("idle"));
+}
+
+#[test]
+fn unavailable_classification_is_reported_not_applied() {
+    let runner = Shared::default();
+    let mut ctl = control(
+        &runner,
+        Classifier::Unavailable("net_cls is not mounted".into()),
+    );
+    assert!(ctl.reconcile(&want(&["j1"], &[("j2", &[])])).is_empty());
+    assert!(runner.changes().is_empty());
+    assert_eq!(
+        ctl.status(),
+        "not shaping: cannot tell CPU jobs' traffic apart: net_cls is not mounted"
+    );
+}
+
+#[test]
+fn a_failed_apply_is_reported_and_retried() {
+    let runner = Shared::default();
+    runner.0.lock().expect("runner").fail(
+        &["tc", "qdisc", "replace"],
+        "RTNETLINK answers: Operation not permitted",
+    );
+    let mut ctl = control(&runner, Classifier::CgroupV2);
+    let w = want(&["j1"], &[("j2", &["lodger/lodgers/j2-0"])]);
+    assert!(ctl.reconcile(&w).is_empty());
+    assert!(
+        ctl.status().contains("Operation not permitted"),
+        "{}",
+        ctl.status()
+    );
+    let before = runner.lines().len();
+    ctl.reconcile(&w);
+    assert!(runner.lines().len() > before, "retried at the next tick");
+}
+
+#[test]
+fn v1_moves_cpu_job_processes_into_the_net_cls_group_and_removes_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path();
+    // A fake net_cls hierarchy: plain files stand in for the kernel's.
+    std::fs::write(root.join("cgroup.procs"), "").expect("root procs");
+    let group = root.join("lodger/cpu-jobs");
+    std::fs::create_dir_all(&group).expect("group");
+    std::fs::write(group.join("cgroup.procs"), "").expect("procs");
+    std::fs::write(group.join("net_cls.classid"), "0\n").expect("classid");
+    let runner = Shared::default();
+    let mut ctl = control(
+        &runner,
+        Classifier::NetCls {
+            hierarchy: root.to_path_buf(),
+            relative: "lodger/cpu-jobs".into(),
+        },
+    );
+    let mut w = want(&["j1"], &[("j2", &[])]);
+    w.cpu_jobs[0].pids = vec![4242];
+    assert_eq!(ctl.reconcile(&w), [NetworkEvent::Held(job("j2"))]);
+    let classid = std::fs::read_to_string(group.join("net_cls.classid")).expect("classid");
+    assert_eq!(classid, (0x4c44_0020u32).to_string());
+    let procs = std::fs::read_to_string(group.join("cgroup.procs")).expect("procs");
+    assert_eq!(procs, "4242");
+    assert!(runner
+        .changes()
+        .join("\n")
+        .contains("meta cgroup 1279524896 meta priority set 4c44:20"));
+    // Off: its processes go back to the hierarchy's root before the group is removed (a
+    // plain directory with files cannot be removed like a cgroup: the real kernel path is
+    // tests/tc_netns.rs).
+    assert_eq!(
+        ctl.reconcile(&want(&[], &[])),
+        [NetworkEvent::Released(job("j2"))]
+    );
+    let root_procs = std::fs::read_to_string(root.join("cgroup.procs")).expect("procs");
+    assert_eq!(root_procs, "4242");
+}
+
+#[test]
+fn v2_without_instance_cgroups_moves_cpu_jobs_into_a_cgroup_of_lodgerds() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let own = dir.path().join("system.slice/lodgerd.service");
+    std::fs::create_dir_all(&own).expect("own cgroup");
+    std::fs::write(own.join("cgroup.procs"), "").expect("procs");
+    let group = own.join("cpu-jobs");
+    // A fake cgroup: mkdir by hand with its procs file, as the kernel would.
+    std::fs::create_dir_all(&group).expect("group");
+    std::fs::write(group.join("cgroup.procs"), "").expect("procs");
+    let runner = Shared::default();
+    let mut ctl = control(
+        &runner,
+        Classifier::OwnCgroupV2 {
+            root: dir.path().to_path_buf(),
+            relative: "system.slice/lodgerd.service/cpu-jobs".into(),
+        },
+    );
+    let mut w = want(&["j1"], &[("j2", &[])]);
+    w.cpu_jobs[0].pids = vec![4242];
+    assert_eq!(ctl.reconcile(&w), [NetworkEvent::Held(job("j2"))]);
+    assert_eq!(
+        std::fs::read_to_string(group.join("cgroup.procs")).expect("procs"),
+        "4242"
+    );
+    let changes = runner.changes().join("\n");
+    assert!(
+        changes.contains(
+            "socket cgroupv2 level 3 \"system.slice/lodgerd.service/cpu-jobs\" meta priority set 4c44:20"
+        ),
+        "{changes}"
+    );
+    // Off: the processes stay (the sockets they made there match again next time)...
+    ctl.reconcile(&want(&[], &[]));
+    assert_eq!(
+        std::fs::read_to_string(group.join("cgroup.procs")).expect("procs"),
+        "4242"
+    );
+    assert_eq!(
+        std::fs::read_to_string(own.join("cgroup.procs")).expect("procs"),
+        ""
+    );
+    // ... until lodgerd stops: back to lodgerd's cgroup.
+    ctl.shutdown();
+    assert_eq!(
+        std::fs::read_to_string(own.join("cgroup.procs")).expect("procs"),
+        "4242"
+    );
+}
+
+#[test]
+fn shutdown_removes_even_while_wanted() {
+    let runner = Shared::default();
+    let mut ctl = control(&runner, Classifier::CgroupV2);
+    ctl.reconcile(&want(&["j1"], &[("j2", &["p/l/j2-0"])]));
+    // The recorded runner has no tree to show, so removal finds nothing to delete; what
+    // matters here is that it looks, and tells the CPU job.
+    let before = runner.lines().len();
+    assert_eq!(ctl.shutdown(), [NetworkEvent::Released(job("j2"))]);
+    assert!(runner.lines().len() > before);
+}
+
+#[test]
+fn routing_moves_cpu_jobs_and_says_where() {
+    let runner = Shared::default();
+    runner
+        .0
+        .lock()
+        .expect("runner")
+        .fail(
+            &["nft", "list"],
+            "Error: No such file or directory\nlist table inet lodger_route\n",
+        )
+        .reply(&["ip", "-4", "rule", "show"], "0:\tfrom all lookup local\n");
+    let route = CpuJobsRoute::new(
+        crate::enforce::network::route::SlowNetwork {
+            interface: "eth1".into(),
+            gateway: None,
+        },
+        CPU_JOBS_MARK,
+    )
+    .expect("route");
+    let mut ctl = NetworkControl::routing(route, Box::new(runner.clone()), Classifier::CgroupV2);
+    ctl.reconcile(&want(&[], &[]));
+    assert_eq!(
+        ctl.status(),
+        "idle: no multi-node training job (CPU jobs on their usual routes)"
+    );
+    let w = want(&["j1"], &[("j2", &["s/l/j2-0"])]);
+    assert_eq!(ctl.reconcile(&w), [NetworkEvent::Held(job("j2"))]);
+    assert_eq!(ctl.held_level(), "via eth1");
+    assert_eq!(
+        ctl.status(),
+        "routing CPU jobs' IPv4 traffic via eth1 (the slower network)"
+    );
+    let changes = runner.changes().join("\n");
+    assert!(
+        changes.contains("ip route replace default dev eth1 table 19524"),
+        "{changes}"
+    );
+    assert!(changes.contains("socket cgroupv2 level 2 \"s/l\" meta mark set 0x4c440020"));
+    assert_eq!(
+        ctl.job_text(&job("j1"), true).as_deref(),
+        Some("CPU jobs' traffic moved to eth1 (the slower network)")
+    );
+    assert_eq!(
+        ctl.reconcile(&want(&[], &[])),
+        [NetworkEvent::Released(job("j2"))]
+    );
+}
+
+#[test]
+fn v2_directories_are_the_instance_cgroups_parents() {
+    let jobs = vec![
+        CpuJob {
+            job: job("j2"),
+            pids: vec![],
+            cgroups: vec!["a/l/j2-0".into(), "/a/l/j2-1".into()],
+        },
+        CpuJob {
+            job: job("j3"),
+            pids: vec![],
+            cgroups: vec!["a/l/j3-0".into(), "top".into()],
+        },
+    ];
+    assert_eq!(v2_directories(&jobs), ["a/l"]);
+}
