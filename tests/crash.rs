@@ -13,8 +13,9 @@
 //! - duplicate instances (two process-group leaders for one job and index): 0;
 //! - threads left SCHED_RR in the test's training processes that are in no job: 0;
 //! - stale lodger cgroups (an instance cgroup of no instance lodgerd lists): 0;
-//! - instances restarted by a lodgerd restart (alive when lodgerd died, replaced after by a
-//!   process with the same threads and batch; a new layout is the plan's doing): 0;
+//! - instances restarted by a lodgerd restart (alive when lodgerd died and wanted as they ran
+//!   by the plan its state file held, replaced after by a process with the same threads and
+//!   batch; a new layout, or a plan that dropped the instance, is the churn's doing): 0;
 //!
 //! and the longest pause of a report-writing instance (a shell loop that writes a report line
 //! and a timestamp every 20 ms) over the whole run, a figure printed beside its interval, not a
@@ -260,6 +261,8 @@ fn lodgerd_killed_at_random_moments_loses_orphans_and_restarts_nothing() {
             .filter(|(_, (pid, _))| alive(*pid))
             .collect();
         d.kill();
+        // What the dead lodgerd's state file plans: the instances the next one must adopt.
+        let planned = planned_instances(&dir.path().join("state/state.json"));
         d.restart();
         // The first view after the restart: an instance that was alive is the same process.
         let mut after = BTreeMap::new();
@@ -272,8 +275,11 @@ fn lodgerd_killed_at_random_moments_loses_orphans_and_restarts_nothing() {
         downtimes.push((down_from, now_ns()));
         for (key, (pid, config)) in &alive_at_kill {
             if let Some((new, new_config)) = after.get(key) {
-                // The same layout in a new process: restarted because lodgerd was.
-                if new != pid && new_config == config && !alive(*pid) {
+                // The layout the saved plan wanted, in a new process: restarted because lodgerd
+                // was. (A plan saved without it, and wanting it again once lodgerd is back, is
+                // the churn's doing.)
+                let wanted = planned.get(key) == Some(config);
+                if new != pid && new_config == config && wanted && !alive(*pid) {
                     restarted_by_restart.push(format!("cycle {cycle}: {key} {pid} -> {new}"));
                 }
             }
@@ -394,6 +400,29 @@ fn lodgerd_killed_at_random_moments_loses_orphans_and_restarts_nothing() {
         jobs.get(&sentinel),
         d.log()
     );
+}
+
+/// The instances a state file's inference plan wants, by "job-index", with their threads and
+/// batch (as [`instances`] words them).
+fn planned_instances(state: &std::path::Path) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    let Ok(text) = std::fs::read_to_string(state) else {
+        return out;
+    };
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(&text) else {
+        return out;
+    };
+    for kind in ["online", "offline"] {
+        for (job, insts) in v["inference"][kind].as_object().into_iter().flatten() {
+            for (index, inst) in insts.as_object().into_iter().flatten() {
+                out.insert(
+                    format!("{job}-{index}"),
+                    format!("{} thread(s), batch {}", inst["threads"], inst["batch"]),
+                );
+            }
+        }
+    }
+    out
 }
 
 /// The id of an answered `--json register`, None when lodgerd did not answer or refused.

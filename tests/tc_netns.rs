@@ -47,10 +47,10 @@ const CPU_JOB_PORT: u16 = 5202;
 const PEER: &str = "10.77.1.2";
 const WARMUP: Duration = Duration::from_millis(1000);
 const WINDOW: Duration = Duration::from_millis(2000);
-/// How long each sender runs: warm-up, up to three windows unshaped, the apply and settling, one
-/// window shaped, and a margin. Senders stop by themselves (`timeout`), so their shells reap
-/// every child.
-const SEND_SECONDS: u32 = 12;
+/// How long each sender runs: warm-up, up to three windows unshaped, the apply and settling, up
+/// to three windows shaped, and a margin. Senders stop by themselves (`timeout`), so their shells
+/// reap every child.
+const SEND_SECONDS: u32 = 18;
 
 fn run(program: &str, args: &[&str]) {
     let out = Command::new(program)
@@ -578,7 +578,17 @@ fn tc_shapes_training_and_cpu_job_traffic_75_25() {
     eprintln!("{TEST}: classes:\n{}", classes.trim_end());
 
     std::thread::sleep(WARMUP);
-    let after = receiver.measure(WINDOW);
+    // TCP takes a while to settle into the classes' shares (a CI run here measured 59/41 in the
+    // first window): measured until the split is 75/25 within 10%, at most three windows;
+    // asserted below.
+    let mut after = receiver.measure(WINDOW);
+    for _ in 0..2 {
+        if (after.training_share() - 0.75).abs() <= 0.075 {
+            break;
+        }
+        eprintln!("{TEST}: shaped, not yet settled: {after}");
+        after = receiver.measure(WINDOW);
+    }
     eprintln!("{TEST}: after shaping: {after}");
 
     let removed = shaping
