@@ -13,13 +13,6 @@ const GRACE_SECONDS: u64 = 15;
 /// across exec).
 const STUBBORN: &[&str] = &["/bin/sh", "-c", "trap '' TERM; sleep 300 & wait"];
 
-/// A live process (not a zombie waiting to be reaped).
-fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|s| !s.contains(") Z "))
-        .unwrap_or(false)
-}
-
 fn instance_pids(job: &serde_json::Value) -> Vec<u32> {
     job["instances"]
         .as_array()

@@ -40,14 +40,6 @@ struct Registered {
     pid: Option<u32>,
 }
 
-fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
-        s.rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().next())
-            .is_some_and(|state| !matches!(state, "Z" | "X" | "x"))
-    })
-}
-
 /// The registered jobs by id, from `lodgerctl --json list`; None when lodgerd does not answer.
 fn listed(d: &Daemon) -> Option<BTreeMap<String, serde_json::Value>> {
     let out = d.ctl(&["--json", "list"]);

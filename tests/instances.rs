@@ -120,17 +120,6 @@ fn environ_var(pid: u32, name: &str) -> Option<String> {
     })
 }
 
-/// True while the process exists and is not a zombie.
-fn alive(pid: u32) -> bool {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return false;
-    };
-    let state = stat
-        .rsplit_once(')')
-        .and_then(|(_, rest)| rest.split_whitespace().next());
-    !matches!(state, Some("Z" | "X" | "x") | None)
-}
-
 fn procs_of(cgroup: &str) -> Vec<u32> {
     std::fs::read_to_string(cgroup_dir(cgroup).join("cgroup.procs"))
         .map(|t| t.lines().filter_map(|l| l.trim().parse().ok()).collect())

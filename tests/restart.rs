@@ -26,14 +26,6 @@ fn running(job: &serde_json::Value) -> Vec<(u32, u64, f64)> {
         .collect()
 }
 
-fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
-        s.rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().next())
-            .is_some_and(|state| !matches!(state, "Z" | "X" | "x"))
-    })
-}
-
 #[test]
 fn instances_outlive_lodgerd_are_adopted_and_drain_undoes_everything() {
     if !need_root("restart_adopts_instances") {

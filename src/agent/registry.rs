@@ -217,11 +217,7 @@ impl Agent {
             .apply(&p.id, &p.target, &p.placement, &mut record);
         self.training.release_quietly(&p.id, &p.target, &record);
         // Its id is never given to another job (an id in a log means one job).
-        let seq =
-            p.id.as_str()
-                .trim_start_matches('j')
-                .parse::<u64>()
-                .unwrap_or(0);
+        let seq = p.id.seq();
         if seq >= self.state.next_seq {
             self.state.next_seq = seq + 1;
             if let Err(e) = self.store.save(&self.state) {

@@ -404,6 +404,17 @@ impl Drop for Daemon {
     }
 }
 
+/// True while the process exists and is not a zombie (or dead) waiting to be reaped.
+pub fn alive(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    let state = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().next());
+    !matches!(state, Some("Z" | "X" | "x") | None)
+}
+
 /// A live process carrying the mark of the lodgerd whose parent cgroup is `parent`
 /// (`LODGER_PARENT`): one of its instances or something an instance started.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -24,7 +24,7 @@ use super::{
     InstanceKey, InstanceSpec, ENV_BATCH, ENV_INSTANCE, ENV_JOB, ENV_PARENT, ENV_THREADS, KILL_WAIT,
 };
 use crate::enforce::PinMethod;
-use crate::sys::procfs::{self, parse_stat};
+use crate::sys::procfs;
 
 /// What [`Instances::adopt`] found.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -114,9 +114,7 @@ impl Instances {
         };
         let pidfd = pidfd_open(m.pid).map_err(spawn_err)?;
         // Still the process that was marked (not a reused pid).
-        let stat = fs::read(self.host.settings.proc_root.join(format!("{}/stat", m.pid)))
-            .ok()
-            .and_then(|t| parse_stat(&t));
+        let stat = self.host.reader.stat(m.pid).ok().flatten();
         if stat.map(|s| s.start_time) != Some(m.start_time) {
             return Err(spawn_err(std::io::Error::from_raw_os_error(libc::ESRCH)));
         }
@@ -254,7 +252,7 @@ impl super::host::Host {
             }
             let dir = root.join(pid.to_string());
             // Gone, a kernel thread, a zombie: nothing to read.
-            let Some(stat) = fs::read(dir.join("stat")).ok().and_then(|t| parse_stat(&t)) else {
+            let Some(stat) = self.reader.stat(pid).ok().flatten() else {
                 continue;
             };
             let unit = fs::read_to_string(dir.join("cgroup")).ok().and_then(|t| {
