@@ -186,6 +186,17 @@ fn enforce_settings(config: &Config) -> EnforceSettings {
                 nice: config.training.other_nice,
             },
         },
+        slurm_cgroups: config.slurm.cgroup_paths.clone(),
+    }
+}
+
+/// `[batch]`: batch jobs are placed as training jobs are, in their own class.
+fn batch_settings(config: &Config) -> EnforceSettings {
+    EnforceSettings {
+        class: TrainingClass::Lodger {
+            sched_batch: config.batch.policy == config::BatchPolicy::Batch,
+        },
+        ..enforce_settings(config)
     }
 }
 
@@ -212,6 +223,7 @@ fn instance_settings(config: &Config, enforce: &EnforceSettings) -> (InstanceSet
 fn agent_settings(config: &Config) -> AgentSettings {
     AgentSettings {
         interval: config.interval(),
+        slurm_appear_timeout: Duration::from_secs(config.slurm.appear_timeout_seconds),
         rt_priority: config.training.rt_priority,
         proc_root: config.node.proc_root.clone(),
         rt_headroom_percent: match config.training.policy {
@@ -424,10 +436,15 @@ pub fn run(prepared: Prepared, sim: bool) -> ExitCode {
     pin_self(&reserved);
 
     let mut runner = None;
+    let mut batch: Option<Box<dyn Enforce>> = None;
     let enforcer: Box<dyn Enforce> = if sim {
         info!("simulated enforcement: no cgroup or scheduling policy will be changed");
         Box::new(SimulatedEnforcer::new(config.node.proc_root.clone()))
     } else {
+        match Enforcer::new(batch_settings(&config)) {
+            Ok(e) => batch = Some(Box::new(e)),
+            Err(e) => warn!("batch jobs unavailable: {e}"),
+        }
         let settings = enforce_settings(&config);
         let (instance_settings, probe) = instance_settings(&config, &settings);
         match Instances::new(instance_settings) {
@@ -459,6 +476,9 @@ pub fn run(prepared: Prepared, sim: bool) -> ExitCode {
     let settings = agent_settings(&config);
     let store = Store::new(config.agent.state_dir.clone());
     let mut agent = Agent::builder(settings, topology, reserved, enforcer, store);
+    if let Some(b) = batch {
+        agent = agent.batch(b);
+    }
     // MBA for contention control, where resctrl has it.
     match MbaCaps::read(
         &config.sense.resctrl_root,
@@ -541,7 +561,7 @@ fn serve(
 ) -> ExitCode {
     let bus = Bus::from(config.api.bus);
     let auth = Authority::new(config.api.group.clone());
-    let sched = api::spec::SchedLabels::new(&config.training);
+    let sched = api::spec::SchedLabels::new(&config.training).with_batch(&config.batch);
     rt.block_on(async {
         let conn = match api::serve(bus, handle.clone(), auth.clone(), sched).await {
             Ok(c) => c,

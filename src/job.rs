@@ -53,6 +53,11 @@ pub enum JobKind {
     /// Offline CPU inference: many single-thread instances on every core, training's included,
     /// pre-empted by training's SCHED_RR (Cloud Reamer §III-A).
     Offline,
+    /// A CPU batch job lodger did not start (data preparation, feature extraction, a user's
+    /// CPU-only job; SODA §V-E's noisy neighbours): its processes or cgroup get the leftover cores
+    /// (never a training or online-inference CPU), SCHED_OTHER or SCHED_BATCH, and are throttled
+    /// first.
+    Batch,
 }
 
 impl JobKind {
@@ -61,6 +66,7 @@ impl JobKind {
             JobKind::Training => "training",
             JobKind::Online => "online",
             JobKind::Offline => "offline",
+            JobKind::Batch => "batch",
         }
     }
 
@@ -69,6 +75,7 @@ impl JobKind {
             "training" => Some(JobKind::Training),
             "online" => Some(JobKind::Online),
             "offline" => Some(JobKind::Offline),
+            "batch" => Some(JobKind::Batch),
             _ => None,
         }
     }
@@ -83,7 +90,7 @@ impl JobKind {
     pub fn role(self) -> Role {
         match self {
             JobKind::Training => Role::Training,
-            JobKind::Online | JobKind::Offline => Role::Lodger,
+            JobKind::Online | JobKind::Offline | JobKind::Batch => Role::Lodger,
         }
     }
 
@@ -98,7 +105,7 @@ impl JobKind {
 pub enum Role {
     /// The GPU training the node exists for: placed by the training policy, pinned, SCHED_RR.
     Training,
-    /// A CPU job lodged in what training leaves (online or offline inference today).
+    /// A CPU job lodged in what training leaves (online or offline inference, batch).
     Lodger,
 }
 
@@ -114,6 +121,34 @@ pub enum Target {
     Cgroup(String),
     /// Processes lodger starts itself: the instances of an inference job.
     Instances,
+    /// A Slurm job, registered by lodger's prolog (docs/slurm.md). lodger finds its cgroup as
+    /// it appears and pins its threads by CPU affinity inside the cpuset Slurm gave it, never
+    /// writing Slurm's cgroup files.
+    Slurm(SlurmJob),
+}
+
+/// Which Slurm job: what lodger needs to find its cgroup (`[slurm] cgroup_paths`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SlurmJob {
+    /// `SLURM_JOB_ID`.
+    pub job_id: u64,
+    /// `SLURM_JOB_UID`: the submitting user (v1 cgroups are under `uid_<uid>`).
+    pub uid: u32,
+    /// `SLURMD_NODENAME`: Debian's Slurm (built for several slurmd per host) names its cgroups
+    /// after the node (`<node>_slurmstepd.scope`, `slurm_<node>`). None: the host's short name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+}
+
+/// Whether `name` can be a Slurm node name lodger puts in a cgroup path.
+pub fn valid_node_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        && name != "."
+        && name != ".."
 }
 
 /// What an inference job runs and what it must meet.
@@ -248,6 +283,7 @@ pub struct JobSpec {
     /// GPU indices in PCI bus order (the order `nvidia-smi` and NVML use).
     pub gpus: Vec<u32>,
     /// Logical CPUs requested (SMT siblings count separately, as Slurm's `--cpus-per-task`).
+    /// 0: a batch job's "no cap"; a Slurm job's "its whole Slurm cpuset".
     pub cores: u32,
     #[serde(default)]
     pub category: Category,
@@ -303,8 +339,16 @@ pub enum SpecError {
     BadMaxInstances,
     #[error("{kind} jobs are started by lodger from their command: give no pids or cgroup")]
     TargetForInference { kind: &'static str },
-    #[error("a training job is not started by lodger: give its pids or cgroup, not a command")]
+    #[error(
+        "a training or batch job is not started by lodger: give its pids or cgroup, not a command"
+    )]
     CommandForTraining,
+    #[error("a Slurm job id must be at least 1")]
+    BadSlurmJob,
+    #[error("Slurm node name '{0}' must be 1 to 64 letters, digits, '-', '_' or '.'")]
+    BadSlurmNode(String),
+    #[error("a batch job uses no GPU (a job with GPUs is a training job)")]
+    GpusForBatch,
     #[error("{key} '{path}' must be an absolute path")]
     BadLaunchPath { key: &'static str, path: String },
     #[error("env: {0}")]
@@ -342,10 +386,25 @@ impl JobSpec {
                     return Err(SpecError::BadCgroup(path.clone()));
                 }
             }
+            Target::Slurm(job) => {
+                if job.job_id == 0 {
+                    return Err(SpecError::BadSlurmJob);
+                }
+                if let Some(node) = &job.node {
+                    if !valid_node_name(node) {
+                        return Err(SpecError::BadSlurmNode(node.clone()));
+                    }
+                }
+            }
             Target::Instances => return Err(SpecError::CommandForTraining),
         }
-        if self.cores == 0 {
+        // A batch job takes what training and online inference leave; `cores` caps it (0: none).
+        let whole_cpuset = matches!(self.target, Target::Slurm(_));
+        if self.cores == 0 && self.kind != JobKind::Batch && !whole_cpuset {
             return Err(SpecError::ZeroCores(self.cores));
+        }
+        if self.kind == JobKind::Batch && !self.gpus.is_empty() {
+            return Err(SpecError::GpusForBatch);
         }
         if let Some(name) = &self.name {
             let ok = !name.is_empty()

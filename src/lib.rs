@@ -17,6 +17,7 @@ pub mod policy;
 pub mod privileged;
 pub mod rng;
 pub mod sense;
+pub mod slurm;
 pub mod store;
 pub mod sys;
 pub mod topology;

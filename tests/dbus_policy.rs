@@ -729,6 +729,10 @@ fn members_change_only_what_they_own() {
             vec![format!("process {root_pid} belongs to uid 0")],
         ),
         (
+            vec!["register", "batch", "--pid", &root_pid],
+            vec![format!("process {root_pid} belongs to uid 0")],
+        ),
+        (
             vec!["register", "training", "--pid", &daemon_pid, "--cores", "1"],
             vec![format!("process {daemon_pid} is lodgerd itself")],
         ),

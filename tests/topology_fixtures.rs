@@ -351,6 +351,7 @@ fn real_4_socket_server() {
             id: JobId::from_seq(u64::from(g) + 1),
             cores: 10,
             gpus: vec![g],
+            within: None,
         })
         .collect();
     let plan = decide(&t, &set("0,72"), &jobs, &Plan::default());
@@ -411,16 +412,19 @@ fn fixture_placements() {
             id: JobId::from_seq(1),
             cores: 8,
             gpus: vec![4, 5, 6, 7],
+            within: None,
         },
         TrainingJobView {
             id: JobId::from_seq(2),
             cores: 8,
             gpus: vec![4, 5, 6, 7],
+            within: None,
         },
         TrainingJobView {
             id: JobId::from_seq(3),
             cores: 6,
             gpus: vec![0, 1],
+            within: None,
         },
     ];
     let plan = decide(&t, &reserved, &jobs, &Plan::default());

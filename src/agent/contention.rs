@@ -147,6 +147,7 @@ impl Contention {
                     JobKind::Training => Role::Training,
                     JobKind::Online => Role::Online,
                     JobKind::Offline => Role::Offline,
+                    JobKind::Batch => Role::Batch,
                 };
                 let cores = u32::try_from(s.job.cpus.len()).unwrap_or(u32::MAX);
                 let m = obs.jobs.get(&s.job.id);
@@ -204,7 +205,8 @@ impl Contention {
         self.apply_mba(cx, &throttles);
     }
 
-    /// Makes lodger's resctrl group hold the offline jobs' instances at the decided MB values, or
+    /// Makes lodger's resctrl group hold the offline and batch jobs' processes at the decided MB
+    /// values (SODA §V-E: the lodgers throttled first), or
     /// removes it when no MBA throttle is in force.
     fn apply_mba(&mut self, cx: &TickCx<'_>, throttles: &Throttles) {
         let Some(mba) = &mut self.mba else {
@@ -229,7 +231,7 @@ impl Contention {
                     .state
                     .jobs
                     .values()
-                    .filter(|s| s.job.spec.kind == JobKind::Offline)
+                    .filter(|s| matches!(s.job.spec.kind, JobKind::Offline | JobKind::Batch))
                     .flat_map(|s| s.job.pids.iter().copied())
                     .collect();
                 if let Err(e) = group.move_processes(cx.proc_root, &pids) {

@@ -298,3 +298,52 @@ fn a_reload_reconfigures_contention_or_switches_it_off_giving_throttles_back() {
     assert!(agent.rt_guard.is_some());
     assert_eq!(agent.jobs().len(), 2, "no job dropped");
 }
+
+/// Issue 18: a batch job is a first throttle target: training's drop halves its cores, and its
+/// placement (the enforcer's CPUs) follows the cut; calm gives them back.
+#[test]
+fn contention_halves_a_batch_job_and_its_placement_follows() {
+    let rig = Rig::new();
+    rig.spawn(100);
+    rig.spawn(200);
+    let mut agent = rig.agent();
+    let train = agent.register(spec(vec![100], 2), 0).unwrap();
+    for (i, gpu) in [90.0, 91.0, 89.5, 90.5].into_iter().enumerate() {
+        gpu_pass(&mut agent, &train.id, 1000 + i as u64, gpu);
+    }
+    let batch = agent
+        .register(
+            crate::job::JobSpec {
+                kind: JobKind::Batch,
+                ..spec(vec![200], 0)
+            },
+            1000,
+        )
+        .unwrap();
+    let full = agent.jobs()[&batch.id].cpus.len();
+    assert_eq!(full, 12, "16 CPUs less reserved 2 and training's 2");
+    for i in 0..2u64 {
+        gpu_pass(&mut agent, &train.id, 2000 + i, 45.0);
+    }
+    let throttles = agent.contention.as_ref().unwrap().throttles();
+    assert_eq!(throttles.cores.get(&batch.id), Some(&6), "{throttles:?}");
+    // The next tick places it on the cut (the throttle is decided after placement).
+    gpu_pass(&mut agent, &train.id, 2002, 45.0);
+    let on = rig.node.lock().unwrap().applied[&batch.id].clone();
+    assert_eq!(on.len(), 6, "{on}");
+    assert!(on.is_disjoint(&agent.jobs()[&train.id].cpus));
+    let text = agent.state.jobs[&batch.id].job.throttle.clone().unwrap();
+    assert!(text.contains("cores"), "{text}");
+    // Calm: the cut is given back.
+    for i in 0..40u64 {
+        gpu_pass(&mut agent, &train.id, 3000 + i, 90.0);
+    }
+    assert!(agent
+        .contention
+        .as_ref()
+        .unwrap()
+        .throttles()
+        .cores
+        .is_empty());
+    assert_eq!(rig.node.lock().unwrap().applied[&batch.id].len(), full);
+}

@@ -16,6 +16,7 @@
 //! (contention's throttles, the instances' processes) is passed as a value by `run::tick`.
 //! May touch everything below it (sense, policy, enforce, store); nothing below imports it.
 
+mod batch;
 mod contention;
 mod handle;
 mod inference;
@@ -27,9 +28,12 @@ mod reload;
 mod rightsize;
 mod rtguard;
 mod run;
+mod slurm;
 mod training;
 mod trust;
 
+#[cfg(test)]
+mod batch_tests;
 #[cfg(test)]
 mod contention_tests;
 #[cfg(test)]
@@ -54,12 +58,14 @@ pub use self::training::Enforce;
 pub use self::trust::TrustSettings;
 pub use crate::sense::link::SensorLink;
 
+use self::batch::Batch;
 use self::contention::Contention;
 use self::inference::Inference;
 use self::network::Network;
 use self::published::Published;
 use self::rightsize::Rightsize;
 use self::rtguard::RtGuard;
+use self::slurm::SlurmSeen;
 use self::training::Training;
 use crate::cpuset::CpuSet;
 use crate::enforce::instances::Instances;
@@ -85,6 +91,9 @@ pub struct AgentSettings {
     pub rt_headroom_percent: Option<u32>,
     /// Who may register what, and the per-owner caps (`[api]`).
     pub trust: TrustSettings,
+    /// How long a Slurm job registered by the prolog may wait for its cgroup
+    /// (`slurm.appear_timeout_seconds`).
+    pub slurm_appear_timeout: Duration,
 }
 
 /// The part of [`AgentSettings`] a reload may change while jobs run (`config::reload`).
@@ -147,6 +156,8 @@ pub(crate) struct TickCx<'a> {
     pub(crate) observations: &'a Observations,
     pub(crate) state: &'a mut State,
     pub(crate) events: Vec<Event>,
+    /// Slurm jobs' cgroups as this tick found them.
+    pub(crate) slurm: &'a SlurmSeen,
 }
 
 pub struct Agent {
@@ -170,6 +181,10 @@ pub struct Agent {
     /// Keeps SCHED_RR training jobs under the RT limit; absent when training is not RR.
     rt_guard: Option<RtGuard>,
     training: Training,
+    /// Batch jobs, with their own enforcer (their class); absent: batch jobs are refused.
+    batch: Option<Batch>,
+    /// Slurm jobs' cgroups as the last tick found them.
+    slurm: SlurmSeen,
     /// Runs inference instances; absent in `--sim` and unit tests (inference jobs are refused).
     inference: Option<Inference>,
     /// Network shaping while multi-node training runs (SODA §V-E); absent when no interface
@@ -185,6 +200,7 @@ pub struct AgentBuilder {
     topology: Topology,
     reserved: CpuSet,
     enforcer: Box<dyn Enforce>,
+    batch: Option<Box<dyn Enforce>>,
     store: Store,
     runner: Option<(Instances, Duration)>,
     network: Option<NetworkControl>,
@@ -193,6 +209,13 @@ pub struct AgentBuilder {
 }
 
 impl AgentBuilder {
+    /// The enforcer of batch jobs: placement as training's, their own scheduling class
+    /// (`batch.policy`). Without one, batch registrations are refused.
+    pub fn batch(mut self, enforcer: Box<dyn Enforce>) -> Self {
+        self.batch = Some(enforcer);
+        self
+    }
+
     /// The inference instance runner. `probe_window` is how long each layout probe of an online
     /// job is measured. Instances left behind by a previous lodgerd (killed before it could stop
     /// them) are swept at the start.
@@ -270,6 +293,8 @@ impl AgentBuilder {
             idle_mba,
             rt_guard: self.settings.rt_headroom_percent.map(RtGuard::new),
             training: Training::new(self.enforcer),
+            batch: self.batch.map(Batch::new),
+            slurm: SlurmSeen::default(),
             inference: self
                 .runner
                 .map(|(runner, probe_window)| Inference::new(runner, probe_window, &state)),
@@ -325,6 +350,7 @@ impl Agent {
             topology,
             reserved,
             enforcer,
+            batch: None,
             store,
             runner: None,
             network: None,
@@ -345,6 +371,7 @@ impl Agent {
                     cgroup: match &s.job.spec.target {
                         Target::Cgroup(c) => Some(c.clone()),
                         Target::Pids(_) => s.record.pids.as_ref().and_then(|p| p.cgroup.clone()),
+                        Target::Slurm(_) => s.record.slurm.as_ref().and_then(|r| r.cgroup.clone()),
                         Target::Instances => None,
                     },
                     gpus: s.job.spec.gpus.clone(),
@@ -370,7 +397,7 @@ impl Agent {
     }
 
     fn views(&self) -> Vec<TrainingJobView> {
-        training::views(&self.state, self.rightsize.enforce())
+        training::views(&self.state, self.rightsize.enforce(), &self.slurm)
     }
 
     fn emit(&self, event: Event) {

@@ -100,6 +100,7 @@ fn status_list_and_show_answer_while_a_tick_is_stuck_in_enforcement() {
         contention: None,
         rt_headroom_percent: None,
         trust: Default::default(),
+        slurm_appear_timeout: Duration::from_secs(600),
     };
     let mut agent = Agent::builder(
         settings,

@@ -9,7 +9,7 @@ use super::{trust, Agent, AgentError, Caller, Event};
 use crate::clock::now_secs;
 use crate::cpuset::CpuSet;
 use crate::enforce::JobRecord;
-use crate::job::{Job, JobId, JobSpec, JobState, Target};
+use crate::job::{Job, JobId, JobKind, JobSpec, JobState, Target};
 use crate::policy::{self, Plan, TrainingJobView};
 use crate::store::{Lodging, Pending, StoredJob};
 
@@ -88,6 +88,17 @@ impl Agent {
                         caller,
                         &ancestry,
                     )?,
+                    Target::Slurm(job) => {
+                        // Only Slurm's prolog, run by slurmd as root, names Slurm jobs: the
+                        // cgroup lodger then finds is Slurm's word, not the caller's.
+                        if !caller.is_root() {
+                            return Err(AgentError::AccessDenied(format!(
+                                "uid {} may not register Slurm job {}: only root (Slurm's \
+                                 prolog) registers Slurm jobs",
+                                caller.uid, job.job_id
+                            )));
+                        }
+                    }
                     Target::Instances => {
                         if let Some(inf) = &spec.inference {
                             crate::enforce::instances::check_launch(owner, &inf.launch)
@@ -175,7 +186,22 @@ impl Agent {
                     )));
                 }
             }
+            Target::Slurm(job) => {
+                if let Some(other) = self.state.jobs.values().find(
+                    |s| matches!(&s.job.spec.target, Target::Slurm(o) if o.job_id == job.job_id),
+                ) {
+                    return Err(AgentError::Conflict(format!(
+                        "Slurm job {} is already registered as job {}; unregister it first",
+                        job.job_id, other.job.id
+                    )));
+                }
+            }
             Target::Instances => {}
+        }
+        if spec.kind == JobKind::Batch && self.batch.is_none() {
+            return Err(AgentError::InvalidSpec(
+                "this lodgerd enforces no batch jobs (simulated enforcement)".into(),
+            ));
         }
         Ok(())
     }
@@ -233,17 +259,29 @@ impl Agent {
     }
 
     /// Registers `spec` for `owner_uid` (already authorized).
-    pub(super) fn register(&mut self, spec: JobSpec, owner_uid: u32) -> Result<Job, AgentError> {
+    pub(super) fn register(
+        &mut self,
+        mut spec: JobSpec,
+        owner_uid: u32,
+    ) -> Result<Job, AgentError> {
+        if let Target::Slurm(job) = &mut spec.target {
+            // The v1 cgroup path names the job's owner.
+            job.uid = owner_uid;
+        }
         self.check_spec(&spec)?;
         let id = JobId::from_seq(self.state.next_seq);
-        if spec.kind.is_inference() {
-            return self.register_inference(id, spec, owner_uid);
+        if spec.kind.is_inference()
+            || spec.kind == JobKind::Batch
+            || matches!(spec.target, Target::Slurm(_))
+        {
+            return self.register_deferred(id, spec, owner_uid);
         }
         let mut views = self.views();
         views.push(TrainingJobView {
             id: id.clone(),
             cores: spec.cores,
             gpus: spec.gpus.clone(),
+            within: None,
         });
         let plan = policy::decide(&self.topology, &self.reserved, &views, &self.state.plan);
         if let Some(no) = plan.unplaced.get(&id) {
@@ -315,26 +353,26 @@ impl Agent {
         Ok(job)
     }
 
-    fn register_inference(
+    /// Registers a job the next tick places: an inference job (its instances are started
+    /// then), a batch job (it takes what the tick leaves), a Slurm job (its cgroup may not exist
+    /// yet). The tick runs at once, so the caller sees the job as it is placed.
+    fn register_deferred(
         &mut self,
         id: JobId,
         spec: JobSpec,
         owner_uid: u32,
     ) -> Result<Job, AgentError> {
-        if self.inference.is_none() {
+        if spec.kind.is_inference() && self.inference.is_none() {
             return Err(AgentError::InvalidSpec(
                 "this lodgerd runs no inference instances (simulated enforcement, or the instance \
                  runner could not start: see its log)"
                     .into(),
             ));
         }
-        let command = spec
-            .inference
-            .as_ref()
-            .map(|i| i.command.clone())
-            .unwrap_or_default();
-        crate::enforce::instances::validate_template(&id, &command)
-            .map_err(|e| AgentError::InvalidSpec(e.to_string()))?;
+        if let Some(inf) = &spec.inference {
+            crate::enforce::instances::validate_template(&id, &inf.command)
+                .map_err(|e| AgentError::InvalidSpec(e.to_string()))?;
+        }
         let job = new_job(id.clone(), spec, owner_uid);
         let stored = StoredJob {
             job: job.clone(),
@@ -343,9 +381,10 @@ impl Agent {
             tuning: None,
         };
         self.admit(stored, None)?;
-        info!(job = %id, kind = job.spec.kind.as_str(), "registered inference job");
+        info!(job = %id, kind = job.spec.kind.as_str(), target = ?job.spec.target, "registered job");
+        self.send_jobs_to_sensor();
         self.emit(Event::JobAdded(id.clone()));
-        // Place and start its instances now rather than at the next tick.
+        // Place it (and start its instances) now rather than at the next tick.
         self.tick();
         Ok(self
             .state
@@ -368,6 +407,10 @@ impl Agent {
             }
             self.state.inference.online.remove(&jid);
             self.state.inference.offline.remove(&jid);
+        } else if stored.job.spec.kind == JobKind::Batch {
+            if let Some(batch) = &mut self.batch {
+                batch.release_quietly(&jid, &stored.job.spec.target, &stored.record);
+            }
         } else {
             self.training
                 .release_quietly(&jid, &stored.job.spec.target, &stored.record);

@@ -171,7 +171,7 @@ fn try_grow(cx: &mut TickCx<'_>, id: &JobId, rightsize_enforce: Option<bool>) ->
     let plan = policy::decide(
         cx.topology,
         cx.reserved,
-        &views(cx.state, rightsize_enforce),
+        &views(cx.state, rightsize_enforce, cx.slurm),
         &cx.state.plan,
     );
     let placed_before = cx.state.plan.training.len();

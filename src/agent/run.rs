@@ -8,8 +8,10 @@ use std::time::Instant;
 
 use tracing::{info, warn};
 
+use super::batch::Batch;
 use super::handle::Command;
 use super::registry::Change;
+use super::slurm::SlurmSeen;
 use super::{training, Agent, AgentError, AgentHandle, Caller, NodeStatus, Snapshot, TickCx};
 use crate::cpuset::CpuSet;
 use crate::policy::{self, contention::Throttles};
@@ -187,6 +189,12 @@ impl Agent {
         // SODA §V-B: never probe while a contention throttle is active on the node.
         let throttling = self.contention.as_ref().is_some_and(|c| c.throttling());
         let rightsize_enforce = self.rightsize.enforce();
+        self.slurm = SlurmSeen::look(
+            &*self.training.enforcer,
+            &self.state,
+            crate::clock::now_secs(),
+            self.settings.slurm_appear_timeout,
+        );
         let mut cx = TickCx {
             topology: &self.topology,
             reserved: &self.reserved,
@@ -194,6 +202,7 @@ impl Agent {
             observations: &self.observations,
             state: &mut self.state,
             events: Vec::new(),
+            slurm: &self.slurm,
         };
         let tuned = self.rightsize.tick(&mut cx, throttling);
         let grown = self
@@ -210,7 +219,7 @@ impl Agent {
         let plan = policy::decide(
             cx.topology,
             cx.reserved,
-            &training::views(cx.state, rightsize_enforce),
+            &training::views(cx.state, rightsize_enforce, cx.slurm),
             &cx.state.plan,
         );
         let mut dirty = tuned || grown || plan != cx.state.plan;
@@ -228,15 +237,28 @@ impl Agent {
             }
             dirty |= inference.apply(&mut cx, &desired);
         }
+        // After inference: batch jobs get what training and online inference leave.
+        let batch_gone = match &mut self.batch {
+            Some(b) => {
+                let (changed, gone) = b.tick(&mut cx, &throttles);
+                dirty |= changed;
+                gone
+            }
+            None => Vec::new(),
+        };
         if let Some(network) = &mut self.network {
-            let cpu_jobs = self
+            let mut cpu_jobs = self
                 .inference
                 .as_ref()
                 .map(|i| i.cpu_jobs())
                 .unwrap_or_default();
+            cpu_jobs.extend(Batch::cpu_jobs(&cx));
             dirty |= network.tick(&mut cx, cpu_jobs);
         }
         dirty |= self.training.reap(&mut cx, gone);
+        if let Some(b) = &mut self.batch {
+            dirty |= b.reap(&mut cx, batch_gone);
+        }
         for event in cx.events {
             self.emit(event);
         }
@@ -263,6 +285,7 @@ fn describe(spec: &crate::job::JobSpec, owner: Option<u32>) -> String {
     let target = match &spec.target {
         crate::job::Target::Pids(p) => format!("pids {p:?}"),
         crate::job::Target::Cgroup(c) => format!("cgroup {c}"),
+        crate::job::Target::Slurm(j) => format!("Slurm job {}", j.job_id),
         crate::job::Target::Instances => {
             let argv = spec
                 .inference

@@ -8,8 +8,8 @@ use super::registry::Change;
 use super::RightsizeSettings;
 use super::{Agent, AgentBuilder, AgentError, AgentSettings, Caller, Enforce, Event};
 use crate::cpuset::CpuSet;
-use crate::enforce::{EnforceError, JobRecord, Outcome};
-use crate::job::{Category, JobId, JobKind, JobSpec, JobState, Target};
+use crate::enforce::{EnforceError, JobRecord, Outcome, SlurmCgroup};
+use crate::job::{Category, JobId, JobKind, JobSpec, JobState, SlurmJob, Target};
 use crate::policy::contention::ContentionConfig;
 use crate::policy::Placement;
 use crate::sense::Observations;
@@ -19,13 +19,15 @@ use crate::topology::Topology;
 /// What the fake node looks like: which pids live, and what was applied/released.
 #[derive(Default)]
 pub(super) struct FakeNode {
-    alive: BTreeSet<u32>,
-    applied: BTreeMap<JobId, CpuSet>,
-    released: Vec<JobId>,
+    pub(super) alive: BTreeSet<u32>,
+    pub(super) applied: BTreeMap<JobId, CpuSet>,
+    pub(super) released: Vec<JobId>,
     fail_next_apply: Option<EnforceError>,
+    /// Slurm jobs' cgroups that exist, by Slurm job id.
+    pub(super) slurm: BTreeMap<u64, SlurmCgroup>,
 }
 
-struct FakeEnforcer(Arc<Mutex<FakeNode>>);
+pub(super) struct FakeEnforcer(pub(super) Arc<Mutex<FakeNode>>);
 
 impl Enforce for FakeEnforcer {
     fn apply(
@@ -33,9 +35,18 @@ impl Enforce for FakeEnforcer {
         id: &JobId,
         target: &Target,
         placement: &Placement,
-        _record: &mut JobRecord,
+        record: &mut JobRecord,
     ) -> Result<Outcome, EnforceError> {
         let mut node = self.0.lock().unwrap();
+        if let Target::Slurm(j) = target {
+            // As the real one does: where the cgroup was found is recorded.
+            if let Some(cg) = node.slurm.get(&j.job_id) {
+                record.slurm = Some(crate::enforce::SlurmJobRecord {
+                    cgroup: Some(cg.path.clone()),
+                    processes: Vec::new(),
+                });
+            }
+        }
         if let Some(e) = node.fail_next_apply.take() {
             return Err(e);
         }
@@ -46,6 +57,8 @@ impl Enforce for FakeEnforcer {
                 .filter(|p| node.alive.contains(p))
                 .collect(),
             Target::Cgroup(_) | Target::Instances => vec![1],
+            Target::Slurm(j) if node.slurm.contains_key(&j.job_id) => vec![1],
+            Target::Slurm(_) => Vec::new(),
         };
         node.applied.insert(id.clone(), placement.cpus.clone());
         Ok(Outcome {
@@ -71,6 +84,10 @@ impl Enforce for FakeEnforcer {
 
     fn describe(&self) -> String {
         "fake".into()
+    }
+
+    fn find_slurm(&self, job: &SlurmJob, _record: &JobRecord) -> Option<SlurmCgroup> {
+        self.0.lock().unwrap().slurm.get(&job.job_id).cloned()
     }
 }
 
@@ -133,6 +150,7 @@ impl Rig {
             }),
             rt_headroom_percent: Some(5),
             trust: Default::default(),
+            slurm_appear_timeout: Duration::from_secs(600),
         };
         Agent::builder(
             settings,
@@ -141,6 +159,7 @@ impl Rig {
             Box::new(FakeEnforcer(self.node.clone())),
             Store::new(self.dir.path()),
         )
+        .batch(Box::new(FakeEnforcer(self.node.clone())))
     }
 }
 

@@ -4,9 +4,10 @@
 
 use tracing::{debug, info, warn};
 
+use super::slurm::SlurmSeen;
 use super::{Event, TickCx};
-use crate::enforce::{EnforceError, JobRecord, Outcome};
-use crate::job::{JobId, JobState, Role, Target};
+use crate::enforce::{EnforceError, JobRecord, Outcome, SlurmCgroup};
+use crate::job::{JobId, JobState, Role, SlurmJob, Target};
 use crate::policy::{Placement, TrainingJobView};
 use crate::store::{State, StoredJob};
 
@@ -32,6 +33,10 @@ pub trait Enforce: Send {
     fn describe(&self) -> String;
     /// Removes what enforcement left that no job needs any more (lodger's empty parent cgroup).
     fn tidy(&mut self) {}
+    /// A Slurm job's cgroup and cpuset, if it exists now (docs/slurm.md).
+    fn find_slurm(&self, _job: &SlurmJob, _record: &JobRecord) -> Option<SlurmCgroup> {
+        None
+    }
 }
 
 impl Enforce for crate::enforce::Enforcer {
@@ -60,6 +65,10 @@ impl Enforce for crate::enforce::Enforcer {
 
     fn tidy(&mut self) {
         crate::enforce::Enforcer::tidy(self)
+    }
+
+    fn find_slurm(&self, job: &SlurmJob, record: &JobRecord) -> Option<SlurmCgroup> {
+        crate::enforce::Enforcer::find_slurm(self, job, record.slurm.as_ref())
     }
 }
 
@@ -90,20 +99,35 @@ impl Enforce for crate::enforce::sim::SimulatedEnforcer {
 
 /// The training jobs as the placement policy sees them: their cores are the right-sizing tuner's
 /// when it resizes (`rightsize_enforce == Some(true)`), else what they asked for, plus the RT
-/// guard's headroom cores.
-pub(super) fn views(state: &State, rightsize_enforce: Option<bool>) -> Vec<TrainingJobView> {
+/// guard's headroom cores. A Slurm job is placed inside its cpuset, once its cgroup is seen.
+pub(super) fn views(
+    state: &State,
+    rightsize_enforce: Option<bool>,
+    slurm: &SlurmSeen,
+) -> Vec<TrainingJobView> {
     state
         .jobs
         .values()
         .filter(|s| s.job.spec.kind.role() == Role::Training)
-        .map(|s| TrainingJobView {
-            id: s.job.id.clone(),
+        .filter(|s| !slurm.waits(&s.job.id))
+        .map(|s| {
+            let within = slurm.cpus(&s.job.id);
             // The RT guard's extra cores keep a SCHED_RR job under the RT limit (agent::rtguard).
-            cores: match (&s.tuning, rightsize_enforce) {
+            let mut cores = match (&s.tuning, rightsize_enforce) {
                 (Some(t), Some(true)) => t.tuner.cores(),
                 _ => s.job.spec.cores,
-            } + s.job.rt.as_ref().map_or(0, |r| r.extra_cores),
-            gpus: s.job.spec.gpus.clone(),
+            } + s.job.rt.as_ref().map_or(0, |r| r.extra_cores);
+            if let Some(w) = &within {
+                // A Slurm job: its whole cpuset when it asked for none, never more.
+                let size = u32::try_from(w.len()).unwrap_or(u32::MAX);
+                cores = if cores == 0 { size } else { cores.min(size) };
+            }
+            TrainingJobView {
+                id: s.job.id.clone(),
+                cores,
+                gpus: s.job.spec.gpus.clone(),
+                within,
+            }
         })
         .collect()
 }
@@ -137,6 +161,18 @@ impl Training {
                 continue;
             }
             let before = stored.clone();
+            if let Some(why) = cx.slurm.waiting(&id) {
+                // Registered by the prolog before the job's cgroup exists (docs/slurm.md).
+                match why {
+                    Ok(why) => {
+                        stored.job.state = JobState::Pending;
+                        stored.job.last_error = Some(why);
+                    }
+                    Err(why) => gone.push((id.clone(), why)),
+                }
+                dirty |= *stored != before;
+                continue;
+            }
             let result = match &placement {
                 Some(p) => {
                     stored.job.cpus = p.cpus.clone();

@@ -7,7 +7,7 @@ use zbus::zvariant::{OwnedValue, Value};
 
 use crate::config::{TrainingConfig, TrainingPolicy};
 use crate::job::{
-    Category, InferenceSpec, Job, JobKind, JobSpec, Launch, Target, DEFAULT_MAX_BATCH,
+    Category, InferenceSpec, Job, JobKind, JobSpec, Launch, SlurmJob, Target, DEFAULT_MAX_BATCH,
 };
 use crate::sense::{JobMetrics, NodeMetrics};
 
@@ -32,6 +32,8 @@ pub const SPEC_KEYS: &[&str] = &[
     "cwd",
     "env",
     "output",
+    "slurm_job",
+    "slurm_node",
 ];
 
 fn unsigned(key: &str, v: &Value<'_>) -> Result<u32, String> {
@@ -131,8 +133,9 @@ pub fn spec_from_dict(dict: &HashMap<String, OwnedValue>) -> Result<JobSpec, Str
         None => return Err("the spec needs a 'kind' (s), e.g. \"training\"".into()),
         Some(v) => {
             let s = string("kind", v)?;
-            JobKind::parse(&s)
-                .ok_or_else(|| format!("kind '{s}' is not one of training, online, offline"))?
+            JobKind::parse(&s).ok_or_else(|| {
+                format!("kind '{s}' is not one of training, online, offline, batch")
+            })?
         }
     };
     if kind.is_inference() {
@@ -150,25 +153,40 @@ pub fn spec_from_dict(dict: &HashMap<String, OwnedValue>) -> Result<JobSpec, Str
     ] {
         if dict.contains_key(key) {
             return Err(format!(
-                "key '{key}' is for online and offline inference jobs, not training jobs"
+                "key '{key}' is for online and offline inference jobs, not {} jobs",
+                kind.as_str()
             ));
         }
     }
     let pids = get("pids").map(|v| unsigned_list("pids", v)).transpose()?;
     let cgroup = get("cgroup").map(|v| string("cgroup", v)).transpose()?;
-    let target = match (pids, cgroup) {
-        (Some(_), Some(_)) => return Err("give either 'pids' or 'cgroup', not both".into()),
-        (Some(p), None) => Target::Pids(p),
-        (None, Some(c)) => Target::Cgroup(c),
-        (None, None) => {
+    let slurm = get("slurm_job")
+        .map(|v| unsigned("slurm_job", v))
+        .transpose()?;
+    let target = match (pids, cgroup, slurm) {
+        (Some(p), None, None) => Target::Pids(p),
+        (None, Some(c), None) => Target::Cgroup(c),
+        // The owner's uid is filled in by the agent (it is the registration's owner).
+        (None, None, Some(j)) => Target::Slurm(SlurmJob {
+            job_id: u64::from(j),
+            uid: 0,
+            node: get("slurm_node")
+                .map(|v| string("slurm_node", v))
+                .transpose()?,
+        }),
+        (None, None, None) => {
             return Err(
-                "the spec needs 'pids' (au) or 'cgroup' (s) to say which processes are the job"
+                "the spec needs 'pids' (au), 'cgroup' (s) or 'slurm_job' (u) to say which \
+                 processes are the job"
                     .into(),
             )
         }
+        _ => return Err("give one of 'pids', 'cgroup' and 'slurm_job', not several".into()),
     };
     let cores = match get("cores") {
         Some(v) => unsigned("cores", v)?,
+        // A batch job takes what is left; `cores` would cap it.
+        None if kind == JobKind::Batch => 0,
         None => return Err("the spec needs 'cores' (u): how many CPUs the job asks for".into()),
     };
     let category = match get("category") {
@@ -215,6 +233,7 @@ fn inference_spec_from_dict(
     for key in [
         "pids",
         "cgroup",
+        "slurm_job",
         "gpus",
         "cores",
         "category",
@@ -279,6 +298,7 @@ pub struct SchedLabels {
     pub training: String,
     pub offline: String,
     pub lodger: String,
+    pub batch: String,
 }
 
 impl SchedLabels {
@@ -302,13 +322,25 @@ impl SchedLabels {
             training,
             offline: if idle { "SCHED_IDLE" } else { "SCHED_OTHER" }.to_string(),
             lodger: "SCHED_OTHER".to_string(),
+            batch: "SCHED_OTHER".to_string(),
         }
+    }
+
+    /// With `[batch]`'s class for batch jobs.
+    pub fn with_batch(mut self, b: &crate::config::BatchConfig) -> Self {
+        self.batch = match b.policy {
+            crate::config::BatchPolicy::Other => "SCHED_OTHER",
+            crate::config::BatchPolicy::Batch => "SCHED_BATCH",
+        }
+        .to_string();
+        self
     }
 
     /// The label of a job of `kind`.
     pub fn of(&self, kind: JobKind) -> &str {
         match kind {
             JobKind::Offline => &self.offline,
+            JobKind::Batch => &self.batch,
             k if k.is_lodger() => &self.lodger,
             _ => &self.training,
         }
@@ -337,6 +369,7 @@ pub fn job_to_dict(job: &Job, sched: &SchedLabels) -> HashMap<String, Value<'sta
     match &job.spec.target {
         Target::Pids(p) => put("registered_pids", Value::from(p.clone())),
         Target::Cgroup(c) => put("cgroup", Value::from(c.clone())),
+        Target::Slurm(j) => put("slurm_job", Value::from(j.job_id)),
         Target::Instances => {}
     }
     put("pids", Value::from(job.pids.clone()));
@@ -639,6 +672,48 @@ mod tests {
     }
 
     #[test]
+    fn batch_jobs_need_no_core_count_and_slurm_jobs_name_their_node() {
+        let spec = spec_from_dict(&dict(vec![
+            ("kind", Value::from("batch")),
+            ("pids", Value::from(vec![7u32])),
+        ]))
+        .unwrap();
+        assert_eq!((spec.kind, spec.cores), (JobKind::Batch, 0));
+        assert!(spec.validate().is_ok());
+        let spec = spec_from_dict(&dict(vec![
+            ("kind", Value::from("training")),
+            ("slurm_job", Value::from(42u32)),
+            ("slurm_node", Value::from("gpu07")),
+            ("gpus", Value::from(vec![1u32])),
+        ]))
+        .unwrap_err();
+        assert!(spec.contains("cores"), "{spec}");
+        let spec = spec_from_dict(&dict(vec![
+            ("kind", Value::from("training")),
+            ("slurm_job", Value::from(42u32)),
+            ("slurm_node", Value::from("gpu07")),
+            ("cores", Value::from(0u32)),
+        ]))
+        .unwrap();
+        assert_eq!(
+            spec.target,
+            Target::Slurm(SlurmJob {
+                job_id: 42,
+                uid: 0,
+                node: Some("gpu07".into())
+            })
+        );
+        assert!(spec.validate().is_ok(), "0 cores: its whole Slurm cpuset");
+        let mut bad = spec.clone();
+        bad.target = Target::Slurm(SlurmJob {
+            job_id: 42,
+            uid: 0,
+            node: Some("../x".into()),
+        });
+        assert!(bad.validate().is_err());
+    }
+
+    #[test]
     fn refusals_name_the_key() {
         let cases: Vec<(Vec<(&str, Value<'static>)>, &str)> = vec![
             (vec![("kind", Value::from("training"))], "pids"),
@@ -651,11 +726,34 @@ mod tests {
             ),
             (
                 vec![
-                    ("kind", Value::from("batch")),
+                    ("kind", Value::from("cpu")),
                     ("pids", Value::from(vec![1u32])),
                     ("cores", Value::from(1u32)),
                 ],
                 "kind",
+            ),
+            (
+                vec![
+                    ("kind", Value::from("batch")),
+                    ("pids", Value::from(vec![1u32])),
+                    ("slurm_job", Value::from(4u32)),
+                ],
+                "not several",
+            ),
+            (
+                vec![
+                    ("kind", Value::from("batch")),
+                    ("slurm_job", Value::from("4")),
+                ],
+                "slurm_job",
+            ),
+            (
+                vec![
+                    ("kind", Value::from("batch")),
+                    ("pids", Value::from(vec![1u32])),
+                    ("command", Value::from(vec!["x"])),
+                ],
+                "not batch jobs",
             ),
             (
                 vec![
@@ -681,7 +779,7 @@ mod tests {
                     ("cgroup", Value::from("/a")),
                     ("cores", Value::from(1u32)),
                 ],
-                "not both",
+                "not several",
             ),
             (
                 vec![

@@ -53,6 +53,31 @@ pub enum Command {
     /// Live measurements per job (CPU %, IPC, cache-miss %, GPU %, memory bandwidth), refreshed
     /// like top; `--once` or `--json` print one sample for scripts.
     Top(TopArgs),
+    /// Slurm's prolog and epilog (slurm.conf `Prolog=`/`Epilog=`, run by slurmd as root; see
+    /// docs/slurm.md). They always exit 0 within their deadline, so lodger never drains a node,
+    /// and log what they did to syslog.
+    #[command(subcommand)]
+    Slurm(Slurm),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Slurm {
+    /// Registers the job slurmd describes in the environment: training if it has GPUs on this
+    /// node, batch if not, or as a [[slurm.rule]] in lodger's config says.
+    Prolog(SlurmArgs),
+    /// Unregisters the job (its threads back to SCHED_OTHER and their CPU masks restored).
+    Epilog(SlurmArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct SlurmArgs {
+    /// lodger's config, for the [[slurm.rule]] entries.
+    #[arg(long, default_value = crate::config::DEFAULT_CONFIG_PATH, value_name = "FILE")]
+    pub config: std::path::PathBuf,
+    /// Give up on lodgerd after this many milliseconds (and still exit 0).
+    #[arg(long, default_value_t = 1500, value_name = "MS",
+          value_parser = clap::value_parser!(u64).range(100..=10_000))]
+    pub deadline_ms: u64,
 }
 
 #[derive(Args, Debug)]
@@ -103,6 +128,29 @@ pub enum Register {
     /// Offline CPU inference: lodger runs single-thread instances of COMMAND on every core,
     /// training's included (training pre-empts them).
     Offline(OfflineArgs),
+    /// A CPU batch job lodger did not start (data preparation, a CPU-only job): its processes
+    /// run on the cores training and online inference leave, SCHED_OTHER (or SCHED_BATCH,
+    /// batch.policy), and are throttled first when memory bandwidth runs short.
+    Batch(BatchArgs),
+}
+
+#[derive(Args, Debug)]
+#[command(group(clap::ArgGroup::new("target").required(true).args(["pid", "cgroup"])))]
+pub struct BatchArgs {
+    /// The job's process(es); their children are included. Repeat or separate with commas.
+    #[arg(long, value_delimiter = ',', num_args = 1..)]
+    pub pid: Vec<u32>,
+    /// The job's existing cgroup (e.g. a container's), relative to the cgroup hierarchy root.
+    #[arg(long)]
+    pub cgroup: Option<String>,
+    /// At most this many CPUs of the leftover ones (default: all of them).
+    #[arg(long)]
+    pub cores: Option<u32>,
+    /// A name to recognise the job by.
+    #[arg(long)]
+    pub name: Option<String>,
+    #[command(flatten)]
+    pub owner: OwnerArgs,
 }
 
 #[derive(Args, Debug)]

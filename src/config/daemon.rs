@@ -87,7 +87,8 @@ impl Default for ApiConfig {
         Self {
             group: "lodger".to_string(),
             bus: BusKind::System,
-            cgroup_roots: Vec::new(),
+            // Slurm's jobs on cgroup v2 (docs/slurm.md).
+            cgroup_roots: vec!["/system.slice/slurmstepd.scope".to_string()],
             max_jobs_per_owner: 32,
             max_instances_per_owner: 128,
         }

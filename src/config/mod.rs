@@ -9,7 +9,7 @@
 //! `Config::check_gpu_overrides`.
 //!
 //! One file per section: `node`, `training`, `cgroup`, `daemon` (`[agent]`, `[api]`, `[log]`,
-//! `[metrics]`), `sense`, `inference`, `rightsize`, `contention`, `network`; each holds the
+//! `[metrics]`), `sense`, `inference`, `rightsize`, `contention`, `network`, `batch`, `slurm`; each holds the
 //! section's public type, its defaults, its `Raw*` form and its check. `value` holds the checks
 //! they share, `error` the errors and how parser messages become them. Everything public is
 //! re-exported here: `lodger::config::X` is the one path.
@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 use toml::de::DeTable;
 use toml::Spanned;
 
+mod batch;
 mod cgroup;
 mod contention;
 mod daemon;
@@ -33,11 +34,13 @@ mod node;
 mod reload;
 mod rightsize;
 mod sense;
+mod slurm;
 #[cfg(test)]
 mod tests;
 mod training;
 mod value;
 
+pub use batch::{BatchConfig, BatchPolicy};
 pub use cgroup::{CgroupConfig, CgroupDriver, PidJobs};
 pub use contention::ContentionSection;
 pub use daemon::{
@@ -52,10 +55,12 @@ pub use rightsize::{RightsizeConfig, RightsizeMode};
 pub use sense::{
     GpuSourceChoice, SenseConfig, HISTORY_RANGE, PERF_MAX_FDS_RANGE, SENSE_INTERVAL_MS_RANGE,
 };
+pub use slurm::{SlurmConfig, SlurmKind, SlurmRule};
 pub use training::{
     TrainingConfig, TrainingPolicy, RT_BUDGET_US_RANGE, RT_PERIOD_US, RT_PRIORITY_RANGE,
 };
 
+use batch::RawBatch;
 use cgroup::RawCgroup;
 use contention::RawContention;
 use daemon::{RawAgent, RawApi, RawLog, RawMetrics};
@@ -64,6 +69,7 @@ use network::RawNetwork;
 use node::RawNode;
 use rightsize::RawRightsize;
 use sense::RawSense;
+use slurm::RawSlurm;
 use training::RawTraining;
 
 /// Where lodgerd looks for its config unless told otherwise.
@@ -85,6 +91,8 @@ pub struct Config {
     pub rightsize: RightsizeConfig,
     pub contention: ContentionSection,
     pub network: NetworkSection,
+    pub batch: BatchConfig,
+    pub slurm: SlurmConfig,
     /// Where each value came from, so later checks can point at the line.
     #[serde(skip)]
     source: Source,
@@ -107,6 +115,8 @@ impl PartialEq for Config {
             rightsize,
             contention,
             network,
+            batch,
+            slurm,
             source: _,
         } = self;
         *node == other.node
@@ -121,6 +131,8 @@ impl PartialEq for Config {
             && *rightsize == other.rightsize
             && *contention == other.contention
             && *network == other.network
+            && *batch == other.batch
+            && *slurm == other.slurm
     }
 }
 
@@ -205,6 +217,8 @@ struct RawConfig {
     rightsize: Option<RawRightsize>,
     contention: Option<RawContention>,
     network: Option<RawNetwork>,
+    batch: Option<RawBatch>,
+    slurm: Option<RawSlurm>,
 }
 
 /// The file being checked.
@@ -265,6 +279,8 @@ impl Cx<'_> {
         let rightsize = self.rightsize(raw.rightsize)?;
         let contention = self.contention(raw.contention)?;
         let network = self.network(raw.network)?;
+        let batch = self.batch(raw.batch)?;
+        let slurm = self.slurm(raw.slurm)?;
         Ok(Config {
             node,
             training,
@@ -278,6 +294,8 @@ impl Cx<'_> {
             rightsize,
             contention,
             network,
+            batch,
+            slurm,
             source: Source {
                 path: Some(self.path.to_path_buf()),
                 lines: self.lines,

@@ -96,6 +96,14 @@ pub fn reload(running: &Config, new: &Config, network_live: bool) -> (Config, Re
     sense_rest.deadline_ms = running.sense.deadline_ms;
     let mut agent_rest = new.agent.clone();
     agent_rest.interval_ms = running.agent.interval_ms;
+    if new.slurm.rules != running.slurm.rules {
+        // The prolog reads them from the file at every run; lodgerd only keeps the text.
+        next.slurm.rules = new.slurm.rules.clone();
+        r.applied
+            .push("[[slurm.rule]] (read by the next prolog)".to_string());
+    }
+    let mut slurm_rest = new.slurm.clone();
+    slurm_rest.rules = running.slurm.rules.clone();
     let mut training_rest = new.training.clone();
     training_rest.rt_headroom_percent = running.training.rt_headroom_percent;
     let refused = [
@@ -117,6 +125,8 @@ pub fn reload(running: &Config, new: &Config, network_live: bool) -> (Config, Re
         ),
         ("[metrics]", new.metrics != running.metrics),
         ("[inference]", new.inference != running.inference),
+        ("[batch]", new.batch != running.batch),
+        ("[slurm] (but [[slurm.rule]])", slurm_rest != running.slurm),
         (
             "[network] (shaping was off at start: a restart turns it on)",
             network_refused,
@@ -214,5 +224,20 @@ mod tests {
             r.refused,
             ["[network] (shaping was off at start: a restart turns it on)"]
         );
+    }
+
+    #[test]
+    fn slurm_rules_are_taken_and_batch_and_cgroup_paths_need_a_restart() {
+        let running = parse("");
+        let new = parse(
+            "[batch]\npolicy = \"batch\"\n[slurm]\nappear_timeout_seconds = 60\n\
+             [[slurm.rule]]\npartition = \"debug\"\nkind = \"leave\"\n",
+        );
+        let (next, r) = reload(&running, &new, false);
+        assert_eq!(next.slurm.rules, new.slurm.rules);
+        assert_eq!(next.slurm.appear_timeout_seconds, 600);
+        assert_eq!(next.batch, running.batch);
+        assert_eq!(r.applied, ["[[slurm.rule]] (read by the next prolog)"]);
+        assert_eq!(r.refused, ["[batch]", "[slurm] (but [[slurm.rule]])"]);
     }
 }

@@ -125,6 +125,17 @@ fn shipped_file_lists_every_key() {
                 ["interface", "line_rate_mbit"]
             );
         }
+        if section.get_ref() == "slurm" {
+            // [[slurm.rule]] likewise.
+            want.retain(|k| k != "rule");
+            assert!(SHIPPED.contains(
+                "#   [[slurm.rule]]\n#   partition = \"interactive\"\n#   kind = \"leave\""
+            ));
+            assert_eq!(
+                expected_by_schema("[[slurm.rule]]\nzzz = 1\n"),
+                ["account", "kind", "partition"]
+            );
+        }
         assert_eq!(keys_of(table), want, "[{}]", section.get_ref());
     }
 }
@@ -319,12 +330,12 @@ fn bad_input_names_file_line_and_key() {
         (
             "foo = 1\n",
             "/etc/lodger/lodger.toml:1: unknown key 'foo' at the top level; expected one of \
-             node, training, agent, api, cgroup, log, sense, metrics, inference, rightsize, contention, network",
+             node, training, agent, api, cgroup, log, sense, metrics, inference, rightsize, contention, network, batch, slurm",
         ),
         (
             "[agent]\ninterval_ms = 100\n\n[agnet]\n",
             "/etc/lodger/lodger.toml:4: unknown key 'agnet' at the top level; expected one \
-             of node, training, agent, api, cgroup, log, sense, metrics, inference, rightsize, contention, network",
+             of node, training, agent, api, cgroup, log, sense, metrics, inference, rightsize, contention, network, batch, slurm",
         ),
         (
             "[agent]\nstate_dir = \"/x\"\nintervall = 5\n",

@@ -22,7 +22,7 @@ pub use self::sched::SchedError;
 pub use self::training::rtgroup::{RtGrant, RtGroupError};
 pub use self::training::{
     CgroupJobRecord, CgroupMode, EnforceError, Enforcer, JobRecord, Outcome, PidJobRecord,
-    RootProcess, SavedCpuset, TrackedProcess,
+    RootProcess, SavedCpuset, SlurmCgroup, SlurmJobRecord, TrackedProcess,
 };
 pub use crate::sys::cgroupfs::{CgroupDriver, CgroupError, CgroupVersion};
 
@@ -80,9 +80,23 @@ pub struct EnforceSettings {
     pub allow_unthrottled_rt: bool,
     /// Grant this RT budget to v1 cpu cgroups that have none (`training.grant_rt_budget_us`).
     pub grant_rt_budget_us: Option<u64>,
-    /// The scheduling class training threads get (`training.policy`).
+    /// The scheduling class the job's threads get (`training.policy`; a batch enforcer's
+    /// `batch.policy`).
     pub class: TrainingClass,
+    /// Where Slurm jobs' cgroups are (`slurm.cgroup_paths`): `{job}` and `{uid}` templates.
+    pub slurm_cgroups: Vec<String>,
 }
+
+/// Where Slurm's task/cgroup plugin puts a job: cgroup v2 (Slurm 22.05 to 26.05 alike, under the
+/// slurmstepd scope), then v1's cpuset hierarchy; each as upstream builds name it, then as
+/// Debian's do (built for several slurmd per host, they put the node's name in: `{node}`).
+/// Job directories are named by the numeric job id in every version, SLUID-era ones included.
+pub const DEFAULT_SLURM_CGROUPS: &[&str] = &[
+    "/system.slice/slurmstepd.scope/job_{job}",
+    "/system.slice/{node}_slurmstepd.scope/job_{job}",
+    "/slurm/uid_{uid}/job_{job}",
+    "/slurm_{node}/uid_{uid}/job_{job}",
+];
 
 /// The scheduling class of training threads (`training.policy`, `training.role_priorities`,
 /// `training.other_nice`).
@@ -94,6 +108,9 @@ pub enum TrainingClass {
     Rr { roles: bool },
     /// SCHED_OTHER at this nice value.
     Other { nice: i32 },
+    /// A lodger (batch jobs): never real-time; SCHED_BATCH when `sched_batch`, else the
+    /// SCHED_OTHER it runs at (a real-time thread is put back to it).
+    Lodger { sched_batch: bool },
 }
 
 impl Default for TrainingClass {
@@ -114,6 +131,10 @@ impl Default for EnforceSettings {
             allow_unthrottled_rt: false,
             grant_rt_budget_us: None,
             class: TrainingClass::default(),
+            slurm_cgroups: DEFAULT_SLURM_CGROUPS
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
         }
     }
 }

@@ -199,6 +199,49 @@ pub fn revert_rr(tid: u32) -> Result<bool, SchedError> {
     }
 }
 
+/// A lodger's thread: never real-time; with `sched_batch` SCHED_BATCH, else the SCHED_OTHER a
+/// real-time or SCHED_BATCH thread is put back to (SCHED_IDLE, the owner's choice, is kept).
+/// Nice values are kept. `Ok(None)` when the thread exited, else whether something was written.
+pub fn ensure_lodger(tid: u32, sched_batch: bool) -> Result<Option<bool>, SchedError> {
+    let policy = match policy_of(tid) {
+        Ok((policy, _)) => policy,
+        Err(Errno::ESRCH) => return Ok(None),
+        Err(errno) => return Err(SchedError::GetScheduler { tid, errno }),
+    };
+    let want = if sched_batch {
+        libc::SCHED_BATCH
+    } else {
+        libc::SCHED_OTHER
+    };
+    // SCHED_IDLE, and without `sched_batch` SCHED_BATCH, are the owner's own choice: lower
+    // already than what lodger would give.
+    let keep = policy == want
+        || policy == libc::SCHED_IDLE
+        || (policy == libc::SCHED_BATCH && !sched_batch);
+    if keep {
+        return Ok(Some(false));
+    }
+    match set_policy(tid, want, 0) {
+        Ok(()) => Ok(Some(true)),
+        Err(Errno::ESRCH) => Ok(None),
+        Err(errno) => Err(SchedError::Revert { tid, errno }),
+    }
+}
+
+/// Returns a SCHED_BATCH thread (set by [`ensure_lodger`]) to SCHED_OTHER, nice kept.
+pub fn revert_batch(tid: u32) -> Result<bool, SchedError> {
+    match policy_of(tid) {
+        Ok((policy, _)) if policy == libc::SCHED_BATCH => {}
+        Ok(_) | Err(Errno::ESRCH) => return Ok(false),
+        Err(errno) => return Err(SchedError::GetScheduler { tid, errno }),
+    }
+    match set_policy(tid, libc::SCHED_OTHER, 0) {
+        Ok(()) => Ok(true),
+        Err(Errno::ESRCH) => Ok(false),
+        Err(errno) => Err(SchedError::Revert { tid, errno }),
+    }
+}
+
 /// A thread's nice value (`getpriority(PRIO_PROCESS, tid)`).
 pub fn nice_of(tid: u32) -> Result<i32, Errno> {
     let id = libc::id_t::try_from(tid).map_err(|_| Errno::ESRCH)?;

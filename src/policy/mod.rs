@@ -1,6 +1,7 @@
 //! Pure decisions: plain data in, a `Plan` out. No I/O, no clock; time and observations are
 //! arguments.
 
+pub mod batch;
 pub mod consolidate;
 pub mod contention;
 mod cores;
@@ -40,6 +41,9 @@ pub struct TrainingJobView {
     pub cores: u32,
     /// GPU indices (PCI bus order).
     pub gpus: Vec<u32>,
+    /// The CPUs someone else confines the job to (a Slurm job's cpuset): its placement is
+    /// taken from them only. `None`: anywhere on the node.
+    pub within: Option<CpuSet>,
 }
 
 /// Cloud Reamer §III-A: consolidates each training job onto its own set of cores, keeping the
@@ -71,7 +75,8 @@ pub fn decide(
             continue;
         };
         let same_size = u32::try_from(prev.cpus.len()) == Ok(job.cores);
-        if same_size && prev.cpus.is_subset(&usable) && prev.cpus.is_disjoint(&taken) {
+        let inside = job.within.as_ref().map_or(true, |w| prev.cpus.is_subset(w));
+        if same_size && inside && prev.cpus.is_subset(&usable) && prev.cpus.is_disjoint(&taken) {
             taken = taken.union(&prev.cpus);
             plan.training
                 .insert(job.id.clone(), placement(topo, prev.cpus.clone()));
@@ -87,7 +92,7 @@ pub fn decide(
             cores: job.cores,
             gpus: &job.gpus,
         };
-        match consolidate::place(topo, reserved, &taken, &ask) {
+        match consolidate::place(topo, &off_limits(topo, reserved, job), &taken, &ask) {
             Ok(cpus) => {
                 taken = taken.union(&cpus);
                 plan.training.insert(job.id.clone(), placement(topo, cpus));
@@ -105,10 +110,18 @@ pub fn decide(
         };
         plan.unplaced.insert(
             job.id.clone(),
-            consolidate::shortfall(topo, reserved, &taken, &ask),
+            consolidate::shortfall(topo, &off_limits(topo, reserved, job), &taken, &ask),
         );
     }
     plan
+}
+
+/// The CPUs a job may not be placed on: the reserved ones, and those outside its confinement.
+fn off_limits(topo: &Topology, reserved: &CpuSet, job: &TrainingJobView) -> CpuSet {
+    match &job.within {
+        Some(w) => reserved.union(&topo.online().difference(w)),
+        None => reserved.clone(),
+    }
 }
 
 fn placement(topo: &Topology, cpus: CpuSet) -> Placement {
@@ -133,6 +146,7 @@ mod tests {
             id: JobId::from_seq(seq),
             cores,
             gpus: gpus.to_vec(),
+            within: None,
         }
     }
 

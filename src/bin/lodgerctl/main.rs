@@ -9,6 +9,7 @@ use zbus::zvariant::{OwnedValue, Value};
 use lodger::api::proxy::ManagerProxy;
 use lodger::cli::lodgerctl::{Cli, Command, InferenceArgs, OwnerArgs, Register, UnregisterArgs};
 
+mod slurm;
 mod top;
 
 /// A failure, with the exit code it maps to.
@@ -195,6 +196,27 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             let spec = inference_spec("offline", &a.common)?;
             register_and_show(&proxy, spec, cli.json, inference_summary).await?;
         }
+        Command::Register(Register::Batch(a)) => {
+            let mut spec: HashMap<&str, Value<'_>> = HashMap::new();
+            spec.insert("kind", Value::from("batch"));
+            if let Some(c) = &a.cgroup {
+                spec.insert("cgroup", Value::from(c.as_str()));
+            } else {
+                spec.insert("pids", Value::from(a.pid.clone()));
+            }
+            if let Some(n) = a.cores {
+                spec.insert("cores", Value::from(n));
+            }
+            if let Some(n) = &a.name {
+                spec.insert("name", Value::from(n.as_str()));
+            }
+            if let Some(uid) = owner_uid(&a.owner)? {
+                spec.insert("owner", Value::from(uid));
+            }
+            register_and_show(&proxy, spec, cli.json, training_summary).await?;
+        }
+        // Handled in `main`, before connecting: they must exit 0 whatever happens.
+        Command::Slurm(_) => {}
         Command::Register(Register::Training(a)) => {
             let mut spec: HashMap<&str, Value<'_>> = HashMap::new();
             spec.insert("kind", Value::from("training"));
@@ -610,6 +632,11 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Command::Slurm(cmd) = cli.command {
+        rt.block_on(slurm::run(cmd, cli.session));
+        // Never a failure: a failing prolog or epilog drains the node (docs/slurm.md).
+        return ExitCode::SUCCESS;
+    }
     match rt.block_on(run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(f) => {

@@ -21,6 +21,7 @@ pub mod record;
 mod roles;
 mod rr;
 pub mod rtgroup;
+pub mod slurm_jobs;
 
 #[cfg(test)]
 mod tests;
@@ -32,13 +33,15 @@ use tracing::{debug, warn};
 
 pub use self::error::EnforceError;
 pub use self::record::{
-    CgroupJobRecord, JobRecord, PidJobRecord, RootProcess, SavedCpuset, TrackedProcess,
+    CgroupJobRecord, JobRecord, PidJobRecord, RootProcess, SavedCpuset, SlurmJobRecord,
+    TrackedProcess,
 };
 use self::rr::RrSweep;
 use self::rtgroup::RtGroups;
+pub use self::slurm_jobs::SlurmCgroup;
 use super::cpusets::{self, CpusetFile, CpusetHierarchy};
 use super::sched;
-use super::{EnforceSettings, PidPinning, PinMethod};
+use super::{EnforceSettings, PidPinning, PinMethod, TrainingClass};
 use crate::cpuset::CpuSet;
 use crate::job::{JobId, Target};
 use crate::sys::cgroupfs::{self as cgroup, CgroupError, CgroupVersion};
@@ -73,9 +76,13 @@ pub struct Outcome {
     /// Threads in the configured class: SCHED_RR at the configured priority (or one above, by
     /// role), or SCHED_OTHER at the configured nice under `policy = "other"`.
     pub rr_threads: u32,
-    /// False when no process of the job is left.
+    /// False when no process of the job is left (a Slurm job: when its cgroup is gone).
     pub alive: bool,
     pub warnings: Vec<String>,
+    /// A Slurm job whose cgroup does not exist yet: what it waits for.
+    pub waiting: Option<String>,
+    /// Processes bound more narrowly by their user, left on their CPUs (Slurm jobs).
+    pub bound: u32,
 }
 
 /// Buffers kept between applies, so the steady path does not allocate per process or thread.
@@ -130,7 +137,8 @@ impl Enforcer {
             }
         };
         if let Ok(Some(-1)) = sched::node_rt_runtime_us(&settings.proc_root) {
-            if !settings.allow_unthrottled_rt {
+            if !settings.allow_unthrottled_rt && matches!(settings.class, TrainingClass::Rr { .. })
+            {
                 warn!(
                     "kernel.sched_rt_runtime_us is -1: SCHED_RR will be refused for training jobs \
                      (set training.allow_unthrottled_rt = true to allow it)"
@@ -195,6 +203,7 @@ impl Enforcer {
         let JobRecord {
             cgroup: cgroup_rec,
             pids: pid_rec,
+            slurm: slurm_rec,
             rt_grants,
         } = record;
         let mut rr = RrSweep::new(self, rt_grants);
@@ -206,6 +215,7 @@ impl Enforcer {
                 self.apply_cgroup(path, cpus, mems, cgroup_rec, s, &mut rr, &mut out)
             }
             Target::Instances => return Err(EnforceError::NotPinned),
+            Target::Slurm(job) => self.apply_slurm(job, cpus, slurm_rec, s, &mut rr, &mut out),
             Target::Pids(roots) => {
                 if cgroup_rec.is_some() {
                     return Err(mismatch(id, "cgroup", "pids"));
@@ -253,7 +263,10 @@ impl Enforcer {
         if let Some(rec) = &record.pids {
             self.release_pids(rec, s, &mut errors);
         }
-        if record.cgroup.is_none() && record.pids.is_none() {
+        if let Some(rec) = &record.slurm {
+            self.release_slurm(rec, s, &mut errors);
+        }
+        if record.cgroup.is_none() && record.pids.is_none() && record.slurm.is_none() {
             debug!(job = %id, ?target, "nothing recorded to release");
         }
         for e in self.rt_groups.revert(&record.rt_grants) {

@@ -140,6 +140,7 @@ impl Enforcer {
                 ppid: st.ppid,
                 original_cgroup: None,
                 original_affinity: None,
+                bound: false,
             };
             match rec.pinning {
                 PinMethod::Cgroup => {

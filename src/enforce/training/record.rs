@@ -15,6 +15,9 @@ pub struct JobRecord {
     pub cgroup: Option<CgroupJobRecord>,
     /// A job registered by pids.
     pub pids: Option<PidJobRecord>,
+    /// A Slurm job (registered by lodger's prolog).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slurm: Option<SlurmJobRecord>,
     /// RT budgets lodger granted to v1 cpu cgroups, in the order written.
     pub rt_grants: Vec<RtGrant>,
 }
@@ -65,6 +68,16 @@ impl Default for PidJobRecord {
     }
 }
 
+/// A Slurm job: where its cgroup was found and the processes pinned in it.
+#[derive(Serialize, Deserialize, Default, Clone, Debug, PartialEq)]
+#[serde(default)]
+pub struct SlurmJobRecord {
+    /// The job's cgroup once found; its removal then ends the job.
+    pub cgroup: Option<String>,
+    /// Its processes at the last apply, sorted by pid, with the masks to give back.
+    pub processes: Vec<TrackedProcess>,
+}
+
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RootProcess {
     pub pid: u32,
@@ -83,4 +96,8 @@ pub struct TrackedProcess {
     /// Affinity pinning: its CPU mask before lodger set one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub original_affinity: Option<CpuSet>,
+    /// Bound by its user (or Slurm's task/affinity) more narrowly than its job's cpuset: lodger
+    /// keeps the binding and sets only the scheduling class.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub bound: bool,
 }

@@ -83,6 +83,11 @@ impl Enforcer {
                 if let Err(e) = sched::revert_rr(tid) {
                     errors.push(e.into());
                 }
+                if let TrainingClass::Lodger { sched_batch: true } = self.settings.class {
+                    if let Err(e) = sched::revert_batch(tid) {
+                        errors.push(e.into());
+                    }
+                }
                 if let TrainingClass::Other { nice } = self.settings.class {
                     // Only the value lodger set: a nice the owner chose since is theirs.
                     if nice != 0 && sched::nice_of(tid) == Ok(nice) {
@@ -181,6 +186,19 @@ impl<'a> RrSweep<'a> {
         true
     }
 
+    /// A batch job's thread: SCHED_BATCH or SCHED_OTHER, never real-time. Returns false when it
+    /// is gone.
+    fn lodger(&mut self, tid: u32, sched_batch: bool) -> bool {
+        match sched::ensure_lodger(tid, sched_batch) {
+            Ok(None) => return false,
+            Ok(Some(changed)) => self.changed |= changed,
+            Err(e) => self.errors.push(e.into()),
+        }
+        self.threads += 1;
+        self.rr += 1;
+        true
+    }
+
     /// Read once per apply, and only when some thread needs changing: it can change at run time.
     fn refused(&mut self) -> bool {
         if let Some(r) = self.refused {
@@ -210,8 +228,10 @@ impl<'a> RrSweep<'a> {
 
     /// One thread; returns false when it is gone.
     fn thread(&mut self, pid: u32, tid: u32, role: Role) -> bool {
-        if let TrainingClass::Other { nice } = self.enforcer.settings.class {
-            return self.other(tid, nice);
+        match self.enforcer.settings.class {
+            TrainingClass::Other { nice } => return self.other(tid, nice),
+            TrainingClass::Lodger { sched_batch } => return self.lodger(tid, sched_batch),
+            TrainingClass::Rr { .. } => {}
         }
         let priority = self.priority(role);
         match sched::needs_rr(tid, priority) {

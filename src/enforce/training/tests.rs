@@ -423,6 +423,7 @@ fn settings_are_checked() {
 fn record_survives_serialization() {
     let record = JobRecord {
         cgroup: None,
+        slurm: None,
         pids: Some(PidJobRecord {
             pinning: PinMethod::Cgroup,
             cgroup: Some("/lodger/j3".into()),
@@ -438,6 +439,7 @@ fn record_survives_serialization() {
                     ppid: 1,
                     original_cgroup: Some("/".into()),
                     original_affinity: None,
+                    bound: false,
                 },
                 TrackedProcess {
                     pid: 12,
@@ -445,6 +447,7 @@ fn record_survives_serialization() {
                     ppid: 10,
                     original_cgroup: None,
                     original_affinity: Some(set("0-3,8")),
+                    bound: false,
                 },
             ],
             rescan: true,

@@ -453,6 +453,7 @@ fn placement_after_a_training_job_arrives_and_leaves() {
         id: id(7),
         cores: 8,
         gpus: vec![0],
+        within: None,
     }];
     let training = training_cpus(&decide(&topo, &reserved, &small, &Plan::default()));
     assert_eq!(training.to_string(), "1-4,33-36");
@@ -464,6 +465,7 @@ fn placement_after_a_training_job_arrives_and_leaves() {
         id: id(7),
         cores: 24,
         gpus: vec![0],
+        within: None,
     }];
     let training = training_cpus(&decide(&topo, &reserved, &large, &Plan::default()));
     assert_eq!(training.to_string(), "1-12,33-44");
@@ -583,6 +585,7 @@ fn fixture_topologies() {
             id: id(1),
             cores: train_cores,
             gpus: vec![4.min(u32::try_from(topo.gpus.len()).unwrap().saturating_sub(1))],
+            within: None,
         }];
         let training_plan = decide(&topo, &reserved, &jobs, &Plan::default());
         let training = training_cpus(&training_plan);
@@ -1038,6 +1041,7 @@ proptest! {
                         id: id(seq),
                         cores: cores % (ncpus / 2 + 1) + 1,
                         gpus: vec![u32::from(gpu % 8)],
+                        within: None,
                     });
                 }
                 Op::RemoveTraining(i) if !training_jobs.is_empty() => {
@@ -1098,7 +1102,7 @@ proptest! {
         let jobs: Vec<TrainingJobView> = train_cores
             .iter()
             .enumerate()
-            .map(|(i, &c)| TrainingJobView { id: id(i as u64 + 1), cores: 2 * c, gpus: vec![0] })
+            .map(|(i, &c)| TrainingJobView { id: id(i as u64 + 1), cores: 2 * c, gpus: vec![0], within: None })
             .collect();
         let training = training_cpus(&decide(&topo, &CpuSet::new(), &jobs, &Plan::default()));
         let k = 2 * half_cores;

@@ -1,0 +1,188 @@
+//! Batch jobs (a user's CPU-only work lodger did not start: data preparation, feature
+//! extraction; SODA §V-E's noisy neighbours): placed each tick on the cores training and online
+//! inference leave, inside a Slurm job's own cpuset, cut when contention control halves their
+//! cores, their threads SCHED_OTHER or SCHED_BATCH through a second enforcer. Touches
+//! enforcement (through [`Enforce`]) and the jobs lent by the tick.
+
+use tracing::{debug, info, warn};
+
+use super::training::{Enforce, Gone};
+use super::{Event, TickCx};
+use crate::cpuset::CpuSet;
+use crate::enforce::network::node::CpuJob;
+use crate::job::{JobId, JobKind, JobState, Target};
+use crate::policy::batch::{self, BatchJobView};
+use crate::policy::contention::Throttles;
+use crate::policy::inference::training_cpus;
+
+/// Keeps batch jobs on the leftover cores, in their class.
+pub(super) struct Batch {
+    pub(super) enforcer: Box<dyn Enforce>,
+}
+
+impl Batch {
+    pub(super) fn new(enforcer: Box<dyn Enforce>) -> Self {
+        Self { enforcer }
+    }
+
+    /// The cores batch jobs may use: the node's, minus the reserved, training's and online
+    /// inference's (offline instances share them).
+    pub(super) fn leftover(cx: &TickCx<'_>) -> CpuSet {
+        cx.topology
+            .online()
+            .difference(cx.reserved)
+            .difference(&training_cpus(&cx.state.plan))
+            .difference(&cx.state.inference.online_cpus())
+    }
+
+    /// Places every batch job and makes its processes match. Returns whether anything persisted
+    /// changed, and the jobs that ended.
+    pub(super) fn tick(&mut self, cx: &mut TickCx<'_>, throttles: &Throttles) -> (bool, Gone) {
+        let leftover = Self::leftover(cx);
+        let views: Vec<BatchJobView> = cx
+            .state
+            .jobs
+            .values()
+            .filter(|s| s.job.spec.kind == JobKind::Batch && !cx.slurm.waits(&s.job.id))
+            .map(|s| {
+                let own = (s.job.spec.cores > 0).then_some(s.job.spec.cores);
+                let cut = throttles.cores.get(&s.job.id).copied();
+                BatchJobView {
+                    id: s.job.id.clone(),
+                    within: cx.slurm.cpus(&s.job.id),
+                    cap: match (own, cut) {
+                        (Some(a), Some(b)) => Some(a.min(b)),
+                        (a, b) => a.or(b),
+                    },
+                }
+            })
+            .collect();
+        let plan = batch::place(cx.topology, &leftover, &views);
+        let ids: Vec<JobId> = cx
+            .state
+            .jobs
+            .values()
+            .filter(|s| s.job.spec.kind == JobKind::Batch)
+            .map(|s| s.job.id.clone())
+            .collect();
+        let mut dirty = false;
+        let mut gone = Vec::new();
+        for id in ids {
+            let waiting = cx.slurm.waiting(&id);
+            let Some(stored) = cx.state.jobs.get_mut(&id) else {
+                continue;
+            };
+            let before = stored.clone();
+            match (waiting, plan.get(&id)) {
+                (Some(Ok(why)), _) => {
+                    stored.job.state = JobState::Pending;
+                    stored.job.last_error = Some(why);
+                }
+                (Some(Err(why)), _) => gone.push((id.clone(), why)),
+                (None, Some(Ok(p))) => {
+                    stored.job.cpus = p.cpus.clone();
+                    stored.job.mems = p.mems.clone();
+                    let result =
+                        self.enforcer
+                            .apply(&id, &stored.job.spec.target, p, &mut stored.record);
+                    match result {
+                        Ok(o) if !o.alive => {
+                            gone.push((id.clone(), "its last process exited".to_string()))
+                        }
+                        Ok(o) => {
+                            stored.job.pids = o.pids;
+                            stored.job.threads = o.threads;
+                            stored.job.rr_threads = o.rr_threads;
+                            stored.job.state = JobState::Running;
+                            stored.job.last_error = o.waiting;
+                            for w in o.warnings {
+                                debug!(job = %id, "{w}");
+                            }
+                        }
+                        Err(e) if e.is_gone() => gone.push((id.clone(), e.to_string())),
+                        Err(e) => {
+                            if stored.job.last_error.as_deref() != Some(&e.to_string()) {
+                                warn!(job = %id, "batch enforcement failed: {e}");
+                            }
+                            stored.job.state = JobState::Error;
+                            stored.job.last_error = Some(e.to_string());
+                        }
+                    }
+                }
+                (None, Some(Err(why))) => {
+                    // Left where it runs: lodger never puts it on training's cores.
+                    stored.job.state = JobState::Error;
+                    stored.job.last_error = Some(format!("not placed: {why}"));
+                }
+                (None, None) => {}
+            }
+            if *stored != before {
+                let mut a = stored.clone();
+                a.job.threads = before.job.threads;
+                a.job.rr_threads = before.job.rr_threads;
+                dirty |= a != before;
+                if stored.job.state != before.job.state {
+                    cx.events
+                        .push(Event::JobChanged(id.clone(), stored.job.state));
+                }
+            }
+        }
+        (dirty, gone)
+    }
+
+    /// Forgets the batch jobs that ended and gives their processes back. Returns whether any was.
+    pub(super) fn reap(&mut self, cx: &mut TickCx<'_>, gone: Gone) -> bool {
+        let mut dirty = false;
+        for (id, why) in gone {
+            if let Some(stored) = cx.state.jobs.remove(&id) {
+                self.release_quietly(&id, &stored.job.spec.target, &stored.record);
+                info!(job = %id, "batch job ended ({why})");
+                cx.events
+                    .push(Event::JobChanged(id.clone(), JobState::Exited));
+                cx.events.push(Event::JobRemoved(id));
+                dirty = true;
+            }
+        }
+        dirty
+    }
+
+    pub(super) fn release_quietly(
+        &mut self,
+        id: &JobId,
+        target: &Target,
+        record: &crate::enforce::JobRecord,
+    ) {
+        if let Err(e) = self.enforcer.release(id, target, record) {
+            warn!(job = %id, "cleanup incomplete: {e}");
+        }
+    }
+
+    /// Batch jobs' processes for network shaping: their traffic goes in the CPU jobs' class.
+    pub(super) fn cpu_jobs(cx: &TickCx<'_>) -> Vec<CpuJob> {
+        cx.state
+            .jobs
+            .values()
+            .filter(|s| s.job.spec.kind == JobKind::Batch)
+            .map(|s| CpuJob {
+                job: s.job.id.clone(),
+                pids: s.job.pids.clone(),
+                cgroups: match &s.job.spec.target {
+                    Target::Cgroup(c) => vec![c.clone()],
+                    Target::Slurm(_) => cx
+                        .slurm
+                        .cgroup(&s.job.id)
+                        .map(String::from)
+                        .into_iter()
+                        .collect(),
+                    _ => s
+                        .record
+                        .pids
+                        .as_ref()
+                        .and_then(|p| p.cgroup.clone())
+                        .into_iter()
+                        .collect(),
+                },
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,215 @@
+//! Batch and Slurm jobs through the agent (issue 18): leftover cores, caps, a Slurm job's cgroup
+//! awaited, found, confined and gone, and who may register one. The fake enforcer and node are
+//! `tests.rs`'s.
+
+use super::registry::Change;
+use super::tests::{spec, Rig};
+use super::{AgentError, Caller};
+use crate::cpuset::CpuSet;
+use crate::enforce::SlurmCgroup;
+use crate::job::{JobKind, JobSpec, JobState, SlurmJob, Target};
+
+fn set(list: &str) -> CpuSet {
+    CpuSet::parse(list).unwrap()
+}
+
+fn batch(pids: Vec<u32>, cores: u32) -> JobSpec {
+    JobSpec {
+        kind: JobKind::Batch,
+        ..spec(pids, cores)
+    }
+}
+
+fn slurm(kind: JobKind, job_id: u64) -> JobSpec {
+    JobSpec {
+        kind,
+        target: Target::Slurm(SlurmJob {
+            job_id,
+            uid: 0,
+            node: None,
+        }),
+        ..spec(vec![], 0)
+    }
+}
+
+#[test]
+fn batch_jobs_get_the_cores_training_leaves_and_grow_when_it_goes() {
+    let rig = Rig::new();
+    rig.spawn(100);
+    rig.spawn(200);
+    let mut agent = rig.agent();
+    let training = agent.register(spec(vec![100], 4), 1000).unwrap();
+    let b = agent.register(batch(vec![200], 0), 1000).unwrap();
+    let jobs = agent.jobs();
+    let (t_cpus, b_cpus) = (&jobs[&training.id].cpus, &jobs[&b.id].cpus);
+    assert_eq!(jobs[&b.id].state, JobState::Running);
+    assert!(t_cpus.is_disjoint(b_cpus), "{t_cpus} / {b_cpus}");
+    assert!(
+        !b_cpus.contains(0) && !b_cpus.contains(8),
+        "reserved: {b_cpus}"
+    );
+    assert_eq!(b_cpus.len() + t_cpus.len(), 14, "every other CPU: {b_cpus}");
+    assert_eq!(rig.node.lock().unwrap().applied[&b.id], *b_cpus);
+
+    agent.unregister(training.id.as_str()).unwrap();
+    agent.tick();
+    assert_eq!(agent.jobs()[&b.id].cpus, set("1-7,9-15"));
+
+    // Its last process gone, the batch job is released and forgotten.
+    rig.kill(200);
+    agent.tick();
+    assert!(!agent.jobs().contains_key(&b.id));
+    assert!(rig.node.lock().unwrap().released.contains(&b.id));
+}
+
+#[test]
+fn a_batch_job_is_cut_to_its_cap_in_whole_cores() {
+    let rig = Rig::new();
+    rig.spawn(200);
+    let mut agent = rig.agent();
+    let b = agent.register(batch(vec![200], 2), 1000).unwrap();
+    let cpus = agent.jobs()[&b.id].cpus.clone();
+    assert_eq!(cpus.len(), 2);
+    // One physical core: a CPU and its SMT sibling (CPU n and n + 8 here).
+    let first = cpus.first().unwrap();
+    assert_eq!(cpus, set(&format!("{first},{}", first + 8)));
+}
+
+#[test]
+fn a_batch_job_needs_its_processes_and_names_no_gpu() {
+    let rig = Rig::new();
+    let mut agent = rig.agent();
+    let err = agent.register(batch(vec![300], 0), 1000).unwrap_err();
+    assert!(
+        err.to_string().contains("process 300 does not exist"),
+        "{err}"
+    );
+    rig.spawn(300);
+    let mut with_gpu = batch(vec![300], 0);
+    with_gpu.gpus = vec![0];
+    let err = agent.register(with_gpu, 1000).unwrap_err();
+    assert!(matches!(err, AgentError::InvalidSpec(_)), "{err}");
+}
+
+#[test]
+fn a_slurm_training_job_waits_for_its_cgroup_then_runs_inside_its_cpuset_until_it_goes() {
+    let rig = Rig::new();
+    let mut agent = rig.agent();
+    let job = agent.register(slurm(JobKind::Training, 42), 1000).unwrap();
+    let seen = &agent.jobs()[&job.id];
+    assert_eq!(seen.state, JobState::Pending);
+    assert!(
+        seen.last_error
+            .as_deref()
+            .unwrap_or("")
+            .contains("waiting for Slurm job 42"),
+        "{:?}",
+        seen.last_error
+    );
+    // The owner's uid names the v1 cgroup.
+    assert!(matches!(&seen.spec.target, Target::Slurm(j) if j.uid == 1000));
+
+    rig.node.lock().unwrap().slurm.insert(
+        42,
+        SlurmCgroup {
+            path: "/system.slice/slurmstepd.scope/job_42".into(),
+            cpus: Some(set("4-7,12-15")),
+        },
+    );
+    agent.tick();
+    let seen = &agent.jobs()[&job.id];
+    assert_eq!(seen.state, JobState::Running, "{:?}", seen.last_error);
+    assert_eq!(
+        seen.cpus,
+        set("4-7,12-15"),
+        "no count given: its whole cpuset"
+    );
+
+    rig.node.lock().unwrap().slurm.remove(&42);
+    agent.tick();
+    assert!(
+        !agent.jobs().contains_key(&job.id),
+        "its cgroup gone, the job is over"
+    );
+    assert!(rig.node.lock().unwrap().released.contains(&job.id));
+}
+
+#[test]
+fn a_slurm_job_is_placed_on_part_of_its_cpuset_and_a_batch_one_beside_training() {
+    let rig = Rig::new();
+    let mut agent = rig.agent();
+    let mut t = slurm(JobKind::Training, 1);
+    t.cores = 2;
+    let t = agent.register(t, 1000).unwrap();
+    let b = agent.register(slurm(JobKind::Batch, 2), 1001).unwrap();
+    {
+        let mut node = rig.node.lock().unwrap();
+        node.slurm.insert(
+            1,
+            SlurmCgroup {
+                path: "/slurm/uid_1000/job_1".into(),
+                cpus: Some(set("1-3,9-11")),
+            },
+        );
+        // Slurm gave the batch job CPUs that overlap where training is placed.
+        node.slurm.insert(
+            2,
+            SlurmCgroup {
+                path: "/slurm/uid_1001/job_2".into(),
+                cpus: Some(set("1-5,9-13")),
+            },
+        );
+    }
+    agent.tick();
+    let jobs = agent.jobs();
+    let (tc, bc) = (&jobs[&t.id].cpus, &jobs[&b.id].cpus);
+    assert_eq!(tc.len(), 2);
+    assert!(tc.is_subset(&set("1-3,9-11")), "{tc}");
+    assert!(
+        bc.is_subset(&set("1-5,9-13")),
+        "inside its own cpuset: {bc}"
+    );
+    assert!(bc.is_disjoint(tc), "never on training's CPUs: {bc} / {tc}");
+    assert_eq!(bc.len(), 8);
+}
+
+#[test]
+fn a_slurm_job_whose_cgroup_never_appears_is_forgotten_after_the_timeout() {
+    let rig = Rig::new();
+    let mut agent = rig.agent();
+    let job = agent.register(slurm(JobKind::Batch, 9), 1000).unwrap();
+    agent.tick();
+    assert!(agent.jobs().contains_key(&job.id));
+    if let Some(s) = agent.state.jobs.get_mut(&job.id) {
+        s.job.registered_at -= 601;
+    }
+    agent.tick();
+    assert!(!agent.jobs().contains_key(&job.id));
+}
+
+#[test]
+fn only_root_registers_slurm_jobs_and_each_once() {
+    let rig = Rig::new();
+    let mut agent = rig.agent();
+    let s = slurm(JobKind::Training, 5);
+    let change = Change::Register {
+        owner: None,
+        spec: &s,
+    };
+    let err = agent
+        .authorize(&Caller::uid(1000), &change)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("only root (Slurm's prolog)"), "{err}");
+    let root_for_user = Change::Register {
+        owner: Some(1000),
+        spec: &s,
+    };
+    assert_eq!(
+        agent.authorize(&Caller::uid(0), &root_for_user).ok(),
+        Some(1000)
+    );
+    agent.register(s.clone(), 1000).unwrap();
+    let err = agent.register(s, 1000).unwrap_err();
+    assert!(matches!(err, AgentError::Conflict(_)), "{err}");
+}

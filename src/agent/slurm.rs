@@ -1,0 +1,108 @@
+//! Slurm jobs' cgroups as one tick sees them (docs/slurm.md): found with their cpuset, still
+//! awaited after the prolog registered them, or gone (the job ended, even if its epilog never
+//! ran). Read once a tick, before placement, through the [`Enforce`] seam; changes nothing.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use super::training::Enforce;
+use crate::cpuset::CpuSet;
+use crate::enforce::SlurmCgroup;
+use crate::job::{JobId, Target};
+use crate::store::State;
+
+/// One Slurm job's cgroup this tick.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Seen {
+    Found(SlurmCgroup),
+    /// Not there yet: why, or (after `slurm.appear_timeout_seconds`) why the job is dropped.
+    Awaited(Result<String, String>),
+    /// Found before, gone now: the job ended.
+    Gone(String),
+}
+
+/// Every registered Slurm job's cgroup as seen this tick; jobs of other targets are absent.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct SlurmSeen(BTreeMap<JobId, Seen>);
+
+impl SlurmSeen {
+    /// Looks for every Slurm job's cgroup. `now_s` and `timeout` decide when an awaited
+    /// cgroup is given up on.
+    pub(super) fn look(
+        enforcer: &dyn Enforce,
+        state: &State,
+        now_s: u64,
+        timeout: Duration,
+    ) -> Self {
+        let mut seen = BTreeMap::new();
+        for s in state.jobs.values() {
+            let Target::Slurm(job) = &s.job.spec.target else {
+                continue;
+            };
+            let found_before = s.record.slurm.as_ref().is_some_and(|r| r.cgroup.is_some());
+            let this = match enforcer.find_slurm(job, &s.record) {
+                Some(cg) if cg.cpus.is_none() && s.job.spec.cores == 0 => {
+                    Seen::Awaited(Ok(format!(
+                        "Slurm job {}'s cgroup {} has no cpuset (task/cgroup without \
+                         ConstrainCores) and the prolog named no core count: nothing to place by",
+                        job.job_id, cg.path
+                    )))
+                }
+                Some(cg) => Seen::Found(cg),
+                None if found_before => Seen::Gone(format!(
+                    "Slurm removed job {}'s cgroup (the job ended on this node)",
+                    job.job_id
+                )),
+                None => {
+                    let waited = now_s.saturating_sub(s.job.registered_at);
+                    Seen::Awaited(if waited > timeout.as_secs() {
+                        Err(format!(
+                            "Slurm job {}'s cgroup did not appear within {} s \
+                             (slurm.appear_timeout_seconds)",
+                            job.job_id,
+                            timeout.as_secs()
+                        ))
+                    } else {
+                        Ok(format!(
+                            "waiting for Slurm job {}'s cgroup to appear ({waited} s)",
+                            job.job_id
+                        ))
+                    })
+                }
+            };
+            seen.insert(s.job.id.clone(), this);
+        }
+        Self(seen)
+    }
+
+    /// A Slurm job that cannot be placed this tick: `Ok(why it waits)`, or `Err(why it is
+    /// over)` (its cgroup is gone, or never came).
+    pub(crate) fn waiting(&self, id: &JobId) -> Option<Result<String, String>> {
+        match self.0.get(id)? {
+            Seen::Found(_) => None,
+            Seen::Awaited(r) => Some(r.clone()),
+            Seen::Gone(why) => Some(Err(why.clone())),
+        }
+    }
+
+    /// Whether the job is a Slurm job not placed this tick.
+    pub(crate) fn waits(&self, id: &JobId) -> bool {
+        self.waiting(id).is_some()
+    }
+
+    /// The cpuset Slurm confines the job to, when it is a Slurm job with one.
+    pub(crate) fn cpus(&self, id: &JobId) -> Option<CpuSet> {
+        match self.0.get(id)? {
+            Seen::Found(cg) => cg.cpus.clone(),
+            _ => None,
+        }
+    }
+
+    /// The job's cgroup, once found (for sensing and network shaping).
+    pub(crate) fn cgroup(&self, id: &JobId) -> Option<&str> {
+        match self.0.get(id)? {
+            Seen::Found(cg) => Some(&cg.path),
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,348 @@
+//! Slurm's prolog and epilog end to end, as root, on real kernel interfaces (issue 18): a fake
+//! Slurm cgroup tree made as Slurm's task/cgroup plugin makes it (v1: `<prepend>/uid_U/job_J/
+//! step_S`; v2 alike, with cpuset enabled), `lodgerctl slurm prolog|epilog` run with slurmd's
+//! environment, and the result read back from /proc and the cgroup files. The VM suite runs
+//! the same against a real slurmd (tests/e2e).
+
+mod common;
+
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use common::*;
+
+const PRIO: i32 = 10;
+/// The owner the prolog registers for (nobody): lodger records it, the processes stay root's.
+const OWNER: u32 = 65534;
+
+/// A fake Slurm job cgroup with one step, confined to `cpus`; removed on drop (its processes
+/// killed first).
+struct SlurmCgroup {
+    /// The prepend directory (one per test).
+    root: String,
+    job: String,
+    step: String,
+    pids: Vec<u32>,
+}
+
+impl SlurmCgroup {
+    fn create(root: &str, job_id: u32, cpus: &str) -> SlurmCgroup {
+        let job = format!("{root}/uid_{OWNER}/job_{job_id}");
+        let step = format!("{job}/step_0");
+        let mems =
+            std::fs::read_to_string(cpuset_root().join(mems_file())).unwrap_or_else(|_| "0".into());
+        let v2 = host_cgroup() == HostCgroup::V2;
+        let mut rel = String::new();
+        for part in step.trim_start_matches('/').split('/') {
+            let parent = cgroup_path(&rel);
+            if v2 {
+                // As Slurm does: cpuset enabled down to the job's cgroups.
+                let _ = std::fs::write(parent.join("cgroup.subtree_control"), "+cpuset");
+            }
+            rel = format!("{rel}/{part}");
+            let dir = cgroup_path(&rel);
+            std::fs::create_dir_all(&dir).expect("create the fake Slurm cgroup");
+            std::fs::write(dir.join("cpuset.mems"), mems.trim()).expect("cpuset.mems");
+            std::fs::write(dir.join("cpuset.cpus"), cpus).expect("cpuset.cpus");
+        }
+        SlurmCgroup {
+            root: root.to_string(),
+            job,
+            step,
+            pids: Vec::new(),
+        }
+    }
+
+    /// Moves `pid` into the step, as slurmstepd does with a task.
+    fn attach(&mut self, pid: u32) {
+        std::fs::write(
+            cgroup_path(&self.step).join("cgroup.procs"),
+            pid.to_string(),
+        )
+        .expect("attach to the step");
+        self.pids.push(pid);
+    }
+
+    fn cpus_file(&self, rel: &str) -> String {
+        std::fs::read_to_string(cgroup_path(rel).join("cpuset.cpus"))
+            .unwrap_or_default()
+            .trim()
+            .to_string()
+    }
+
+    /// Ends the job as Slurm does: its processes killed, its cgroups removed.
+    fn end(&mut self) {
+        for pid in self.pids.drain(..) {
+            if let Ok(p) = i32::try_from(pid) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(p),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
+        wait_until(
+            Duration::from_secs(10),
+            "the job's processes to exit",
+            || {
+                std::fs::read_to_string(cgroup_path(&self.step).join("cgroup.procs"))
+                    .map(|s| s.trim().is_empty())
+                    .unwrap_or(true)
+            },
+        );
+        remove_cgroup_tree(&self.job);
+    }
+}
+
+impl Drop for SlurmCgroup {
+    fn drop(&mut self) {
+        self.end();
+        remove_cgroup_tree(&self.root);
+    }
+}
+
+fn mems_file() -> &'static str {
+    match host_cgroup() {
+        HostCgroup::V2 => "cpuset.mems.effective",
+        _ => "cpuset.mems",
+    }
+}
+
+/// Runs `lodgerctl slurm <what>` as slurmd would, with `env`.
+fn slurm(d: &Daemon, what: &str, env: &[(&str, String)]) -> Output {
+    Command::new(bin("lodgerctl"))
+        .args(["slurm", what, "--config"])
+        .arg(&d.config)
+        .env_clear()
+        .env("DBUS_SYSTEM_BUS_ADDRESS", &d.bus_address)
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::null())
+        .output()
+        .expect("run lodgerctl slurm")
+}
+
+fn job_env(job_id: u32, extra: &[(&str, &str)]) -> Vec<(&'static str, String)> {
+    let mut env: Vec<(&'static str, String)> = vec![
+        ("SLURM_JOB_ID", job_id.to_string()),
+        ("SLURM_JOB_UID", OWNER.to_string()),
+        ("SLURM_JOB_USER", "nobody".into()),
+        ("SLURM_JOB_NUM_NODES", "1".into()),
+        ("SLURMD_NODENAME", "testnode".into()),
+        ("SLURM_SCRIPT_CONTEXT", "prolog_slurmd".into()),
+    ];
+    for (k, v) in extra {
+        let k: &'static str = Box::leak(k.to_string().into_boxed_str());
+        env.push((k, v.to_string()));
+    }
+    env
+}
+
+/// The lodger job registered for Slurm job `slurm_id`, if any.
+fn registered(d: &Daemon, slurm_id: u32) -> Option<serde_json::Value> {
+    let jobs = d.ctl_json(&["list"]);
+    jobs.as_array()?
+        .iter()
+        .find(|j| j["slurm_job"].as_u64() == Some(u64::from(slurm_id)))
+        .cloned()
+}
+
+fn daemon(test: &str) -> Option<(PrivateBus, tempfile::TempDir, Daemon, String, [u32; 2])> {
+    if !need_root(test) {
+        return None;
+    }
+    let (reserved, two) = two_job_cpus(test)?;
+    let bus = PrivateBus::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = format!("/{}", unique("slurm-test"));
+    let d = Daemon::start(
+        &bus,
+        dir.path(),
+        DaemonOptions {
+            reserved,
+            extra: format!(
+                "[slurm]\ncgroup_paths = [\"{root}/uid_{{uid}}/job_{{job}}\"]\n\n\
+                 [[slurm.rule]]\npartition = \"gpu\"\nkind = \"training\"\n\n\
+                 [batch]\npolicy = \"batch\"\n"
+            ),
+            ..DaemonOptions::default()
+        },
+    );
+    Some((bus, dir, d, root, two))
+}
+
+fn stdout_and_err(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+#[test]
+fn a_slurm_training_job_is_pinned_inside_slurms_cpuset_and_released_by_the_epilog() {
+    let test = "a_slurm_training_job_is_pinned_inside_slurms_cpuset_and_released_by_the_epilog";
+    let Some((_bus, _dir, d, root, [a, b])) = daemon(test) else {
+        return;
+    };
+    let slurm_id = 4201;
+    // The partition rule makes it training (this machine has no GPU to name).
+    let env = job_env(
+        slurm_id,
+        &[
+            ("SLURM_JOB_PARTITION", "gpu"),
+            ("SLURM_JOB_CPUS_PER_NODE", "1"),
+        ],
+    );
+    let out = slurm(&d, "prolog", &env);
+    assert!(out.status.success(), "{}", stdout_and_err(&out));
+    let said = stdout_and_err(&out);
+    assert!(said.contains("registered as training job"), "{said}");
+    let job = registered(&d, slurm_id).expect("registered");
+    assert_eq!(job["kind"], "training");
+    assert_eq!(job["state"], "pending", "no cgroup yet: {job}");
+    assert_eq!(job["owner_uid"].as_u64(), Some(u64::from(OWNER)), "{job}");
+
+    // slurmstepd creates the job's cgroup and starts its tasks: one unbound, one the user
+    // bound to CPU b (--cpu-bind).
+    let both = format!("{a}-{b}");
+    let mut cg = SlurmCgroup::create(&root, slurm_id, &both);
+    let mut w = Workload::train(3);
+    cg.attach(w.pid());
+    let mut bound = Command::new("taskset")
+        .args(["-c", &b.to_string(), "sleep", "600"])
+        .spawn()
+        .expect("taskset sleep");
+    cg.attach(bound.id());
+    let slurm_files = (cg.cpus_file(&cg.job), cg.cpus_file(&cg.step));
+
+    let mut placed = String::new();
+    wait_until(WAIT, "the Slurm job pinned SCHED_RR", || {
+        let Some(job) = registered(&d, slurm_id) else {
+            return false;
+        };
+        placed = job["cpus"].as_str().unwrap_or("").to_string();
+        job["state"] == "running" && !placed.is_empty() && all_rr_on(w.pid(), PRIO, &placed)
+    });
+    let placed_set = cpus(&placed);
+    assert_eq!(placed_set.len(), 1, "SLURM_JOB_CPUS_PER_NODE=1: {placed}");
+    assert!(
+        placed_set.is_subset(&cpus(&both)),
+        "inside Slurm's cpuset: {placed}"
+    );
+    // The bound task keeps its CPU and gets the class.
+    assert_eq!(
+        cpus_allowed(bound.id(), bound.id()).as_deref(),
+        Some(b.to_string().as_str())
+    );
+    assert!(matches!(sched_of(bound.id()), Some((libc::SCHED_RR, _))));
+    // Slurm's files are Slurm's.
+    assert_eq!((cg.cpus_file(&cg.job), cg.cpus_file(&cg.step)), slurm_files);
+
+    let out = slurm(&d, "epilog", &env);
+    assert!(out.status.success(), "{}", stdout_and_err(&out));
+    assert!(
+        stdout_and_err(&out).contains("unregistered"),
+        "{}",
+        stdout_and_err(&out)
+    );
+    assert!(registered(&d, slurm_id).is_none());
+    assert!(all_other(w.pid()), "threads back to SCHED_OTHER");
+    assert_eq!(
+        cpus_allowed(w.pid(), w.pid()).as_deref(),
+        Some(both.as_str())
+    );
+    assert!(all_other(bound.id()));
+    assert_eq!(
+        cpus_allowed(bound.id(), bound.id()).as_deref(),
+        Some(b.to_string().as_str())
+    );
+    // A second epilog (slurmd retries) has nothing to undo and still succeeds.
+    let out = slurm(&d, "epilog", &env);
+    assert!(out.status.success());
+    assert!(
+        stdout_and_err(&out).contains("not registered"),
+        "{}",
+        stdout_and_err(&out)
+    );
+    w.kill();
+    let _ = bound.kill();
+    let _ = bound.wait();
+}
+
+#[test]
+fn a_cpu_only_slurm_job_is_batch_and_forgotten_when_its_cgroup_goes() {
+    let test = "a_cpu_only_slurm_job_is_batch_and_forgotten_when_its_cgroup_goes";
+    let Some((_bus, _dir, d, root, [a, b])) = daemon(test) else {
+        return;
+    };
+    let slurm_id = 4202;
+    let env = job_env(slurm_id, &[("SLURM_JOB_PARTITION", "cpu")]);
+    let out = slurm(&d, "prolog", &env);
+    assert!(
+        stdout_and_err(&out).contains("registered as batch job"),
+        "{}",
+        stdout_and_err(&out)
+    );
+    let both = format!("{a}-{b}");
+    let mut cg = SlurmCgroup::create(&root, slurm_id, &both);
+    let mut hog = Command::new(example("busy_loop"))
+        .args(["--threads", "2", "--seconds", "600"])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("busy_loop");
+    cg.attach(hog.id());
+    wait_until(WAIT, "the batch job running SCHED_BATCH", || {
+        registered(&d, slurm_id).is_some_and(|j| j["state"] == "running")
+            && tids(hog.id())
+                .iter()
+                .all(|&t| matches!(sched_of(t), Some((libc::SCHED_BATCH, 0))))
+    });
+    let job = registered(&d, slurm_id).expect("job");
+    assert_eq!(job["kind"], "batch");
+    assert_eq!(job["sched_policy"], "SCHED_BATCH");
+    let on = cpus(job["cpus"].as_str().unwrap_or(""));
+    assert!(on.is_subset(&cpus(&both)) && !on.is_empty(), "{job}");
+
+    // No epilog: Slurm ends the job and removes its cgroup; lodger notices.
+    cg.end();
+    let _ = hog.wait();
+    wait_until(WAIT, "the job forgotten once its cgroup is gone", || {
+        registered(&d, slurm_id).is_none()
+    });
+    assert!(d.log().contains("batch job ended"), "{}", d.log());
+}
+
+#[test]
+fn the_prolog_exits_0_when_lodgerd_is_stalled_or_down_so_no_node_is_drained() {
+    let test = "the_prolog_exits_0_when_lodgerd_is_stalled_or_down_so_no_node_is_drained";
+    let Some((_bus, _dir, mut d, _root, _)) = daemon(test) else {
+        return;
+    };
+    let env = job_env(4203, &[]);
+    // Stalled: lodgerd holds its bus name but answers nothing.
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(d.pid()).expect("pid"));
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).expect("SIGSTOP");
+    let out = slurm(&d, "prolog", &env);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).expect("SIGCONT");
+    assert!(out.status.success(), "{}", stdout_and_err(&out));
+    assert!(
+        stdout_and_err(&out).contains("did not answer within 1500 ms"),
+        "{}",
+        stdout_and_err(&out)
+    );
+    // Down.
+    d.stop();
+    for what in ["prolog", "epilog"] {
+        let out = slurm(&d, what, &env);
+        assert!(out.status.success(), "{what}: {}", stdout_and_err(&out));
+        assert!(
+            stdout_and_err(&out).contains("nothing done"),
+            "{what}: {}",
+            stdout_and_err(&out)
+        );
+    }
+    // Not run by slurmd at all: still 0, and says why.
+    let out = slurm(&d, "prolog", &[]);
+    assert!(out.status.success());
+    assert!(stdout_and_err(&out).contains("SLURM_JOB_ID is not set"));
+    d.restart();
+}
