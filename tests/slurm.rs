@@ -212,6 +212,15 @@ fn a_slurm_training_job_is_pinned_inside_slurms_cpuset_and_released_by_the_epilo
         .spawn()
         .expect("taskset sleep");
     cg.attach(bound.id());
+    // Slurm's step daemon lives in the job's cgroups too (v2: step_<n>/slurm): not the job's.
+    let stepd_dir = tempfile::tempdir().expect("tempdir");
+    let stepd_bin = stepd_dir.path().join("slurmstepd");
+    std::fs::copy("/bin/sleep", &stepd_bin).expect("copy sleep");
+    let mut stepd = Command::new(&stepd_bin)
+        .arg("600")
+        .spawn()
+        .expect("fake slurmstepd");
+    cg.attach(stepd.id());
     let slurm_files = (cg.cpus_file(&cg.job), cg.cpus_file(&cg.step));
 
     let mut placed = String::new();
@@ -234,6 +243,14 @@ fn a_slurm_training_job_is_pinned_inside_slurms_cpuset_and_released_by_the_epilo
         Some(b.to_string().as_str())
     );
     assert!(matches!(sched_of(bound.id()), Some((libc::SCHED_RR, _))));
+    assert!(
+        matches!(sched_of(stepd.id()), Some((libc::SCHED_OTHER, 0))),
+        "slurmstepd"
+    );
+    assert_eq!(
+        cpus_allowed(stepd.id(), stepd.id()).as_deref(),
+        Some(both.as_str())
+    );
     // Slurm's files are Slurm's.
     assert_eq!((cg.cpus_file(&cg.job), cg.cpus_file(&cg.step)), slurm_files);
 
@@ -264,8 +281,10 @@ fn a_slurm_training_job_is_pinned_inside_slurms_cpuset_and_released_by_the_epilo
         stdout_and_err(&out)
     );
     w.kill();
-    let _ = bound.kill();
-    let _ = bound.wait();
+    for c in [&mut bound, &mut stepd] {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
 }
 
 #[test]

@@ -213,3 +213,39 @@ fn only_root_registers_slurm_jobs_and_each_once() {
     let err = agent.register(s, 1000).unwrap_err();
     assert!(matches!(err, AgentError::Conflict(_)), "{err}");
 }
+
+#[test]
+fn a_slurm_training_job_is_right_sized_within_its_cpuset_once_placed() {
+    let rig = Rig::new();
+    let mut builder = rig.builder();
+    builder.settings.rightsize.enforce = Some(true);
+    let mut agent = builder.start().unwrap();
+    let job = agent.register(slurm(JobKind::Training, 77), 1000).unwrap();
+    agent.tick();
+    assert!(agent.state.jobs[&job.id].tuning.is_none(), "not placed yet");
+    rig.node.lock().unwrap().slurm.insert(
+        77,
+        SlurmCgroup {
+            path: "/slurm/uid_1000/job_77".into(),
+            cpus: Some(set("2-4,10-12")),
+        },
+    );
+    agent.tick();
+    let tuning = agent.state.jobs[&job.id]
+        .tuning
+        .clone()
+        .expect("a tuner once placed");
+    assert_eq!(
+        tuning.tuner.settings().max,
+        6,
+        "never beyond Slurm's cpuset"
+    );
+    agent.tick();
+    let cpus = agent.jobs()[&job.id].cpus.clone();
+    assert_eq!(
+        u32::try_from(cpus.len()).unwrap(),
+        tuning.tuner.cores().min(6),
+        "placed at the tuner's count: {cpus}"
+    );
+    assert!(cpus.is_subset(&set("2-4,10-12")), "{cpus}");
+}

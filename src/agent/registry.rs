@@ -333,6 +333,7 @@ impl Agent {
             &self.state,
             &self.topology,
             &self.reserved,
+            None,
         );
         let stored = StoredJob {
             job: job.clone(),

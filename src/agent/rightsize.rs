@@ -30,7 +30,9 @@ impl Rightsize {
     }
 
     /// A tuner for a new training job (SODA §V-B-1 start point), unless right-sizing is off or
-    /// the job opted out. `plan` is the plan the job is placed in.
+    /// the job opted out. `plan` is the plan the job is placed in; `cap` the most cores it may
+    /// ever have (a Slurm job's cpuset).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn new_tuning(
         &self,
         id: &JobId,
@@ -39,6 +41,7 @@ impl Rightsize {
         state: &State,
         topology: &Topology,
         reserved: &CpuSet,
+        cap: Option<u32>,
     ) -> Option<Tuning> {
         let rs = &self.settings;
         rs.enforce?;
@@ -56,9 +59,11 @@ impl Rightsize {
             .difference(&others)
             .len();
         let gpus = u32::try_from(job.spec.gpus.len()).unwrap_or(u32::MAX);
+        let could_have = u32::try_from(could_have).unwrap_or(u32::MAX);
         let limits = CoreLimits {
             floor: rightsize::default_floor(gpus, job.spec.cores, rs.shrink),
-            max: u32::try_from(could_have).unwrap_or(u32::MAX),
+            // A Slurm job never beyond the cpuset Slurm gave it.
+            max: cap.map_or(could_have, |c| c.min(could_have)),
         };
         let start = rightsize::start_cores(
             &state.owner_history,
@@ -83,6 +88,53 @@ impl Rightsize {
             last_sample_ms: 0,
             recorded: false,
         })
+    }
+
+    /// Gives a Slurm training job its tuner once it is first placed (its core count is known
+    /// only then: the cpuset Slurm gave it), never to grow beyond that cpuset. Returns whether
+    /// any job got one.
+    pub(super) fn adopt_slurm(&self, cx: &mut TickCx<'_>) -> bool {
+        let mut changed = false;
+        let ids: Vec<JobId> = cx
+            .state
+            .jobs
+            .values()
+            .filter(|s| {
+                s.tuning.is_none()
+                    && s.job.spec.kind == crate::job::JobKind::Training
+                    && matches!(s.job.spec.target, crate::job::Target::Slurm(_))
+                    && s.job.state == crate::job::JobState::Running
+                    && !s.job.cpus.is_empty()
+            })
+            .map(|s| s.job.id.clone())
+            .collect();
+        for id in ids {
+            let Some(stored) = cx.state.jobs.get(&id) else {
+                continue;
+            };
+            let mut job = stored.job.clone();
+            let placed = u32::try_from(job.cpus.len()).unwrap_or(u32::MAX);
+            job.spec.cores = placed;
+            let cap = cx
+                .slurm
+                .cpus(&id)
+                .map(|c| u32::try_from(c.len()).unwrap_or(u32::MAX));
+            let tuning = self.new_tuning(
+                &id,
+                &job,
+                &cx.state.plan,
+                cx.state,
+                cx.topology,
+                cx.reserved,
+                cap,
+            );
+            if let (Some(t), Some(stored)) = (tuning, cx.state.jobs.get_mut(&id)) {
+                // From SODA's start point, as any training job's tuner (§V-B-1).
+                stored.tuning = Some(t);
+                changed = true;
+            }
+        }
+        changed
     }
 
     /// Feeds each right-sized training job's newest GPU utilization sample to its tuner

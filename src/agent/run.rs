@@ -226,6 +226,7 @@ impl Agent {
         cx.state.plan = plan;
         let (changed, gone) = self.training.tick(&mut cx);
         dirty |= changed;
+        dirty |= self.rightsize.adopt_slurm(&mut cx);
         if let Some(inference) = &mut self.inference {
             let (desired, replanned) = inference.plan(&mut cx, &throttles);
             if replanned {

@@ -221,6 +221,10 @@ check "GPU utilization source: the training emulator's published records (gpu = 
     sh -c 'journalctl -b -u lodgerd -o cat -n 50 | grep "GPU sensing" | tail -n 1 | grep emulated'
 lodgerctl status 2>&1 | note
 
+. "$share/slurm.sh"
+# LODGER_E2E_STOP_AFTER_SLURM=1 on the host: a quick look at the Slurm checks alone.
+[ ! -e "$share/stop-after-slurm" ] || finish
+
 phase "a training job registered with lodgerctl: GPU 0, so NUMA node 1"
 # Right-sizing (SODA's tuner, fed by the emulated GPU) is off for the jobs kept across restart
 # and upgrade: those checks compare placements, which the tuner may legitimately change.

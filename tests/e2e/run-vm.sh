@@ -35,6 +35,7 @@
 #   LODGER_E2E_ACCEL    kvm, tcg or auto (default: kvm when /dev/kvm can boot a stock kernel)
 #   LODGER_E2E_KEEP=1   keep the run directory (serial log, results) under target/e2e-run
 #                       (target/e2e-cargo-run for --cargo-tests)
+#   LODGER_E2E_STOP_AFTER_SLURM=1  end the checks after the Slurm phase (a quick look at it)
 #   LODGER_E2E_TEST_TIMEOUT  seconds one test binary may run in the guest (--cargo-tests;
 #                       default 900)
 #   LODGER_E2E_ONLY     --cargo-tests: only the test binaries whose label (`tests/spine.rs`,
@@ -149,7 +150,8 @@ fi
 # iproute2, nftables: network shaping (the package recommends them). python3, gcc, libc6-dev,
 # bzip2: what the root cargo tests need beyond that (--cargo-tests): scripts/test-summary and the
 # Python instance client, cc for the fake NVML library, the recorded sysfs trees' archives.
-packages=systemd,systemd-sysv,dbus,udev,kmod,linux-image-amd64,initramfs-tools,procps,iproute2,nftables,man-db,python3,gcc,libc6-dev,bzip2
+# munge,slurmctld,slurmd,slurm-client: a real Slurm for the prolog/epilog checks (slurm.sh).
+packages=systemd,systemd-sysv,dbus,udev,kmod,linux-image-amd64,initramfs-tools,procps,iproute2,nftables,man-db,python3,gcc,libc6-dev,bzip2,munge,slurmctld,slurmd,slurm-client
 runner_unit='[Unit]
 Description=lodger end-to-end test (driven by tests/e2e/run-vm.sh on the host)
 After=multi-user.target
@@ -289,7 +291,7 @@ else
 say "building the packages and the training emulator"
 packages=$(scripts/package)
 deb=$(head -n 1 <<<"$packages")
-cargo build --release --locked --quiet --example train_emulator
+cargo build --release --locked --quiet --example train_emulator --example membw_hog
 run="$target/e2e-run"
 rm -rf "$run"
 mkdir -p "$run/share/upgrade"
@@ -299,7 +301,9 @@ dpkg-deb -R "$deb" "$run/upgrade"
 sed -i 's/^Version: .*/&+e2e1/' "$run/upgrade/DEBIAN/control"
 dpkg-deb --root-owner-group -b "$run/upgrade" "$run/share/upgrade/" >/dev/null
 rm -rf "$run/upgrade"
-cp "$target/release/examples/train_emulator" tests/e2e/guest.sh tests/e2e/trust.sh "$run/share/"
+[ "${LODGER_E2E_STOP_AFTER_SLURM:-}" != 1 ] || touch "$run/share/stop-after-slurm"
+cp "$target/release/examples/train_emulator" "$target/release/examples/membw_hog" \
+    tests/e2e/guest.sh tests/e2e/trust.sh tests/e2e/slurm.sh "$run/share/"
 smp_args=(-m 2048 -smp 16,sockets=2,cores=4,threads=2
     -object memory-backend-ram,id=mem0,size=1024M
     -object memory-backend-ram,id=mem1,size=1024M

@@ -82,7 +82,10 @@ async fn prolog_for(env: &SlurmEnv, args: &SlurmArgs, session: bool) -> Result<S
         let gpus = usable_gpus(&proxy, env.gpus.as_deref(), &mut note).await;
         spec.insert("gpus", Value::from(gpus));
     }
-    let (id, _) = proxy.register_job(spec).await.map_err(|e| e.to_string())?;
+    let (id, _) = proxy
+        .register_job(spec)
+        .await
+        .map_err(|e| super::from_zbus("register", e).message)?;
     Ok(format!(
         "registered as {} job {id} for uid {}{note}{}",
         kind.as_str(),
@@ -124,7 +127,10 @@ async fn usable_gpus(
 
 async fn epilog_for(env: &SlurmEnv, session: bool) -> Result<String, String> {
     let proxy = connect(session).await.map_err(|f| f.message)?;
-    let jobs = proxy.list_jobs().await.map_err(|e| e.to_string())?;
+    let jobs = proxy
+        .list_jobs()
+        .await
+        .map_err(|e| super::from_zbus("list", e).message)?;
     let mut released = Vec::new();
     for (id, ..) in jobs {
         let Ok(job) = proxy.get_job(&id).await else {
@@ -136,7 +142,7 @@ async fn epilog_for(env: &SlurmEnv, session: bool) -> Result<String, String> {
                 Ok(()) => released.push(id),
                 Err(zbus::Error::MethodError(name, ..))
                     if name.as_str() == "org.lodger1.Error.NotFound" => {}
-                Err(e) => return Err(e.to_string()),
+                Err(e) => return Err(super::from_zbus("unregister", e).message),
             }
         }
     }

@@ -54,6 +54,13 @@ pub fn short_hostname() -> String {
         .unwrap_or_default()
 }
 
+/// Slurm's own step daemon, which Slurm puts in the job's cgroups (v2: `step_<n>/slurm`): not the
+/// job's work, never given the job's class or CPUs.
+fn slurm_daemon(proc_root: &std::path::Path, pid: u32) -> bool {
+    std::fs::read(proc_root.join(pid.to_string()).join("comm"))
+        .is_ok_and(|c| c.strip_suffix(b"\n").unwrap_or(&c) == b"slurmstepd")
+}
+
 impl Enforcer {
     /// The job's cgroup if it exists now: the recorded one, else the first of the configured
     /// paths that does.
@@ -145,6 +152,9 @@ impl Enforcer {
                 .find(|p| p.pid == pid && p.start_time == st.start_time)
             {
                 tracked.push(p.clone());
+                continue;
+            }
+            if slurm_daemon(&self.settings.proc_root, pid) {
                 continue;
             }
             let Ok(mask) = CpuMask::of_thread(pid) else {
