@@ -75,6 +75,15 @@ fn a_batch_job_runs_beside_training_in_its_class_and_is_given_back() {
         "{listed}"
     );
 
+    let shown = d.ctl_ok(&["show", &id]);
+    assert!(
+        shown.contains("- batch job")
+            && shown.contains("In class:")
+            && shown.contains("Policy: SCHED_BATCH")
+            && !shown.contains("RR threads"),
+        "{shown}"
+    );
+
     // Training goes: the batch job gets both CPUs at the next tick.
     d.ctl_ok(&["unregister", &train]);
     wait_until(WAIT, "the batch job grown to both CPUs", || {

@@ -157,6 +157,7 @@ fn lodgerd_killed_at_random_moments_loses_orphans_and_restarts_nothing() {
     for cycle in 0..cycles {
         // What runs before the kill, to tell a restart's doing from the plan's.
         let before = listed(&d).map(|j| instances(&j)).unwrap_or_default();
+        let log_from = d.log().len();
         let victim = d.pid();
         let delay = Duration::from_millis(u64::from(rng.int(0, 400)));
         let kill_lodgerd = move || {
@@ -255,6 +256,17 @@ fn lodgerd_killed_at_random_moments_loses_orphans_and_restarts_nothing() {
         d.kill();
         // What the dead lodgerd's state file plans: the instances the next one must adopt.
         let planned = planned_instances(&dir.path().join("state/state.json"));
+        // Instances the dead lodgerd had begun to stop (a plan that dropped them) before the
+        // kill: their replacement is the churn's doing even if the saved plan wants them again.
+        let stopping: BTreeSet<String> = d
+            .log()
+            .get(log_from..)
+            .unwrap_or("")
+            .lines()
+            .filter(|l| l.contains("stopping instance"))
+            .filter_map(|l| l.split("instance=").nth(1))
+            .filter_map(|rest| rest.split_whitespace().next().map(str::to_string))
+            .collect();
         d.restart();
         // The first view after the restart: an instance that was alive is the same process.
         let mut after = BTreeMap::new();
@@ -271,7 +283,8 @@ fn lodgerd_killed_at_random_moments_loses_orphans_and_restarts_nothing() {
                 // was. (A plan saved without it, and wanting it again once lodgerd is back, is
                 // the churn's doing.)
                 let wanted = planned.get(key) == Some(config);
-                if new != pid && new_config == config && wanted && !alive(*pid) {
+                let stopped = stopping.contains(key);
+                if new != pid && new_config == config && wanted && !stopped && !alive(*pid) {
                     restarted_by_restart.push(format!("cycle {cycle}: {key} {pid} -> {new}"));
                 }
             }

@@ -251,6 +251,8 @@ fn a_slurm_training_job_is_pinned_inside_slurms_cpuset_and_released_by_the_epilo
         cpus_allowed(stepd.id(), stepd.id()).as_deref(),
         Some(both.as_str())
     );
+    let shown = d.ctl_ok(&["show", job["id"].as_str().expect("id")]);
+    assert!(shown.contains(&format!("Slurm job: {slurm_id}")), "{shown}");
     // Slurm's files are Slurm's.
     assert_eq!((cg.cpus_file(&cg.job), cg.cpus_file(&cg.step)), slurm_files);
 

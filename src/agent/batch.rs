@@ -93,7 +93,11 @@ impl Batch {
                             stored.job.pids = o.pids;
                             stored.job.threads = o.threads;
                             stored.job.rr_threads = o.rr_threads;
-                            stored.job.state = JobState::Running;
+                            stored.job.state = if o.waiting.is_some() {
+                                JobState::Pending
+                            } else {
+                                JobState::Running
+                            };
                             stored.job.last_error = o.waiting;
                             for w in o.warnings {
                                 debug!(job = %id, "{w}");

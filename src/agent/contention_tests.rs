@@ -347,3 +347,62 @@ fn contention_halves_a_batch_job_and_its_placement_follows() {
         .is_empty());
     assert_eq!(rig.node.lock().unwrap().applied[&batch.id].len(), full);
 }
+
+/// Issue 18: with MBA, a registered batch job's processes are moved into lodger's lodgers group
+/// and throttled there (SODA §V-E: MBA first).
+#[test]
+fn contention_throttles_a_batch_job_with_mba() {
+    use crate::sys::resctrlfs::{CpuVendor, MbaCaps};
+    let resctrl = crate::testutil::copy_of(&crate::testutil::resctrl_fixture("intel-mba-mbm"));
+    let schemata = resctrl.path().join("lodger-lodgers/schemata");
+    let tasks = resctrl.path().join("lodger-lodgers/tasks");
+    std::fs::write(&schemata, "MB:0=100;1=100\n").unwrap();
+    std::fs::write(&tasks, "").unwrap();
+    let caps = MbaCaps::read(resctrl.path(), &CpuVendor::Intel).unwrap();
+    let rig = Rig::new();
+    rig.spawn(100);
+    rig.spawn(400);
+    for tid in [400, 401] {
+        std::fs::create_dir_all(rig.proc_root.path().join(format!("400/task/{tid}"))).unwrap();
+    }
+    let mut agent = rig
+        .builder()
+        .mba(MbaTarget::new(resctrl.path().to_path_buf(), caps))
+        .start()
+        .unwrap();
+    agent.register(spec(vec![100], 2), 0).unwrap();
+    let batch = agent
+        .register(
+            crate::job::JobSpec {
+                kind: JobKind::Batch,
+                ..spec(vec![400], 0)
+            },
+            1000,
+        )
+        .unwrap();
+    for (i, fraction) in [0.5, 0.95, 0.95].into_iter().enumerate() {
+        let mut obs = Observations {
+            unix_ms: 1000 + i as u64,
+            ..Observations::default()
+        };
+        obs.node.membw_bytes_per_s = Some(fraction * 100e9);
+        obs.node.membw_fraction_of_peak = Some(fraction);
+        agent.observations = obs;
+        agent.tick();
+    }
+    assert_ne!(
+        std::fs::read_to_string(&schemata).unwrap(),
+        "MB:0=100;1=100\n"
+    );
+    let moved = std::fs::read_to_string(&tasks).unwrap();
+    assert_eq!(
+        moved.split_whitespace().collect::<Vec<_>>(),
+        ["400", "401"],
+        "{moved}"
+    );
+    assert!(agent.state.jobs[&batch.id]
+        .job
+        .throttle
+        .as_deref()
+        .is_some_and(|t| t.contains(" MB:")));
+}

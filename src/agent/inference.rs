@@ -176,6 +176,9 @@ impl Inference {
         let mut dirty = false;
         match self.runner.reconcile(desired) {
             Ok(out) => {
+                for key in &out.stopping {
+                    info!(instance = %key, "stopping instance: the plan no longer wants it as it runs");
+                }
                 for e in out.errors {
                     warn!("inference instances: {e}");
                 }

@@ -189,8 +189,9 @@ impl Agent {
         // SODA §V-B: never probe while a contention throttle is active on the node.
         let throttling = self.contention.as_ref().is_some_and(|c| c.throttling());
         let rightsize_enforce = self.rightsize.enforce();
+        let enforcer = &self.training.enforcer;
         self.slurm = SlurmSeen::look(
-            &*self.training.enforcer,
+            |job, record| enforcer.find_slurm(job, record),
             &self.state,
             crate::clock::now_secs(),
             self.settings.slurm_appear_timeout,

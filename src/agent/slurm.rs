@@ -1,14 +1,14 @@
 //! Slurm jobs' cgroups as one tick sees them (docs/slurm.md): found with their cpuset, still
 //! awaited after the prolog registered them, or gone (the job ended, even if its epilog never
-//! ran). Read once a tick, before placement, through the [`Enforce`] seam; changes nothing.
+//! ran). Read once a tick, before placement, through enforcement's `find_slurm` (handed in);
+//! changes nothing.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use super::training::Enforce;
 use crate::cpuset::CpuSet;
-use crate::enforce::SlurmCgroup;
-use crate::job::{JobId, Target};
+use crate::enforce::{JobRecord, SlurmCgroup};
+use crate::job::{JobId, SlurmJob, Target};
 use crate::store::State;
 
 /// One Slurm job's cgroup this tick.
@@ -26,10 +26,10 @@ enum Seen {
 pub(crate) struct SlurmSeen(BTreeMap<JobId, Seen>);
 
 impl SlurmSeen {
-    /// Looks for every Slurm job's cgroup. `now_s` and `timeout` decide when an awaited
-    /// cgroup is given up on.
+    /// Looks for every Slurm job's cgroup with `find` (the enforcer's). `now_s` and `timeout`
+    /// decide when an awaited cgroup is given up on.
     pub(super) fn look(
-        enforcer: &dyn Enforce,
+        find: impl Fn(&SlurmJob, &JobRecord) -> Option<SlurmCgroup>,
         state: &State,
         now_s: u64,
         timeout: Duration,
@@ -40,7 +40,7 @@ impl SlurmSeen {
                 continue;
             };
             let found_before = s.record.slurm.as_ref().is_some_and(|r| r.cgroup.is_some());
-            let this = match enforcer.find_slurm(job, &s.record) {
+            let this = match find(job, &s.record) {
                 Some(cg) if cg.cpus.is_none() && s.job.spec.cores == 0 => {
                     Seen::Awaited(Ok(format!(
                         "Slurm job {}'s cgroup {} has no cpuset (task/cgroup without \

@@ -202,7 +202,11 @@ impl Training {
                     stored.job.pids = o.pids;
                     stored.job.threads = o.threads;
                     stored.job.rr_threads = o.rr_threads;
-                    if placement.is_some() {
+                    if let Some(why) = o.waiting {
+                        // A Slurm job's cgroup not there after all (gone since this tick looked).
+                        stored.job.state = JobState::Pending;
+                        stored.job.last_error = Some(why);
+                    } else if placement.is_some() {
                         stored.job.state = JobState::Running;
                         stored.job.last_error = None;
                     }

@@ -340,6 +340,8 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 ];
                 if d.contains_key("cgroup") {
                     keys.push(("Cgroup", "cgroup"));
+                } else if d.contains_key("slurm_job") {
+                    keys.push(("Slurm job", "slurm_job"));
                 } else {
                     keys.push(("Registered", "registered_pids"));
                 }
@@ -348,6 +350,17 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                     ("Owner uid", "owner_uid"),
                     ("Last error", "last_error"),
                 ]);
+                if get(&d, "kind") == "batch" {
+                    // No GPU, no category; its threads are in the batch class, not SCHED_RR.
+                    keys.retain(|(_, k)| !matches!(*k, "gpus" | "category"));
+                    for (label, key) in &mut keys {
+                        match *key {
+                            "rr_threads" => *label = "In class",
+                            "cores" => *label = "Most cores",
+                            _ => {}
+                        }
+                    }
+                }
                 if d.contains_key("command") {
                     keys.retain(|(_, k)| {
                         !matches!(
