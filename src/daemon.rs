@@ -40,6 +40,8 @@ pub struct Prepared {
     pub topology: Topology,
     /// The CPUs kept free of jobs (`node.reserved_cpus`, resolved on this node).
     pub reserved: CpuSet,
+    /// The CPUs lodgers may use (`node.lendable_cpus`, resolved, less the reserved).
+    pub lendable: CpuSet,
 }
 
 /// Why lodgerd cannot start on this node with this config (exit status 2).
@@ -89,10 +91,12 @@ pub fn prepare(path: Option<&Path>) -> Result<Prepared, PrepareError> {
         .and_then(|c| topology.siblings(c).cloned())
         .unwrap_or_default();
     let reserved = config.resolve_reserved(&topology.online(), &cpu0_siblings)?;
+    let lendable = config.resolve_lendable(&topology.online(), &reserved)?;
     Ok(Prepared {
         config,
         topology,
         reserved,
+        lendable,
     })
 }
 
@@ -224,6 +228,8 @@ fn agent_settings(config: &Config) -> AgentSettings {
     AgentSettings {
         interval: config.interval(),
         slurm_appear_timeout: Duration::from_secs(config.slurm.appear_timeout_seconds),
+        // Resolved against the node in `prepare` (see `run`).
+        lendable: None,
         rt_priority: config.training.rt_priority,
         proc_root: config.node.proc_root.clone(),
         rt_headroom_percent: match config.training.policy {
@@ -432,6 +438,7 @@ pub fn run(prepared: Prepared, sim: bool) -> ExitCode {
         config,
         topology,
         reserved,
+        lendable,
     } = prepared;
     pin_self(&reserved);
 
@@ -473,7 +480,8 @@ pub fn run(prepared: Prepared, sim: bool) -> ExitCode {
         info!("no NVIDIA GPU found in sysfs: jobs get no GPU locality preference");
     }
 
-    let settings = agent_settings(&config);
+    let mut settings = agent_settings(&config);
+    settings.lendable = Some(lendable);
     let store = Store::new(config.agent.state_dir.clone());
     let mut agent = Agent::builder(settings, topology, reserved, enforcer, store);
     if let Some(b) = batch {

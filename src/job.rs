@@ -297,6 +297,9 @@ pub struct JobSpec {
     /// Training jobs: lodger may right-size the core count from GPU utilization (SODA §V-B).
     #[serde(default = "yes")]
     pub rightsize: bool,
+    /// Training jobs: its cores host no lodger (a benchmark, a latency-critical job).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub exclusive: bool,
 }
 
 fn yes() -> bool {
@@ -349,6 +352,8 @@ pub enum SpecError {
     BadSlurmNode(String),
     #[error("a batch job uses no GPU (a job with GPUs is a training job)")]
     GpusForBatch,
+    #[error("only a training job can be exclusive (its cores host no lodger)")]
+    ExclusiveLodger,
     #[error("{key} '{path}' must be an absolute path")]
     BadLaunchPath { key: &'static str, path: String },
     #[error("env: {0}")]
@@ -405,6 +410,9 @@ impl JobSpec {
         }
         if self.kind == JobKind::Batch && !self.gpus.is_empty() {
             return Err(SpecError::GpusForBatch);
+        }
+        if self.exclusive && self.kind != JobKind::Training {
+            return Err(SpecError::ExclusiveLodger);
         }
         if let Some(name) = &self.name {
             let ok = !name.is_empty()
@@ -624,6 +632,7 @@ mod tests {
             multi_node: false,
             inference: None,
             rightsize: true,
+            exclusive: false,
         }
     }
 

@@ -30,6 +30,9 @@ pub struct SlurmEnv {
     /// `SLURM_JOB_SLUID` (Slurm 25.11 and later): the job's sortable unique id, recorded for
     /// correlation only (cgroups are named by the numeric id in every version).
     pub sluid: Option<String>,
+    /// `lodger=exclusive` among the words of `SLURM_JOB_COMMENT` (`sbatch --comment`): the
+    /// job's cores are lent to no lodger.
+    pub exclusive: bool,
 }
 
 /// What lodger does with a job slurmd announces.
@@ -90,6 +93,10 @@ impl SlurmEnv {
             account: word("SLURM_JOB_ACCOUNT"),
             node: word("SLURMD_NODENAME").filter(|n| valid_node_name(n)),
             sluid: word("SLURM_JOB_SLUID").filter(|s| valid_sluid(s)),
+            exclusive: var("SLURM_JOB_COMMENT").is_some_and(|c| {
+                c.split(|ch: char| ch.is_whitespace() || ch == ',')
+                    .any(|w| w == "lodger=exclusive")
+            }),
         })
     }
 
@@ -285,6 +292,23 @@ mod tests {
         e3.account = None;
         e3.has_gpus = false;
         assert_eq!(e3.decide(&config), Decision::Register(JobKind::Training));
+    }
+
+    #[test]
+    fn a_comment_can_make_the_job_exclusive() {
+        let with = |comment: &str| {
+            SlurmEnv::read(env(&[
+                ("SLURM_JOB_ID", "5"),
+                ("SLURM_JOB_UID", "0"),
+                ("SLURM_JOB_COMMENT", comment),
+            ]))
+            .unwrap()
+            .exclusive
+        };
+        assert!(with("lodger=exclusive"));
+        assert!(with("benchmark run, lodger=exclusive"));
+        assert!(!with("lodger=exclusively"));
+        assert!(!SlurmEnv::read(env(GPU_JOB)).unwrap().exclusive);
     }
 
     #[test]

@@ -64,6 +64,13 @@ fn online_never_on_training_cpus_offline_shares_them_and_nothing_is_left_behind(
         let cpus = i["cpus"].as_str().expect("cpus");
         assert_eq!(cpus_allowed(pid, pid).as_deref(), Some(cpus), "{i}");
         assert_eq!(sched_of(pid).map(|(p, _)| p), Some(libc::SCHED_OTHER));
+        // The OOM killer takes a lodger first.
+        assert_eq!(
+            std::fs::read_to_string(format!("/proc/{pid}/oom_score_adj"))
+                .expect("oom_score_adj")
+                .trim(),
+            "1000"
+        );
         assert_eq!(i["threads"], 1);
         let environ = std::fs::read(format!("/proc/{pid}/environ")).expect("environ");
         assert!(
@@ -92,8 +99,14 @@ fn online_never_on_training_cpus_offline_shares_them_and_nothing_is_left_behind(
         on_training,
         "an offline instance shares the training CPU: {job}"
     );
-    // Training is still SCHED_RR on its CPU, above the lodger.
+    // Training is still SCHED_RR on its CPU, above the lodger, and keeps its OOM score.
     assert!(all_rr_on(w.pid(), 10, &training_cpus));
+    assert_eq!(
+        std::fs::read_to_string(format!("/proc/{}/oom_score_adj", w.pid()))
+            .expect("oom_score_adj")
+            .trim(),
+        "0"
+    );
 
     // A killed instance is restarted.
     let victim = running_pids(&job)[0];
@@ -224,4 +237,54 @@ fn a_bad_command_template_is_refused() {
         .ctl_json(&["list"])
         .as_array()
         .is_some_and(|a| a.is_empty()));
+}
+
+#[test]
+fn an_exclusive_training_jobs_cores_host_no_lodger() {
+    if !need_root("an_exclusive_training_jobs_cores_host_no_lodger") {
+        return;
+    }
+    let bus = PrivateBus::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = lodgers_daemon(&bus, dir.path(), "");
+    let w = Workload::train(1);
+    let v = d.ctl_json(&[
+        "register",
+        "training",
+        "--pid",
+        &w.pid().to_string(),
+        "--cores",
+        "1",
+        "--exclusive",
+    ]);
+    let train = v["id"].as_str().expect("id").to_string();
+    let training_cpus = cpus(d.job(&train)["cpus"].as_str().expect("cpus"));
+    assert_eq!(d.job(&train)["exclusive"], true);
+    assert!(d.ctl_ok(&["show", &train]).contains("Exclusive: yes"));
+    let lent = online_set().difference(&training_cpus);
+    let off = d.ctl_json(&[
+        "register",
+        "offline",
+        "--",
+        &worker(),
+        "--quiet",
+        "--model-mib",
+        "1",
+    ]);
+    let off_id = off["id"].as_str().expect("id").to_string();
+    let mut job = serde_json::Value::Null;
+    wait_until(WAIT, "one offline instance per lent CPU", || {
+        job = d.job(&off_id);
+        running_pids(&job).len() == lent.len()
+    });
+    let on: lodger::cpuset::CpuSet = instances(&job)
+        .iter()
+        .map(|i| cpus(i["cpus"].as_str().unwrap_or("")))
+        .fold(lodger::cpuset::CpuSet::new(), |a, c| a.union(&c));
+    assert_eq!(on, lent, "no instance on the exclusive job's CPUs: {job}");
+    // Released, its core is lent again.
+    d.ctl_ok(&["unregister", &train]);
+    wait_until(WAIT, "an offline instance on every CPU", || {
+        running_pids(&d.job(&off_id)).len() == online_set().len()
+    });
 }

@@ -25,12 +25,12 @@ impl Batch {
         Self { enforcer }
     }
 
-    /// The cores batch jobs may use: the node's, minus the reserved, training's and online
+    /// The cores batch jobs may use: the node's lendable ones, minus training's and online
     /// inference's (offline instances share them).
     pub(super) fn leftover(cx: &TickCx<'_>) -> CpuSet {
         cx.topology
             .online()
-            .difference(cx.reserved)
+            .difference(&cx.closed_to_lodgers())
             .difference(&training_cpus(&cx.state.plan))
             .difference(&cx.state.inference.online_cpus())
     }

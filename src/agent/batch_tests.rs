@@ -249,3 +249,14 @@ fn a_slurm_training_job_is_right_sized_within_its_cpuset_once_placed() {
     );
     assert!(cpus.is_subset(&set("2-4,10-12")), "{cpus}");
 }
+
+#[test]
+fn only_lendable_cpus_are_lent_to_batch_jobs() {
+    let rig = Rig::new();
+    rig.spawn(200);
+    let mut builder = rig.builder();
+    builder.settings.lendable = Some(set("1-3,9-11"));
+    let mut agent = builder.start().unwrap();
+    let b = agent.register(batch(vec![200], 0), 1000).unwrap();
+    assert_eq!(agent.jobs()[&b.id].cpus, set("1-3,9-11"));
+}

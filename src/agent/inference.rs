@@ -108,10 +108,13 @@ impl Inference {
         throttles: &Throttles,
     ) -> (Vec<InstanceSpec>, bool) {
         let training = inference::training_cpus(&cx.state.plan);
+        // What is not lent (reserved, outside node.lendable_cpus, exclusive jobs' cores) is to
+        // the placement as reserved CPUs are.
+        let closed = cx.closed_to_lodgers();
         let usable = cx
             .topology
             .online()
-            .difference(cx.reserved)
+            .difference(&closed)
             .difference(&training);
         let stats = self.runner.stats();
         let ids: Vec<(JobId, JobKind)> = cx
@@ -158,7 +161,7 @@ impl Inference {
         }
         let plan = inference::place(
             cx.topology,
-            cx.reserved,
+            &closed,
             &training,
             &online,
             &offline,

@@ -94,6 +94,9 @@ pub struct AgentSettings {
     /// How long a Slurm job registered by the prolog may wait for its cgroup
     /// (`slurm.appear_timeout_seconds`).
     pub slurm_appear_timeout: Duration,
+    /// The CPUs lodgers may use (`node.lendable_cpus`, resolved); None: every CPU but the
+    /// reserved ones.
+    pub lendable: Option<CpuSet>,
 }
 
 /// The part of [`AgentSettings`] a reload may change while jobs run (`config::reload`).
@@ -158,6 +161,31 @@ pub(crate) struct TickCx<'a> {
     pub(crate) events: Vec<Event>,
     /// Slurm jobs' cgroups as this tick found them.
     pub(crate) slurm: &'a SlurmSeen,
+    /// `node.lendable_cpus`, resolved (None: all but the reserved).
+    pub(crate) lendable: Option<&'a CpuSet>,
+}
+
+impl TickCx<'_> {
+    /// The CPUs no lodger (inference instance, batch job) may use this tick: the reserved ones,
+    /// those outside `node.lendable_cpus`, and the cores of exclusive training jobs as the plan
+    /// places them.
+    pub(crate) fn closed_to_lodgers(&self) -> CpuSet {
+        let mut closed = self.reserved.clone();
+        if let Some(lendable) = self.lendable {
+            closed = closed.union(&self.topology.online().difference(lendable));
+        }
+        for (id, p) in &self.state.plan.training {
+            if self
+                .state
+                .jobs
+                .get(id)
+                .is_some_and(|s| s.job.spec.exclusive)
+            {
+                closed = closed.union(&p.cpus);
+            }
+        }
+        closed
+    }
 }
 
 pub struct Agent {

@@ -101,6 +101,7 @@ fn status_list_and_show_answer_while_a_tick_is_stuck_in_enforcement() {
         rt_headroom_percent: None,
         trust: Default::default(),
         slurm_appear_timeout: Duration::from_secs(600),
+        lendable: None,
     };
     let mut agent = Agent::builder(
         settings,
@@ -124,6 +125,7 @@ fn status_list_and_show_answer_while_a_tick_is_stuck_in_enforcement() {
                 multi_node: false,
                 inference: None,
                 rightsize: true,
+                exclusive: false,
             },
             0,
         )

@@ -204,6 +204,7 @@ impl Agent {
             state: &mut self.state,
             events: Vec::new(),
             slurm: &self.slurm,
+            lendable: self.settings.lendable.as_ref(),
         };
         let tuned = self.rightsize.tick(&mut cx, throttling);
         let grown = self

@@ -103,6 +103,7 @@ pub(super) fn spec(pids: Vec<u32>, cores: u32) -> JobSpec {
         multi_node: false,
         inference: None,
         rightsize: true,
+        exclusive: false,
     }
 }
 
@@ -151,6 +152,7 @@ impl Rig {
             rt_headroom_percent: Some(5),
             trust: Default::default(),
             slurm_appear_timeout: Duration::from_secs(600),
+            lendable: None,
         };
         Agent::builder(
             settings,

@@ -34,6 +34,7 @@ pub const SPEC_KEYS: &[&str] = &[
     "output",
     "slurm_job",
     "slurm_node",
+    "exclusive",
 ];
 
 fn unsigned(key: &str, v: &Value<'_>) -> Result<u32, String> {
@@ -220,6 +221,10 @@ pub fn spec_from_dict(dict: &HashMap<String, OwnedValue>) -> Result<JobSpec, Str
             .map(|v| boolean("rightsize", v))
             .transpose()?
             .unwrap_or(true),
+        exclusive: get("exclusive")
+            .map(|v| boolean("exclusive", v))
+            .transpose()?
+            .unwrap_or(false),
     })
 }
 
@@ -239,6 +244,7 @@ fn inference_spec_from_dict(
         "category",
         "pipeline",
         "multi_node",
+        "exclusive",
     ] {
         if dict.contains_key(key) {
             return Err(format!(
@@ -266,6 +272,7 @@ fn inference_spec_from_dict(
         pipeline: false,
         multi_node: false,
         rightsize: false,
+        exclusive: false,
         inference: Some(InferenceSpec {
             command,
             slo_ms: get("slo_ms").map(|v| float("slo_ms", v)).transpose()?,
@@ -383,6 +390,7 @@ pub fn job_to_dict(job: &Job, sched: &SchedLabels) -> HashMap<String, Value<'sta
     );
     put("pipeline", Value::from(job.spec.pipeline));
     put("multi_node", Value::from(job.spec.multi_node));
+    put("exclusive", Value::from(job.spec.exclusive));
     put("threads", Value::from(job.threads));
     put("rr_threads", Value::from(job.rr_threads));
     put(

@@ -234,6 +234,10 @@ pub struct TrainingArgs {
     /// Keep exactly --cores: never right-size this job from its GPU utilization.
     #[arg(long)]
     pub no_rightsize: bool,
+    /// Lend none of this job's cores: no inference instance or batch job runs on them (a
+    /// benchmark, a latency-critical job).
+    #[arg(long)]
+    pub exclusive: bool,
     #[command(flatten)]
     pub owner: OwnerArgs,
 }

@@ -24,6 +24,10 @@ const NUMA_NODE_RANGE: RangeInclusive<i64> = 0..=1023;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct NodeConfig {
     pub reserved_cpus: ReservedCpus,
+    /// `node.lendable_cpus`: the CPUs lodgers (inference instances, batch jobs) may use; `None`
+    /// (`"all"`): every CPU but the reserved ones.
+    #[serde(serialize_with = "lendable_spelling")]
+    pub lendable_cpus: Option<CpuSet>,
     pub sysfs_root: PathBuf,
     pub proc_root: PathBuf,
     /// `[[node.gpu]]`: GPU locality overrides, each index at most once.
@@ -83,10 +87,19 @@ impl Serialize for ReservedCpus {
     }
 }
 
+/// `node.lendable_cpus` in its TOML spelling.
+fn lendable_spelling<S: Serializer>(v: &Option<CpuSet>, s: S) -> Result<S::Ok, S::Error> {
+    match v {
+        None => s.serialize_str("all"),
+        Some(set) => s.collect_str(set),
+    }
+}
+
 impl Default for NodeConfig {
     fn default() -> Self {
         Self {
             reserved_cpus: ReservedCpus::Auto,
+            lendable_cpus: None,
             sysfs_root: PathBuf::from("/sys"),
             proc_root: PathBuf::from("/proc"),
             gpu: Vec::new(),
@@ -148,6 +161,26 @@ impl Config {
         }
     }
 
+    /// The CPUs lodgers may use on this node: `node.lendable_cpus` (every CPU of it online)
+    /// less `reserved`, or every online CPU but the reserved ones.
+    pub fn resolve_lendable(
+        &self,
+        online: &CpuSet,
+        reserved: &CpuSet,
+    ) -> Result<CpuSet, ConfigError> {
+        let Some(wanted) = &self.node.lendable_cpus else {
+            return Ok(online.difference(reserved));
+        };
+        let missing = wanted.difference(online);
+        if !missing.is_empty() {
+            return Err(self.error_at(
+                "node.lendable_cpus",
+                format!("CPUs {missing} are not online on this node (online: {online})"),
+            ));
+        }
+        Ok(wanted.difference(reserved))
+    }
+
     /// Refuses a `[[node.gpu]]` whose `numa_node` is not one of the node's `numa_nodes`.
     pub fn check_gpu_overrides(&self, numa_nodes: &CpuSet) -> Result<(), ConfigError> {
         for (i, gpu) in self.node.gpu.iter().enumerate() {
@@ -169,6 +202,7 @@ impl Config {
 #[serde(deny_unknown_fields, expecting = "a table")]
 pub(super) struct RawNode {
     reserved_cpus: Option<Spanned<String>>,
+    lendable_cpus: Option<Spanned<String>>,
     sysfs_root: Option<Spanned<String>>,
     proc_root: Option<Spanned<String>>,
     gpu: Option<Vec<Spanned<RawGpu>>>,
@@ -194,6 +228,17 @@ impl Cx<'_> {
                     ReservedCpus::parse(&s).map_err(|e| {
                         format!("must be \"auto\", \"\" (none) or a cpulist such as \"0,32\": {e}")
                     })
+                },
+            )?,
+            lendable_cpus: self.field(
+                "node.lendable_cpus",
+                raw.lendable_cpus,
+                d.lendable_cpus,
+                |s| match s.trim() {
+                    "all" => Ok(None),
+                    list => CpuSet::parse(list).map(Some).map_err(|e| {
+                        format!("must be \"all\" or a cpulist such as \"2-31,34-63\": {e}")
+                    }),
                 },
             )?,
             sysfs_root: self.field("node.sysfs_root", raw.sysfs_root, d.sysfs_root, absolute)?,

@@ -310,6 +310,33 @@ fn empty_reserved_cpus_is_none() {
     assert!(got.is_empty());
 }
 
+#[test]
+fn lendable_cpus_are_all_or_an_online_cpulist_less_the_reserved() {
+    let d = Config::default();
+    assert_eq!(
+        d.resolve_lendable(&cpus("0-7"), &cpus("0,4")).unwrap(),
+        cpus("1-3,5-7")
+    );
+    let c = parse("[node]\nlendable_cpus = \"0-5\"\n").expect("list");
+    assert_eq!(
+        c.resolve_lendable(&cpus("0-7"), &cpus("0,4")).unwrap(),
+        cpus("1-3,5")
+    );
+    let err = c
+        .resolve_lendable(&cpus("0-3"), &cpus("0"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("node.lendable_cpus") && err.contains("4-5"),
+        "{err}"
+    );
+    let err = refused("[node]\nlendable_cpus = \"some\"\n");
+    assert!(
+        err.contains("node.lendable_cpus") && err.contains("\"all\""),
+        "{err}"
+    );
+}
+
 /// (text, the whole expected message). Each names file, line and key.
 #[test]
 fn bad_input_names_file_line_and_key() {

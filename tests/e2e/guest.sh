@@ -375,6 +375,8 @@ check "$job_s: its instance runs and reports within 60 s" poll_for 60 instance_h
 pid_s=$(instance_pid)
 check "$job_s: its instance is a transient unit in lodger-instances.slice" \
     grep -q "/lodger-instances.slice/lodger-$job_s-0-" "/proc/$pid_s/cgroup"
+check_eq "$job_s: the OOM killer takes its instance first (oom_score_adj)" \
+    "$(cat /proc/"$pid_s"/oom_score_adj)" 1000
 jobs_before=$(placements)
 check "systemctl restart lodgerd" sh -c 'systemctl restart lodgerd && systemctl -q is-active lodgerd'
 check_eq "after restart: same jobs on the same CPUs" "$(placements)" "$jobs_before"

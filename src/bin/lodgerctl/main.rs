@@ -236,6 +236,9 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             spec.insert("pipeline", Value::from(a.pipeline));
             spec.insert("multi_node", Value::from(a.multi_node));
             spec.insert("rightsize", Value::from(!a.no_rightsize));
+            if a.exclusive {
+                spec.insert("exclusive", Value::from(true));
+            }
             if let Some(uid) = owner_uid(&a.owner)? {
                 spec.insert("owner", Value::from(uid));
             }
@@ -384,6 +387,12 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                         continue;
                     }
                     println!("  {label:>12}: {v}");
+                }
+                if get(&d, "exclusive") == "yes" {
+                    println!(
+                        "  {:>12}: yes (its cores are lent to no lodger)",
+                        "Exclusive"
+                    );
                 }
                 if d.contains_key("rightsize") {
                     println!("  {:>12}: {}", "Right-sizing", get(&d, "rightsize"));

@@ -79,6 +79,9 @@ async fn prolog_for(env: &SlurmEnv, args: &SlurmArgs, session: bool) -> Result<S
     if kind == JobKind::Training {
         spec.insert("cores", Value::from(env.cpus_per_node.unwrap_or(0)));
         spec.insert("multi_node", Value::from(env.nodes > 1));
+        if env.exclusive {
+            spec.insert("exclusive", Value::from(true));
+        }
         let gpus = usable_gpus(&proxy, env.gpus.as_deref(), &mut note).await;
         spec.insert("gpus", Value::from(gpus));
     }

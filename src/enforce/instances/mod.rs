@@ -277,6 +277,12 @@ impl InstanceState {
     }
 }
 
+/// Every instance's `oom_score_adj`: the most an OOM killer can prefer a process, so that it
+/// takes a lodger before a training process (issue 19; the unit property `OOMScoreAdjust`).
+pub const LODGER_OOM_SCORE_ADJ: i32 = 1000;
+/// The same, as written to `/proc/self/oom_score_adj` between fork and exec.
+const LODGER_OOM_SCORE_ADJ_TEXT: &[u8] = b"1000";
+
 /// What `stats` shows about one instance.
 #[derive(Debug, Clone, PartialEq)]
 pub struct InstanceStats {

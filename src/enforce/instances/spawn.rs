@@ -443,6 +443,24 @@ impl ChildSetup {
                 return Err(io::Error::from_raw_os_error(errno as i32));
             }
         }
+        // The OOM killer takes a lodger before any training process (raising it needs no
+        // privilege, but is done before the owner's credentials all the same).
+        // SAFETY: open/write/close with a static path and buffer: async-signal-safe.
+        unsafe {
+            let fd = libc::open(
+                c"/proc/self/oom_score_adj".as_ptr(),
+                libc::O_WRONLY | libc::O_CLOEXEC,
+            );
+            if fd < 0 {
+                return fail();
+            }
+            let value = super::LODGER_OOM_SCORE_ADJ_TEXT;
+            let written = libc::write(fd, value.as_ptr().cast(), value.len());
+            libc::close(fd);
+            if written != value.len() as isize {
+                return fail();
+            }
+        }
         // Placed with lodgerd's rights; from here on the owner's.
         self.creds.apply()?;
         if self.report_fd == REPORT_FD {

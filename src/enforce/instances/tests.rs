@@ -263,3 +263,11 @@ fn exits_are_described() {
     );
     assert_eq!(describe_exit(ExitStatus::from_raw(9)), "killed by SIGKILL");
 }
+
+#[test]
+fn the_oom_score_written_at_spawn_is_the_units() {
+    assert_eq!(
+        super::LODGER_OOM_SCORE_ADJ.to_string().as_bytes(),
+        super::LODGER_OOM_SCORE_ADJ_TEXT
+    );
+}

@@ -80,6 +80,7 @@ pub enum Prop {
     /// `aay` (`LogExtraFields`: `FIELD=value` as bytes).
     ByteStrs(Vec<Vec<u8>>),
     U64(u64),
+    I32(i32),
     /// `a(sasb)`: path, argv, ignore failure.
     Exec(Vec<(String, Vec<String>, bool)>),
     /// A descriptor passed with the call (the report pipe, or lodgerd's output file).
@@ -130,6 +131,8 @@ pub fn properties(spec: &UnitSpec) -> Vec<(&'static str, Prop)> {
         ("WorkingDirectory", s(&spec.cwd)),
         ("Environment", Prop::Strs(spec.env.clone())),
         ("NoNewPrivileges", Prop::Bool(true)),
+        // The OOM killer takes a lodger before any training process.
+        ("OOMScoreAdjust", Prop::I32(super::LODGER_OOM_SCORE_ADJ)),
         ("CPUAffinity", Prop::Bytes(cpu_mask(&spec.cpus))),
         (
             "ExecStart",
@@ -261,6 +264,7 @@ fn to_value<'a>(
         Prop::Bytes(v) => Value::from(v.clone()),
         Prop::ByteStrs(v) => Value::from(v.clone()),
         Prop::U64(v) => Value::from(*v),
+        Prop::I32(v) => Value::from(*v),
         Prop::Exec(v) => Value::from(v.clone()),
         Prop::Fd(FdRole::Report) => Value::from(Fd::from(report)),
         Prop::Fd(FdRole::Output) => match output {
@@ -442,6 +446,7 @@ mod tests {
         // CPUs 0, 1 and 9: bits 0 and 1 of byte 0, bit 1 of byte 1.
         assert_eq!(get(&props, "CPUAffinity"), [&Prop::Bytes(vec![0b11, 0b10])]);
         assert_eq!(get(&props, "TimeoutStopUSec"), [&Prop::U64(10_000_000)]);
+        assert_eq!(get(&props, "OOMScoreAdjust"), [&Prop::I32(1000)]);
         assert_eq!(
             get(&props, "LogExtraFields"),
             [&Prop::ByteStrs(vec![
@@ -506,6 +511,7 @@ mod tests {
             ("WorkingDirectory", "s"),
             ("Environment", "as"),
             ("NoNewPrivileges", "b"),
+            ("OOMScoreAdjust", "i"),
             ("CPUAffinity", "ay"),
             ("ExecStart", "a(sasb)"),
             ("StandardInputFileDescriptor", "h"),
