@@ -288,3 +288,73 @@ fn an_exclusive_training_jobs_cores_host_no_lodger() {
         running_pids(&d.job(&off_id)).len() == online_set().len()
     });
 }
+
+/// The CPU time of a process (utime + stime), in seconds.
+fn cpu_seconds(pid: u32) -> f64 {
+    let text = std::fs::read(format!("/proc/{pid}/stat")).expect("stat");
+    let (ticks, _) = lodger::sense::cpu::parse_pid_stat(&text).expect("parse stat");
+    ticks as f64 / procfs::ticks_per_second() as f64
+}
+
+#[test]
+fn lent_cpu_time_matches_the_instances_own_on_the_training_core() {
+    if !need_root("lent_cpu_time_matches_the_instances_own_on_the_training_core") {
+        return;
+    }
+    let _measuring = measuring();
+    let bus = PrivateBus::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut d = lodgers_daemon(&bus, dir.path(), "");
+    let w = Workload::train(1);
+    let train = d.register_pid(w.pid(), 1);
+    let training_cpus = d.job(&train)["cpus"].as_str().expect("cpus").to_string();
+    let off = d.ctl_json(&[
+        "register",
+        "offline",
+        "--",
+        &worker(),
+        "--quiet",
+        "--model-mib",
+        "1",
+    ]);
+    let off_id = off["id"].as_str().expect("id").to_string();
+    // The instance on the training job's CPU.
+    let mut lodger_pid = 0;
+    wait_until(WAIT, "an offline instance on the training CPU", || {
+        instances(&d.job(&off_id)).iter().any(|i| {
+            let hit = i["state"] == "running" && i["cpus"] == training_cpus.as_str();
+            if hit {
+                lodger_pid = i["pid"].as_u64().unwrap_or(0) as u32;
+            }
+            hit && lodger_pid > 0
+        })
+    });
+    let lent = |d: &Daemon| d.job(&train)["lent_cpu_s"].as_f64().expect("lent_cpu_s");
+    let (lent0, own0) = (lent(&d), cpu_seconds(lodger_pid));
+    std::thread::sleep(std::time::Duration::from_secs(5));
+    let (lent1, own1) = (lent(&d), cpu_seconds(lodger_pid));
+    let (dl, dn) = (lent1 - lent0, own1 - own0);
+    eprintln!("lent {dl:.2} CPU-s by lodgerd's count, the instance's own {dn:.2} CPU-s");
+    assert!(
+        dn > 0.5,
+        "the instance ran on the training CPU: {dn:.2} CPU-s"
+    );
+    // Counted each 100 ms tick: a tick's worth of lag at either end.
+    assert!(
+        (dl - dn).abs() <= 0.05 * dn + 0.25,
+        "lent {dl:.2} against {dn:.2}"
+    );
+    let shown = d.ctl_ok(&["show", &train]);
+    assert!(shown.contains("CPU-s to lodgers"), "{shown}");
+    let lodged = d.job(&off_id)["lodged_on_training_cpu_s"]
+        .as_f64()
+        .expect("lodged_on_training_cpu_s");
+    assert!(
+        lodged >= dl,
+        "the lodger's own count: {lodged:.2} >= {dl:.2}"
+    );
+    // Kept across a restart.
+    let before = lent(&d);
+    d.restart();
+    assert!(lent(&d) >= before, "lent time survives a restart");
+}

@@ -21,6 +21,7 @@ mod contention;
 mod handle;
 mod inference;
 mod layout;
+mod lending;
 mod network;
 mod published;
 mod registry;
@@ -61,6 +62,7 @@ pub use crate::sense::link::SensorLink;
 use self::batch::Batch;
 use self::contention::Contention;
 use self::inference::Inference;
+use self::lending::Lending;
 use self::network::Network;
 use self::published::Published;
 use self::rightsize::Rightsize;
@@ -213,6 +215,8 @@ pub struct Agent {
     batch: Option<Batch>,
     /// Slurm jobs' cgroups as the last tick found them.
     slurm: SlurmSeen,
+    /// Lent CPU time accounting.
+    lending: Lending,
     /// Runs inference instances; absent in `--sim` and unit tests (inference jobs are refused).
     inference: Option<Inference>,
     /// Network shaping while multi-node training runs (SODA §V-E); absent when no interface
@@ -323,6 +327,7 @@ impl AgentBuilder {
             training: Training::new(self.enforcer),
             batch: self.batch.map(Batch::new),
             slurm: SlurmSeen::default(),
+            lending: Lending::new(&self.settings.proc_root),
             inference: self
                 .runner
                 .map(|(runner, probe_window)| Inference::new(runner, probe_window, &state)),

@@ -45,6 +45,7 @@ fn new_job(id: JobId, spec: JobSpec, owner_uid: u32) -> Job {
         throttle: None,
         network: None,
         rt: None,
+        account: Default::default(),
         spec,
     }
 }

@@ -66,6 +66,10 @@ impl Agent {
         if let Some(inference) = &mut self.inference {
             inference.leave_running();
         }
+        // What changed since the last write without asking for one (lent CPU time).
+        if let Err(e) = self.store.save(&self.state) {
+            warn!("{e}");
+        }
         if let Some(contention) = &mut self.contention {
             contention.shutdown();
         }
@@ -239,6 +243,7 @@ impl Agent {
                 dirty = true;
             }
             dirty |= inference.apply(&mut cx, &desired);
+            dirty |= self.lending.tick(&mut cx, &inference.runner.stats());
         }
         // After inference: batch jobs get what training and online inference leave.
         let batch_gone = match &mut self.batch {

@@ -275,6 +275,57 @@ pub fn render(snap: &Snapshot) -> String {
             .map(|(k, a)| (vec![("source", k.clone())], if a.stale { 1.0 } else { 0.0 }))
             .collect(),
     );
+    // Lent CPU time (issue 19): counters, kept across lodgerd restarts with the jobs.
+    let counter_family = |b: &mut Builder, name: &str, help: &str, values: Vec<(Labels, f64)>| {
+        let family = Family::<Labels, Counter<f64, AtomicU64>>::default();
+        for (labels, v) in values {
+            if v.is_finite() && v >= 0.0 {
+                family.get_or_create(&labels).inc_by(v);
+            }
+        }
+        b.registry.register(name, help, family);
+    };
+    counter_family(
+        &mut b,
+        "job_lent_cpu_seconds",
+        "CPU time lodgers used on a training job's cores",
+        jobs.iter()
+            .filter(|j| j.spec.kind.role() == crate::job::Role::Training)
+            .map(|j| (job_labels(j.id.as_str(), &j.spec.name), j.account.lent_s))
+            .collect(),
+    );
+    counter_family(
+        &mut b,
+        "job_idle_cpu_seconds",
+        "Time a training job's cores were idle (nobody ran)",
+        jobs.iter()
+            .filter(|j| j.spec.kind.role() == crate::job::Role::Training)
+            .map(|j| (job_labels(j.id.as_str(), &j.spec.name), j.account.idle_s))
+            .collect(),
+    );
+    counter_family(
+        &mut b,
+        "job_lodged_cpu_seconds",
+        "CPU time a lodger's instances used",
+        jobs.iter()
+            .filter(|j| j.spec.kind.is_inference())
+            .map(|j| (job_labels(j.id.as_str(), &j.spec.name), j.account.used_s))
+            .collect(),
+    );
+    counter_family(
+        &mut b,
+        "job_lodged_on_training_cpu_seconds",
+        "The part of a lodger's CPU time on training jobs' cores",
+        jobs.iter()
+            .filter(|j| j.spec.kind.is_inference())
+            .map(|j| {
+                (
+                    job_labels(j.id.as_str(), &j.spec.name),
+                    j.account.on_training_s,
+                )
+            })
+            .collect(),
+    );
     let throttles = Counter::<u64>::default();
     throttles.inc_by(snap.status.throttle_actions);
     b.registry.register(
@@ -414,6 +465,47 @@ mod tests {
             "lodger_sample_age_seconds{source=\"gpu\"} 12.5",
             "lodger_source_stale{source=\"cpu\"} 0",
             "lodger_source_stale{source=\"gpu\"} 1",
+        ] {
+            assert!(
+                text.lines().any(|l| l.starts_with(line)),
+                "{line} not in\n{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn lent_cpu_time_is_exported_as_counters() {
+        let job: crate::job::Job = serde_json::from_value(serde_json::json!({
+            "id": "j1",
+            "spec": {
+                "kind": "training",
+                "name": null,
+                "target": {"pids": [1]},
+                "gpus": [],
+                "cores": 2,
+            },
+            "owner_uid": 0,
+            "state": "running",
+            "cpus": "1-2",
+            "mems": "0",
+            "pids": [],
+            "threads": 0,
+            "rr_threads": 0,
+            "last_error": null,
+            "registered_at": 0,
+            "account": {"lent_s": 12.5, "idle_s": 2.5},
+        }))
+        .expect("job");
+        let snap = Snapshot {
+            jobs: vec![job],
+            observations: crate::sense::Observations::default(),
+            status: crate::agent::NodeStatus::default(),
+        };
+        let text = render(&snap);
+        for line in [
+            "# TYPE lodger_job_lent_cpu_seconds counter",
+            "lodger_job_lent_cpu_seconds_total{job=\"j1\",name=\"\"} 12.5",
+            "lodger_job_idle_cpu_seconds_total{job=\"j1\",name=\"\"} 2.5",
         ] {
             assert!(
                 text.lines().any(|l| l.starts_with(line)),

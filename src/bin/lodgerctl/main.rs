@@ -394,6 +394,26 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                         "Exclusive"
                     );
                 }
+                if d.contains_key("lent_cpu_s") {
+                    let share = d
+                        .get("lent_share")
+                        .and_then(|v| f64::try_from(&**v).ok())
+                        .map(|s| format!(" ({:.0}% of its cores' idle time)", s * 100.0))
+                        .unwrap_or_default();
+                    println!(
+                        "  {:>12}: {} CPU-s to lodgers{share}",
+                        "Lent",
+                        get(&d, "lent_cpu_s")
+                    );
+                }
+                if d.contains_key("lodged_cpu_s") {
+                    println!(
+                        "  {:>12}: {} CPU-s, {} on training cores",
+                        "CPU used",
+                        get(&d, "lodged_cpu_s"),
+                        get(&d, "lodged_on_training_cpu_s")
+                    );
+                }
                 if d.contains_key("rightsize") {
                     println!("  {:>12}: {}", "Right-sizing", get(&d, "rightsize"));
                 }

@@ -1,9 +1,13 @@
 //! Jobs: what a caller registers (`JobSpec`), what lodger tracks (`Job`), ids and kinds.
 //! Pure data and validation; touches nothing else.
 
+mod account;
+
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
+
+pub use self::account::CpuAccount;
 
 use crate::cpuset::CpuSet;
 
@@ -545,6 +549,9 @@ pub struct Job {
     /// Training jobs under SCHED_RR: where the job stands against the kernel's RT limit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rt: Option<RtStanding>,
+    /// Lent CPU time: given (training) or used (lodgers), kept across restarts.
+    #[serde(default, skip_serializing_if = "CpuAccount::is_empty")]
+    pub account: CpuAccount,
 }
 
 /// A SCHED_RR training job against the kernel's RT limit (`sched_rt_runtime_us /
