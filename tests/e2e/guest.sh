@@ -112,10 +112,14 @@ numa_local_whole_cores() {
 count() { expand "$1" | wc -w; }
 # "cpus id" of every job, from lodgerctl's JSON (keys come sorted).
 placements() { lodgerctl --json list | grep -o '"cpus":"[^"]*"\|"id":"[^"]*"' | paste -sd' '; }
-# Cgroups of lodger's (not this test's own lodger-e2e.service).
+# Cgroups of lodger's (not this test's own lodger-e2e.service, nor Slurm's scope, which Debian's
+# Slurm names after the host: lodger-e2e_slurmstepd.scope).
 lodger_cgroups() {
-    find /sys/fs/cgroup -name '*lodger*' ! -name lodger-e2e.service
-    [ -z "$(find /sys/fs/cgroup -name '*lodger*' ! -name lodger-e2e.service)" ]
+    local found
+    found=$(find /sys/fs/cgroup -name '*lodger*' ! -name lodger-e2e.service \
+        ! -name "$(hostname -s)_slurmstepd.scope")
+    echo "$found"
+    [ -z "$found" ]
 }
 disjoint() {
     local c
