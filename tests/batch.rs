@@ -67,6 +67,14 @@ fn a_batch_job_runs_beside_training_in_its_class_and_is_given_back() {
                     .all(|&t| cpus_allowed(hog.id(), t).as_deref() == Some(on.to_list().as_str()))
         },
     );
+    let oom = |pid: u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/oom_score_adj"))
+            .expect("oom_score_adj")
+            .trim()
+            .to_string()
+    };
+    assert_eq!(oom(hog.id()), "1000", "the OOM killer takes a lodger first");
+    assert_eq!(oom(w.pid()), "0", "and never prefers training");
     let listed = d.ctl_ok(&["list"]);
     assert!(
         listed
@@ -93,6 +101,7 @@ fn a_batch_job_runs_beside_training_in_its_class_and_is_given_back() {
 
     d.ctl_ok(&["unregister", &id]);
     assert!(all_other(hog.id()), "SCHED_OTHER again");
+    assert_eq!(oom(hog.id()), "0", "its OOM score given back");
     assert_eq!(cpus_allowed(hog.id(), hog.id()), Some(before));
     let _ = hog.kill();
     let _ = hog.wait();

@@ -67,6 +67,56 @@ pub enum SchedError {
     Parse { path: PathBuf, content: String },
     #[error("rt_priority {priority} is outside SCHED_RR's range {min}..={max}")]
     BadPriority { priority: i32, min: i32, max: i32 },
+    #[error("cannot write '{value}' to {path}: {source}")]
+    SetOomScore {
+        path: PathBuf,
+        value: i32,
+        source: io::Error,
+    },
+}
+
+/// A lodger's `oom_score_adj` (issue 19): the OOM killer takes it before any training process.
+pub const LODGER_OOM_SCORE_ADJ: i32 = 1000;
+
+/// Makes process `pid`'s `oom_score_adj` `value` (under `proc_root`). `Ok(None)`: the process
+/// is gone; else whether it was written.
+pub fn ensure_oom_score(
+    proc_root: &Path,
+    pid: u32,
+    value: i32,
+) -> Result<Option<bool>, SchedError> {
+    let path = proc_root.join(pid.to_string()).join("oom_score_adj");
+    let current = match std::fs::read_to_string(&path) {
+        Ok(text) => text.trim().parse::<i32>().ok(),
+        Err(e) if crate::sys::procfs::is_gone(&e) => return Ok(None),
+        Err(source) => return Err(SchedError::Read { path, source }),
+    };
+    if current == Some(value) {
+        return Ok(Some(false));
+    }
+    match std::fs::write(&path, value.to_string()) {
+        Ok(()) => Ok(Some(true)),
+        Err(e) if crate::sys::procfs::is_gone(&e) => Ok(None),
+        Err(source) => Err(SchedError::SetOomScore {
+            path,
+            value,
+            source,
+        }),
+    }
+}
+
+/// Gives back what [`ensure_oom_score`] set: 0 where the process still has `set` (a value
+/// its owner chose since is theirs).
+pub fn revert_oom_score(proc_root: &Path, pid: u32, set: i32) -> Result<(), SchedError> {
+    let path = proc_root.join(pid.to_string()).join("oom_score_adj");
+    match std::fs::read_to_string(&path) {
+        Ok(text) if text.trim().parse::<i32>().ok() == Some(set) => {
+            ensure_oom_score(proc_root, pid, 0).map(drop)
+        }
+        Ok(_) => Ok(()),
+        Err(e) if crate::sys::procfs::is_gone(&e) => Ok(()),
+        Err(source) => Err(SchedError::Read { path, source }),
+    }
 }
 
 /// SCHED_RR's priority range on this kernel.

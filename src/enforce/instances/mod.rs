@@ -277,9 +277,8 @@ impl InstanceState {
     }
 }
 
-/// Every instance's `oom_score_adj`: the most an OOM killer can prefer a process, so that it
-/// takes a lodger before a training process (issue 19; the unit property `OOMScoreAdjust`).
-pub const LODGER_OOM_SCORE_ADJ: i32 = 1000;
+/// Every instance's `oom_score_adj` (the unit property `OOMScoreAdjust`): a lodger's.
+pub use crate::enforce::sched::LODGER_OOM_SCORE_ADJ;
 /// The same, as written to `/proc/self/oom_score_adj` between fork and exec.
 const LODGER_OOM_SCORE_ADJ_TEXT: &[u8] = b"1000";
 

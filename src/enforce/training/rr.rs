@@ -27,6 +27,7 @@ impl Enforcer {
         let now = Instant::now();
         let roles = matches!(self.settings.class, TrainingClass::Rr { roles: true });
         s.roles.begin(now);
+        let lodger = matches!(self.settings.class, TrainingClass::Lodger { .. });
         for &pid in pids {
             s.tids.clear();
             match s.reader.threads(pid, &mut s.tids) {
@@ -35,6 +36,18 @@ impl Enforcer {
                 Err(e) => {
                     rr.errors.push(e.into());
                     continue;
+                }
+            }
+            if lodger {
+                // A batch job is a lodger: the OOM killer takes it before training (issue 19).
+                match sched::ensure_oom_score(
+                    &self.settings.proc_root,
+                    pid,
+                    sched::LODGER_OOM_SCORE_ADJ,
+                ) {
+                    Ok(Some(true)) => rr.changed = true,
+                    Ok(_) => {}
+                    Err(e) => rr.errors.push(e.into()),
                 }
             }
             let mut any = false;
@@ -77,6 +90,15 @@ impl Enforcer {
                 Err(e) => {
                     errors.push(e.into());
                     continue;
+                }
+            }
+            if matches!(self.settings.class, TrainingClass::Lodger { .. }) {
+                if let Err(e) = sched::revert_oom_score(
+                    &self.settings.proc_root,
+                    pid,
+                    sched::LODGER_OOM_SCORE_ADJ,
+                ) {
+                    errors.push(e.into());
                 }
             }
             for &tid in &s.tids {
