@@ -40,6 +40,8 @@ impl Enforcer {
             }
             if lodger {
                 // A batch job is a lodger: the OOM killer takes it before training (issue 19).
+                // Best effort: another user's /proc/PID/oom_score_adj needs CAP_DAC_OVERRIDE,
+                // which the packaged unit does not give lodgerd; the job runs on regardless.
                 match sched::ensure_oom_score(
                     &self.settings.proc_root,
                     pid,
@@ -47,7 +49,7 @@ impl Enforcer {
                 ) {
                     Ok(Some(true)) => rr.changed = true,
                     Ok(_) => {}
-                    Err(e) => rr.errors.push(e.into()),
+                    Err(e) => tracing::debug!(pid, "oom_score_adj not raised: {e}"),
                 }
             }
             let mut any = false;
@@ -98,7 +100,7 @@ impl Enforcer {
                     pid,
                     sched::LODGER_OOM_SCORE_ADJ,
                 ) {
-                    errors.push(e.into());
+                    tracing::debug!(pid, "oom_score_adj not given back: {e}");
                 }
             }
             for &tid in &s.tids {
