@@ -329,7 +329,13 @@ fn a_cpu_only_slurm_job_is_batch_and_forgotten_when_its_cgroup_goes() {
     wait_until(WAIT, "the job forgotten once its cgroup is gone", || {
         registered(&d, slurm_id).is_none()
     });
-    assert!(d.log().contains("batch job ended"), "{}", d.log());
+    assert!(
+        d.log()
+            .lines()
+            .any(|l| l.contains("job ended") && l.contains("kind=\"batch\"")),
+        "{}",
+        d.log()
+    );
 }
 
 #[test]

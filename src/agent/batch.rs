@@ -4,9 +4,9 @@
 //! cores, their threads SCHED_OTHER or SCHED_BATCH through a second enforcer. Touches
 //! enforcement (through [`Enforce`]) and the jobs lent by the tick.
 
-use tracing::{debug, info, warn};
-
-use super::training::{Enforce, Gone};
+use super::training::{
+    reap, record_outcome, release_quietly, same_but_thread_counts, Enforce, Gone,
+};
 use super::{Event, TickCx};
 use crate::cpuset::CpuSet;
 use crate::enforce::network::node::CpuJob;
@@ -85,32 +85,8 @@ impl Batch {
                     let result =
                         self.enforcer
                             .apply(&id, &stored.job.spec.target, p, &mut stored.record);
-                    match result {
-                        Ok(o) if !o.alive => {
-                            gone.push((id.clone(), "its last process exited".to_string()))
-                        }
-                        Ok(o) => {
-                            stored.job.pids = o.pids;
-                            stored.job.threads = o.threads;
-                            stored.job.rr_threads = o.rr_threads;
-                            stored.job.state = if o.waiting.is_some() {
-                                JobState::Pending
-                            } else {
-                                JobState::Running
-                            };
-                            stored.job.last_error = o.waiting;
-                            for w in o.warnings {
-                                debug!(job = %id, "{w}");
-                            }
-                        }
-                        Err(e) if e.is_gone() => gone.push((id.clone(), e.to_string())),
-                        Err(e) => {
-                            if stored.job.last_error.as_deref() != Some(&e.to_string()) {
-                                warn!(job = %id, "batch enforcement failed: {e}");
-                            }
-                            stored.job.state = JobState::Error;
-                            stored.job.last_error = Some(e.to_string());
-                        }
+                    if let Some(why) = record_outcome(stored, &id, result, true) {
+                        gone.push((id.clone(), why));
                     }
                 }
                 (None, Some(Err(why))) => {
@@ -121,10 +97,7 @@ impl Batch {
                 (None, None) => {}
             }
             if *stored != before {
-                let mut a = stored.clone();
-                a.job.threads = before.job.threads;
-                a.job.rr_threads = before.job.rr_threads;
-                dirty |= a != before;
+                dirty |= !same_but_thread_counts(stored, &before);
                 if stored.job.state != before.job.state {
                     cx.events
                         .push(Event::JobChanged(id.clone(), stored.job.state));
@@ -136,18 +109,7 @@ impl Batch {
 
     /// Forgets the batch jobs that ended and gives their processes back. Returns whether any was.
     pub(super) fn reap(&mut self, cx: &mut TickCx<'_>, gone: Gone) -> bool {
-        let mut dirty = false;
-        for (id, why) in gone {
-            if let Some(stored) = cx.state.jobs.remove(&id) {
-                self.release_quietly(&id, &stored.job.spec.target, &stored.record);
-                info!(job = %id, "batch job ended ({why})");
-                cx.events
-                    .push(Event::JobChanged(id.clone(), JobState::Exited));
-                cx.events.push(Event::JobRemoved(id));
-                dirty = true;
-            }
-        }
-        dirty
+        reap(&mut *self.enforcer, cx, gone)
     }
 
     pub(super) fn release_quietly(
@@ -156,9 +118,7 @@ impl Batch {
         target: &Target,
         record: &crate::enforce::JobRecord,
     ) {
-        if let Err(e) = self.enforcer.release(id, target, record) {
-            warn!(job = %id, "cleanup incomplete: {e}");
-        }
+        release_quietly(&mut *self.enforcer, id, target, record);
     }
 
     /// Batch jobs' processes for network shaping: their traffic goes in the CPU jobs' class.

@@ -196,32 +196,8 @@ impl Training {
                     })
                 }
             };
-            match result {
-                Ok(o) if !o.alive => gone.push((id.clone(), "its last process exited".to_string())),
-                Ok(o) => {
-                    stored.job.pids = o.pids;
-                    stored.job.threads = o.threads;
-                    stored.job.rr_threads = o.rr_threads;
-                    if let Some(why) = o.waiting {
-                        // A Slurm job's cgroup not there after all (gone since this tick looked).
-                        stored.job.state = JobState::Pending;
-                        stored.job.last_error = Some(why);
-                    } else if placement.is_some() {
-                        stored.job.state = JobState::Running;
-                        stored.job.last_error = None;
-                    }
-                    for w in o.warnings {
-                        debug!(job = %id, "{w}");
-                    }
-                }
-                Err(e) if e.is_gone() => gone.push((id.clone(), e.to_string())),
-                Err(e) => {
-                    if stored.job.last_error.as_deref() != Some(&e.to_string()) {
-                        warn!(job = %id, "enforcement failed: {e}");
-                    }
-                    stored.job.state = JobState::Error;
-                    stored.job.last_error = Some(e.to_string());
-                }
+            if let Some(why) = record_outcome(stored, &id, result, placement.is_some()) {
+                gone.push((id.clone(), why));
             }
             if *stored != before {
                 // Thread counts are this pass's figures (`lodgerctl show`), measured again next
@@ -239,29 +215,85 @@ impl Training {
     /// Forgets the jobs whose processes are gone and releases what enforcement did for them.
     /// Returns whether any was reaped.
     pub(super) fn reap(&mut self, cx: &mut TickCx<'_>, gone: Gone) -> bool {
-        let mut dirty = false;
-        for (id, why) in gone {
-            if let Some(stored) = cx.state.jobs.remove(&id) {
-                self.release_quietly(&id, &stored.job.spec.target, &stored.record);
-                info!(job = %id, cpus = %stored.job.cpus, "job ended ({why}); cores freed");
-                cx.events
-                    .push(Event::JobChanged(id.clone(), JobState::Exited));
-                cx.events.push(Event::JobRemoved(id));
-                dirty = true;
-            }
-        }
-        dirty
+        reap(&mut *self.enforcer, cx, gone)
     }
 
     pub(super) fn release_quietly(&mut self, id: &JobId, target: &Target, record: &JobRecord) {
-        if let Err(e) = self.enforcer.release(id, target, record) {
-            warn!(job = %id, "cleanup incomplete: {e}");
+        release_quietly(&mut *self.enforcer, id, target, record);
+    }
+}
+
+/// Releases what `enforcer` did for a job, logging what could not be undone.
+pub(super) fn release_quietly(
+    enforcer: &mut dyn Enforce,
+    id: &JobId,
+    target: &Target,
+    record: &JobRecord,
+) {
+    if let Err(e) = enforcer.release(id, target, record) {
+        warn!(job = %id, "cleanup incomplete: {e}");
+    }
+}
+
+/// Forgets the jobs whose processes are gone and releases what `enforcer` did for them (training
+/// jobs, or batch jobs with theirs). Returns whether any was reaped.
+pub(super) fn reap(enforcer: &mut dyn Enforce, cx: &mut TickCx<'_>, gone: Gone) -> bool {
+    let mut dirty = false;
+    for (id, why) in gone {
+        if let Some(stored) = cx.state.jobs.remove(&id) {
+            release_quietly(enforcer, &id, &stored.job.spec.target, &stored.record);
+            info!(job = %id, kind = stored.job.spec.kind.as_str(), cpus = %stored.job.cpus, "job ended ({why}); cores freed");
+            cx.events
+                .push(Event::JobChanged(id.clone(), JobState::Exited));
+            cx.events.push(Event::JobRemoved(id));
+            dirty = true;
+        }
+    }
+    dirty
+}
+
+/// Shows what one `apply` found on the job. Returns why the job is over, if it is (its last
+/// process exited, or its processes or cgroup are gone). `placed`: the job had a placement
+/// this tick (without one its state was already set).
+pub(super) fn record_outcome(
+    stored: &mut StoredJob,
+    id: &JobId,
+    result: Result<Outcome, EnforceError>,
+    placed: bool,
+) -> Option<String> {
+    match result {
+        Ok(o) if !o.alive => Some("its last process exited".to_string()),
+        Ok(o) => {
+            stored.job.pids = o.pids;
+            stored.job.threads = o.threads;
+            stored.job.rr_threads = o.rr_threads;
+            if let Some(why) = o.waiting {
+                // A Slurm job's cgroup not there (gone since this tick looked, or never seen).
+                stored.job.state = JobState::Pending;
+                stored.job.last_error = Some(why);
+            } else if placed {
+                stored.job.state = JobState::Running;
+                stored.job.last_error = None;
+            }
+            for w in o.warnings {
+                debug!(job = %id, "{w}");
+            }
+            None
+        }
+        Err(e) if e.is_gone() => Some(e.to_string()),
+        Err(e) => {
+            if stored.job.last_error.as_deref() != Some(&e.to_string()) {
+                warn!(job = %id, "enforcement failed: {e}");
+            }
+            stored.job.state = JobState::Error;
+            stored.job.last_error = Some(e.to_string());
+            None
         }
     }
 }
 
 /// `a` and `b` are equal but for their jobs' thread counts.
-fn same_but_thread_counts(a: &StoredJob, b: &StoredJob) -> bool {
+pub(super) fn same_but_thread_counts(a: &StoredJob, b: &StoredJob) -> bool {
     let mut a = a.clone();
     a.job.threads = b.job.threads;
     a.job.rr_threads = b.job.rr_threads;
