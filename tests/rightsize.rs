@@ -123,13 +123,13 @@ fn a_job_with_too_few_cores_is_grown() {
     let dir = tempfile::tempdir().expect("tempdir");
     let gpu_dir = dir.path().join("gpu");
     let d = daemon(&bus, dir.path(), &gpu_dir, reserved);
-    // Heavy CPU side: two loaders of 30 ms CPU per batch feed a 10 ms GPU step; one core
-    // starves the emulated GPU, two keep it busier.
+    // Heavy CPU side: two loaders of STARVING_BATCH_CPU_MS per batch feed a 20 ms GPU step;
+    // one core starves the emulated GPU, two keep it busier.
     let w = Workload::train_with(
         2,
         &[
             "--batch-cpu-ms",
-            "30",
+            STARVING_BATCH_CPU_MS,
             "--publish-dir",
             gpu_dir.to_str().expect("utf-8"),
         ],
@@ -142,7 +142,8 @@ fn a_job_with_too_few_cores_is_grown() {
         // same workload up without lodger (checked now, the job gone), the machine lacks what
         // this test is about; if it does, lodger failed.
         drop(w);
-        if let Err(why) = second_core_speeds_up(2, &["--batch-cpu-ms", "30"], two) {
+        if let Err(why) = second_core_speeds_up(2, &["--batch-cpu-ms", STARVING_BATCH_CPU_MS], two)
+        {
             lodger::privileged::skip_hardware("rightsize_grows", &why);
             return;
         }

@@ -203,13 +203,13 @@ fn lodgerd_grows_a_starved_job_from_nvml_utilization() {
             ..DaemonOptions::default()
         },
     );
-    // Heavy CPU side (as in tests/rightsize.rs): two loaders of 30 ms CPU per batch; one core
-    // starves the emulated GPU, two keep it busier.
+    // Heavy CPU side (as in tests/rightsize.rs): two loaders of STARVING_BATCH_CPU_MS per batch;
+    // one core starves the emulated GPU, two keep it busier.
     let w = Workload::train_with(
         2,
         &[
             "--batch-cpu-ms",
-            "30",
+            STARVING_BATCH_CPU_MS,
             "--publish-dir",
             gpu_dir.to_str().expect("utf-8"),
         ],
@@ -239,7 +239,8 @@ fn lodgerd_grows_a_starved_job_from_nvml_utilization() {
     if job["cpus"] != want.as_str() {
         // As in tests/rightsize.rs: growing pays only where the second core is real CPU time.
         drop(w);
-        if let Err(why) = second_core_speeds_up(2, &["--batch-cpu-ms", "30"], two) {
+        if let Err(why) = second_core_speeds_up(2, &["--batch-cpu-ms", STARVING_BATCH_CPU_MS], two)
+        {
             lodger::privileged::skip_hardware(test, &why);
             return;
         }

@@ -207,10 +207,25 @@ fn a_slurm_training_job_is_pinned_inside_slurms_cpuset_and_released_by_the_epilo
     let mut cg = SlurmCgroup::create(&root, slurm_id, &both);
     let mut w = Workload::train(3);
     cg.attach(w.pid());
-    let mut bound = Command::new("taskset")
-        .args(["-c", &b.to_string(), "sleep", "600"])
-        .spawn()
-        .expect("taskset sleep");
+    // Bound before exec (not by taskset after it), so lodgerd never sees it unbound.
+    let mut bound = {
+        use std::os::unix::process::CommandExt;
+        let mut cmd = Command::new("sleep");
+        cmd.arg("600");
+        // SAFETY: the closure only calls sched_setaffinity on a cpu_set_t it owns, which is
+        // async-signal-safe; nothing allocates between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                let mut set: libc::cpu_set_t = std::mem::zeroed();
+                libc::CPU_SET(b as usize, &mut set);
+                if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        cmd.spawn().expect("bound sleep")
+    };
     cg.attach(bound.id());
     // Slurm's step daemon lives in the job's cgroups too (v2: step_<n>/slurm): not the job's.
     let stepd_dir = tempfile::tempdir().expect("tempdir");
@@ -229,7 +244,12 @@ fn a_slurm_training_job_is_pinned_inside_slurms_cpuset_and_released_by_the_epilo
             return false;
         };
         placed = job["cpus"].as_str().unwrap_or("").to_string();
-        job["state"] == "running" && !placed.is_empty() && all_rr_on(w.pid(), PRIO, &placed)
+        // Every task of the cgroup, the bound one too: a tick may come between attaching the
+        // workload and attaching the bound task.
+        job["state"] == "running"
+            && !placed.is_empty()
+            && all_rr_on(w.pid(), PRIO, &placed)
+            && matches!(sched_of(bound.id()), Some((libc::SCHED_RR, _)))
     });
     let placed_set = cpus(&placed);
     assert_eq!(placed_set.len(), 1, "SLURM_JOB_CPUS_PER_NODE=1: {placed}");
