@@ -218,6 +218,8 @@ fn instance_settings(config: &Config, enforce: &EnforceSettings) -> (InstanceSet
             || config.training.policy == config::TrainingPolicy::Other,
         // Report FIFOs outlive lodgerd with the instances (issue 17).
         report_dir: Some(config.agent.state_dir.join(INSTANCE_REPORT_DIR)),
+        memory_max: instance_memory_max(config),
+        memory_high_percent: config.inference.memory_high_percent,
         ..InstanceSettings::with_enforce(enforce)
     };
     (settings, probe)
@@ -281,7 +283,34 @@ fn trust_settings(config: &Config) -> TrustSettings {
         lodger_cgroup: format!("/{}", config.cgroup.parent),
         max_jobs_per_owner: config.api.max_jobs_per_owner,
         max_instances_per_owner: config.api.max_instances_per_owner,
+        instance_memory_max: instance_memory_max(config),
     }
+}
+
+/// `inference.memory_max` in bytes on this node (a share is of `MemTotal`); `None`: no limit,
+/// or a share where `/proc/meminfo` cannot be read (said in the log).
+fn instance_memory_max(config: &Config) -> Option<u64> {
+    use procfs::FromRead;
+    let bound = config.inference.memory_max;
+    let total = match bound {
+        config::MemoryBound::Percent(_) => {
+            let path = config.node.proc_root.join("meminfo");
+            match procfs::Meminfo::from_file(&path) {
+                Ok(m) => m.mem_total,
+                Err(e) => {
+                    warn!(
+                        "inference instances get no memory limit: inference.memory_max = {} \
+                         needs the node's memory from {}: {e}",
+                        bound.spelling(),
+                        path.display()
+                    );
+                    return None;
+                }
+            }
+        }
+        _ => 0,
+    };
+    bound.resolve(total)
 }
 
 /// `[sense]`: the sensing thread's settings.

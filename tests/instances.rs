@@ -75,6 +75,7 @@ fn spec(job_id: &str, index: u32, argv: Vec<String>, cpus: &str, threads: u32) -
             uid: nix::unistd::getuid().as_raw(),
             ..Identity::default()
         },
+        memory_max: None,
     }
 }
 

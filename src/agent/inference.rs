@@ -222,6 +222,8 @@ impl Inference {
                 batch: s.batch,
                 state: s.state.as_str().to_string(),
                 restarts: s.restarts,
+                oom_kills: s.oom_kills,
+                memory_max: s.memory_max,
                 items_per_s: s.items_per_s,
                 p50_ms: s.latency_p50_ms,
                 p99_ms: s.latency_p99_ms,
@@ -335,6 +337,7 @@ fn desired_instances(state: &State, plan: &inference::InferencePlan) -> Vec<Inst
                     uid: owner,
                     launch: Box::new(inf.launch.clone()),
                 },
+                memory_max: inf.memory_max,
             });
         }
     }

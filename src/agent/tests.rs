@@ -629,10 +629,31 @@ fn owners_are_capped_also_when_root_registers_for_them_but_roots_own_calls_are_n
             max_batch: 8,
             max_instances: max,
             launch: Default::default(),
+            memory_max: None,
         }),
         ..spec(vec![], 0)
     };
     let other = Caller::uid(2000);
+    // A job may lower its instances' memory limit below the node's, never raise it.
+    agent.settings.trust.instance_memory_max = Some(1 << 30);
+    let with_memory = |bytes: u64| {
+        let mut s = offline(Some(1));
+        if let Some(inf) = &mut s.inference {
+            inf.memory_max = Some(bytes);
+        }
+        s
+    };
+    assert!(agent
+        .within_caps(&other, 2000, with_memory(512 << 20))
+        .is_ok());
+    let err = agent
+        .within_caps(&other, 2000, with_memory(2 << 30))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("memory_max 2 GiB") && err.contains("1 GiB"),
+        "{err}"
+    );
     let capped = agent.within_caps(&other, 2000, offline(None)).unwrap();
     assert_eq!(capped.inference.unwrap().max_instances, Some(5));
     let err = agent

@@ -31,6 +31,9 @@ pub struct TrustSettings {
     pub max_jobs_per_owner: u32,
     /// `api.max_instances_per_owner`.
     pub max_instances_per_owner: u32,
+    /// `inference.memory_max` resolved on this node: each instance's memory limit, and the most
+    /// a job may ask for (`None`: unbounded).
+    pub instance_memory_max: Option<u64>,
 }
 
 impl Default for TrustSettings {
@@ -41,6 +44,7 @@ impl Default for TrustSettings {
             lodger_cgroup: "/lodger".into(),
             max_jobs_per_owner: 32,
             max_instances_per_owner: 128,
+            instance_memory_max: None,
         }
     }
 }
@@ -272,6 +276,19 @@ pub(super) fn within_caps<'a>(
             "uid {owner} already has {count} jobs, the most api.max_jobs_per_owner allows; \
              unregister one first"
         )));
+    }
+    if let (Some(asked), Some(most)) = (
+        spec.inference.as_ref().and_then(|i| i.memory_max),
+        trust.instance_memory_max,
+    ) {
+        if asked > most {
+            return Err(AgentError::Conflict(format!(
+                "memory_max {} per instance is above this node's inference.memory_max ({}); \
+                 ask for at most that, or have the operator raise it",
+                crate::job::memory::show_size(asked),
+                crate::job::memory::show_size(most)
+            )));
+        }
     }
     if let Some(inf) = &mut spec.inference {
         let left = trust.max_instances_per_owner.saturating_sub(instances);

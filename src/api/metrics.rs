@@ -326,6 +326,19 @@ pub fn render(snap: &Snapshot) -> String {
             })
             .collect(),
     );
+    counter_family(
+        &mut b,
+        "job_instance_oom_kills",
+        "Times the OOM killer took one of an inference job's instances (its memory limit, or \
+         the node out of memory), since lodgerd started",
+        jobs.iter()
+            .filter(|j| j.spec.kind.is_inference())
+            .map(|j| {
+                let kills: u32 = j.instances.iter().map(|i| i.oom_kills).sum();
+                (job_labels(j.id.as_str(), &j.spec.name), f64::from(kills))
+            })
+            .collect(),
+    );
     let throttles = Counter::<u64>::default();
     throttles.inc_by(snap.status.throttle_actions);
     b.registry.register(
@@ -496,8 +509,34 @@ mod tests {
             "account": {"lent_s": 12.5, "idle_s": 2.5},
         }))
         .expect("job");
+        let offline: crate::job::Job = serde_json::from_value(serde_json::json!({
+            "id": "j2",
+            "spec": {
+                "kind": "offline",
+                "name": null,
+                "target": "instances",
+                "gpus": [],
+                "cores": 0,
+            },
+            "owner_uid": 0,
+            "state": "running",
+            "cpus": "1",
+            "mems": "0",
+            "pids": [],
+            "threads": 0,
+            "rr_threads": 0,
+            "last_error": null,
+            "registered_at": 0,
+            "instances": [
+                {"index": 0, "pid": 7, "cpus": "1", "threads": 1, "batch": 1, "state": "running",
+                 "restarts": 2, "oom_kills": 2, "items_per_s": 0.0, "p50_ms": null, "p99_ms": null},
+                {"index": 1, "pid": 8, "cpus": "2", "threads": 1, "batch": 1, "state": "running",
+                 "restarts": 1, "oom_kills": 1, "items_per_s": 0.0, "p50_ms": null, "p99_ms": null},
+            ],
+        }))
+        .expect("offline job");
         let snap = Snapshot {
-            jobs: vec![job],
+            jobs: vec![job, offline],
             observations: crate::sense::Observations::default(),
             status: crate::agent::NodeStatus::default(),
         };
@@ -506,6 +545,7 @@ mod tests {
             "# TYPE lodger_job_lent_cpu_seconds counter",
             "lodger_job_lent_cpu_seconds_total{job=\"j1\",name=\"\"} 12.5",
             "lodger_job_idle_cpu_seconds_total{job=\"j1\",name=\"\"} 2.5",
+            "lodger_job_instance_oom_kills_total{job=\"j2\",name=\"\"} 3",
         ] {
             assert!(
                 text.lines().any(|l| l.starts_with(line)),

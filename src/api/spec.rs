@@ -35,6 +35,7 @@ pub const SPEC_KEYS: &[&str] = &[
     "slurm_job",
     "slurm_node",
     "exclusive",
+    "memory_max",
 ];
 
 fn unsigned(key: &str, v: &Value<'_>) -> Result<u32, String> {
@@ -56,6 +57,39 @@ fn unsigned(key: &str, v: &Value<'_>) -> Result<u32, String> {
     };
     u32::try_from(wide).map_err(|_| format!("key '{key}' is out of range ({wide})"))
 }
+
+/// A size in bytes: an unsigned integer (bytes) or a string such as `"512M"` or `"8G"`.
+fn size(key: &str, v: &Value<'_>) -> Result<u64, String> {
+    let bytes = match v {
+        Value::Str(s) => {
+            crate::job::memory::parse_size(s).map_err(|e| format!("key '{key}': {e}"))?
+        }
+        Value::U32(n) => u64::from(*n),
+        Value::U64(n) => *n,
+        Value::I32(n) => {
+            u64::try_from(*n).map_err(|_| format!("key '{key}' must not be negative"))?
+        }
+        Value::I64(n) => {
+            u64::try_from(*n).map_err(|_| format!("key '{key}' must not be negative"))?
+        }
+        Value::Value(inner) => return size(key, inner),
+        other => {
+            return Err(format!(
+                "key '{key}' must be a size: bytes (t) or a string such as \"512M\" (s), not '{}'",
+                other.value_signature()
+            ))
+        }
+    };
+    if bytes < MIN_MEMORY_MAX {
+        return Err(format!(
+            "key '{key}' is {bytes} bytes; an instance needs at least 4M to start"
+        ));
+    }
+    Ok(bytes)
+}
+
+/// The smallest per-instance memory limit accepted: below it no interpreter starts.
+const MIN_MEMORY_MAX: u64 = 4 << 20;
 
 fn string(key: &str, v: &Value<'_>) -> Result<String, String> {
     match v {
@@ -151,6 +185,7 @@ pub fn spec_from_dict(dict: &HashMap<String, OwnedValue>) -> Result<JobSpec, Str
         "cwd",
         "env",
         "output",
+        "memory_max",
     ] {
         if dict.contains_key(key) {
             return Err(format!(
@@ -294,6 +329,9 @@ fn inference_spec_from_dict(
                     .unwrap_or_default(),
                 output: get("output").map(|v| string("output", v)).transpose()?,
             },
+            memory_max: get("memory_max")
+                .map(|v| size("memory_max", v))
+                .transpose()?,
         }),
     })
 }
@@ -391,6 +429,9 @@ pub fn job_to_dict(job: &Job, sched: &SchedLabels) -> HashMap<String, Value<'sta
     put("pipeline", Value::from(job.spec.pipeline));
     put("multi_node", Value::from(job.spec.multi_node));
     put("exclusive", Value::from(job.spec.exclusive));
+    if let Some(max) = job.spec.inference.as_ref().and_then(|i| i.memory_max) {
+        put("memory_max", Value::from(max));
+    }
     // Lent CPU time (issue 19), CPU-seconds.
     if job.spec.kind.role() == crate::job::Role::Training {
         put("lent_cpu_s", Value::from(job.account.lent_s));
@@ -473,6 +514,10 @@ pub fn job_to_dict(job: &Job, sched: &SchedLabels) -> HashMap<String, Value<'sta
                 m.insert("batch".into(), Value::from(i.batch));
                 m.insert("state".into(), Value::from(i.state.clone()));
                 m.insert("restarts".into(), Value::from(i.restarts));
+                m.insert("oom_kills".into(), Value::from(i.oom_kills));
+                if let Some(max) = i.memory_max {
+                    m.insert("memory_max".into(), Value::from(max));
+                }
                 m.insert("items_per_s".into(), Value::from(i.items_per_s));
                 if let Some(p) = i.p50_ms {
                     m.insert("p50_ms".into(), Value::from(p));
@@ -484,6 +529,12 @@ pub fn job_to_dict(job: &Job, sched: &SchedLabels) -> HashMap<String, Value<'sta
             })
             .collect();
         put("instances", Value::from(instances));
+        // Issue 19: the instances' memory limit (one per job) and how often it killed one.
+        if let Some(limit) = job.instances.iter().find_map(|i| i.memory_max) {
+            put("memory_limit", Value::from(limit));
+        }
+        let kills: u32 = job.instances.iter().map(|i| i.oom_kills).sum();
+        put("oom_kills", Value::from(kills));
     }
     d
 }

@@ -180,6 +180,11 @@ pub struct InferenceArgs {
     /// Most instances to run.
     #[arg(long)]
     pub max_instances: Option<u32>,
+    /// Each instance's memory limit, e.g. 512M or 4G (powers of 1024, as systemd's
+    /// MemoryMax=); at most the node's inference.memory_max, which applies when not given. An
+    /// instance past it is killed by the OOM killer and restarted with back-off.
+    #[arg(long, value_name = "SIZE", value_parser = crate::job::memory::parse_size)]
+    pub memory_max: Option<u64>,
     /// A name to recognise the job by.
     #[arg(long)]
     pub name: Option<String>,

@@ -1,11 +1,12 @@
-//! config::inference: `[inference]`: how long a layout probe of an online inference job lasts
-//! and how long an instance has to stop. Touches no file.
+//! config::inference: `[inference]`: how long a layout probe of an online inference job lasts,
+//! how long an instance has to stop, and each instance's memory bound. Touches no file.
 
 use serde::{Deserialize, Serialize};
 use toml::Spanned;
 
 use super::value::in_range;
 use super::{ConfigError, Cx};
+use crate::job::memory::MemoryBound;
 
 /// `[inference]`: how lodger runs inference instances.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -14,13 +15,22 @@ pub struct InferenceConfig {
     pub probe_seconds: u64,
     /// Between SIGTERM and SIGKILL when an instance is stopped, in seconds.
     pub stop_grace_seconds: u64,
+    /// Each instance's memory limit (issue 19), and the most a job may ask for.
+    pub memory_max: MemoryBound,
+    /// `memory.high` (v2) or the soft limit (v1), in percent of the limit.
+    pub memory_high_percent: u8,
 }
+
+/// `inference.memory_max`'s default: a tenth of the node's memory per instance.
+pub const DEFAULT_INSTANCE_MEMORY_PERCENT: u8 = 10;
 
 impl Default for InferenceConfig {
     fn default() -> Self {
         Self {
             probe_seconds: 10,
             stop_grace_seconds: 10,
+            memory_max: MemoryBound::Percent(DEFAULT_INSTANCE_MEMORY_PERCENT),
+            memory_high_percent: 90,
         }
     }
 }
@@ -30,6 +40,8 @@ impl Default for InferenceConfig {
 pub(super) struct RawInference {
     probe_seconds: Option<Spanned<i64>>,
     stop_grace_seconds: Option<Spanned<i64>>,
+    memory_max: Option<Spanned<String>>,
+    memory_high_percent: Option<Spanned<i64>>,
 }
 
 impl Cx<'_> {
@@ -51,6 +63,15 @@ impl Cx<'_> {
                 raw.stop_grace_seconds,
                 d.stop_grace_seconds,
                 |v| in_range(v, &(1..=300)),
+            )?,
+            memory_max: self.field("inference.memory_max", raw.memory_max, d.memory_max, |v| {
+                MemoryBound::parse(&v)
+            })?,
+            memory_high_percent: self.field(
+                "inference.memory_high_percent",
+                raw.memory_high_percent,
+                d.memory_high_percent,
+                |v| in_range(v, &(50..=100)),
             )?,
         })
     }

@@ -40,6 +40,7 @@ mod tests;
 mod training;
 mod value;
 
+pub use crate::job::memory::MemoryBound;
 pub use batch::{BatchConfig, BatchPolicy};
 pub use cgroup::{CgroupConfig, CgroupDriver, PidJobs};
 pub use contention::ContentionSection;

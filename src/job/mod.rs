@@ -2,6 +2,7 @@
 //! Pure data and validation; touches nothing else.
 
 mod account;
+pub mod memory;
 
 use std::fmt;
 
@@ -172,6 +173,10 @@ pub struct InferenceSpec {
     /// Where and how the instances start on their owner's behalf.
     #[serde(default)]
     pub launch: Launch,
+    /// Each instance's memory limit in bytes (none: the node's `inference.memory_max`, which
+    /// also caps it for every caller but root registering for root).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_max: Option<u64>,
 }
 
 /// How lodger starts an inference job's instances for their owner (docs/security.md): as the
@@ -617,6 +622,12 @@ pub struct InstanceView {
     /// running, backing-off, stopping.
     pub state: String,
     pub restarts: u32,
+    /// Times the OOM killer took it (since this lodgerd started supervising it).
+    #[serde(default)]
+    pub oom_kills: u32,
+    /// Its memory limit in bytes, where one is applied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_max: Option<u64>,
     /// Requests served per second over the last window.
     pub items_per_s: f64,
     pub p50_ms: Option<f64>,
@@ -737,6 +748,7 @@ mod tests {
                 max_batch: 32,
                 max_instances: None,
                 launch: Launch::default(),
+                memory_max: None,
             }),
             ..spec(Target::Instances)
         };

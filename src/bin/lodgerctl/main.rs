@@ -414,6 +414,19 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                         get(&d, "lodged_on_training_cpu_s")
                     );
                 }
+                if d.contains_key("oom_kills") {
+                    let limit = d
+                        .get("memory_limit")
+                        .and_then(|v| u64::try_from(&**v).ok())
+                        .map_or("no limit".to_string(), |b| {
+                            format!("{} per instance", lodger::job::memory::show_size(b))
+                        });
+                    println!(
+                        "  {:>12}: {limit}, {} OOM kill(s)",
+                        "Memory",
+                        get(&d, "oom_kills")
+                    );
+                }
                 if d.contains_key("rightsize") {
                     println!("  {:>12}: {}", "Right-sizing", get(&d, "rightsize"));
                 }
@@ -449,6 +462,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                         ("ITEMS/S", "items_per_s"),
                         ("P99 MS", "p99_ms"),
                         ("RESTARTS", "restarts"),
+                        ("OOM KILLS", "oom_kills"),
                     ],
                 );
             }
@@ -602,6 +616,9 @@ fn inference_spec<'a>(
     spec.insert("max_batch", Value::from(a.max_batch));
     if let Some(n) = a.max_instances {
         spec.insert("max_instances", Value::from(n));
+    }
+    if let Some(bytes) = a.memory_max {
+        spec.insert("memory_max", Value::from(bytes));
     }
     if let Some(n) = &a.name {
         spec.insert("name", Value::from(n.as_str()));

@@ -151,6 +151,9 @@ impl Instances {
             report,
         });
         slot.reports.restart();
+        // The limit it was started with, unless the node's changed meanwhile.
+        slot.memory_max = self.host.memory_limit(spec.memory_max);
+        slot.oom_seen = self.host.oom_kills_of(&slot);
         // Where the plan wants it now (the plan may have changed just before the restart).
         self.host.place_again(&slot)?;
         Ok(slot)
@@ -218,6 +221,8 @@ impl Instances {
                 }
             }
         }
+        self.host
+            .sweep_memory(&kept_cgroups_now(&self.slots, &self.host));
         if self.slots.is_empty() {
             let h = &self.host;
             if h.cpusets.exists(&h.lodgers) && h.cpusets.remove_if_unused(&h.lodgers)? {
@@ -302,4 +307,12 @@ impl super::host::Host {
         }
         Ok(found)
     }
+}
+
+/// The instance cgroup names (and v1 memory twins) the adopted slots use.
+fn kept_cgroups_now(slots: &[Slot], host: &super::host::Host) -> Vec<String> {
+    slots
+        .iter()
+        .map(|s| host.instance_cgroup(&s.key()))
+        .collect()
 }

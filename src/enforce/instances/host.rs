@@ -42,6 +42,8 @@ pub(super) struct Host {
     pub(super) created_parent: bool,
     /// Instance cgroups whose killed processes had not left yet: removal is retried.
     pub(super) pending_removal: Vec<String>,
+    /// Where instances' memory limits go.
+    pub(super) memory: super::memory::MemoryPlacement,
     pub(super) buf: Vec<u8>,
 }
 
@@ -134,6 +136,7 @@ impl Host {
                     "instance started"
                 );
                 slot.run = Some(run);
+                slot.oom_seen = self.oom_kills_of(slot);
                 slot.state = SlotState::Running;
                 slot.last_error = None;
                 slot.reports.restart();
@@ -337,6 +340,10 @@ impl Host {
 
     /// A slot leaves for good: its cgroup goes.
     pub(super) fn discard(&mut self, slot: &Slot, errors: &mut Vec<InstanceError>) {
+        if slot.cgroup.is_none() {
+            // Affinity placement on v1: its memory twin alone.
+            self.remove_memory(&[&self.instance_cgroup(&slot.key())]);
+        }
         if let Some(cg) = &slot.cgroup {
             if let Err(source) = self.remove_cgroup(cg, REMOVE_WAIT) {
                 errors.push(InstanceError::Cgroup {
@@ -418,6 +425,7 @@ impl Host {
             match h.remove_if_unused(cg) {
                 Ok(true) => {
                     self.pending_removal.retain(|c| c != cg);
+                    self.remove_memory(&[cg]);
                     return Ok(true);
                 }
                 Ok(false) if Instant::now() < deadline => std::thread::sleep(STEP),
@@ -448,6 +456,7 @@ impl Host {
         if !self.pending_removal.is_empty() {
             return;
         }
+        self.remove_memory(&[self.lodgers.as_str(), self.parent.as_str()]);
         let h = &*self.cpusets;
         match h.remove_if_unused(&self.lodgers) {
             Ok(true) => {}

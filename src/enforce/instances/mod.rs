@@ -43,6 +43,7 @@ mod adopt;
 pub mod error;
 mod host;
 mod identity;
+pub mod memory;
 pub mod report;
 mod spawn;
 mod stop;
@@ -162,6 +163,11 @@ pub struct InstanceSettings {
     /// writing, so its writes never fail because lodgerd is gone, and the next lodgerd opens the
     /// same path to hear it again. `None`: an anonymous pipe, which ends with lodgerd.
     pub report_dir: Option<PathBuf>,
+    /// Each instance's memory limit in bytes unless its spec names one (`inference.memory_max`;
+    /// `None`: unbounded), applied as [`memory`] says.
+    pub memory_max: Option<u64>,
+    /// `memory.high` (v2, units) or the soft limit (v1) in percent of the limit.
+    pub memory_high_percent: u8,
 }
 
 impl Default for InstanceSettings {
@@ -181,6 +187,8 @@ impl Default for InstanceSettings {
             output: InstanceOutput::Inherit,
             offline_idle: false,
             report_dir: None,
+            memory_max: None,
+            memory_high_percent: 90,
         }
     }
 }
@@ -218,6 +226,9 @@ pub struct InstanceSpec {
     /// Who it runs as, where, with what environment and output.
     #[serde(default)]
     pub identity: Identity,
+    /// Its memory limit in bytes, when its job names one (else `InstanceSettings::memory_max`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_max: Option<u64>,
 }
 
 impl InstanceSpec {
@@ -305,6 +316,10 @@ pub struct InstanceStats {
     pub backoff: Duration,
     /// How its last process ended, e.g. "killed by SIGKILL".
     pub last_exit: Option<String>,
+    /// Its memory limit in bytes, where one is applied.
+    pub memory_max: Option<u64>,
+    /// Times the OOM killer took it (its own limit, or the node out of memory).
+    pub oom_kills: u32,
     /// Why its last start failed.
     pub last_error: Option<String>,
     /// Age of the running process.

@@ -91,6 +91,16 @@ impl Host {
             }
         }
 
+        // Its memory limit: in the cgroup it joins (v2), or in a twin in v1's memory hierarchy.
+        let memory_max = self.memory_limit(spec.memory_max);
+        let memory_procs = self
+            .prepare_memory(&self.instance_cgroup(&key), memory_max)
+            .map_err(|source| InstanceError::Cgroup {
+                key: key.clone(),
+                source,
+            })?;
+        slot.memory_max = memory_max;
+
         let (report_read, report_write) = self.report_channel(&key)?;
 
         // Who it runs as, where, with which environment: never lodgerd's own (docs/security.md).
@@ -145,6 +155,7 @@ impl Host {
                 libc::SCHED_OTHER
             },
             procs_fd: procs_file.as_ref().map(AsRawFd::as_raw_fd),
+            memory_procs_fd: memory_procs.as_ref().map(AsRawFd::as_raw_fd),
             mask,
             report_fd: report_write.as_raw_fd(),
             creds,
@@ -166,6 +177,7 @@ impl Host {
         // instance and its children are gone.
         drop(report_write);
         drop(procs_file);
+        drop(memory_procs);
         Ok(Run {
             pid: child.id(),
             child: Some(child),
@@ -262,7 +274,10 @@ impl Host {
             output,
             cpus: spec.cpus.clone(),
             stop_grace: self.settings.stop_grace,
+            memory_max: self.memory_limit(spec.memory_max),
+            memory_high_percent: self.settings.memory_high_percent,
         };
+        slot.memory_max = unit_spec.memory_max;
         let (report_read, report_write) = self.report_channel(&key)?;
         let pid = systemd
             .start(&unit_spec, &report_write, output_fd.as_ref())
@@ -413,6 +428,8 @@ pub(super) struct ChildSetup {
     pub(super) policy: libc::c_int,
     /// Cgroup placement: `cgroup.procs` of the instance's cgroup, open for writing.
     pub(super) procs_fd: Option<RawFd>,
+    /// cgroup v1 with a memory limit: `cgroup.procs` of its memory cgroup, open for writing.
+    pub(super) memory_procs_fd: Option<RawFd>,
     /// Affinity placement: the instance's CPUs.
     pub(super) mask: Option<CpuMask>,
     pub(super) report_fd: RawFd,
@@ -430,8 +447,8 @@ impl ChildSetup {
         if unsafe { libc::sched_setscheduler(0, self.policy, &self.param) } != 0 {
             return fail();
         }
-        if let Some(fd) = self.procs_fd {
-            // "0" moves the writing process: the child joins its cgroup before the program runs.
+        for fd in [self.memory_procs_fd, self.procs_fd].into_iter().flatten() {
+            // "0" moves the writing process: the child joins its cgroups before the program runs.
             // SAFETY: writes one byte from a static buffer to an open descriptor.
             if unsafe { libc::write(fd, b"0".as_ptr().cast(), 1) } != 1 {
                 return fail();

@@ -129,6 +129,12 @@ pub(super) struct Slot {
     pub(super) last_exit: Option<String>,
     pub(super) last_error: Option<String>,
     pub(super) reports: ReportLog,
+    /// The memory limit its running process got (`memory`).
+    pub(super) memory_max: Option<u64>,
+    /// The OOM kill count of its memory cgroup when last looked at (its start; every poll for
+    /// a unit, whose count is the slice's).
+    pub(super) oom_seen: Option<u64>,
+    pub(super) oom_kills: u32,
 }
 
 impl Slot {
@@ -146,6 +152,9 @@ impl Slot {
             last_exit: None,
             last_error: None,
             reports: ReportLog::default(),
+            memory_max: None,
+            oom_seen: None,
+            oom_kills: 0,
         }
     }
 
@@ -183,6 +192,8 @@ impl Slot {
             backoff: self.backoff,
             last_exit: self.last_exit.clone(),
             last_error: self.last_error.clone(),
+            memory_max: self.memory_max,
+            oom_kills: self.oom_kills,
             uptime: since.map_or(Duration::ZERO, |s| now.saturating_duration_since(s)),
             span: w.span,
             items_per_s: w.items_per_s,
@@ -250,6 +261,13 @@ impl Instances {
             }
         };
         let lodgers = child_of(&parent, LODGERS_CGROUP);
+        let memory = super::memory::MemoryPlacement::choose(
+            &settings.cgroup_root,
+            version,
+            placement,
+            &cpusets.dir(&parent),
+            super::unit::systemd().is_some(),
+        );
         info!(
             "inference instances are placed by {} ({why}){}",
             placement.as_str(),
@@ -271,12 +289,14 @@ impl Instances {
                 table: ProcessTable::default(),
                 created_parent: false,
                 pending_removal: Vec::new(),
+                memory,
                 buf: vec![0; 64 * 1024],
                 settings,
             },
             slots: Vec::new(),
             left_running: false,
         })
+        .inspect(|i| i.host.log_memory())
     }
 
     pub fn placement(&self) -> PinMethod {
@@ -440,6 +460,8 @@ impl Instances {
         let mut out = PollOutcome::default();
         self.host.retry_removals();
         let had_slots = !self.slots.is_empty();
+        // Units' OOM kills are counted in their shared slice: read once per poll.
+        let slice_ooms = self.host.oom_kills(None);
         let mut i = 0;
         while i < self.slots.len() {
             let slot = &mut self.slots[i];
@@ -450,6 +472,7 @@ impl Instances {
             match &mut slot.state {
                 SlotState::Running => {
                     if let Some(how) = exited {
+                        let how = self.host.oom_verdict(slot, how, slice_ooms);
                         self.host.on_exit(slot, now, &how, &mut out.errors);
                         warn!(
                             instance = %key,
@@ -457,6 +480,9 @@ impl Instances {
                             slot.backoff
                         );
                         out.exited.push((key, how));
+                    } else if slot.run.as_ref().is_some_and(|r| r.unit.is_some()) {
+                        // A running unit's baseline follows the slice's count.
+                        slot.oom_seen = slice_ooms;
                     }
                 }
                 SlotState::BackingOff { at } => {

@@ -34,6 +34,7 @@ fn spec(args: &[&str]) -> InstanceSpec {
         batch: 16,
         offline: false,
         identity: Identity::default(),
+        memory_max: None,
     }
 }
 

@@ -68,6 +68,9 @@ pub struct UnitSpec {
     pub output: UnitOutput,
     pub cpus: CpuSet,
     pub stop_grace: Duration,
+    /// `MemoryMax=` in bytes, with `MemoryHigh=` at `memory_high_percent` of it.
+    pub memory_max: Option<u64>,
+    pub memory_high_percent: u8,
 }
 
 /// A property value as `StartTransientUnit` takes it.
@@ -158,6 +161,13 @@ pub fn properties(spec: &UnitSpec) -> Vec<(&'static str, Prop)> {
             Prop::Str(format!("lodger-{}", spec.job)),
         ),
     ];
+    if let Some(max) = spec.memory_max {
+        props.push(("MemoryMax", Prop::U64(max)));
+        props.push((
+            "MemoryHigh",
+            Prop::U64(crate::job::memory::high_of(max, spec.memory_high_percent)),
+        ));
+    }
     match spec.output {
         UnitOutput::Journal => {
             props.push(("StandardOutput", s("journal")));
@@ -412,6 +422,8 @@ mod tests {
             output: UnitOutput::Journal,
             cpus: [0, 1, 9].into_iter().collect(),
             stop_grace: Duration::from_secs(10),
+            memory_max: Some(1 << 30),
+            memory_high_percent: 90,
         }
     }
 
@@ -447,6 +459,11 @@ mod tests {
         assert_eq!(get(&props, "CPUAffinity"), [&Prop::Bytes(vec![0b11, 0b10])]);
         assert_eq!(get(&props, "TimeoutStopUSec"), [&Prop::U64(10_000_000)]);
         assert_eq!(get(&props, "OOMScoreAdjust"), [&Prop::I32(1000)]);
+        assert_eq!(get(&props, "MemoryMax"), [&Prop::U64(1 << 30)]);
+        assert_eq!(
+            get(&props, "MemoryHigh"),
+            [&Prop::U64((1 << 30) / 100 * 90)]
+        );
         assert_eq!(
             get(&props, "LogExtraFields"),
             [&Prop::ByteStrs(vec![
@@ -512,6 +529,8 @@ mod tests {
             ("Environment", "as"),
             ("NoNewPrivileges", "b"),
             ("OOMScoreAdjust", "i"),
+            ("MemoryMax", "t"),
+            ("MemoryHigh", "t"),
             ("CPUAffinity", "ay"),
             ("ExecStart", "a(sasb)"),
             ("StandardInputFileDescriptor", "h"),
