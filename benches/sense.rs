@@ -396,6 +396,7 @@ fn sampler_pass(rows: &mut Vec<Row>) {
             perf_max_fds: 65536,
             resctrl_root: PathBuf::from("/sys/fs/resctrl"),
             membw_peak_bytes_per_s: 0,
+            cgroup_root: PathBuf::from("/sys/fs/cgroup"),
         });
         sampler.set_jobs(
             children

@@ -261,6 +261,8 @@ fn agent_settings(config: &Config) -> AgentSettings {
                 membw_calm: (config.contention.membw_threshold - 0.15).max(0.05),
                 pressure_ticks: config.contention.pressure_ticks,
                 calm_ticks: config.contention.calm_ticks,
+                memory_pressure_percent: config.contention.memory_pressure_percent,
+                memory_pressure_calm_percent: config.contention.memory_pressure_percent / 2.0,
                 ..ContentionConfig::default()
             }),
         },
@@ -325,6 +327,7 @@ fn sampler_settings(config: &Config) -> SamplerSettings {
         perf_max_fds: usize::try_from(config.sense.perf_max_fds).unwrap_or(usize::MAX),
         resctrl_root: config.sense.resctrl_root.clone(),
         membw_peak_bytes_per_s: config.sense.membw_peak_bytes_per_s,
+        cgroup_root: config.cgroup.root.clone(),
     }
 }
 

@@ -174,3 +174,109 @@ fn an_instance_past_its_memory_limit_is_killed_inside_it_and_backs_off() {
 fn cgroup_v2() -> bool {
     std::path::Path::new("/sys/fs/cgroup/cgroup.controllers").exists()
 }
+
+/// Issue 19, memory pressure as contention: offline instances that thrash their page cache
+/// inside their 32 MiB limits (each re-reads a 48 MiB file it wrote) stall on memory, which the
+/// node's PSI shows; with a training job registered that is pressure, and contention control
+/// cuts the lodgers' cores (one instance fewer). Once the remaining instance is stopped
+/// (SIGSTOP) the stalls end and the cut is given back.
+#[test]
+fn memory_pressure_while_lodgers_run_throttles_them_and_calm_gives_back() {
+    let test = "memory_pressure_while_lodgers_run_throttles_them_and_calm_gives_back";
+    if !need_root(test) {
+        return;
+    }
+    if std::fs::read_to_string("/proc/pressure/memory").is_err() {
+        lodger::privileged::skip_as(
+            lodger::privileged::SkipClass::NotApplicable,
+            test,
+            "no /proc/pressure/memory: a kernel without CONFIG_PSI, or booted with psi=0",
+        );
+        return;
+    }
+    let _measuring = measuring();
+    let bus = PrivateBus::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    // The data files on a disk, never tmpfs: their page cache is what the instances thrash.
+    let data = tempfile::tempdir_in("/var/tmp").expect("tempdir in /var/tmp");
+    let d = lodgers_daemon(
+        &bus,
+        dir.path(),
+        "[contention]\nmode = \"enforce\"\npressure_ticks = 2\ncalm_ticks = 3\n\
+         memory_pressure_percent = 2\n",
+    );
+    if let Some(line) = d
+        .log()
+        .lines()
+        .find(|l| l.contains("instances get no memory limit"))
+    {
+        lodger::privileged::skip_as(lodger::privileged::SkipClass::NotApplicable, test, line);
+        return;
+    }
+    let w = Workload::train(1);
+    let train = d.register_pid(w.pid(), 1);
+    let script = format!(
+        "f={}/data-$LODGER_INSTANCE; head -c 48M /dev/urandom > $f; \
+         while :; do cat $f > /dev/null; done",
+        data.path().display()
+    );
+    let hog = d.ctl_json(&[
+        "register",
+        "offline",
+        "--memory-max",
+        "32M",
+        "--",
+        "/bin/sh",
+        "-c",
+        &script,
+    ]);
+    let hog = hog["id"].as_str().expect("id").to_string();
+    let online = online_set().len();
+    let running = |job: &serde_json::Value| {
+        job["instances"]
+            .as_array()
+            .map_or(0, |v| v.iter().filter(|i| i["state"] == "running").count())
+    };
+    let mut job = serde_json::Value::Null;
+    wait_until(WAIT, "an offline instance per CPU", || {
+        job = d.job(&hog);
+        running(&job) == online
+    });
+    wait_until(
+        std::time::Duration::from_secs(60),
+        "the lodgers throttled for training's memory stalls",
+        || {
+            job = d.job(&hog);
+            job["throttle"].as_str().is_some_and(|t| !t.is_empty())
+        },
+    );
+    let throttle = job["throttle"].as_str().unwrap_or("").to_string();
+    eprintln!("throttled: {throttle}");
+    assert!(throttle.contains("stalled on memory"), "{throttle}");
+    assert!(
+        throttle.contains(train.as_str()),
+        "protecting {train}: {throttle}"
+    );
+    wait_until(WAIT, "one instance fewer", || {
+        job = d.job(&hog);
+        running(&job) < online
+    });
+    // Calm: the instances still running are stopped, so nothing stalls on memory any more.
+    for i in job["instances"].as_array().cloned().unwrap_or_default() {
+        if let Some(pid) = i["pid"].as_u64().filter(|p| *p > 0) {
+            let pgid = nix::unistd::Pid::from_raw(-(pid as i32));
+            let _ = nix::sys::signal::kill(pgid, nix::sys::signal::Signal::SIGSTOP);
+        }
+    }
+    wait_until(
+        std::time::Duration::from_secs(60),
+        "the cut given back on calm",
+        || {
+            job = d.job(&hog);
+            job["throttle"].is_null() || job["throttle"] == ""
+        },
+    );
+    assert!(d.log().contains("mechanism=release"), "{}", d.log());
+    assert_eq!(d.job(&train)["state"], "running");
+    d.ctl_ok(&["unregister", &hog]);
+}

@@ -154,6 +154,12 @@ impl Contention {
                 let mut o = JobObservation::new(s.job.id.clone(), role, cores);
                 o.membw_bytes_per_s = m.and_then(|m| m.membw_bytes_per_s);
                 o.progress = m.and_then(|m| m.gpu_percent);
+                if role == Role::Training {
+                    // Its own cgroup's memory stalls where it has one (v2), else the node's.
+                    o.memory_pressure_percent = m
+                        .and_then(|m| m.memory_pressure_percent)
+                        .or(obs.node.memory_pressure_percent);
+                }
                 if role == Role::Online {
                     let slo = s.job.spec.inference.as_ref().and_then(|i| i.slo_ms);
                     o.slo_met = slo.map(|slo| {

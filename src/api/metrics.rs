@@ -180,6 +180,11 @@ pub fn render(snap: &Snapshot) -> String {
         scalar(node.cpu_pressure_percent),
     );
     b.family(
+        "node_memory_pressure_percent",
+        "PSI memory some over the last pass: percent of time some task was stalled on memory",
+        scalar(node.memory_pressure_percent),
+    );
+    b.family(
         "node_membw_bytes_per_second",
         "Memory bandwidth of the node (resctrl MBM)",
         scalar(node.membw_bytes_per_s),

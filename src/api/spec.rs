@@ -548,6 +548,7 @@ pub fn job_metrics_to_dict(m: &JobMetrics) -> HashMap<String, Value<'static>> {
         }
     };
     put("cpu_percent", m.cpu_percent);
+    put("memory_pressure_percent", m.memory_pressure_percent);
     put("ipc", m.ipc);
     put("cache_miss_percent", m.cache_miss_percent);
     put("gpu_percent", m.gpu_percent);
@@ -586,6 +587,7 @@ pub fn node_metrics_to_dict(n: &NodeMetrics) -> HashMap<String, Value<'static>> 
     };
     put("cpu_percent", n.cpu_percent);
     put("cpu_pressure_percent", n.cpu_pressure_percent);
+    put("memory_pressure_percent", n.memory_pressure_percent);
     put("membw_bytes_per_s", n.membw_bytes_per_s);
     put("membw_fraction_of_peak", n.membw_fraction_of_peak);
     let per_cpu: HashMap<u32, f64> = n.per_cpu_percent.iter().map(|(k, v)| (*k, *v)).collect();

@@ -17,6 +17,8 @@ pub struct ContentionSection {
     pub pressure_ticks: u32,
     /// Consecutive calm sensing passes before a step is given back.
     pub calm_ticks: u32,
+    /// A training job stalled on memory (PSI) this percent of a pass is pressure; 0: off.
+    pub memory_pressure_percent: f64,
 }
 
 impl Eq for ContentionSection {}
@@ -28,6 +30,7 @@ impl Default for ContentionSection {
             membw_threshold: 0.75,
             pressure_ticks: 3,
             calm_ticks: 10,
+            memory_pressure_percent: 10.0,
         }
     }
 }
@@ -39,6 +42,7 @@ pub(super) struct RawContention {
     membw_threshold: Option<Spanned<f64>>,
     pressure_ticks: Option<Spanned<i64>>,
     calm_ticks: Option<Spanned<i64>>,
+    memory_pressure_percent: Option<Spanned<f64>>,
 }
 
 impl Cx<'_> {
@@ -75,6 +79,18 @@ impl Cx<'_> {
             calm_ticks: self.field("contention.calm_ticks", raw.calm_ticks, d.calm_ticks, |v| {
                 in_range(v, &(1..=10_000))
             })?,
+            memory_pressure_percent: self.field(
+                "contention.memory_pressure_percent",
+                raw.memory_pressure_percent,
+                d.memory_pressure_percent,
+                |v| {
+                    if v.is_finite() && (0.0..=100.0).contains(&v) {
+                        Ok(v)
+                    } else {
+                        Err(format!("must be a percent from 0 (off) to 100 (got {v})"))
+                    }
+                },
+            )?,
         })
     }
 }

@@ -25,6 +25,8 @@ use crate::sys::cgroupfs::CgroupVersion;
 /// Relative to the proc root.
 pub const PROC_STAT: &str = "stat";
 pub const PROC_PRESSURE_CPU: &str = "pressure/cpu";
+/// Memory pressure (issue 19: contention): tasks stalled on reclaim, refaults or swap-in.
+pub const PROC_PRESSURE_MEMORY: &str = "pressure/memory";
 /// The v1 hierarchy holding `cpuacct.usage`, relative to the cgroup root (a symlink to
 /// `cpu,cpuacct` where the two are co-mounted).
 pub const V1_CPUACCT_DIR: &str = "cpuacct";
@@ -32,6 +34,7 @@ pub const CPUACCT_USAGE: &str = "cpuacct.usage";
 pub const CPU_STAT: &str = "cpu.stat";
 pub const CPU_STAT_USAGE: &str = "usage_usec";
 pub const CPU_PRESSURE: &str = "cpu.pressure";
+pub const MEMORY_PRESSURE: &str = "memory.pressure";
 
 #[derive(Debug, thiserror::Error)]
 pub enum CpuError {
@@ -514,7 +517,16 @@ impl CpuReader {
 
     /// `/proc/pressure/cpu`; `None` on kernels without PSI or with it switched off.
     pub fn pressure(&mut self) -> Result<Option<PressureSample>, CpuError> {
-        self.set_path(&[PROC_PRESSURE_CPU]);
+        self.psi(PROC_PRESSURE_CPU)
+    }
+
+    /// `/proc/pressure/memory`; `None` as for [`CpuReader::pressure`].
+    pub fn memory_pressure(&mut self) -> Result<Option<PressureSample>, CpuError> {
+        self.psi(PROC_PRESSURE_MEMORY)
+    }
+
+    fn psi(&mut self, file: &str) -> Result<Option<PressureSample>, CpuError> {
+        self.set_path(&[file]);
         if !read_into(&self.path, &mut self.buf, is_absent)? {
             return Ok(None);
         }
@@ -623,7 +635,16 @@ impl CgroupCpuReader {
 
     /// The cgroup's `cpu.pressure`; `None` where the kernel has none (v1, PSI off, before 5.2).
     pub fn pressure(&mut self, cgroup: &str) -> Result<Option<PressureSample>, CpuError> {
-        let path = self.dir(cgroup)?.join(CPU_PRESSURE);
+        self.psi(cgroup, CPU_PRESSURE)
+    }
+
+    /// The cgroup's `memory.pressure`; `None` as for [`CgroupCpuReader::pressure`].
+    pub fn memory_pressure(&mut self, cgroup: &str) -> Result<Option<PressureSample>, CpuError> {
+        self.psi(cgroup, MEMORY_PRESSURE)
+    }
+
+    fn psi(&mut self, cgroup: &str, file: &str) -> Result<Option<PressureSample>, CpuError> {
+        let path = self.dir(cgroup)?.join(file);
         if !read_into(&path, &mut self.buf, is_absent)? {
             return Ok(None);
         }

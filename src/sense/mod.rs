@@ -52,6 +52,10 @@ pub struct JobMetrics {
     /// Why the job's traffic is not attributed (it shares the host's network namespace).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub net_unavailable: Option<String>,
+    /// PSI `some` of the job's own cgroup's `memory.pressure` over the last pass (cgroup v2,
+    /// jobs with a cgroup): percent of time some of its tasks were stalled on memory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_pressure_percent: Option<f64>,
 }
 
 /// One GPU's signals.
@@ -89,6 +93,10 @@ pub struct NodeMetrics {
     pub per_cpu_percent: BTreeMap<u32, f64>,
     /// PSI `some avg10` of `/proc/pressure/cpu`: percent of time some task waited for a CPU.
     pub cpu_pressure_percent: Option<f64>,
+    /// PSI `some` of `/proc/pressure/memory` over the last pass: percent of time some task was
+    /// stalled on memory (reclaim, refaults, swap-in).
+    #[serde(default)]
+    pub memory_pressure_percent: Option<f64>,
     /// Memory bandwidth of the whole node, bytes/s, and as a fraction of the peak.
     pub membw_bytes_per_s: Option<f64>,
     pub membw_fraction_of_peak: Option<f64>,

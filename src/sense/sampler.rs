@@ -21,7 +21,8 @@ use tracing::{info, warn};
 use crate::clock::unix_ms;
 use crate::job::JobId;
 use crate::sense::cpu::{
-    CpuReader, JobCpuRate, JobCpuSample, NodeCpuRates, PressureSample, StallRates, StatSample,
+    CgroupCpuReader, CpuReader, JobCpuRate, JobCpuSample, NodeCpuRates, PressureSample, StallRates,
+    StatSample,
 };
 use crate::sense::gpu::{self, GpuSource, GpuSourceKind, GpuStatus};
 use crate::sense::membw::{self, JobGroupNote, JobMonGroups, MbmReader, MbmSample, ObservedPeak};
@@ -31,6 +32,7 @@ use crate::sense::sources::SourceKind;
 use crate::sense::{
     GpuMetrics, JobMetrics, NetMetrics, NodeMetrics, Observations, SensedJob, SourceStatus,
 };
+use crate::sys::cgroupfs::CgroupVersion;
 
 impl Drop for Sampler {
     /// Removes the jobs' monitoring groups: resctrl's RMIDs are few, and a group lodger no longer
@@ -104,6 +106,8 @@ pub struct SamplerSettings {
     pub resctrl_root: PathBuf,
     /// 0: unknown, use the highest seen.
     pub membw_peak_bytes_per_s: u64,
+    /// Where the cgroup hierarchies are mounted: on cgroup v2, jobs' `memory.pressure`.
+    pub cgroup_root: PathBuf,
 }
 
 /// A job as the sampler tracks it.
@@ -115,6 +119,8 @@ struct Tracked {
     perf_pids: Vec<u32>,
     /// Its own network namespace's counters at the last pass.
     netns: Option<net::NetnsSample>,
+    /// Its cgroup's memory pressure at the last pass (cgroup v2).
+    memory_pressure: Option<PressureSample>,
 }
 
 pub struct Sampler {
@@ -122,7 +128,10 @@ pub struct Sampler {
     cpu: CpuReader,
     stat: Option<StatSample>,
     pressure: Option<PressureSample>,
+    memory_pressure: Option<PressureSample>,
     psi_available: bool,
+    /// cgroup v2: jobs' own `memory.pressure` (a v1 hierarchy has none).
+    cgroups: Option<CgroupCpuReader>,
     gpu: Result<Box<dyn GpuSource>, String>,
     perf: Result<PerfCounters, String>,
     membw: Result<MbmReader, String>,
@@ -251,11 +260,16 @@ impl Sampler {
             );
         }
         let net = NetReader::new(&settings.sysfs_root);
+        let v2 = settings.cgroup_root.join("cgroup.controllers").is_file();
+        let cgroups = (psi_available && v2)
+            .then(|| CgroupCpuReader::new(&settings.cgroup_root, CgroupVersion::V2));
         let mut s = Sampler {
             cpu,
             stat: None,
             pressure: None,
+            memory_pressure: None,
             psi_available,
+            cgroups,
             gpu,
             perf,
             membw,
@@ -342,6 +356,7 @@ impl Sampler {
                 perf: None,
                 perf_pids: Vec::new(),
                 netns: None,
+                memory_pressure: None,
             });
             entry.job = job;
             // Counters opened with inherit follow children and new threads; reopen only when
@@ -397,6 +412,16 @@ impl Sampler {
                 }
                 self.pressure = Some(p);
             }
+            if let Ok(Some(p)) = self.cpu.memory_pressure() {
+                if let Some(r) = self
+                    .memory_pressure
+                    .as_ref()
+                    .and_then(|prev| StallRates::between(prev, &p))
+                {
+                    node.memory_pressure_percent = Some(r.some * 100.0);
+                }
+                self.memory_pressure = Some(p);
+            }
         }
         for t in self.jobs.values_mut() {
             let m = jobs.entry(t.job.id.clone()).or_default();
@@ -412,6 +437,19 @@ impl Sampler {
                     m.cpu_percent = Some(r.cores * 100.0);
                 }
                 t.cpu = Some(sample);
+            }
+            // A job with a cgroup of its own on v2: its memory stalls, not the node's.
+            if let (Some(reader), Some(cg)) = (self.cgroups.as_mut(), t.job.cgroup.as_deref()) {
+                if let Ok(Some(p)) = reader.memory_pressure(cg) {
+                    if let Some(r) = t
+                        .memory_pressure
+                        .as_ref()
+                        .and_then(|prev| StallRates::between(prev, &p))
+                    {
+                        m.memory_pressure_percent = Some(r.some * 100.0);
+                    }
+                    t.memory_pressure = Some(p);
+                }
             }
         }
 
@@ -563,159 +601,4 @@ impl Sampler {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::testutil::{copy_tree, resctrl_fixture as fixture, simulate_kernel_rmdir};
-    use std::fs;
-    use std::path::Path;
-    use std::time::Instant;
-
-    fn settings(tmp: &Path, resctrl_root: PathBuf) -> SamplerSettings {
-        SamplerSettings {
-            interval: Duration::from_secs(1),
-            proc_root: tmp.join("proc"),
-            sysfs_root: tmp.join("sys"),
-            gpu: GpuChoice::Off,
-            emulated_gpu_dir: tmp.join("gpu"),
-            perf: false,
-            perf_max_fds: 0,
-            resctrl_root,
-            membw_peak_bytes_per_s: 0,
-        }
-    }
-
-    fn sensed(n: u64, pids: &[u32]) -> SensedJob {
-        SensedJob {
-            id: JobId::from_seq(n),
-            pids: pids.to_vec(),
-            cgroup: None,
-            gpus: Vec::new(),
-        }
-    }
-
-    /// One job through the sampler on a copy of `tree`: its group is made and filled, its
-    /// bandwidth per domain reaches its `JobMetrics`, the group goes when the job leaves and
-    /// when the sampler is dropped, and a group left by an earlier lodgerd is swept at start.
-    fn job_bandwidth_through_the_sampler(tree: &str, domains: &[&str]) {
-        let tmp = tempfile::tempdir().expect("tempdir");
-        let root = tmp.path().join("resctrl");
-        copy_tree(&fixture(tree), &root);
-        for tid in [100, 101] {
-            fs::create_dir_all(tmp.path().join(format!("proc/100/task/{tid}"))).expect("proc");
-        }
-        let stale = root.join("mon_groups/lodger-j7");
-        fs::create_dir_all(&stale).expect("stale group");
-
-        let mut sampler = Sampler::open(settings(tmp.path(), root.clone()));
-        assert!(!stale.exists(), "swept at start");
-        assert_eq!(sampler.sources.membw, "resctrl MBM");
-        sampler.set_jobs(vec![sensed(1, &[100])]);
-        let j1 = JobId::from_seq(1);
-        let group = root.join("mon_groups/lodger-j1");
-
-        let obs = sampler.pass();
-        assert_eq!(
-            fs::read_to_string(group.join("tasks")).expect("tasks"),
-            "100\n101\n"
-        );
-        assert_eq!(
-            obs.jobs[&j1].membw_bytes_per_s, None,
-            "no rate from one sample"
-        );
-        assert!(obs.node.membw_bytes_per_s.is_none());
-
-        // What the kernel does on mkdir: a counter per L3 domain.
-        let counter = |d: &str| group.join("mon_data").join(d).join("mbm_total_bytes");
-        for d in domains {
-            fs::create_dir_all(counter(d).parent().expect("parent")).expect("mon_data");
-            fs::write(counter(d), "0\n").expect("counter");
-        }
-        let before = Instant::now();
-        sampler.pass();
-        let after = Instant::now();
-        // Domain i moves (i + 1) GB.
-        for (i, d) in domains.iter().enumerate() {
-            fs::write(counter(d), format!("{}\n", (i as u64 + 1) * 1_000_000_000)).expect("add");
-        }
-        let before_next = Instant::now();
-        let obs = sampler.pass();
-        let after_next = Instant::now();
-        let m = &obs.jobs[&j1];
-        let total: f64 = (1..=domains.len()).map(|i| i as f64 * 1e9).sum();
-        // The samples were taken inside the passes: the interval lies between these bounds.
-        let longest = (after_next - before).as_secs_f64();
-        let shortest = (before_next - after).as_secs_f64();
-        let bw = m.membw_bytes_per_s.expect("measured");
-        assert!(
-            bw >= total / longest && bw <= total / shortest,
-            "{bw} not within {} ..= {}",
-            total / longest,
-            total / shortest
-        );
-        assert_eq!(m.membw_domains.len(), domains.len());
-        let first = m.membw_domains[&0];
-        for (i, d) in m.membw_domains.values().enumerate() {
-            assert!(
-                (d / first - (i + 1) as f64).abs() < 1e-9,
-                "{:?}",
-                m.membw_domains
-            );
-        }
-        assert_eq!(m.membw_unavailable, None);
-
-        // The job leaves: its group goes.
-        simulate_kernel_rmdir(&group);
-        sampler.set_jobs(Vec::new());
-        assert!(!group.exists());
-        assert!(!sampler.pass().jobs.contains_key(&j1));
-
-        // lodgerd stops: the sampler's groups go with it.
-        sampler.set_jobs(vec![sensed(1, &[100])]);
-        sampler.pass();
-        assert!(group.is_dir());
-        simulate_kernel_rmdir(&group);
-        drop(sampler);
-        assert!(!group.exists());
-    }
-
-    #[test]
-    fn per_job_bandwidth_on_the_intel_fixture() {
-        job_bandwidth_through_the_sampler("intel-mba-mbm", &["mon_L3_00", "mon_L3_01"]);
-    }
-
-    #[test]
-    fn per_job_bandwidth_on_the_amd_fixture() {
-        job_bandwidth_through_the_sampler(
-            "amd",
-            &["mon_L3_00", "mon_L3_01", "mon_L3_02", "mon_L3_03"],
-        );
-    }
-
-    #[test]
-    fn without_resctrl_job_bandwidth_is_unavailable_and_nothing_is_written() {
-        let tmp = tempfile::tempdir().expect("tempdir");
-        let root = tmp.path().join("resctrl");
-        copy_tree(&fixture("none"), &root);
-        fs::create_dir_all(tmp.path().join("proc/100/task/100")).expect("proc");
-        let mut sampler = Sampler::open(settings(tmp.path(), root.clone()));
-        assert!(
-            sampler.sources.membw.starts_with("unavailable: ")
-                && sampler.sources.membw.contains("not mounted"),
-            "{}",
-            sampler.sources.membw
-        );
-        sampler.set_jobs(vec![sensed(1, &[100])]);
-        for _ in 0..2 {
-            let obs = sampler.pass();
-            let m = obs
-                .jobs
-                .get(&JobId::from_seq(1))
-                .cloned()
-                .unwrap_or_default();
-            assert_eq!(m.membw_bytes_per_s, None);
-            assert!(m.membw_domains.is_empty());
-            assert_eq!(obs.node.membw_bytes_per_s, None);
-        }
-        assert!(!root.join("mon_groups").exists(), "nothing made");
-    }
-}
+mod tests;

@@ -56,6 +56,7 @@ impl SourceKind {
                 n.cpu_percent = f.cpu_percent;
                 n.per_cpu_percent = f.per_cpu_percent.clone();
                 n.cpu_pressure_percent = f.cpu_pressure_percent;
+                n.memory_pressure_percent = f.memory_pressure_percent;
                 into.sources.cpu = from.sources.cpu.clone();
             }
             SourceKind::Perf => into.sources.perf = from.sources.perf.clone(),
@@ -76,7 +77,10 @@ impl SourceKind {
         for (id, m) in &from.jobs {
             let j = into.jobs.entry(id.clone()).or_default();
             match self {
-                SourceKind::Cpu => j.cpu_percent = m.cpu_percent,
+                SourceKind::Cpu => {
+                    j.cpu_percent = m.cpu_percent;
+                    j.memory_pressure_percent = m.memory_pressure_percent;
+                }
                 SourceKind::Perf => {
                     j.ipc = m.ipc;
                     j.cache_miss_percent = m.cache_miss_percent;

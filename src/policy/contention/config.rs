@@ -57,6 +57,21 @@ pub struct ContentionConfig {
     pub noise_sigmas: f64,
     /// ... and at least this fraction of the level.
     pub min_noise_fraction: f64,
+    /// A training job stalled on memory (PSI `some`) for at least this percent of a pass, while
+    /// lodgers run, is pressure (issue 19); 0 switches the signal off.
+    #[serde(default = "default_memory_pressure")]
+    pub memory_pressure_percent: f64,
+    /// ... and below this percent (every training job) is calm.
+    #[serde(default = "default_memory_calm")]
+    pub memory_pressure_calm_percent: f64,
+}
+
+fn default_memory_pressure() -> f64 {
+    10.0
+}
+
+fn default_memory_calm() -> f64 {
+    default_memory_pressure() / 2.0
 }
 
 impl Default for ContentionConfig {
@@ -74,6 +89,8 @@ impl Default for ContentionConfig {
             baseline_ticks: 10,
             noise_sigmas: 3.0,
             min_noise_fraction: 0.05,
+            memory_pressure_percent: default_memory_pressure(),
+            memory_pressure_calm_percent: default_memory_calm(),
         }
     }
 }
@@ -135,6 +152,28 @@ impl ContentionConfig {
             return bad(
                 "mba_floor_percent",
                 format!("{} is not in 1..=100", self.mba_floor_percent),
+            );
+        }
+        let percent = |v: f64| v.is_finite() && (0.0..=100.0).contains(&v);
+        if !percent(self.memory_pressure_percent) {
+            return bad(
+                "memory_pressure_percent",
+                format!(
+                    "{} is not a percent in [0, 100]",
+                    self.memory_pressure_percent
+                ),
+            );
+        }
+        if self.memory_pressure_percent > 0.0
+            && !(percent(self.memory_pressure_calm_percent)
+                && self.memory_pressure_calm_percent < self.memory_pressure_percent)
+        {
+            return bad(
+                "memory_pressure_calm_percent",
+                format!(
+                    "{} must be a percent below memory_pressure_percent ({})",
+                    self.memory_pressure_calm_percent, self.memory_pressure_percent
+                ),
             );
         }
         if !(self.noise_sigmas.is_finite() && self.noise_sigmas >= 0.0) {

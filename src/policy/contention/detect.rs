@@ -1,6 +1,6 @@
 //! Contention detection (SODA §V-E): learning training jobs' stable progress, the pressure
-//! signal (node memory bandwidth, else progress drops), ranking the suspects, and the evidence
-//! in words. Pure: touches nothing.
+//! signal (node memory bandwidth, else progress drops; training's memory stalls on top), ranking
+//! the suspects, and the evidence in words. Pure: touches nothing.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt::Write as _;
@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 use super::config::ContentionConfig;
 use super::eliminator::ContentionEliminator;
 use super::types::{
-    Baseline, JobObservation, NodeMembw, RankedBy, Role, Signal, Slowdown, Suspect,
+    Baseline, JobObservation, MemoryStall, NodeMembw, RankedBy, Role, Signal, Slowdown, Suspect,
 };
 use crate::job::JobId;
 
@@ -93,8 +93,57 @@ impl ContentionEliminator {
             .or_else(|| self.learners.get(id).and_then(|l| l.baseline(&self.config)))
     }
 
-    /// The signal, and whether this tick is pressured and whether it is calm.
+    /// The signal, and whether this tick is pressured and whether it is calm: memory bandwidth
+    /// or training progress, and training jobs' memory stalls (PSI) on top.
     pub(super) fn detect(
+        &self,
+        tick: &mut Tick<'_>,
+        training: &[&JobObservation],
+        lodgers_run: bool,
+    ) -> (Signal, bool, bool) {
+        let (signal, pressured, calm) =
+            self.detect_bandwidth_or_progress(tick, training, lodgers_run);
+        let c = &self.config;
+        if c.memory_pressure_percent <= 0.0 {
+            return (signal, pressured, calm);
+        }
+        let stalled: Vec<MemoryStall> = training
+            .iter()
+            .filter_map(|j| {
+                let p = j.memory_pressure_percent.filter(|p| p.is_finite())?;
+                (p >= c.memory_pressure_percent).then(|| MemoryStall {
+                    job: j.id.clone(),
+                    percent: p,
+                })
+            })
+            .collect();
+        let memory_calm = training.iter().all(|j| {
+            !matches!(j.memory_pressure_percent,
+                Some(p) if p.is_finite() && p >= c.memory_pressure_calm_percent)
+        });
+        if pressured || !lodgers_run || stalled.is_empty() {
+            return (signal, pressured, calm && memory_calm);
+        }
+        tick.victims = stalled.iter().map(|s| s.job.clone()).collect();
+        let mut why = String::new();
+        for (i, s) in stalled.iter().enumerate() {
+            let sep = if i == 0 { "" } else { ", " };
+            let _ = write!(
+                why,
+                "{sep}{} stalled on memory {:.1}% of the time (PSI), threshold {:.1}%",
+                s.job, s.percent, c.memory_pressure_percent
+            );
+        }
+        tick.why = why;
+        let signal = Signal::MemoryPressure {
+            stalled,
+            threshold: c.memory_pressure_percent,
+        };
+        (signal, true, false)
+    }
+
+    /// SODA §V-E's signal: node memory bandwidth where MBM exists, else training progress.
+    fn detect_bandwidth_or_progress(
         &self,
         tick: &mut Tick<'_>,
         training: &[&JobObservation],

@@ -14,7 +14,10 @@
 //! - without MBM, a training job's progress (GPU utilization, or the emulator's iteration rate)
 //!   below its stable level by more than its noise, for `pressure_ticks` consecutive ticks,
 //!   while a lodger runs. The stable level is given (profiled offline, as SODA does) or learnt
-//!   here while no lodger runs.
+//!   here while no lodger runs;
+//! - either way, and beyond SODA (issue 19), a training job stalled on memory (PSI `some` of its
+//!   own cgroup, else the node's) for `memory_pressure_percent` of a pass while a lodger runs;
+//!   calm needs every training job below `memory_pressure_calm_percent` as well.
 //!
 //! Escalation, one step per `pressure_ticks` of pressure, in this order:
 //! 1. batch and offline inference: their MBA group one MBA step down (where MBA exists), else
@@ -33,6 +36,8 @@ mod detect;
 mod eliminator;
 mod ladder;
 #[cfg(test)]
+mod pressure_tests;
+#[cfg(test)]
 mod tests;
 mod types;
 
@@ -40,6 +45,6 @@ pub use config::{ContentionConfig, ContentionConfigError, Mode};
 pub use eliminator::{ContentionEliminator, ContentionStatus};
 pub use ladder::{halved_cores, max_halvings, MbaLadder};
 pub use types::{
-    Baseline, ContentionObservations, Detection, JobObservation, MbaGroup, Mechanism, NodeMembw,
-    RankedBy, Role, Signal, Slowdown, Suspect, ThrottleAction, Throttles,
+    Baseline, ContentionObservations, Detection, JobObservation, MbaGroup, Mechanism, MemoryStall,
+    NodeMembw, RankedBy, Role, Signal, Slowdown, Suspect, ThrottleAction, Throttles,
 };

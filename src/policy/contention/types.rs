@@ -74,6 +74,9 @@ pub struct JobObservation {
     pub progress: Option<f64>,
     /// Training: its recorded stable level, if one was profiled; else it is learnt.
     pub baseline: Option<Baseline>,
+    /// Training: percent of the last pass some of its tasks were stalled on memory (PSI `some`
+    /// of its own cgroup's `memory.pressure`, else the node's `/proc/pressure/memory`).
+    pub memory_pressure_percent: Option<f64>,
     /// Online inference: whether its latency SLO is met now. `None` (unknown) counts as not met:
     /// an online job is never throttled blind.
     pub slo_met: Option<bool>,
@@ -90,6 +93,7 @@ impl JobObservation {
             cache_misses_per_s: None,
             progress: None,
             baseline: None,
+            memory_pressure_percent: None,
             slo_met: None,
         }
     }
@@ -249,6 +253,21 @@ pub enum Signal {
     /// No MBM: training jobs whose progress dropped below their stable level by more than the
     /// noise (empty: none did).
     TrainingProgress { dropped: Vec<Slowdown> },
+    /// Training jobs stalled on memory (PSI) at or above the threshold, in percent of the pass,
+    /// while lodgers run (issue 19).
+    MemoryPressure {
+        stalled: Vec<MemoryStall>,
+        threshold: f64,
+    },
+}
+
+/// A training job stalled on memory.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MemoryStall {
+    pub job: JobId,
+    /// Percent of the last pass some of its tasks (or, without its own cgroup, the node's) were
+    /// stalled on memory.
+    pub percent: f64,
 }
 
 /// A training job running below its stable level.

@@ -1,0 +1,233 @@
+//! Tests of the sampler: per-job bandwidth through resctrl fixture trees, and memory pressure
+//! (PSI) of the node and of a job's cgroup from fake trees.
+
+use super::*;
+use crate::testutil::{copy_tree, resctrl_fixture as fixture, simulate_kernel_rmdir};
+use std::fs;
+use std::path::Path;
+use std::time::Instant;
+
+fn settings(tmp: &Path, resctrl_root: PathBuf) -> SamplerSettings {
+    SamplerSettings {
+        interval: Duration::from_secs(1),
+        proc_root: tmp.join("proc"),
+        sysfs_root: tmp.join("sys"),
+        gpu: GpuChoice::Off,
+        emulated_gpu_dir: tmp.join("gpu"),
+        perf: false,
+        perf_max_fds: 0,
+        resctrl_root,
+        membw_peak_bytes_per_s: 0,
+        cgroup_root: tmp.join("cgroup"),
+    }
+}
+
+fn sensed(n: u64, pids: &[u32]) -> SensedJob {
+    SensedJob {
+        id: JobId::from_seq(n),
+        pids: pids.to_vec(),
+        cgroup: None,
+        gpus: Vec::new(),
+    }
+}
+
+/// One job through the sampler on a copy of `tree`: its group is made and filled, its
+/// bandwidth per domain reaches its `JobMetrics`, the group goes when the job leaves and
+/// when the sampler is dropped, and a group left by an earlier lodgerd is swept at start.
+fn job_bandwidth_through_the_sampler(tree: &str, domains: &[&str]) {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let root = tmp.path().join("resctrl");
+    copy_tree(&fixture(tree), &root);
+    for tid in [100, 101] {
+        fs::create_dir_all(tmp.path().join(format!("proc/100/task/{tid}"))).expect("proc");
+    }
+    let stale = root.join("mon_groups/lodger-j7");
+    fs::create_dir_all(&stale).expect("stale group");
+
+    let mut sampler = Sampler::open(settings(tmp.path(), root.clone()));
+    assert!(!stale.exists(), "swept at start");
+    assert_eq!(sampler.sources.membw, "resctrl MBM");
+    sampler.set_jobs(vec![sensed(1, &[100])]);
+    let j1 = JobId::from_seq(1);
+    let group = root.join("mon_groups/lodger-j1");
+
+    let obs = sampler.pass();
+    assert_eq!(
+        fs::read_to_string(group.join("tasks")).expect("tasks"),
+        "100\n101\n"
+    );
+    assert_eq!(
+        obs.jobs[&j1].membw_bytes_per_s, None,
+        "no rate from one sample"
+    );
+    assert!(obs.node.membw_bytes_per_s.is_none());
+
+    // What the kernel does on mkdir: a counter per L3 domain.
+    let counter = |d: &str| group.join("mon_data").join(d).join("mbm_total_bytes");
+    for d in domains {
+        fs::create_dir_all(counter(d).parent().expect("parent")).expect("mon_data");
+        fs::write(counter(d), "0\n").expect("counter");
+    }
+    let before = Instant::now();
+    sampler.pass();
+    let after = Instant::now();
+    // Domain i moves (i + 1) GB.
+    for (i, d) in domains.iter().enumerate() {
+        fs::write(counter(d), format!("{}\n", (i as u64 + 1) * 1_000_000_000)).expect("add");
+    }
+    let before_next = Instant::now();
+    let obs = sampler.pass();
+    let after_next = Instant::now();
+    let m = &obs.jobs[&j1];
+    let total: f64 = (1..=domains.len()).map(|i| i as f64 * 1e9).sum();
+    // The samples were taken inside the passes: the interval lies between these bounds.
+    let longest = (after_next - before).as_secs_f64();
+    let shortest = (before_next - after).as_secs_f64();
+    let bw = m.membw_bytes_per_s.expect("measured");
+    assert!(
+        bw >= total / longest && bw <= total / shortest,
+        "{bw} not within {} ..= {}",
+        total / longest,
+        total / shortest
+    );
+    assert_eq!(m.membw_domains.len(), domains.len());
+    let first = m.membw_domains[&0];
+    for (i, d) in m.membw_domains.values().enumerate() {
+        assert!(
+            (d / first - (i + 1) as f64).abs() < 1e-9,
+            "{:?}",
+            m.membw_domains
+        );
+    }
+    assert_eq!(m.membw_unavailable, None);
+
+    // The job leaves: its group goes.
+    simulate_kernel_rmdir(&group);
+    sampler.set_jobs(Vec::new());
+    assert!(!group.exists());
+    assert!(!sampler.pass().jobs.contains_key(&j1));
+
+    // lodgerd stops: the sampler's groups go with it.
+    sampler.set_jobs(vec![sensed(1, &[100])]);
+    sampler.pass();
+    assert!(group.is_dir());
+    simulate_kernel_rmdir(&group);
+    drop(sampler);
+    assert!(!group.exists());
+}
+
+#[test]
+fn per_job_bandwidth_on_the_intel_fixture() {
+    job_bandwidth_through_the_sampler("intel-mba-mbm", &["mon_L3_00", "mon_L3_01"]);
+}
+
+#[test]
+fn per_job_bandwidth_on_the_amd_fixture() {
+    job_bandwidth_through_the_sampler("amd", &["mon_L3_00", "mon_L3_01", "mon_L3_02", "mon_L3_03"]);
+}
+
+#[test]
+fn without_resctrl_job_bandwidth_is_unavailable_and_nothing_is_written() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let root = tmp.path().join("resctrl");
+    copy_tree(&fixture("none"), &root);
+    fs::create_dir_all(tmp.path().join("proc/100/task/100")).expect("proc");
+    let mut sampler = Sampler::open(settings(tmp.path(), root.clone()));
+    assert!(
+        sampler.sources.membw.starts_with("unavailable: ")
+            && sampler.sources.membw.contains("not mounted"),
+        "{}",
+        sampler.sources.membw
+    );
+    sampler.set_jobs(vec![sensed(1, &[100])]);
+    for _ in 0..2 {
+        let obs = sampler.pass();
+        let m = obs
+            .jobs
+            .get(&JobId::from_seq(1))
+            .cloned()
+            .unwrap_or_default();
+        assert_eq!(m.membw_bytes_per_s, None);
+        assert!(m.membw_domains.is_empty());
+        assert_eq!(obs.node.membw_bytes_per_s, None);
+    }
+    assert!(!root.join("mon_groups").exists(), "nothing made");
+}
+
+fn psi(total_us: u64) -> String {
+    format!(
+        "some avg10=0.00 avg60=0.00 avg300=0.00 total={total_us}\n\
+         full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
+    )
+}
+
+/// Memory pressure (issue 19) from a fake proc and cgroup v2 tree: the node's from
+/// `/proc/pressure/memory`, a job's from its own cgroup's `memory.pressure`, as the share of
+/// the pass its `some` total grew by.
+#[test]
+fn memory_pressure_of_the_node_and_of_a_jobs_cgroup() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let proc = tmp.path().join("proc");
+    let cgroup = tmp.path().join("cgroup");
+    let job_cg = cgroup.join("slurm/job_1");
+    fs::create_dir_all(proc.join("pressure")).expect("proc");
+    fs::create_dir_all(proc.join("100")).expect("proc pid");
+    fs::create_dir_all(&job_cg).expect("cgroup");
+    fs::write(
+        proc.join("stat"),
+        "cpu  1 0 1 100 0 0 0 0 0 0\ncpu0 1 0 1 100 0 0 0 0 0 0\n",
+    )
+    .expect("stat");
+    fs::write(cgroup.join("cgroup.controllers"), "cpuset cpu memory\n").expect("v2");
+    let write = |node: u64, job: u64| {
+        fs::write(proc.join("pressure/cpu"), psi(0)).expect("cpu psi");
+        fs::write(proc.join("pressure/memory"), psi(node)).expect("memory psi");
+        fs::write(job_cg.join("memory.pressure"), psi(job)).expect("job psi");
+    };
+    write(0, 0);
+    let mut sampler = Sampler::open(SamplerSettings {
+        interval: Duration::from_secs(1),
+        proc_root: proc.clone(),
+        sysfs_root: tmp.path().join("sys"),
+        gpu: GpuChoice::Off,
+        emulated_gpu_dir: tmp.path().join("gpu"),
+        perf: false,
+        perf_max_fds: 0,
+        resctrl_root: tmp.path().join("resctrl"),
+        membw_peak_bytes_per_s: 0,
+        cgroup_root: cgroup.clone(),
+    });
+    let mut job = SensedJob {
+        id: JobId::from_seq(1),
+        pids: vec![100],
+        cgroup: Some("/slurm/job_1".into()),
+        gpus: Vec::new(),
+    };
+    sampler.set_jobs(vec![job.clone()]);
+    let start = std::time::Instant::now();
+    let first = sampler.pass();
+    assert_eq!(
+        first.node.memory_pressure_percent, None,
+        "one sample: no rate"
+    );
+    std::thread::sleep(Duration::from_millis(200));
+    // 40 ms of node stalls and 20 ms of the job's in a pass of at least 200 ms.
+    write(40_000, 20_000);
+    let obs = sampler.pass();
+    let span = start.elapsed().as_secs_f64();
+    let node = obs.node.memory_pressure_percent.expect("node");
+    let own = obs.jobs[&JobId::from_seq(1)]
+        .memory_pressure_percent
+        .expect("job");
+    assert!(node > 0.0 && node <= 20.0, "{node}");
+    assert!(
+        (own / (node / 2.0) - 1.0).abs() < 0.05 && own >= 2.0 / span - 1e-6,
+        "{own} vs {node}"
+    );
+    // A job without a cgroup of its own has no figure of its own.
+    job.cgroup = None;
+    sampler.set_jobs(vec![job]);
+    write(80_000, 40_000);
+    let obs = sampler.pass();
+    assert_eq!(obs.jobs[&JobId::from_seq(1)].memory_pressure_percent, None);
+}
