@@ -22,7 +22,7 @@ use crate::enforce::network::route::CpuJobsRoute;
 use crate::enforce::network::Steering;
 use crate::enforce::sim::SimulatedEnforcer;
 use crate::enforce::{
-    CgroupDriver, EnforceSettings, Enforcer, PidPinning, PinMethod, TrainingClass,
+    CgroupDriver, EnforceSettings, Enforcer, JobMemory, PidPinning, PinMethod, TrainingClass,
 };
 use crate::policy::contention::{ContentionConfig, Mode as ContentionMode};
 use crate::sense::sampler::{GpuChoice, SamplerSettings};
@@ -191,6 +191,7 @@ fn enforce_settings(config: &Config) -> EnforceSettings {
             },
         },
         slurm_cgroups: config.slurm.cgroup_paths.clone(),
+        job_memory: JobMemory::Protect,
     }
 }
 
@@ -199,6 +200,13 @@ fn batch_settings(config: &Config) -> EnforceSettings {
     EnforceSettings {
         class: TrainingClass::Lodger {
             sched_batch: config.batch.policy == config::BatchPolicy::Batch,
+        },
+        job_memory: match memory_of_node(config, config.batch.memory_max, "batch.memory_max") {
+            Some(max) => JobMemory::Limit {
+                max,
+                high: crate::job::memory::high_of(max, BATCH_MEMORY_HIGH_PERCENT),
+            },
+            None => JobMemory::Untouched,
         },
         ..enforce_settings(config)
     }
@@ -289,11 +297,18 @@ fn trust_settings(config: &Config) -> TrustSettings {
     }
 }
 
-/// `inference.memory_max` in bytes on this node (a share is of `MemTotal`); `None`: no limit,
-/// or a share where `/proc/meminfo` cannot be read (said in the log).
+/// A batch job cgroup's `memory.high`, in percent of its `memory.max`.
+const BATCH_MEMORY_HIGH_PERCENT: u8 = 90;
+
+/// `inference.memory_max` in bytes on this node (see [`memory_of_node`]).
 fn instance_memory_max(config: &Config) -> Option<u64> {
+    memory_of_node(config, config.inference.memory_max, "inference.memory_max")
+}
+
+/// A memory bound in bytes on this node (a share is of `MemTotal`); `None`: no limit, or a
+/// share where `/proc/meminfo` cannot be read (said in the log, naming `key`).
+fn memory_of_node(config: &Config, bound: config::MemoryBound, key: &str) -> Option<u64> {
     use procfs::FromRead;
-    let bound = config.inference.memory_max;
     let total = match bound {
         config::MemoryBound::Percent(_) => {
             let path = config.node.proc_root.join("meminfo");
@@ -301,8 +316,7 @@ fn instance_memory_max(config: &Config) -> Option<u64> {
                 Ok(m) => m.mem_total,
                 Err(e) => {
                     warn!(
-                        "inference instances get no memory limit: inference.memory_max = {} \
-                         needs the node's memory from {}: {e}",
+                        "{key} = {} is not applied: a share needs the node's memory from {}: {e}",
                         bound.spelling(),
                         path.display()
                     );

@@ -85,6 +85,23 @@ pub struct EnforceSettings {
     pub class: TrainingClass,
     /// Where Slurm jobs' cgroups are (`slurm.cgroup_paths`): `{job}` and `{uid}` templates.
     pub slurm_cgroups: Vec<String>,
+    /// What lodger writes to the memory files of the job cgroups it creates itself.
+    pub job_memory: JobMemory,
+}
+
+/// What lodger writes to the memory files of a job cgroup it creates (`<parent>/<job>`, pid jobs
+/// pinned by cgroup on cgroup v2, with the memory controller delegated to `<parent>`; issue
+/// 19). A job's own cgroup, Slurm's or a container runtime's is never touched, nor is anything
+/// on cgroup v1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum JobMemory {
+    #[default]
+    Untouched,
+    /// Training: `memory.low` = max, so its memory is reclaimed after unprotected memory (the
+    /// ancestors' protection bounds what it gets).
+    Protect,
+    /// Batch jobs: `memory.max`, with `memory.high` below it.
+    Limit { max: u64, high: u64 },
 }
 
 /// Where Slurm's task/cgroup plugin puts a job: cgroup v2 (Slurm 22.05 to 26.05 alike, under the
@@ -135,6 +152,7 @@ impl Default for EnforceSettings {
                 .iter()
                 .map(|s| s.to_string())
                 .collect(),
+            job_memory: JobMemory::Untouched,
         }
     }
 }

@@ -431,6 +431,30 @@ check "after the kills: $job_s's instance is heard again within 30 s" poll_for 3
 check_eq "after the kills: same jobs on the same CPUs" "$(placements)" "$jobs_before"
 check "after the kills: $job_a threads still SCHED_RR/10 on $cpus_a" all_rr_on "$pid_a" 10 "$cpus_a"
 
+phase "memory: instance limits (MemoryMax=), OOM kills inside them"
+# Issue 19 under systemd: every instance unit gets MemoryMax= (inference.memory_max, 10% of
+# MemTotal by default) and MemoryHigh= (90% of it); one past its limit is killed by the OOM
+# killer inside its own unit, counted from lodger-instances.slice's memory.events, reported and
+# restarted with back-off, and the instance beside it keeps running.
+unit_s=$(sed -n 's|^0::.*/lodger-instances.slice/\(lodger-[^/]*\.service\).*|\1|p' "/proc/$pid_s/cgroup")
+want_max=$(awk '/^MemTotal:/ { printf "%d", $2 * 1024 / 100 * 10 }' /proc/meminfo)
+check_eq "$job_s: its unit's MemoryMax= is 10% of MemTotal" \
+    "$(systemctl show -p MemoryMax --value "$unit_s")" "$want_max"
+check_eq "$job_s: its unit's MemoryHigh= is 90% of that" \
+    "$(systemctl show -p MemoryHigh --value "$unit_s")" "$((want_max / 100 * 90))"
+out_h=$(lodgerctl --json register offline --max-instances 1 --memory-max 32M -- \
+    /usr/bin/tail /dev/zero 2>&1)
+job_h=$(field "$out_h" id)
+check "register offline --memory-max 32M: a leak (tail /dev/zero) ($out_h)" test -n "$job_h"
+oom_killed() { lodgerctl --json show "$job_h" | grep -q '"oom_kills":[1-9]'; }
+check "$job_h: OOM-killed inside its 32 MiB within 120 s" poll_for 120 oom_killed
+check "$job_h: show says so" sh -c "lodgerctl show $job_h | grep -q 'Memory: 32 MiB per instance, [1-9] OOM kill'"
+check "$job_h: the log names the OOM killer" sh -c \
+    "journalctl -b -u lodgerd -o cat | grep -q 'killed by the OOM killer, memory limit 32 MiB'"
+lodgerctl show "$job_h" 2>&1 | note
+check_eq "$job_s: its instance lived through it" "$(instance_pid)" "$pid_s"
+check "unregister $job_h" lodgerctl unregister "$job_h"
+
 phase "purge leaves nothing behind"
 # train-c runs as e2e-member: userdel refuses a user with a running process.
 systemctl stop train-c

@@ -11,11 +11,13 @@
 //! the move stays outside). Timing `apply` on an enforced job times the sweep.
 //!
 //! Rooms: `cgroup_jobs` (jobs registered by cgroup), `pid_jobs` (jobs registered by pids),
+//! `memory` (the memory files of the job cgroups lodger creates on v2),
 //! `rr` (the SCHED_RR sweep over every thread), [`rtgroup`] (v1 RT budgets), [`record`] and
 //! [`error`]. May touch `sys/`, `enforce::{cpusets, sched, procs}`; nothing above enforce.
 
 mod cgroup_jobs;
 pub mod error;
+mod memory;
 mod pid_jobs;
 pub mod record;
 mod roles;

@@ -229,6 +229,7 @@ impl Enforcer {
             h.enable_cpuset(cg, &parent)?;
             h.create(cg)?;
             changed = true;
+            self.set_job_memory(cg, &parent);
         }
         if !h.cpuset_enabled(cg)? {
             changed |= h.enable_cpuset(cg, &parent)?;
