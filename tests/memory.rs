@@ -280,3 +280,58 @@ fn memory_pressure_while_lodgers_run_throttles_them_and_calm_gives_back() {
     assert_eq!(d.job(&train)["state"], "running");
     d.ctl_ok(&["unregister", &hog]);
 }
+
+/// The v1 memory twin of a batch job (issue 19): a batch job registered by pid is moved into a
+/// cpuset cgroup of lodger's on cgroup v1, and into a memory cgroup beside it limited to
+/// `batch.memory_max`; released, it goes back to the memory cgroup it came from and the twin is
+/// removed. (cgroup v2 writes memory.max into the job's own cgroup: fixture-tested in
+/// enforce::training::memory.)
+#[test]
+fn a_batch_job_on_cgroup_v1_runs_in_a_memory_cgroup_limited_to_batch_memory_max() {
+    let test = "a_batch_job_on_cgroup_v1_runs_in_a_memory_cgroup_limited_to_batch_memory_max";
+    if !need_root(test) || !lodger::privileged::need_cgroup_v1(test) {
+        return;
+    }
+    if !std::path::Path::new("/sys/fs/cgroup/memory/memory.limit_in_bytes").exists() {
+        lodger::privileged::skip_as(
+            lodger::privileged::SkipClass::NotApplicable,
+            test,
+            "no cgroup v1 memory hierarchy at /sys/fs/cgroup/memory",
+        );
+        return;
+    }
+    let bus = PrivateBus::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = lodgers_daemon(&bus, dir.path(), "[batch]\nmemory_max = \"96M\"\n");
+    let mut job = std::process::Command::new("sleep")
+        .arg("600")
+        .spawn()
+        .expect("sleep");
+    let pid = job.id();
+    let (before, _) = memory_limit_of(pid).expect("its memory cgroup");
+    let v = d.ctl_json(&["register", "batch", "--pid", &pid.to_string()]);
+    let id = v["id"].as_str().expect("id").to_string();
+    let mut now = None;
+    wait_until(WAIT, "the batch job in its memory cgroup", || {
+        now = memory_limit_of(pid);
+        now.as_ref()
+            .is_some_and(|(cg, _)| cg.ends_with(&format!("/{id}")))
+    });
+    let (cgroup, limit) = now.expect("memory cgroup");
+    assert_eq!(limit, 96 << 20, "{cgroup}");
+    let soft = std::fs::read_to_string(format!(
+        "/sys/fs/cgroup/memory{cgroup}/memory.soft_limit_in_bytes"
+    ))
+    .expect("soft limit");
+    // 90% of it, down to a whole page.
+    assert_eq!(soft.trim().parse::<u64>().ok(), Some(90_595_328));
+    d.ctl_ok(&["unregister", &id]);
+    assert_eq!(
+        memory_limit_of(pid).map(|(cg, _)| cg),
+        Some(before),
+        "back where it came from"
+    );
+    assert!(!std::path::Path::new(&format!("/sys/fs/cgroup/memory{cgroup}")).exists());
+    let _ = job.kill();
+    let _ = job.wait();
+}

@@ -7,6 +7,9 @@
 
 use serde::{Serialize, Serializer};
 
+/// The kernel keeps memory limits in whole pages.
+const PAGE: u64 = 4096;
+
 const UNITS: [(char, u32); 5] = [('K', 10), ('M', 20), ('G', 30), ('T', 40), ('P', 50)];
 
 /// Bytes from `"4096"`, `"512M"`, `"512MiB"`, `"1.5G"`, `"8 GiB"` (powers of 1024).
@@ -94,11 +97,12 @@ impl MemoryBound {
         }
     }
 
-    /// Bytes on a node with `total` bytes of memory; `None` for no bound.
+    /// Bytes on a node with `total` bytes of memory (a share down to a whole page); `None` for
+    /// no bound.
     pub fn resolve(self, total: u64) -> Option<u64> {
         match self {
             MemoryBound::Bytes(n) => Some(n),
-            MemoryBound::Percent(p) => Some(total / 100 * u64::from(p)),
+            MemoryBound::Percent(p) => Some(total / 100 * u64::from(p) / PAGE * PAGE),
             MemoryBound::None => None,
         }
     }
@@ -139,12 +143,13 @@ impl std::fmt::Display for MemoryBound {
 }
 
 /// `memory.high` (v2) or the soft limit (v1) for a limit of `max`: `high_percent` of it, so
-/// the kernel reclaims the instance's memory before its limit's OOM killer takes it.
+/// the kernel reclaims the instance's memory before its limit's OOM killer takes it; down to a
+/// whole 4 KiB page, as the kernel keeps it (the value written reads back the same).
 pub fn high_of(max: u64, high_percent: u8) -> u64 {
     if high_percent >= 100 {
         return max;
     }
-    max / 100 * u64::from(high_percent)
+    max / 100 * u64::from(high_percent) / PAGE * PAGE
 }
 
 #[cfg(test)]
@@ -182,13 +187,18 @@ mod tests {
         for bad in ["0", "0%", "101%", "x%"] {
             assert!(MemoryBound::parse(bad).is_err(), "{bad}");
         }
-        assert_eq!(MemoryBound::Percent(10).resolve(1000), Some(100));
+        assert_eq!(MemoryBound::Percent(10).resolve(100 << 20), Some(10 << 20));
+        assert_eq!(
+            MemoryBound::Percent(10).resolve(1 << 34),
+            Some(1_717_985_280)
+        );
         assert_eq!(MemoryBound::None.resolve(1000), None);
         for text in ["8G", "1536M", "4097", "10%", "none"] {
             let b = MemoryBound::parse(text).unwrap();
             assert_eq!(b.spelling(), text);
         }
-        assert_eq!(high_of(1000, 90), 900);
+        assert_eq!(high_of(100 << 20, 90), 90 << 20);
+        assert_eq!(high_of(96 << 20, 90), 90_595_328, "a whole page");
         assert_eq!(high_of(1000, 100), 1000);
     }
 }

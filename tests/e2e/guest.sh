@@ -437,11 +437,12 @@ phase "memory: instance limits (MemoryMax=), OOM kills inside them"
 # killer inside its own unit, counted from lodger-instances.slice's memory.events, reported and
 # restarted with back-off, and the instance beside it keeps running.
 unit_s=$(sed -n 's|^0::.*/lodger-instances.slice/\(lodger-[^/]*\.service\).*|\1|p' "/proc/$pid_s/cgroup")
-want_max=$(awk '/^MemTotal:/ { printf "%d", $2 * 1024 / 100 * 10 }' /proc/meminfo)
+# As lodger computes it: MemTotal / 100 * 10, then each down to a whole 4 KiB page.
+want_max=$(awk '/^MemTotal:/ { m = int($2 * 1024 / 100) * 10; printf "%d", m - m % 4096 }' /proc/meminfo)
 check_eq "$job_s: its unit's MemoryMax= is 10% of MemTotal" \
     "$(systemctl show -p MemoryMax --value "$unit_s")" "$want_max"
 check_eq "$job_s: its unit's MemoryHigh= is 90% of that" \
-    "$(systemctl show -p MemoryHigh --value "$unit_s")" "$((want_max / 100 * 90))"
+    "$(systemctl show -p MemoryHigh --value "$unit_s")" "$((want_max / 100 * 90 / 4096 * 4096))"
 out_h=$(lodgerctl --json register offline --max-instances 1 --memory-max 32M -- \
     /usr/bin/tail /dev/zero 2>&1)
 job_h=$(field "$out_h" id)

@@ -462,7 +462,8 @@ mod tests {
         assert_eq!(get(&props, "MemoryMax"), [&Prop::U64(1 << 30)]);
         assert_eq!(
             get(&props, "MemoryHigh"),
-            [&Prop::U64((1 << 30) / 100 * 90)]
+            [&Prop::U64(966_365_184)],
+            "90%, down to a whole page"
         );
         assert_eq!(
             get(&props, "LogExtraFields"),

@@ -1,18 +1,30 @@
-//! The memory files of the job cgroups lodger creates for pid jobs on cgroup v2 (issue 19):
-//! `memory.low` for training, `memory.max` and `memory.high` for batch jobs
-//! ([`JobMemory`](crate::enforce::JobMemory)), written once when the cgroup is created, and only
-//! where `<parent>` has the memory controller delegated. Best effort: a refusal is logged and the
-//! job is enforced as before. Touches cgroupfs.
+//! The memory settings of the job cgroups lodger creates for pid jobs pinned by cgroup (issue
+//! 19; [`JobMemory`](crate::enforce::JobMemory)), written once when the cgroup is created. Best
+//! effort: a refusal is logged and the job is enforced as before. Touches cgroupfs and
+//! `/proc/PID/cgroup`.
+//!
+//! - cgroup v2, where `<parent>` has the memory controller delegated: `memory.low` for training,
+//!   `memory.max` and `memory.high` for batch jobs, in the job's own cgroup.
+//! - cgroup v1, batch jobs: a twin of the job's cpuset cgroup in the memory hierarchy with
+//!   `memory.limit_in_bytes` and `memory.soft_limit_in_bytes`; each process joins it when it
+//!   joins the cpuset cgroup, its memory cgroup before recorded, and goes back there on release.
+//!   (v1 has no `memory.low`: training's memory is left as it is.)
 
 use std::fs;
+use std::path::PathBuf;
 
-use tracing::warn;
+use tracing::{debug, warn};
 
 use super::Enforcer;
 use crate::enforce::JobMemory;
-use crate::sys::cgroupfs::{read_words, CgroupVersion, CGROUP_CONTROLLERS, CGROUP_SUBTREE_CONTROL};
+use crate::sys::cgroupfs::{
+    dir_of, proc_cgroup, read_words, rmdir_if_unused, CgroupVersion, CGROUP_CONTROLLERS,
+    CGROUP_PROCS, CGROUP_SUBTREE_CONTROL,
+};
 
 const MEMORY: &str = "memory";
+const V1_LIMIT: &str = "memory.limit_in_bytes";
+const V1_SOFT_LIMIT: &str = "memory.soft_limit_in_bytes";
 
 impl Enforcer {
     /// Gives a job cgroup lodger just created (`cg`, under `parent`) its memory settings.
@@ -25,6 +37,12 @@ impl Enforcer {
                 ("memory.high", high.to_string()),
             ],
         };
+        if let Some(root) = self.memory_twins() {
+            if let JobMemory::Limit { max, high } = self.settings.job_memory {
+                self.create_twin(&root, cg, parent, max, high);
+            }
+            return;
+        }
         if self.mode.version != CgroupVersion::V2 {
             return;
         }
@@ -56,6 +74,84 @@ impl Enforcer {
                     "cannot write {value} to {}: {e}",
                     path.display()
                 );
+            }
+        }
+    }
+
+    /// v1 with a batch limit: the memory hierarchy's mount, where job cgroups get twins.
+    pub(super) fn memory_twins(&self) -> Option<PathBuf> {
+        if self.mode.version != CgroupVersion::V1
+            || !matches!(self.settings.job_memory, JobMemory::Limit { .. })
+        {
+            return None;
+        }
+        let root = self.settings.cgroup_root.join(MEMORY);
+        root.join(V1_LIMIT).is_file().then_some(root)
+    }
+
+    fn create_twin(&self, root: &std::path::Path, cg: &str, parent: &str, max: u64, high: u64) {
+        for c in [parent, cg] {
+            let dir = dir_of(root, c);
+            if let Err(e) = fs::create_dir(&dir) {
+                if e.kind() != std::io::ErrorKind::AlreadyExists {
+                    warn!(
+                        cgroup = cg,
+                        "no memory limit: cannot create {}: {e}",
+                        dir.display()
+                    );
+                    return;
+                }
+            }
+        }
+        let dir = dir_of(root, cg);
+        for (file, value) in [(V1_LIMIT, max), (V1_SOFT_LIMIT, high)] {
+            let path = dir.join(file);
+            if let Err(e) = fs::write(&path, value.to_string()) {
+                warn!(
+                    cgroup = cg,
+                    "cannot write {value} to {}: {e}",
+                    path.display()
+                );
+            }
+        }
+    }
+
+    /// v1: the memory cgroup `pid` is in now (`None`: gone, or no twins here).
+    pub(super) fn memory_cgroup_of(&self, pid: u32) -> Option<String> {
+        self.memory_twins()?;
+        proc_cgroup(&self.settings.proc_root, pid, |g| {
+            g.hierarchy != 0 && g.controllers.iter().any(|c| c == MEMORY)
+        })
+        .ok()
+        .flatten()
+    }
+
+    /// v1: moves `pid` into the memory cgroup `cg` (a job's twin, or where it came from; a
+    /// missing one: its nearest existing ancestor). Best effort.
+    pub(super) fn move_memory(&self, cg: &str, pid: u32) {
+        let Some(root) = self.memory_twins() else {
+            return;
+        };
+        let mut dest = cg.to_string();
+        while dest != "/" && !dir_of(&root, &dest).is_dir() {
+            dest = crate::sys::cgroupfs::parent_of(&dest)
+                .unwrap_or("/")
+                .to_string();
+        }
+        let procs = dir_of(&root, &dest).join(CGROUP_PROCS);
+        if let Err(e) = fs::write(&procs, pid.to_string()) {
+            debug!(pid, "not moved to memory cgroup {dest}: {e}");
+        }
+    }
+
+    /// v1: removes a job's twin (and lodger's parent there, when unused). Best effort.
+    pub(super) fn remove_twin(&self, cg: &str, parent: &str) {
+        let Some(root) = self.memory_twins() else {
+            return;
+        };
+        for c in [cg, parent].into_iter().filter(|c| *c != "/") {
+            if let Err(e) = rmdir_if_unused(&dir_of(&root, c)) {
+                warn!("cannot remove memory cgroup {c}: {e}");
             }
         }
     }
@@ -105,11 +201,11 @@ mod tests {
         let job = t.path().join("lodger/j1");
         let limit = JobMemory::Limit {
             max: 1 << 30,
-            high: (1 << 30) / 100 * 90,
+            high: 966_365_184,
         };
         enforcer(t.path(), limit).set_job_memory("/lodger/j1", "/lodger");
         assert_eq!(read(job.join("memory.max")).as_deref(), Some("1073741824"));
-        assert_eq!(read(job.join("memory.high")).as_deref(), Some("966367620"));
+        assert_eq!(read(job.join("memory.high")).as_deref(), Some("966365184"));
         assert_eq!(read(job.join("memory.low")), None);
         // The controller was enabled for lodger's children (the fake file keeps the write).
         assert_eq!(

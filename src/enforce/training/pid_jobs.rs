@@ -139,6 +139,7 @@ impl Enforcer {
                 start_time: st.start_time,
                 ppid: st.ppid,
                 original_cgroup: None,
+                original_memory_cgroup: None,
                 original_affinity: None,
                 bound: false,
             };
@@ -150,6 +151,12 @@ impl Enforcer {
                         parent(&added).and_then(|q| q.original_cgroup)
                     } else {
                         now
+                    };
+                    let memory = self.memory_cgroup_of(pid);
+                    p.original_memory_cgroup = if memory.is_some() && memory == job_cg {
+                        parent(&added).and_then(|q| q.original_memory_cgroup)
+                    } else {
+                        memory
                     };
                 }
                 PinMethod::Affinity => {
@@ -191,7 +198,11 @@ impl Enforcer {
                     continue;
                 }
                 match h.attach(cg, p.pid) {
-                    Ok(()) => moved = true,
+                    Ok(()) => {
+                        moved = true;
+                        // v1 batch jobs: into the memory twin as well.
+                        self.move_memory(cg, p.pid);
+                    }
                     Err(e) if e.is_gone() && h.exists(cg) => {}
                     Err(e) => rr.errors.push(e.into()),
                 }
@@ -372,12 +383,17 @@ impl Enforcer {
                     Err(e) if e.is_gone() => {}
                     Err(e) => errors.push(e.into()),
                 }
+                let memory = origin(pid, ppid)
+                    .and_then(|t| t.original_memory_cgroup.clone())
+                    .unwrap_or_else(|| "/".to_string());
+                self.move_memory(&memory, pid);
             }
         }
         if let Err(e) = h.remove(cg) {
             errors.push(e.into());
             return;
         }
+        self.remove_twin(cg, parent_of(cg).unwrap_or("/"));
         if let Some(parent) = parent_of(cg) {
             if parent != "/" {
                 if let Err(e) = h.remove_if_unused(parent) {

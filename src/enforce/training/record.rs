@@ -93,6 +93,9 @@ pub struct TrackedProcess {
     /// Cgroup pinning: its cpuset cgroup before lodger moved it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub original_cgroup: Option<String>,
+    /// v1 batch jobs with a memory limit: its memory cgroup before lodger moved it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub original_memory_cgroup: Option<String>,
     /// Affinity pinning: its CPU mask before lodger set one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub original_affinity: Option<CpuSet>,

@@ -176,6 +176,7 @@ impl Enforcer {
                 start_time: st.start_time,
                 ppid: st.ppid,
                 original_cgroup: None,
+                original_memory_cgroup: None,
                 original_affinity: original,
                 bound,
             });
