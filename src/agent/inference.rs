@@ -240,16 +240,18 @@ impl Inference {
             JobState::Running
         } else if mine
             .iter()
-            .any(|s| s.last_error.is_some() || s.restarts > 0)
+            .any(|s| s.last_error.is_some() || s.restarts > 0 || exited_and_waiting(s))
         {
             JobState::Error
         } else {
             JobState::Pending
         };
         stored.job.last_error = mine.iter().find_map(|s| {
-            s.last_error
-                .clone()
-                .or_else(|| s.last_exit.clone().filter(|_| s.restarts > 0))
+            s.last_error.clone().or_else(|| {
+                s.last_exit
+                    .clone()
+                    .filter(|_| s.restarts > 0 || exited_and_waiting(s))
+            })
         });
         let searching = self.searches.get(id);
         stored.job.layout = match (searching, &stored.lodging.outcome) {
@@ -342,4 +344,10 @@ fn desired_instances(state: &State, plan: &inference::InferencePlan) -> Vec<Inst
         }
     }
     desired
+}
+
+/// An instance that exited on its own (killed by its memory limit, crashed) and waits out its
+/// back-off before its first restart: its job says why, not "pending".
+fn exited_and_waiting(s: &InstanceStats) -> bool {
+    matches!(s.state, InstanceState::BackingOff { .. }) && s.last_exit.is_some()
 }
