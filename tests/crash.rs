@@ -17,10 +17,16 @@
 //!   by the plan its state file held, replaced after by a process with the same threads and
 //!   batch; a new layout, or a plan that dropped the instance, is the churn's doing): 0;
 //!
+//! - stale tc/nft rules: lodgerd runs in a network namespace of its own with a veth link it
+//!   shapes (`[[network.link]]`) while a multi-node training job is registered (half the
+//!   churn's training jobs are); at the end an HTB root or lodger's nftables table on it with no
+//!   multi-node job left is stale, and a multi-node job left without the HTB root is unshaped:
+//!   both 0 (where `ip`, `tc` or the net_cls controller are missing the suite runs without the
+//!   network and says so);
+//!
 //! and the longest pause of a report-writing instance (a shell loop that writes a report line
 //! and a timestamp every 20 ms) over the whole run, a figure printed beside its interval, not a
-//! timed assertion. No network is configured here: tc and nft rules across restarts are
-//! tests/tc_netns.rs's; units are the VM suite's.
+//! timed assertion. Units are the VM suite's.
 
 mod common;
 
@@ -38,6 +44,82 @@ struct Registered {
     kind: &'static str,
     /// The training process, for a training job.
     pid: Option<u32>,
+}
+
+/// The link lodgerd shapes: one end of a veth pair (a kernel may lack the dummy driver) in the
+/// suite's own network namespace, the other end `PEER` beside it.
+const LINK: &str = "lc0";
+const PEER: &str = "lc0p";
+
+/// A network namespace with [`LINK`] up in it, deleted on drop (with the link).
+struct Netns {
+    name: String,
+}
+
+impl Netns {
+    /// `None`, with the reason printed, where this machine cannot shape a link.
+    fn create() -> Option<Netns> {
+        let ok = |args: &[&str]| {
+            std::process::Command::new("ip")
+                .args(args)
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        let have_tc = std::process::Command::new("tc")
+            .arg("-V")
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if !ok(&["-V"]) || !have_tc {
+            eprintln!("crash suite: no network shaping checked: ip or tc missing (iproute2)");
+            return None;
+        }
+        if common::netcls::net_cls_cgroups().is_none() {
+            eprintln!("crash suite: no network shaping checked: no net_cls cgroup controller");
+            return None;
+        }
+        let name = format!("lodger-crash-{}", std::process::id());
+        let ns = Netns { name };
+        let n = ns.name.as_str();
+        if !(ok(&["netns", "add", n])
+            && ok(&[
+                "-n", n, "link", "add", LINK, "type", "veth", "peer", "name", PEER,
+            ])
+            && ok(&["-n", n, "link", "set", PEER, "up"])
+            && ok(&["-n", n, "link", "set", LINK, "up"]))
+        {
+            eprintln!("crash suite: no network shaping checked: cannot make {LINK} in {n}");
+            return None;
+        }
+        Some(ns)
+    }
+
+    /// lodger's HTB root on the link, and its nftables table, as the namespace shows them.
+    fn shaping(&self) -> (bool, bool) {
+        let qdiscs = std::process::Command::new("tc")
+            .args(["-n", &self.name, "qdisc", "show", "dev", LINK])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        let nft = std::process::Command::new("ip")
+            .args([
+                "netns", "exec", &self.name, "nft", "list", "table", "inet", "lodger",
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        (qdiscs.contains("htb 4c44:"), nft)
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .status();
+    }
 }
 
 /// The registered jobs by id, from `lodgerctl --json list`; None when lodgerd does not answer.
@@ -109,9 +191,32 @@ fn lodgerd_killed_at_random_moments_loses_orphans_and_restarts_nothing() {
         }
     );
     let mut rng = Rng::scrambled(seed);
+    // Dropped after lodgerd (declared before it): the mount, then the namespace.
+    let net_cls = common::netcls::NetClsMount::find_or_mount()
+        .map_err(|why| eprintln!("crash suite: no network shaping checked: {why}"))
+        .ok();
+    let netns = net_cls.as_ref().and_then(|_| Netns::create());
     let bus = PrivateBus::start();
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut d = lodgers_daemon(&bus, dir.path(), "[rightsize]\nmode = \"off\"\n");
+    let network = match &netns {
+        Some(_) => {
+            format!("[network]\n[[network.link]]\ninterface = \"{LINK}\"\nline_rate_mbit = 1000\n")
+        }
+        None => String::new(),
+    };
+    let mut d = Daemon::start(
+        &bus,
+        dir.path(),
+        DaemonOptions {
+            reserved: "",
+            extra: format!(
+                "[inference]\nprobe_seconds = 1\nstop_grace_seconds = 2\n\n\
+                 [rightsize]\nmode = \"off\"\n\n{network}"
+            ),
+            netns: netns.as_ref().map(|n| n.name.clone()),
+            ..DaemonOptions::default()
+        },
+    );
     let worker = example("infer_worker").display().to_string();
     let beats = dir.path().join("beats");
     let heartbeat = format!(
@@ -178,16 +283,22 @@ fn lodgerd_killed_at_random_moments_loses_orphans_and_restarts_nothing() {
             match rng.int(0, 5) {
                 0 | 1 if workloads.len() < 3 => {
                     let w = Workload::train(1);
-                    let out = d.ctl(&[
+                    let pid = w.pid().to_string();
+                    let mut args = vec![
                         "--json",
                         "register",
                         "training",
                         "--pid",
-                        &w.pid().to_string(),
+                        &pid,
                         "--cores",
                         "1",
                         "--no-rightsize",
-                    ]);
+                    ];
+                    // Half of them multi-node: lodgerd shapes the link while one is registered.
+                    if rng.chance(0.5) {
+                        args.push("--multi-node");
+                    }
+                    let out = d.ctl(&args);
                     if let Some(id) = answered_id(&out) {
                         registered.insert(
                             id,
@@ -356,6 +467,22 @@ fn lodgerd_killed_at_random_moments_loses_orphans_and_restarts_nothing() {
                 .collect()
         })
         .unwrap_or_default();
+    // Shaping follows the multi-node jobs still registered, whatever the kills interrupted.
+    let multi_node = jobs
+        .values()
+        .filter(|j| j["kind"] == "training" && j["multi_node"] == true)
+        .count();
+    let (stale_network, unshaped) = match &netns {
+        Some(ns) => {
+            let (htb, nft) = ns.shaping();
+            if multi_node == 0 {
+                (usize::from(htb) + usize::from(nft), false)
+            } else {
+                (0, !htb)
+            }
+        }
+        None => (0, false),
+    };
     let (gap, gap_down) = longest_gaps(&beats, &downtimes);
     let kinds = |k: &str| registered.values().filter(|r| r.kind == k).count();
     eprintln!(
@@ -370,17 +497,51 @@ fn lodgerd_killed_at_random_moments_loses_orphans_and_restarts_nothing() {
     eprintln!(
         "crash suite: lost registrations {}, orphan instances {}, duplicate instances {}, \
          threads left SCHED_RR outside any job {rr_outside}, stale lodger cgroups {}, \
-         instances restarted by a lodgerd restart {}; longest pause of the sentinel instance \
+         stale tc/nft rules {stale_network}{}, instances restarted by a lodgerd restart {}; \
+         longest pause of the sentinel instance \
          (it writes every {HEARTBEAT_MS} ms) {:.0} ms while lodgerd was down, {:.0} ms in all \
          (it shares a core with a SCHED_RR training job, which pre-empts it)",
         lost.len(),
         orphans.len(),
         duplicates.len(),
         stale_cgroups.len(),
+        match &netns {
+            Some(_) if multi_node == 0 => " (no multi-node job left)".to_string(),
+            Some(_) => format!(
+                " ({multi_node} multi-node job(s) left, shaped: {})",
+                !unshaped
+            ),
+            None => " (not checked)".to_string(),
+        },
         restarted_by_restart.len(),
         gap_down.as_secs_f64() * 1000.0,
         gap.as_secs_f64() * 1000.0
     );
+    // And the lodgerd that survived the kills still shapes: a multi-node job now shapes the
+    // link, its unregistration (the last one's) takes the shaping away.
+    if let Some(ns) = &netns {
+        let w = Workload::train(1);
+        let pid = w.pid().to_string();
+        let v = d.ctl_json(&[
+            "register",
+            "training",
+            "--pid",
+            &pid,
+            "--cores",
+            "1",
+            "--multi-node",
+        ]);
+        let id = v["id"].as_str().expect("id").to_string();
+        wait_until(WAIT, "the link shaped for a multi-node job", || {
+            ns.shaping().0
+        });
+        d.ctl_ok(&["unregister", &id]);
+        if multi_node == 0 {
+            wait_until(WAIT, "the shaping taken away", || {
+                ns.shaping() == (false, false)
+            });
+        }
+    }
     let log = d.log();
     assert!(lost.is_empty(), "lost: {lost:?}\n{jobs:#?}\n{log}");
     assert!(orphans.is_empty(), "orphans: {orphans:?}");
@@ -392,6 +553,11 @@ fn lodgerd_killed_at_random_moments_loses_orphans_and_restarts_nothing() {
     assert!(
         stale_cgroups.is_empty(),
         "stale cgroups: {stale_cgroups:?}\n{jobs:#?}\n{log}"
+    );
+    assert_eq!(stale_network, 0, "stale tc/nft rules\n{log}");
+    assert!(
+        !unshaped,
+        "a multi-node job is registered and {LINK} is not shaped\n{log}"
     );
     assert!(
         restarted_by_restart.is_empty(),

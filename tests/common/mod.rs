@@ -2,6 +2,8 @@
 //! state directory and cgroup parent, `lodgerctl` runs, and the bundled workloads.
 #![allow(dead_code)]
 
+pub mod netcls;
+
 use std::io::{BufRead, BufReader, Read};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};

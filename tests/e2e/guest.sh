@@ -414,15 +414,42 @@ phase "lodgerd killed 10 times (kill -9): nothing lost, doubled or restarted"
 # Issue 17's crash suite, short, under systemd: SIGKILL, systemd restarts lodgerd
 # (Restart=on-failure, 2 s later), which re-adopts the jobs and the instance unit. reset-failed
 # keeps systemd's start limit (5 in 10 s) out of the way.
+# Churn between the kills: an offline job registered after every odd restart (its instance unit
+# starting when the next kill comes), the newest one unregistered after every even one.
 lodgerd_answers() { lodgerctl status >/dev/null 2>&1; }
-kills_ok=0
+kills_ok=0 churn=()
 for i in 1 2 3 4 5 6 7 8 9 10; do
     systemctl kill -s SIGKILL lodgerd
     sleep 0.5
     if poll_for 30 lodgerd_answers; then kills_ok=$((kills_ok + 1)); fi
     systemctl reset-failed lodgerd 2>/dev/null || true
+    if ((i % 2 == 1)); then
+        out_c=$(lodgerctl --json register offline --max-instances 1 -- \
+            /bin/sh -c 'while :; do sleep 1; done' 2>&1)
+        id_c=$(field "$out_c" id)
+        [ -z "$id_c" ] || churn+=("$id_c")
+    elif [ ${#churn[@]} -gt 0 ]; then
+        lodgerctl unregister "${churn[-1]}" >/dev/null 2>&1 && unset 'churn[-1]'
+    fi
 done
 check_eq "lodgerd answered after each of the 10 kills" "$kills_ok" 10
+check_eq "churn: the offline jobs left registered are listed" \
+    "$(for j in "${churn[@]}"; do lodgerctl show "$j" >/dev/null 2>&1 && echo "$j"; done | xargs)" \
+    "${churn[*]}"
+for j in "${churn[@]}"; do lodgerctl unregister "$j" >/dev/null 2>&1; done
+# An instance unit whose job is not registered is an orphan.
+orphan_units() {
+    local u j
+    for u in $(systemctl list-units --no-legend --plain --state=running 'lodger-j*-*.service' |
+        awk '{ print $1 }'); do
+        j=${u#lodger-} j=${j%%-*}
+        lodgerctl show "$j" >/dev/null 2>&1 || echo "$u"
+    done
+}
+no_orphan_units() { [ -z "$(orphan_units)" ]; }
+check "after the kills and churn: no instance unit of an unregistered job within 30 s" \
+    poll_for 30 no_orphan_units
+orphan_units | note
 check "after the kills: $job_s's instance is listed within 30 s" poll_for 30 instance_runs
 check_eq "after the kills: $job_s's instance is the same process" "$(instance_pid)" "$pid_s"
 check_eq "after the kills: one unit runs for $job_s" \
