@@ -283,22 +283,8 @@ fn lodgerd_killed_at_random_moments_loses_orphans_and_restarts_nothing() {
             match rng.int(0, 5) {
                 0 | 1 if workloads.len() < 3 => {
                     let w = Workload::train(1);
-                    let pid = w.pid().to_string();
-                    let mut args = vec![
-                        "--json",
-                        "register",
-                        "training",
-                        "--pid",
-                        &pid,
-                        "--cores",
-                        "1",
-                        "--no-rightsize",
-                    ];
                     // Half of them multi-node: lodgerd shapes the link while one is registered.
-                    if rng.chance(0.5) {
-                        args.push("--multi-node");
-                    }
-                    let out = d.ctl(&args);
+                    let out = register_training(&d, w.pid(), rng.chance(0.5));
                     if let Some(id) = answered_id(&out) {
                         registered.insert(
                             id,
@@ -527,17 +513,8 @@ fn lodgerd_killed_at_random_moments_loses_orphans_and_restarts_nothing() {
             }
         }
         let w = Workload::train(1);
-        let pid = w.pid().to_string();
-        let v = d.ctl_json(&[
-            "register",
-            "training",
-            "--pid",
-            &pid,
-            "--cores",
-            "1",
-            "--multi-node",
-        ]);
-        let id = v["id"].as_str().expect("id").to_string();
+        let id = answered_id(&register_training(&d, w.pid(), true))
+            .expect("a multi-node job registered after the kills");
         wait_until(WAIT, "the link shaped for a multi-node job", || {
             ns.shaping().0
         });
@@ -575,6 +552,25 @@ fn lodgerd_killed_at_random_moments_loses_orphans_and_restarts_nothing() {
         jobs.get(&sentinel),
         d.log()
     );
+}
+
+/// `lodgerctl --json register training` of `pid` on one core, not right-sized.
+fn register_training(d: &Daemon, pid: u32, multi_node: bool) -> std::process::Output {
+    let pid = pid.to_string();
+    let mut args = vec![
+        "--json",
+        "register",
+        "training",
+        "--pid",
+        &pid,
+        "--cores",
+        "1",
+        "--no-rightsize",
+    ];
+    if multi_node {
+        args.push("--multi-node");
+    }
+    d.ctl(&args)
 }
 
 /// The instances a state file's inference plan wants, by "job-index", with their threads and

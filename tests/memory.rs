@@ -37,6 +37,23 @@ fn memory_limit_of(pid: u32) -> Option<(String, u64)> {
     None
 }
 
+/// Whether lodgerd can put instances in a memory limit here; if not (v2 without memory
+/// delegated to lodger's cgroup and without systemd: no cgroup of lodger's own, docs/memory.md),
+/// the test is skipped with lodgerd's line saying why.
+fn limits_apply(d: &Daemon, test: &str) -> bool {
+    match d
+        .log()
+        .lines()
+        .find(|l| l.contains("instances get no memory limit"))
+    {
+        Some(line) => {
+            lodger::privileged::skip_as(lodger::privileged::SkipClass::NotApplicable, test, line);
+            false
+        }
+        None => true,
+    }
+}
+
 fn oom_score_adj(pid: u32) -> Option<String> {
     std::fs::read_to_string(format!("/proc/{pid}/oom_score_adj"))
         .ok()
@@ -52,14 +69,7 @@ fn an_instance_past_its_memory_limit_is_killed_inside_it_and_backs_off() {
     let bus = PrivateBus::start();
     let dir = tempfile::tempdir().expect("tempdir");
     let d = lodgers_daemon(&bus, dir.path(), "");
-    if let Some(line) = d
-        .log()
-        .lines()
-        .find(|l| l.contains("instances get no memory limit"))
-    {
-        // v2 without memory delegated to lodger's cgroup and without systemd: nothing of
-        // lodger's own to put a limit on (docs/memory.md).
-        lodger::privileged::skip_as(lodger::privileged::SkipClass::NotApplicable, test, line);
+    if !limits_apply(&d, test) {
         return;
     }
     let w = Workload::train(1);
@@ -205,12 +215,7 @@ fn memory_pressure_while_lodgers_run_throttles_them_and_calm_gives_back() {
         "[contention]\nmode = \"enforce\"\npressure_ticks = 2\ncalm_ticks = 3\n\
          memory_pressure_percent = 2\n",
     );
-    if let Some(line) = d
-        .log()
-        .lines()
-        .find(|l| l.contains("instances get no memory limit"))
-    {
-        lodger::privileged::skip_as(lodger::privileged::SkipClass::NotApplicable, test, line);
+    if !limits_apply(&d, test) {
         return;
     }
     let w = Workload::train(1);

@@ -280,69 +280,55 @@ pub fn render(snap: &Snapshot) -> String {
             .map(|(k, a)| (vec![("source", k.clone())], if a.stale { 1.0 } else { 0.0 }))
             .collect(),
     );
-    // Lent CPU time (issue 19): counters, kept across lodgerd restarts with the jobs.
-    let counter_family = |b: &mut Builder, name: &str, help: &str, values: Vec<(Labels, f64)>| {
-        let family = Family::<Labels, Counter<f64, AtomicU64>>::default();
-        for (labels, v) in values {
-            if v.is_finite() && v >= 0.0 {
-                family.get_or_create(&labels).inc_by(v);
+    // Lent CPU time and OOM kills (issue 19): counters per job, the lent time kept across
+    // lodgerd restarts with the jobs. `value` picks a job's figure, `None` leaving it out.
+    let counter_family =
+        |b: &mut Builder,
+         name: &str,
+         help: &str,
+         value: &dyn Fn(&crate::job::Job) -> Option<f64>| {
+            let family = Family::<Labels, Counter<f64, AtomicU64>>::default();
+            for j in jobs.iter() {
+                if let Some(v) = value(j).filter(|v| v.is_finite() && *v >= 0.0) {
+                    family
+                        .get_or_create(&job_labels(j.id.as_str(), &j.spec.name))
+                        .inc_by(v);
+                }
             }
-        }
-        b.registry.register(name, help, family);
-    };
+            b.registry.register(name, help, family);
+        };
+    let training = |j: &crate::job::Job| j.spec.kind.role() == crate::job::Role::Training;
+    let inference = |j: &crate::job::Job| j.spec.kind.is_inference();
     counter_family(
         &mut b,
         "job_lent_cpu_seconds",
         "CPU time lodgers used on a training job's cores",
-        jobs.iter()
-            .filter(|j| j.spec.kind.role() == crate::job::Role::Training)
-            .map(|j| (job_labels(j.id.as_str(), &j.spec.name), j.account.lent_s))
-            .collect(),
+        &|j| training(j).then_some(j.account.lent_s),
     );
     counter_family(
         &mut b,
         "job_idle_cpu_seconds",
         "Time a training job's cores were idle (nobody ran)",
-        jobs.iter()
-            .filter(|j| j.spec.kind.role() == crate::job::Role::Training)
-            .map(|j| (job_labels(j.id.as_str(), &j.spec.name), j.account.idle_s))
-            .collect(),
+        &|j| training(j).then_some(j.account.idle_s),
     );
     counter_family(
         &mut b,
         "job_lodged_cpu_seconds",
         "CPU time a lodger's instances used",
-        jobs.iter()
-            .filter(|j| j.spec.kind.is_inference())
-            .map(|j| (job_labels(j.id.as_str(), &j.spec.name), j.account.used_s))
-            .collect(),
+        &|j| inference(j).then_some(j.account.used_s),
     );
     counter_family(
         &mut b,
         "job_lodged_on_training_cpu_seconds",
         "The part of a lodger's CPU time on training jobs' cores",
-        jobs.iter()
-            .filter(|j| j.spec.kind.is_inference())
-            .map(|j| {
-                (
-                    job_labels(j.id.as_str(), &j.spec.name),
-                    j.account.on_training_s,
-                )
-            })
-            .collect(),
+        &|j| inference(j).then_some(j.account.on_training_s),
     );
     counter_family(
         &mut b,
         "job_instance_oom_kills",
         "Times the OOM killer took one of an inference job's instances (its memory limit, or \
          the node out of memory), since lodgerd started",
-        jobs.iter()
-            .filter(|j| j.spec.kind.is_inference())
-            .map(|j| {
-                let kills: u32 = j.instances.iter().map(|i| i.oom_kills).sum();
-                (job_labels(j.id.as_str(), &j.spec.name), f64::from(kills))
-            })
-            .collect(),
+        &|j| inference(j).then(|| f64::from(j.instances.iter().map(|i| i.oom_kills).sum::<u32>())),
     );
     let throttles = Counter::<u64>::default();
     throttles.inc_by(snap.status.throttle_actions);

@@ -403,24 +403,10 @@ impl Sampler {
         }
         if cpu && self.psi_available {
             if let Ok(Some(p)) = self.cpu.pressure() {
-                if let Some(r) = self
-                    .pressure
-                    .as_ref()
-                    .and_then(|prev| StallRates::between(prev, &p))
-                {
-                    node.cpu_pressure_percent = Some(r.some * 100.0);
-                }
-                self.pressure = Some(p);
+                node.cpu_pressure_percent = stall_percent(&mut self.pressure, p);
             }
             if let Ok(Some(p)) = self.cpu.memory_pressure() {
-                if let Some(r) = self
-                    .memory_pressure
-                    .as_ref()
-                    .and_then(|prev| StallRates::between(prev, &p))
-                {
-                    node.memory_pressure_percent = Some(r.some * 100.0);
-                }
-                self.memory_pressure = Some(p);
+                node.memory_pressure_percent = stall_percent(&mut self.memory_pressure, p);
             }
         }
         for t in self.jobs.values_mut() {
@@ -441,14 +427,7 @@ impl Sampler {
             // A job with a cgroup of its own on v2: its memory stalls, not the node's.
             if let (Some(reader), Some(cg)) = (self.cgroups.as_mut(), t.job.cgroup.as_deref()) {
                 if let Ok(Some(p)) = reader.memory_pressure(cg) {
-                    if let Some(r) = t
-                        .memory_pressure
-                        .as_ref()
-                        .and_then(|prev| StallRates::between(prev, &p))
-                    {
-                        m.memory_pressure_percent = Some(r.some * 100.0);
-                    }
-                    t.memory_pressure = Some(p);
+                    m.memory_pressure_percent = stall_percent(&mut t.memory_pressure, p);
                 }
             }
         }
@@ -598,6 +577,17 @@ impl Sampler {
             ages: BTreeMap::new(),
         }
     }
+}
+
+/// The percent of the time since `prev` that some task stalled (PSI `some`), and `now` kept as
+/// the next `prev`; `None` from the first sample.
+fn stall_percent(prev: &mut Option<PressureSample>, now: PressureSample) -> Option<f64> {
+    let rate = prev
+        .as_ref()
+        .and_then(|p| StallRates::between(p, &now))
+        .map(|r| r.some * 100.0);
+    *prev = Some(now);
+    rate
 }
 
 #[cfg(test)]

@@ -35,6 +35,17 @@ pub const CGROUP_CONTROLLERS: &str = "cgroup.controllers";
 pub const CGROUP_SUBTREE_CONTROL: &str = "cgroup.subtree_control";
 /// The controller name in `cgroup.controllers` and `/proc/PID/cgroup`.
 pub const CPUSET_CONTROLLER: &str = "cpuset";
+/// The memory controller's name, and v1's memory hierarchy directory under the cgroup root.
+pub const MEMORY_CONTROLLER: &str = "memory";
+/// v1 memory files: the limit, the line reclaim aims under under pressure, the OOM state.
+pub const MEMORY_LIMIT_V1: &str = "memory.limit_in_bytes";
+pub const MEMORY_SOFT_LIMIT_V1: &str = "memory.soft_limit_in_bytes";
+pub const MEMORY_OOM_CONTROL_V1: &str = "memory.oom_control";
+/// v2 memory files.
+pub const MEMORY_MAX: &str = "memory.max";
+pub const MEMORY_HIGH: &str = "memory.high";
+pub const MEMORY_LOW: &str = "memory.low";
+pub const MEMORY_EVENTS: &str = "memory.events";
 
 #[derive(Debug, thiserror::Error)]
 pub enum CgroupError {
@@ -284,6 +295,66 @@ pub fn read_words(path: &Path) -> Result<Vec<String>, CgroupError> {
         source,
     })?;
     Ok(text.split_whitespace().map(str::to_string).collect())
+}
+
+/// Whether the controller file `path` (`cgroup.controllers`, `cgroup.subtree_control`) lists
+/// `controller`; false when it cannot be read.
+pub fn lists_controller(path: &Path, controller: &str) -> bool {
+    read_words(path).is_ok_and(|words| words.iter().any(|w| w == controller))
+}
+
+/// v2: enables `controller` for the children of the cgroup directory `dir` unless it is already.
+pub fn enable_for_children(dir: &Path, controller: &str) -> Result<(), CgroupError> {
+    let path = dir.join(CGROUP_SUBTREE_CONTROL);
+    if lists_controller(&path, controller) {
+        return Ok(());
+    }
+    let value = format!("+{controller}");
+    fs::write(&path, &value).map_err(|source| CgroupError::Write {
+        path,
+        value,
+        source,
+    })
+}
+
+/// Writes `value` to the file `name` of the cgroup directory `dir`.
+pub fn write_value(dir: &Path, name: &str, value: impl fmt::Display) -> Result<(), CgroupError> {
+    let path = dir.join(name);
+    let value = value.to_string();
+    fs::write(&path, &value).map_err(|source| CgroupError::Write {
+        path,
+        value,
+        source,
+    })
+}
+
+/// v1: the memory hierarchy under `cgroup_root`, where it is mounted there.
+pub fn v1_memory_hierarchy(cgroup_root: &Path) -> Option<PathBuf> {
+    let root = cgroup_root.join(MEMORY_CONTROLLER);
+    root.join(MEMORY_LIMIT_V1).is_file().then_some(root)
+}
+
+/// v1: creates the memory cgroups of `chain` (each the parent of the next, paths from `root`,
+/// the v1 memory hierarchy) that are missing, and gives the last its limit and soft limit.
+/// Returns the last one's directory.
+pub fn v1_limited_memory_cgroup(
+    root: &Path,
+    chain: &[&str],
+    limit: u64,
+    soft_limit: u64,
+) -> Result<PathBuf, CgroupError> {
+    let mut dir = root.to_path_buf();
+    for cgroup in chain {
+        dir = dir_of(root, cgroup);
+        match fs::create_dir(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(source) => return Err(CgroupError::Create { path: dir, source }),
+        }
+    }
+    write_value(&dir, MEMORY_LIMIT_V1, limit)?;
+    write_value(&dir, MEMORY_SOFT_LIMIT_V1, soft_limit)?;
+    Ok(dir)
 }
 
 /// Reads a cpulist file (`cpuset.cpus`, `cpuset.mems`, ...) of the cgroup directory `dir`.

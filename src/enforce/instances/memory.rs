@@ -18,7 +18,6 @@
 //! out of memory, the OOM killer takes a lodger before a training process.
 
 use std::fs;
-use std::io;
 use std::path::{Path, PathBuf};
 
 use super::host::Host;
@@ -28,16 +27,8 @@ use crate::enforce::PinMethod;
 use crate::job::memory::{high_of, show_size};
 use crate::sys::cgroupfs::{
     self as cgroup, dir_of, CgroupError, CgroupVersion, CGROUP_CONTROLLERS, CGROUP_PROCS,
-    CGROUP_SUBTREE_CONTROL,
+    MEMORY_CONTROLLER, MEMORY_EVENTS, MEMORY_HIGH, MEMORY_MAX, MEMORY_OOM_CONTROL_V1,
 };
-
-const MEMORY: &str = "memory";
-const V1_LIMIT: &str = "memory.limit_in_bytes";
-const V1_SOFT_LIMIT: &str = "memory.soft_limit_in_bytes";
-const V1_OOM_CONTROL: &str = "memory.oom_control";
-const V2_MAX: &str = "memory.max";
-const V2_HIGH: &str = "memory.high";
-const V2_EVENTS: &str = "memory.events";
 
 /// Where instance memory limits go on this node (chosen once, by [`MemoryPlacement::choose`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,27 +58,21 @@ impl MemoryPlacement {
             let slice = cgroup_root
                 .join(unit::PARENT_SLICE)
                 .join(unit::SLICE)
-                .join(V2_EVENTS);
+                .join(MEMORY_EVENTS);
             let events = (version == CgroupVersion::V2).then_some(slice);
             return MemoryPlacement::Units { events };
         }
         match (version, placement) {
-            (CgroupVersion::V1, _) => {
-                let root = cgroup_root.join(MEMORY);
-                if root.join(V1_LIMIT).is_file() {
-                    MemoryPlacement::V1 { root }
-                } else {
-                    MemoryPlacement::Off(format!(
-                        "cgroup v1 without a memory hierarchy at {}",
-                        root.display()
-                    ))
-                }
-            }
+            (CgroupVersion::V1, _) => match cgroup::v1_memory_hierarchy(cgroup_root) {
+                Some(root) => MemoryPlacement::V1 { root },
+                None => MemoryPlacement::Off(format!(
+                    "cgroup v1 without a memory hierarchy at {}",
+                    cgroup_root.join(MEMORY_CONTROLLER).display()
+                )),
+            },
             (CgroupVersion::V2, PinMethod::Cgroup) => {
                 let controllers = parent_dir.join(CGROUP_CONTROLLERS);
-                let delegated = fs::read_to_string(&controllers)
-                    .is_ok_and(|t| t.split_whitespace().any(|c| c == MEMORY));
-                if delegated {
+                if cgroup::lists_controller(&controllers, MEMORY_CONTROLLER) {
                     MemoryPlacement::V2
                 } else {
                     MemoryPlacement::Off(format!(
@@ -149,17 +134,8 @@ impl Host {
         let high = high_of(max, self.settings.memory_high_percent);
         match &self.memory {
             MemoryPlacement::V1 { root } => {
-                for part in [self.parent.as_str(), self.lodgers.as_str(), cg] {
-                    let dir = dir_of(root, part);
-                    match fs::create_dir(&dir) {
-                        Ok(()) => {}
-                        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-                        Err(source) => return Err(CgroupError::Create { path: dir, source }),
-                    }
-                }
-                let dir = dir_of(root, cg);
-                write(&dir, V1_LIMIT, max)?;
-                write(&dir, V1_SOFT_LIMIT, high)?;
+                let chain = [self.parent.as_str(), self.lodgers.as_str(), cg];
+                let dir = cgroup::v1_limited_memory_cgroup(root, &chain, max, high)?;
                 let procs = dir.join(CGROUP_PROCS);
                 fs::OpenOptions::new()
                     .write(true)
@@ -173,19 +149,11 @@ impl Host {
             }
             MemoryPlacement::V2 => {
                 for ancestor in [self.parent.as_str(), self.lodgers.as_str()] {
-                    let file = self.cpusets.dir(ancestor).join(CGROUP_SUBTREE_CONTROL);
-                    let enabled = cgroup::read_words(&file)?;
-                    if !enabled.iter().any(|c| c == MEMORY) {
-                        fs::write(&file, "+memory").map_err(|source| CgroupError::Write {
-                            path: file.clone(),
-                            value: "+memory".into(),
-                            source,
-                        })?;
-                    }
+                    cgroup::enable_for_children(&self.cpusets.dir(ancestor), MEMORY_CONTROLLER)?;
                 }
                 let dir = self.cpusets.dir(cg);
-                write(&dir, V2_MAX, max)?;
-                write(&dir, V2_HIGH, high)?;
+                cgroup::write_value(&dir, MEMORY_MAX, max)?;
+                cgroup::write_value(&dir, MEMORY_HIGH, high)?;
                 Ok(None)
             }
             MemoryPlacement::Units { .. } | MemoryPlacement::Off(_) => Ok(None),
@@ -206,10 +174,10 @@ impl Host {
     pub(super) fn oom_kills(&self, cg: Option<&str>) -> Option<u64> {
         match (&self.memory, cg) {
             (MemoryPlacement::V1 { root }, Some(cg)) => {
-                read_oom_kills(&dir_of(root, cg).join(V1_OOM_CONTROL))
+                read_oom_kills(&dir_of(root, cg).join(MEMORY_OOM_CONTROL_V1))
             }
             (MemoryPlacement::V2, Some(cg)) => {
-                read_oom_kills(&self.cpusets.dir(cg).join(V2_EVENTS))
+                read_oom_kills(&self.cpusets.dir(cg).join(MEMORY_EVENTS))
             }
             (MemoryPlacement::Units { events: Some(path) }, None) => read_oom_kills(path),
             _ => None,
@@ -287,15 +255,6 @@ impl Host {
     }
 }
 
-fn write(dir: &Path, file: &str, value: u64) -> Result<(), CgroupError> {
-    let path = dir.join(file);
-    fs::write(&path, value.to_string()).map_err(|source| CgroupError::Write {
-        path,
-        value: value.to_string(),
-        source,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -328,7 +287,11 @@ mod tests {
         let p = MemoryPlacement::choose(root, CgroupVersion::V1, PinMethod::Cgroup, &parent, false);
         assert!(matches!(p, MemoryPlacement::Off(_)), "{p:?}");
         fs::create_dir_all(root.join("memory")).unwrap();
-        fs::write(root.join("memory").join(V1_LIMIT), "9223372036854771712\n").unwrap();
+        fs::write(
+            root.join("memory").join(cgroup::MEMORY_LIMIT_V1),
+            "9223372036854771712\n",
+        )
+        .unwrap();
         let p =
             MemoryPlacement::choose(root, CgroupVersion::V1, PinMethod::Affinity, &parent, false);
         assert_eq!(

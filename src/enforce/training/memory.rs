@@ -11,116 +11,67 @@
 //!   (v1 has no `memory.low`: training's memory is left as it is.)
 
 use std::fs;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use tracing::{debug, warn};
 
 use super::Enforcer;
-use crate::enforce::JobMemory;
+use crate::enforce::{EnforceSettings, JobMemory};
 use crate::sys::cgroupfs::{
-    dir_of, proc_cgroup, read_words, rmdir_if_unused, CgroupVersion, CGROUP_CONTROLLERS,
-    CGROUP_PROCS, CGROUP_SUBTREE_CONTROL,
+    self as cgroup, dir_of, proc_cgroup, rmdir_if_unused, CgroupVersion, CGROUP_CONTROLLERS,
+    CGROUP_PROCS, MEMORY_CONTROLLER, MEMORY_HIGH, MEMORY_LOW, MEMORY_MAX,
 };
 
-const MEMORY: &str = "memory";
-const V1_LIMIT: &str = "memory.limit_in_bytes";
-const V1_SOFT_LIMIT: &str = "memory.soft_limit_in_bytes";
+/// v1 with a batch limit: the memory hierarchy, where job cgroups get twins (decided once, at
+/// the enforcer's start).
+pub(super) fn memory_twins(settings: &EnforceSettings, version: CgroupVersion) -> Option<PathBuf> {
+    let limited = matches!(settings.job_memory, JobMemory::Limit { .. });
+    if version != CgroupVersion::V1 || !limited {
+        return None;
+    }
+    cgroup::v1_memory_hierarchy(&settings.cgroup_root)
+}
 
 impl Enforcer {
     /// Gives a job cgroup lodger just created (`cg`, under `parent`) its memory settings.
     pub(super) fn set_job_memory(&self, cg: &str, parent: &str) {
-        let writes: Vec<(&str, String)> = match self.settings.job_memory {
-            JobMemory::Untouched => return,
-            JobMemory::Protect => vec![("memory.low", "max".to_string())],
-            JobMemory::Limit { max, high } => vec![
-                ("memory.max", max.to_string()),
-                ("memory.high", high.to_string()),
-            ],
-        };
-        if let Some(root) = self.memory_twins() {
-            if let JobMemory::Limit { max, high } = self.settings.job_memory {
-                self.create_twin(&root, cg, parent, max, high);
+        let result = match (&self.memory_twins, self.settings.job_memory) {
+            (_, JobMemory::Untouched) => return,
+            (Some(root), JobMemory::Limit { max, high }) => {
+                cgroup::v1_limited_memory_cgroup(root, &[parent, cg], max, high).map(drop)
             }
-            return;
-        }
-        if self.mode.version != CgroupVersion::V2 {
-            return;
-        }
-        let h = &*self.cpusets;
-        let parent_dir = h.dir(parent);
-        let delegated = read_words(&parent_dir.join(CGROUP_CONTROLLERS))
-            .is_ok_and(|c| c.iter().any(|c| c == MEMORY));
-        if !delegated {
-            return;
-        }
-        let subtree = parent_dir.join(CGROUP_SUBTREE_CONTROL);
-        let enabled = read_words(&subtree).is_ok_and(|c| c.iter().any(|c| c == MEMORY));
-        if !enabled {
-            if let Err(e) = fs::write(&subtree, "+memory") {
-                warn!(
-                    cgroup = cg,
-                    "memory settings not applied: cannot write +memory to {}: {e}",
-                    subtree.display()
-                );
-                return;
-            }
-        }
-        let dir = h.dir(cg);
-        for (file, value) in writes {
-            let path = dir.join(file);
-            if let Err(e) = fs::write(&path, &value) {
-                warn!(
-                    cgroup = cg,
-                    "cannot write {value} to {}: {e}",
-                    path.display()
-                );
-            }
-        }
-    }
-
-    /// v1 with a batch limit: the memory hierarchy's mount, where job cgroups get twins.
-    pub(super) fn memory_twins(&self) -> Option<PathBuf> {
-        if self.mode.version != CgroupVersion::V1
-            || !matches!(self.settings.job_memory, JobMemory::Limit { .. })
-        {
-            return None;
-        }
-        let root = self.settings.cgroup_root.join(MEMORY);
-        root.join(V1_LIMIT).is_file().then_some(root)
-    }
-
-    fn create_twin(&self, root: &std::path::Path, cg: &str, parent: &str, max: u64, high: u64) {
-        for c in [parent, cg] {
-            let dir = dir_of(root, c);
-            if let Err(e) = fs::create_dir(&dir) {
-                if e.kind() != std::io::ErrorKind::AlreadyExists {
-                    warn!(
-                        cgroup = cg,
-                        "no memory limit: cannot create {}: {e}",
-                        dir.display()
-                    );
+            _ if self.mode.version != CgroupVersion::V2 => return,
+            (_, memory) => {
+                let h = &*self.cpusets;
+                let parent_dir = h.dir(parent);
+                if !cgroup::lists_controller(
+                    &parent_dir.join(CGROUP_CONTROLLERS),
+                    MEMORY_CONTROLLER,
+                ) {
                     return;
                 }
+                let dir = h.dir(cg);
+                cgroup::enable_for_children(&parent_dir, MEMORY_CONTROLLER).and_then(|()| {
+                    match memory {
+                        JobMemory::Limit { max, high } => {
+                            cgroup::write_value(&dir, MEMORY_MAX, max)
+                                .and_then(|()| cgroup::write_value(&dir, MEMORY_HIGH, high))
+                        }
+                        _ => cgroup::write_value(&dir, MEMORY_LOW, "max"),
+                    }
+                })
             }
-        }
-        let dir = dir_of(root, cg);
-        for (file, value) in [(V1_LIMIT, max), (V1_SOFT_LIMIT, high)] {
-            let path = dir.join(file);
-            if let Err(e) = fs::write(&path, value.to_string()) {
-                warn!(
-                    cgroup = cg,
-                    "cannot write {value} to {}: {e}",
-                    path.display()
-                );
-            }
+        };
+        if let Err(e) = result {
+            warn!(cgroup = cg, "memory settings not applied: {e}");
         }
     }
 
     /// v1: the memory cgroup `pid` is in now (`None`: gone, or no twins here).
     pub(super) fn memory_cgroup_of(&self, pid: u32) -> Option<String> {
-        self.memory_twins()?;
+        self.memory_twins.as_ref()?;
         proc_cgroup(&self.settings.proc_root, pid, |g| {
-            g.hierarchy != 0 && g.controllers.iter().any(|c| c == MEMORY)
+            g.hierarchy != 0 && g.controllers.iter().any(|c| c == MEMORY_CONTROLLER)
         })
         .ok()
         .flatten()
@@ -129,30 +80,31 @@ impl Enforcer {
     /// v1: moves `pid` into the memory cgroup `cg` (a job's twin, or where it came from; a
     /// missing one: its nearest existing ancestor). Best effort.
     pub(super) fn move_memory(&self, cg: &str, pid: u32) {
-        let Some(root) = self.memory_twins() else {
+        let Some(root) = &self.memory_twins else {
             return;
         };
         let mut dest = cg.to_string();
-        while dest != "/" && !dir_of(&root, &dest).is_dir() {
-            dest = crate::sys::cgroupfs::parent_of(&dest)
-                .unwrap_or("/")
-                .to_string();
+        while dest != "/" && !dir_of(root, &dest).is_dir() {
+            dest = cgroup::parent_of(&dest).unwrap_or("/").to_string();
         }
-        let procs = dir_of(&root, &dest).join(CGROUP_PROCS);
-        if let Err(e) = fs::write(&procs, pid.to_string()) {
+        if let Err(e) = fs::write(dir_of(root, &dest).join(CGROUP_PROCS), pid.to_string()) {
             debug!(pid, "not moved to memory cgroup {dest}: {e}");
         }
     }
 
     /// v1: removes a job's twin (and lodger's parent there, when unused). Best effort.
     pub(super) fn remove_twin(&self, cg: &str, parent: &str) {
-        let Some(root) = self.memory_twins() else {
+        let Some(root) = &self.memory_twins else {
             return;
         };
-        for c in [cg, parent].into_iter().filter(|c| *c != "/") {
-            if let Err(e) = rmdir_if_unused(&dir_of(&root, c)) {
-                warn!("cannot remove memory cgroup {c}: {e}");
-            }
+        remove_unused(root, &[cg, parent]);
+    }
+}
+
+fn remove_unused(root: &Path, cgroups: &[&str]) {
+    for c in cgroups.iter().filter(|c| **c != "/") {
+        if let Err(e) = rmdir_if_unused(&dir_of(root, c)) {
+            warn!("cannot remove memory cgroup {c}: {e}");
         }
     }
 }
@@ -162,7 +114,7 @@ mod tests {
     use std::path::Path;
 
     use super::*;
-    use crate::enforce::EnforceSettings;
+    use crate::sys::cgroupfs::CGROUP_SUBTREE_CONTROL;
     use crate::testutil::copy_tree;
 
     const FIXTURE_V2: &str = concat!(

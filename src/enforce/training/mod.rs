@@ -109,6 +109,8 @@ pub struct Enforcer {
     rt_groups: RtGroups,
     /// `settings.parent`, normalized.
     parent: String,
+    /// v1 with a batch memory limit: the memory hierarchy job cgroups get twins in.
+    memory_twins: Option<std::path::PathBuf>,
     scratch: Mutex<Scratch>,
 }
 
@@ -165,6 +167,7 @@ impl Enforcer {
             cpusets,
             rt_groups,
             parent,
+            memory_twins: memory::memory_twins(&settings, version),
             scratch: Mutex::new(scratch),
             settings,
         })

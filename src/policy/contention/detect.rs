@@ -125,16 +125,16 @@ impl ContentionEliminator {
             return (signal, pressured, calm && memory_calm);
         }
         tick.victims = stalled.iter().map(|s| s.job.clone()).collect();
-        let mut why = String::new();
-        for (i, s) in stalled.iter().enumerate() {
-            let sep = if i == 0 { "" } else { ", " };
-            let _ = write!(
-                why,
-                "{sep}{} stalled on memory {:.1}% of the time (PSI), threshold {:.1}%",
-                s.job, s.percent, c.memory_pressure_percent
-            );
-        }
-        tick.why = why;
+        tick.why = stalled
+            .iter()
+            .map(|s| {
+                format!(
+                    "{} stalled on memory {:.1}% of the time (PSI), threshold {:.1}%",
+                    s.job, s.percent, c.memory_pressure_percent
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
         let signal = Signal::MemoryPressure {
             stalled,
             threshold: c.memory_pressure_percent,
