@@ -513,8 +513,15 @@ fn lodgerd_killed_at_random_moments_loses_orphans_and_restarts_nothing() {
             }
         }
         let w = Workload::train(1);
-        let id = answered_id(&register_training(&d, w.pid(), true))
-            .expect("a multi-node job registered after the kills");
+        let out = register_training(&d, w.pid(), true);
+        let Some(id) = answered_id(&out) else {
+            panic!(
+                "a multi-node job was not registered after the kills: {}{}\n{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr),
+                d.ctl_ok(&["--json", "list"])
+            );
+        };
         wait_until(WAIT, "the link shaped for a multi-node job", || {
             ns.shaping().0
         });

@@ -107,10 +107,26 @@ fn mems_file() -> &'static str {
     }
 }
 
-/// Runs `lodgerctl slurm <what>` as slurmd would, with `env`.
+/// Runs `lodgerctl slurm <what>` as slurmd would, with `env`, giving lodgerd ten seconds (not
+/// the default 1.5: the tests that run beside this one load both CPUs, and a prolog that gives
+/// up exits 0 having said nothing was done, which is right on a node and a failure here).
 fn slurm(d: &Daemon, what: &str, env: &[(&str, String)]) -> Output {
-    Command::new(bin("lodgerctl"))
-        .args(["slurm", what, "--config"])
+    slurm_within(d, what, env, Some("10000"))
+}
+
+/// [`slurm`] with `--deadline-ms deadline_ms`, or lodgerctl's default (None).
+fn slurm_within(
+    d: &Daemon,
+    what: &str,
+    env: &[(&str, String)],
+    deadline_ms: Option<&str>,
+) -> Output {
+    let mut cmd = Command::new(bin("lodgerctl"));
+    cmd.args(["slurm", what]);
+    if let Some(ms) = deadline_ms {
+        cmd.args(["--deadline-ms", ms]);
+    }
+    cmd.arg("--config")
         .arg(&d.config)
         .env_clear()
         .env("DBUS_SYSTEM_BUS_ADDRESS", &d.bus_address)
@@ -368,7 +384,7 @@ fn the_prolog_exits_0_when_lodgerd_is_stalled_or_down_so_no_node_is_drained() {
     // Stalled: lodgerd holds its bus name but answers nothing.
     let pid = nix::unistd::Pid::from_raw(i32::try_from(d.pid()).expect("pid"));
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).expect("SIGSTOP");
-    let out = slurm(&d, "prolog", &env);
+    let out = slurm_within(&d, "prolog", &env, None);
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).expect("SIGCONT");
     assert!(out.status.success(), "{}", stdout_and_err(&out));
     assert!(

@@ -41,8 +41,14 @@ pub async fn run(cmd: Slurm, session: bool) -> String {
                 Ok(Err(e)) => format!("lodger slurm {what}: job {}: nothing done: {e}", env.job_id),
                 Err(_) => format!(
                     "lodger slurm {what}: job {}: nothing done: lodgerd did not answer within \
-                     {} ms (the job runs unmanaged)",
-                    env.job_id, args.deadline_ms
+                     {} ms ({})",
+                    env.job_id,
+                    args.deadline_ms,
+                    if prolog {
+                        "the job runs unmanaged unless lodgerd still registers it"
+                    } else {
+                        "lodgerd forgets the job when Slurm removes its cgroup"
+                    }
                 ),
             }
         }
