@@ -165,7 +165,7 @@ fn slowed_training_halves_the_offline_hogs_beside_it_until_it_is_calm_again() {
     let dir = tempfile::tempdir().expect("tempdir");
     let gpu = tmpfs_dir();
     let gpu_dir = gpu.path().join("gpu");
-    let d = daemon(&bus, dir.path(), &gpu_dir, reserved);
+    let mut d = daemon(&bus, dir.path(), &gpu_dir, reserved);
     let signals = ThrottledSignals::subscribe(&bus);
 
     // Training: one loader with 12 ms of CPU per 20 ms emulated GPU step, on one core.
@@ -324,6 +324,41 @@ fn slowed_training_halves_the_offline_hogs_beside_it_until_it_is_calm_again() {
         throttle_actions(&d),
         held_from,
         "the cut flapped while held:\n{}",
+        d.log()
+    );
+
+    // A restart changes nothing (issue 17): lodgerd killed and started again holds the cut from
+    // its first answer on, the instance left runs on as the same process, and the cut keeps
+    // holding under the same pressure (the stable level it learnt alone was kept: with lodgers
+    // running it could not learn it again) with no action taken.
+    let instance_pid = |j: &serde_json::Value| {
+        j["instances"]
+            .as_array()
+            .and_then(|a| a.iter().find(|i| i["state"] == "running"))
+            .and_then(|i| i["pid"].as_u64())
+    };
+    let pid_before = instance_pid(&j).expect("the running instance's pid");
+    d.kill();
+    d.restart();
+    pin_threads(d.pid(), &[other]);
+    let (running, throttle, j) = hog_state(&d, &hog);
+    assert_eq!(running, 1, "at once after the restart: {j}");
+    assert!(
+        throttle.as_deref().is_some_and(|t| t.contains("cores=1")),
+        "{j}"
+    );
+    assert_eq!(instance_pid(&j), Some(pid_before), "{j}");
+    std::thread::sleep(Duration::from_millis(
+        SENSE_MS * u64::from(3 * (PRESSURE_TICKS + 1)),
+    ));
+    let (running, throttle, j) = hog_state(&d, &hog);
+    assert_eq!(running, 1, "{j}");
+    assert!(throttle.is_some(), "{j}");
+    assert_eq!(instance_pid(&j), Some(pid_before), "{j}");
+    assert_eq!(
+        throttle_actions(&d),
+        0,
+        "the restarted lodgerd changed a throttle:\n{}",
         d.log()
     );
 

@@ -12,8 +12,8 @@ use super::{Event, TickCx};
 use crate::enforce::resctrl::{LodgerGroup, DEFAULT_CONTROL_GROUP};
 use crate::job::JobKind;
 use crate::policy::contention::{
-    ContentionConfig, ContentionEliminator, ContentionObservations, JobObservation, MbaGroup,
-    Mechanism, NodeMembw, Role, Throttles,
+    ContentionConfig, ContentionEliminator, ContentionObservations, HeldContention, JobObservation,
+    MbaGroup, Mechanism, NodeMembw, Role, Throttles,
 };
 use crate::sys::resctrlfs::MbaCaps;
 
@@ -52,17 +52,29 @@ pub(super) struct Contention {
     mba: Option<MbaTarget>,
     /// Throttle steps taken, for Prometheus.
     actions: u64,
+    /// MBA throttles restored from an earlier lodgerd, applied at the first tick (not at the
+    /// first new sensing pass).
+    reapply_mba: bool,
 }
 
 impl Contention {
     /// With `mba`, throttles with resctrl MBA (SODA §V-E: MBA first, core halving only where MBA
-    /// is absent).
-    pub(super) fn new(config: ContentionConfig, mba: Option<MbaTarget>) -> Self {
+    /// is absent). `held`: what an earlier lodgerd held (the state file's), taken up at once.
+    pub(super) fn new(
+        config: ContentionConfig,
+        mba: Option<MbaTarget>,
+        held: &HeldContention,
+    ) -> Self {
+        let mut eliminator =
+            ContentionEliminator::new(config, mba.as_ref().map(|m| m.caps.clone()));
+        eliminator.restore(held.clone());
+        let reapply_mba = eliminator.held().holds_mba();
         Self {
-            eliminator: ContentionEliminator::new(config, mba.as_ref().map(|m| m.caps.clone())),
+            eliminator,
             seen_ms: 0,
             mba,
             actions: 0,
+            reapply_mba,
         }
     }
 
@@ -118,16 +130,22 @@ impl Contention {
     }
 
     /// One step per new sensing pass: detection from memory bandwidth or training progress,
-    /// throttle steps logged with their evidence and signalled, MBA applied here.
-    pub(super) fn tick(&mut self, cx: &mut TickCx<'_>) {
+    /// throttle steps logged with their evidence and signalled, MBA applied here. Keeps
+    /// `cx.state.contention` in step; returns whether a throttle changed (the state file must
+    /// be written: what was learnt alone is written with the next write).
+    pub(super) fn tick(&mut self, cx: &mut TickCx<'_>) -> bool {
+        if std::mem::take(&mut self.reapply_mba) {
+            let throttles = self.eliminator.throttles();
+            self.apply_mba(cx, &throttles);
+        }
         let obs = cx.observations;
         if obs.unix_ms <= self.seen_ms {
-            return;
+            return false;
         }
         // Issue 16: detection reads memory bandwidth and training progress (GPU utilization);
         // while either source is stale, throttles hold where they are.
         if obs.is_stale("membw") || obs.is_stale("gpu") {
-            return;
+            return false;
         }
         self.seen_ms = obs.unix_ms;
         let membw = match (obs.node.membw_bytes_per_s, obs.node.membw_fraction_of_peak) {
@@ -209,6 +227,10 @@ impl Contention {
             level: a.level.to_string(),
         }));
         self.apply_mba(cx, &throttles);
+        let held = self.eliminator.held();
+        let changed = !held.same_throttles(&cx.state.contention);
+        cx.state.contention = held;
+        changed
     }
 
     /// Makes lodger's resctrl group hold the offline and batch jobs' processes at the decided MB
@@ -248,15 +270,24 @@ impl Contention {
         }
     }
 
-    /// lodgerd is stopping: lodger's resctrl group goes (only lodgerd keeps it in step).
+    /// Contention control is switched off or lodger drained: lodger's resctrl group goes.
     pub(super) fn shutdown(&mut self) {
         if let Some(mba) = &mut self.mba {
             mba.remove_group("");
         }
     }
+
+    /// lodgerd is stopping (a restart, an upgrade): an MBA throttle in force stays, in lodger's
+    /// resctrl group, for the next lodgerd to take up with the state file (issue 17); without
+    /// one the group goes.
+    pub(super) fn stop(&mut self) {
+        if !self.eliminator.held().holds_mba() {
+            self.shutdown();
+        }
+    }
 }
 
-/// A group left by an earlier lodgerd holds no throttle any more.
+/// A group left by an earlier lodgerd that holds no throttle any more.
 pub(super) fn remove_stale_group(mba: &MbaTarget) {
     if let Err(e) = crate::enforce::resctrl::remove_stale_group(&mba.root, DEFAULT_CONTROL_GROUP) {
         warn!("cannot remove lodger's stale resctrl group: {e}");

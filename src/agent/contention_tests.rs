@@ -167,7 +167,7 @@ fn contention_throttles_offline_lodgers_with_mba_on_an_intel_tree() {
     }
     let mut agent = rig
         .builder()
-        .mba(MbaTarget::new(resctrl.path().to_path_buf(), caps))
+        .mba(MbaTarget::new(resctrl.path().to_path_buf(), caps.clone()))
         .start()
         .unwrap();
     let train = agent.register(spec(vec![100], 2), 0).unwrap();
@@ -231,6 +231,23 @@ fn contention_throttles_offline_lodgers_with_mba_on_an_intel_tree() {
     }
     // One per L3 domain per step: two domains, two steps.
     assert_eq!(mechanisms, ["mba"; 4]);
+    // A restart (issue 17): the stopping agent leaves lodger's group as it is, and the next one
+    // holds the throttle from the state file, at its first tick before any new sensing pass.
+    agent.shutdown();
+    drop(agent);
+    assert_eq!(mb(), second, "a stop gave the bandwidth back");
+    let mut agent = rig
+        .builder()
+        .mba(MbaTarget::new(resctrl.path().to_path_buf(), caps))
+        .start()
+        .unwrap();
+    assert!(agent.state.contention.holds_mba());
+    agent.tick();
+    assert_eq!(mb(), second, "the restarted agent gave the bandwidth back");
+    // Still pressured: it goes on from the step it holds, not from the top of the ladder.
+    pass(&mut agent, 1005, 0.95);
+    pass(&mut agent, 1006, 0.95);
+    assert!(values(&mb()) < values(&second), "{second} -> {}", mb());
     // Calm for long enough: every step given back, the schemata unthrottled.
     for i in 0..60u64 {
         pass(&mut agent, 2000 + i, 0.3);

@@ -73,7 +73,7 @@ use crate::cpuset::CpuSet;
 use crate::enforce::instances::Instances;
 use crate::enforce::network::node::NetworkControl;
 use crate::job::{Job, JobId, Target};
-use crate::policy::contention::ContentionConfig;
+use crate::policy::contention::{ContentionConfig, HeldContention};
 use crate::policy::{Plan, TrainingJobView};
 use crate::sense::{Observations, SensedJob};
 use crate::store::{Loaded, State, Store, StoreError, StoredJob, STATE_VERSION};
@@ -311,12 +311,19 @@ impl AgentBuilder {
                 state
             }
         };
+        let mut state = state;
+        if self.settings.contention.is_none() {
+            // Switched off since: nothing is held any more.
+            state.contention = HeldContention::default();
+        }
         if let Some(mba) = &self.mba {
-            contention::remove_stale_group(mba);
+            if !state.contention.holds_mba() {
+                contention::remove_stale_group(mba);
+            }
         }
         let (events, _) = broadcast::channel(256);
         let (contention, idle_mba) = match self.settings.contention.clone() {
-            Some(c) => (Some(Contention::new(c, self.mba)), None),
+            Some(c) => (Some(Contention::new(c, self.mba, &state.contention)), None),
             None => (None, self.mba),
         };
         let mut agent = Agent {

@@ -8,6 +8,7 @@ use super::contention::Contention;
 use super::network::Network;
 use super::rtguard::RtGuard;
 use super::{Agent, LiveSettings, NetworkReload};
+use crate::policy::contention::HeldContention;
 
 impl Agent {
     /// Applies `live` from the next tick on.
@@ -35,7 +36,13 @@ impl Agent {
             }
             (None, Some(config)) => {
                 info!("contention control on ({})", config.mode.as_str());
-                self.contention = Some(Contention::new(config, self.idle_mba.take()));
+                // Learns from the next pass: nothing was held while it was off.
+                self.state.contention = HeldContention::default();
+                self.contention = Some(Contention::new(
+                    config,
+                    self.idle_mba.take(),
+                    &self.state.contention,
+                ));
             }
             (Some(running), None) => {
                 self.idle_mba = running.into_mba();
@@ -43,6 +50,7 @@ impl Agent {
                 for stored in self.state.jobs.values_mut() {
                     released += usize::from(stored.job.throttle.take().is_some());
                 }
+                self.state.contention = HeldContention::default();
                 info!("contention control off: {released} throttled job(s) given back");
             }
             (None, None) => {}

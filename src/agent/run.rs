@@ -60,9 +60,10 @@ impl Agent {
     /// lodgerd is stopping: a stop, restart or upgrade undoes nothing (issue 17). Training jobs
     /// stay enforced, inference instances run on and network shaping stays for the multi-node
     /// jobs that still run (the next lodgerd re-adopts all three, and removes shaping no job
-    /// wants any more); `lodgerctl drain` undoes them on purpose. Only lodger's resctrl group
-    /// goes: contention control learns again from scratch after a start.
-    fn shutdown(&mut self) {
+    /// wants any more); `lodgerctl drain` undoes them on purpose. Contention throttles hold too
+    /// (the state file keeps them and what was learnt; lodger's resctrl group stays while an MBA
+    /// step is in force).
+    pub(super) fn shutdown(&mut self) {
         if let Some(inference) = &mut self.inference {
             inference.leave_running();
         }
@@ -71,7 +72,7 @@ impl Agent {
             warn!("{e}");
         }
         if let Some(contention) = &mut self.contention {
-            contention.shutdown();
+            contention.stop();
         }
     }
 
@@ -215,9 +216,10 @@ impl Agent {
             .rt_guard
             .as_mut()
             .is_some_and(|g| g.tick(&mut cx, rightsize_enforce));
+        let mut throttled = false;
         let throttles = match &mut self.contention {
             Some(c) => {
-                c.tick(&mut cx);
+                throttled = c.tick(&mut cx);
                 c.throttles()
             }
             None => Throttles::default(),
@@ -228,7 +230,7 @@ impl Agent {
             &training::views(cx.state, rightsize_enforce, cx.slurm),
             &cx.state.plan,
         );
-        let mut dirty = tuned || grown || plan != cx.state.plan;
+        let mut dirty = tuned || grown || throttled || plan != cx.state.plan;
         cx.state.plan = plan;
         let (changed, gone) = self.training.tick(&mut cx);
         dirty |= changed;

@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::enforce::JobRecord;
 use crate::job::{Job, JobId};
+use crate::policy::contention::HeldContention;
 use crate::policy::inference::{
     CapacityCheck, InferencePlan, LayoutConfig, LayoutSearch, SearchCache, SearchOutcome,
 };
@@ -190,6 +191,10 @@ pub struct State {
     /// Core counts owners' training jobs settled on (SODA §V-B-1 start points).
     #[serde(default)]
     pub owner_history: OwnerHistory,
+    /// The contention throttles in force and what contention control learnt (issue 17: a
+    /// restart keeps both).
+    #[serde(default, skip_serializing_if = "HeldContention::is_empty")]
+    pub contention: HeldContention,
 }
 
 impl Default for State {
@@ -201,6 +206,7 @@ impl Default for State {
             plan: Plan::default(),
             inference: InferencePlan::default(),
             owner_history: OwnerHistory::default(),
+            contention: HeldContention::default(),
         }
     }
 }

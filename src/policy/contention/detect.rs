@@ -27,6 +27,20 @@ pub(super) struct Learner {
 }
 
 impl Learner {
+    /// A learner that has seen `samples` (the newest last), as a state file keeps them.
+    pub(super) fn from_samples(samples: Vec<f64>, config: &ContentionConfig) -> Self {
+        let mut l = Learner::default();
+        for x in samples.into_iter().filter(|x| x.is_finite()) {
+            l.observe(x, config);
+        }
+        l
+    }
+
+    /// The samples it holds, oldest first.
+    pub(super) fn samples(&self) -> Vec<f64> {
+        self.samples.iter().copied().collect()
+    }
+
     pub(super) fn observe(&mut self, x: f64, config: &ContentionConfig) {
         let keep = usize::try_from(config.baseline_ticks.max(1)).unwrap_or(usize::MAX);
         self.samples.push_back(x);

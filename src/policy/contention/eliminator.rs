@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::config::{ContentionConfig, Mode};
 use super::detect::{Learner, Tick};
@@ -19,17 +19,18 @@ use crate::job::JobId;
 // The state machine.
 
 /// One step taken, remembered so steps are given back last-first.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Step {
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(super) enum Step {
     Mba { group: MbaGroup, domains: Vec<u32> },
     Cores { job: JobId },
 }
 
 /// A job's core cut.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct CoreCut {
-    nominal: u32,
-    level: u32,
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub(super) struct CoreCut {
+    pub(super) nominal: u32,
+    pub(super) level: u32,
 }
 
 /// A snapshot of everything throttled and why, for status output.
@@ -51,22 +52,22 @@ pub struct ContentionStatus {
 #[derive(Debug, Clone)]
 pub struct ContentionEliminator {
     pub(super) config: ContentionConfig,
-    ladder: Option<MbaLadder>,
+    pub(super) ladder: Option<MbaLadder>,
     mba_unused: Option<String>,
     tick: u64,
     pressure_run: u32,
     calm_run: u32,
-    calm_needed: u32,
+    pub(super) calm_needed: u32,
     last_give_back: Option<u64>,
-    mba_levels: BTreeMap<MbaGroup, BTreeMap<u32, u32>>,
-    cuts: BTreeMap<JobId, CoreCut>,
-    steps: Vec<Step>,
+    pub(super) mba_levels: BTreeMap<MbaGroup, BTreeMap<u32, u32>>,
+    pub(super) cuts: BTreeMap<JobId, CoreCut>,
+    pub(super) steps: Vec<Step>,
     pub(super) learners: BTreeMap<JobId, Learner>,
     pub(super) given_baselines: BTreeMap<JobId, Baseline>,
     /// Each MBA group's members at the last tick, to notice jobs joining a throttled group.
-    members: BTreeMap<MbaGroup, BTreeSet<JobId>>,
+    pub(super) members: BTreeMap<MbaGroup, BTreeSet<JobId>>,
     /// Jobs throttled by anything at the end of the last tick.
-    throttled: BTreeSet<JobId>,
+    pub(super) throttled: BTreeSet<JobId>,
     detection: Option<Detection>,
 }
 

@@ -28,12 +28,17 @@
 //! Steps are given back one at a time, last taken first, after `calm_ticks` calm ticks. A
 //! relapse (pressure soon after a give-back) doubles the calm needed for the next give-back, up
 //! to `max_calm_ticks`, so a throttle that is needed is not flapped on and off.
+//!
+//! A restart changes none of it: [`HeldContention`] is what the state file keeps (issue 17).
 
 use crate::sys::resctrlfs::{MbaCaps, MbaUnit};
 
 mod config;
 mod detect;
 mod eliminator;
+mod held;
+#[cfg(test)]
+mod held_tests;
 mod ladder;
 #[cfg(test)]
 mod pressure_tests;
@@ -43,6 +48,7 @@ mod types;
 
 pub use config::{ContentionConfig, ContentionConfigError, Mode};
 pub use eliminator::{ContentionEliminator, ContentionStatus};
+pub use held::HeldContention;
 pub use ladder::{halved_cores, max_halvings, MbaLadder};
 pub use types::{
     Baseline, ContentionObservations, Detection, JobObservation, MbaGroup, Mechanism, MemoryStall,
