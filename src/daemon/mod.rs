@@ -135,6 +135,12 @@ fn network_control(
         info!("network shaping off: --sim changes nothing on the node");
         return (None, None);
     }
+    // Where instances start in lodger's own subtree, relative to the cgroup2 root (issue 17).
+    let subtree = |r: &Instances| {
+        r.start_cgroup()
+            .and_then(|d| d.strip_prefix(&config.cgroup.root).ok())
+            .map(|p| p.display().to_string())
+    };
     let classifier = match runner.as_deref() {
         None => Classifier::Unavailable("inference instances are unavailable".into()),
         Some(r) => match (r.cgroup_version(), r.placement()) {
@@ -159,7 +165,15 @@ fn network_control(
             {
                 Classifier::CgroupV2
             }
-            // Instances stay in lodgerd's own cgroup: shaping moves them into a child of it.
+            // Instances start in lodger's own subtree (issue 17): matched there.
+            (CgroupVersion::V2, PinMethod::Affinity) if subtree(r).is_some() => {
+                Classifier::OwnCgroupV2 {
+                    root: config.cgroup.root.clone(),
+                    relative: subtree(r).unwrap_or_default(),
+                }
+            }
+            // Instances stay in lodgerd's own cgroup (lodger's subtree could not be made):
+            // shaping moves them into a child of it.
             (CgroupVersion::V2, PinMethod::Affinity) => {
                 let own = std::fs::read_to_string("/proc/self/cgroup")
                     .ok()

@@ -14,7 +14,9 @@
 //!   controller was delegated to it (listed in `<parent>/cgroup.controllers`): everywhere else the
 //!   tree belongs to systemd, which moves or kills what it did not create. Otherwise the child sets
 //!   its own CPU affinity in `pre_exec`; memory nodes are then not enforced, and a CPU change is
-//!   applied to every thread of the instance's process tree.
+//!   applied to every thread of the instance's process tree. Without systemd as PID 1 the child
+//!   also joins `<parent>/lodgers` before exec ([`InstanceSettings::start_cgroup`]), lodger's own
+//!   subtree rather than lodgerd's cgroup, so a stop of lodgerd's cgroup leaves it running.
 //!
 //! Where systemd is PID 1 no instance is forked: systemd starts each as a transient unit in
 //! `lodger-instances.slice` ([`unit`], docs/security.md), as its owner, placed by CPU affinity and
@@ -138,10 +140,12 @@ pub struct InstanceSettings {
     pub parent: String,
     pub placement: InstancePlacement,
     /// Affinity placement only: a cgroup2 directory (created if missing) each instance joins in
-    /// `pre_exec`, before the program runs. lodgerd sets it to the cgroup network shaping matches
-    /// CPU jobs by on cgroup v2 ([`Instances::start_in_cgroup`]): a socket keeps the cgroup its
-    /// process was in when it was created, so an instance moved there later would keep its
-    /// earlier connections unshaped. `None`: instances stay in lodgerd's cgroup.
+    /// `pre_exec`, before the program runs. [`Instances::new`] makes it `<parent>/lodgers` on
+    /// cgroup v2 without systemd as PID 1 (issue 17: outside lodgerd's cgroup), and network
+    /// shaping matches CPU jobs by it there (a socket keeps the cgroup its process was in when it
+    /// was created, so an instance moved there later would keep its earlier connections
+    /// unshaped). Where lodger's subtree cannot be made, lodgerd sets a child of its own cgroup
+    /// for shaping ([`Instances::start_in_cgroup`]). `None`: instances stay in lodgerd's cgroup.
     pub start_cgroup: Option<PathBuf>,
     /// Between SIGTERM and SIGKILL.
     pub stop_grace: Duration,

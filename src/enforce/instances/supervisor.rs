@@ -5,7 +5,7 @@
 use std::fs::{self, File};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::process::ExitStatusExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, ExitStatus};
 use std::time::{Duration, Instant};
 
@@ -261,12 +261,18 @@ impl Instances {
             }
         };
         let lodgers = child_of(&parent, LODGERS_CGROUP);
+        let systemd = super::unit::systemd().is_some();
+        let mut settings = settings;
+        if settings.start_cgroup.is_none() {
+            settings.start_cgroup =
+                own_subtree(version, placement, systemd, &cpusets.dir(&lodgers));
+        }
         let memory = super::memory::MemoryPlacement::choose(
             &settings.cgroup_root,
             version,
             placement,
             &cpusets.dir(&parent),
-            super::unit::systemd().is_some(),
+            systemd,
         );
         info!(
             "inference instances are placed by {} ({why}){}",
@@ -301,6 +307,12 @@ impl Instances {
 
     pub fn placement(&self) -> PinMethod {
         self.host.placement
+    }
+
+    /// The cgroup2 directory affinity-placed instances join before exec, if any (see
+    /// [`InstanceSettings::start_cgroup`]).
+    pub fn start_cgroup(&self) -> Option<&Path> {
+        self.host.settings.start_cgroup.as_deref()
     }
 
     pub fn cgroup_version(&self) -> CgroupVersion {
@@ -602,4 +614,39 @@ pub(super) fn pid_of(pid: u32) -> Option<Pid> {
         .ok()
         .filter(|&p| p > 0)
         .map(Pid::from_raw)
+}
+
+/// Where affinity-placed instances live on cgroup v2 without systemd as PID 1 (issue 17): in
+/// lodger's own subtree, `dir` (`<parent>/lodgers`, created here), not in lodgerd's cgroup, so a
+/// supervisor that stops or kills lodgerd's cgroup leaves them running. Under systemd they are
+/// transient units in lodger's slice instead, and with cgroup placement (v1, or v2 with cpuset
+/// delegated) each has a cgroup of its own there already: `None`. Also `None`, after one log
+/// line, when the directory cannot be made (lodgerd confined to a delegated subtree): the
+/// instances then stay in lodgerd's cgroup.
+pub(super) fn own_subtree(
+    version: CgroupVersion,
+    placement: PinMethod,
+    systemd: bool,
+    dir: &Path,
+) -> Option<PathBuf> {
+    if version != CgroupVersion::V2 || placement != PinMethod::Affinity || systemd {
+        return None;
+    }
+    match fs::create_dir_all(dir) {
+        Ok(()) => {
+            info!(
+                "inference instances start in {}, outside lodgerd's cgroup, so they outlive it",
+                dir.display()
+            );
+            Some(dir.to_path_buf())
+        }
+        Err(e) => {
+            warn!(
+                "inference instances stay in lodgerd's cgroup (a stop of its cgroup stops them \
+                 too): cannot create {}: {e}",
+                dir.display()
+            );
+            None
+        }
+    }
 }

@@ -272,3 +272,40 @@ fn the_oom_score_written_at_spawn_is_the_units() {
         super::LODGER_OOM_SCORE_ADJ_TEXT
     );
 }
+
+/// Issue 17: on cgroup v2 without systemd as PID 1, affinity-placed instances start in lodger's
+/// own subtree; everywhere else they have a place of their own already (a unit, a cgroup).
+#[test]
+fn own_subtree_is_lodgers_lodgers_cgroup_only_on_v2_by_affinity_without_systemd() {
+    use super::supervisor::own_subtree;
+    use crate::enforce::PinMethod;
+    use crate::sys::cgroupfs::CgroupVersion;
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("lodger/lodgers");
+    for (version, placement, systemd) in [
+        (CgroupVersion::V1, PinMethod::Cgroup, false),
+        (CgroupVersion::V1, PinMethod::Affinity, false),
+        (CgroupVersion::V2, PinMethod::Cgroup, false),
+        (CgroupVersion::V2, PinMethod::Affinity, true),
+    ] {
+        assert_eq!(own_subtree(version, placement, systemd, &dir), None);
+        assert!(!dir.exists(), "{version:?} {placement:?} {systemd}");
+    }
+    assert_eq!(
+        own_subtree(CgroupVersion::V2, PinMethod::Affinity, false, &dir),
+        Some(dir.clone())
+    );
+    assert!(dir.is_dir());
+    // Not creatable (lodgerd confined to a delegated subtree): none, and they stay put.
+    let file = root.path().join("a-file");
+    std::fs::write(&file, "").unwrap();
+    assert_eq!(
+        own_subtree(
+            CgroupVersion::V2,
+            PinMethod::Affinity,
+            false,
+            &file.join("lodgers")
+        ),
+        None
+    );
+}

@@ -46,10 +46,11 @@ pub enum Classifier {
     },
     /// cgroup v2: by the cgroup2 directories holding the instances' cgroups.
     CgroupV2,
-    /// cgroup v2 where instances have no cgroups of their own (pinned by affinity, in
-    /// lodgerd's cgroup): CPU jobs' processes are in `<root>/<relative>`, a cgroup with no
-    /// controllers beside lodgerd's own (legal in a delegated subtree, since no controller is
-    /// enabled below it), which nft matches. Instances start in it (lodgerd sets
+    /// cgroup v2 where instances have no cgroups of their own (pinned by affinity): CPU jobs'
+    /// processes are in `<root>/<relative>`, a cgroup with no controllers, which nft matches:
+    /// lodger's `<parent>/lodgers` where instances start (issue 17), else, where lodgerd cannot
+    /// make that, a child of lodgerd's own cgroup (legal in a delegated subtree, since no
+    /// controller is enabled below it). Instances start in it (lodgerd sets
     /// `InstanceSettings::start_cgroup`), since a socket keeps the cgroup its process had when
     /// it was made; shaping moves in any process of a CPU job found outside it. It stays while
     /// lodgerd runs, shaping or not (removed, the sockets made in it would match no later
