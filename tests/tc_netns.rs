@@ -38,6 +38,17 @@ use lodger::privileged::{need_root, skip};
 use lodger::sys::command::CommandRunner;
 
 const TEST: &str = "tc_netns";
+/// The tests here measure how a 20 Mbit/s wire is split, which holds only while the senders can
+/// fill it: run in parallel on a 2-CPU machine, one test's senders starved another's of CPU (CI:
+/// training 9.2 Mbit/s of its 15, the CPU job at its 5 Mbit/s ceiling). They take turns.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    // A test that failed holding it poisons it; the next still runs.
+    ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
 /// The wire's rate: what the split is measured on. Slow enough that the senders fill it on any
 /// machine, an emulated one included (a TCG guest's CPUs move some 70 Mbit/s through the
 /// namespaces), since a split of a line the senders cannot fill shows nothing.
@@ -451,6 +462,7 @@ fn prerequisites(test: &str) -> Option<NetClsMount> {
 
 #[test]
 fn tc_shapes_training_and_cpu_job_traffic_75_25() {
+    let _turn = one_at_a_time();
     if !need_root(TEST) {
         return;
     }
@@ -663,6 +675,7 @@ const NOTHING: Left = Left {
 /// unregistering, a clean stop, or a crash followed by a restart that finds the job gone.
 #[test]
 fn lodgerd_shapes_while_a_multi_node_training_job_runs_and_cleans_up() {
+    let _turn = one_at_a_time();
     const TEST: &str = "lodgerd_tc";
     if !need_root(TEST) {
         return;
@@ -898,6 +911,7 @@ fn lodgerd_shapes_while_a_multi_node_training_job_runs_and_cleans_up() {
 /// reaching the peer, and puts everything back when the job leaves.
 #[test]
 fn lodgerd_moves_cpu_jobs_to_the_slower_network_while_multi_node_training_runs() {
+    let _turn = one_at_a_time();
     const TEST: &str = "lodgerd_route";
     if !need_root(TEST) {
         return;

@@ -76,9 +76,11 @@ enum Arr {
     RrUnthrottled,
     Other,
     RrFreeCore,
+    DefaultBatch,
+    RrBatch,
 }
 
-const ARRS: [(Arr, &str); 9] = [
+const ARRS: [(Arr, &str); 11] = [
     (Arr::AloneOther, "alone, SCHED_OTHER"),
     (Arr::AloneRr, "alone, SCHED_RR 10"),
     (Arr::Default, "default scheduling (both SCHED_OTHER)"),
@@ -100,19 +102,27 @@ const ARRS: [(Arr, &str); 9] = [
         Arr::RrFreeCore,
         "lodger rr roles, CPU 0 free (RT guard may grow)",
     ),
+    (
+        Arr::DefaultBatch,
+        "default scheduling, batch job beside (membw_hog, both SCHED_OTHER, CPU 1)",
+    ),
+    (
+        Arr::RrBatch,
+        "lodger rr roles, batch job (membw_hog) on the leftover CPU 0",
+    ),
 ];
 
 impl Arr {
     /// The `[training]` table lodgerd runs with, and its reserved CPUs.
     fn lodgerd(self) -> Option<(&'static str, &'static str)> {
         match self {
-            Arr::AloneOther | Arr::AloneRr | Arr::Default => None,
+            Arr::AloneOther | Arr::AloneRr | Arr::Default | Arr::DefaultBatch => None,
             Arr::RrPlain => Some(("role_priorities = false\nlodgers_sched_idle = false\n", "0")),
             Arr::RrRoles => Some(("", "0")),
             Arr::RrRolesIdle => Some(("lodgers_sched_idle = true\n", "0")),
             Arr::RrUnthrottled => Some(("allow_unthrottled_rt = true\n", "0")),
             Arr::Other => Some(("policy = \"other\"\n", "0")),
-            Arr::RrFreeCore => Some(("", "")),
+            Arr::RrFreeCore | Arr::RrBatch => Some(("", "")),
         }
     }
 }
@@ -127,6 +137,8 @@ struct Window {
     stalls: u32,
     stalled_ms: f64,
     offline_items_per_s: Option<f64>,
+    /// A batch job's CPU share of one CPU, where one ran beside.
+    batch_busy: Option<f64>,
     cpus: String,
 }
 
@@ -210,17 +222,32 @@ fn train(b: &mut Bench, units: u32, cpus: Option<&str>, rr: bool) -> Proc {
     }
 }
 
-/// Measures the window: steps, CPU, run-queue wait and stalls of `t`, and `offline` (lodgerd's
-/// figure for a job id, or a pinned worker's report lines).
+/// A memory-bandwidth hog as a user's CPU-only batch job (issue 18's kind), on `cpus` or
+/// unpinned.
+fn batch_hog(cpus: Option<&str>) -> Proc {
+    let mut child = command(&example("membw_hog"), cpus, false)
+        .args(["--mib", "256"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn membw_hog");
+    wait_ready(&mut child, "membw_hog");
+    Proc { child, out: None }
+}
+
+/// Measures the window: steps, CPU, run-queue wait and stalls of `t`, `offline` (lodgerd's
+/// figure for a job id, or a pinned worker's report lines) and the CPU share of `batch`.
 fn measure(
     t: &Proc,
     window: Duration,
     offline: Option<(&Daemon, &str)>,
     worker: Option<&Proc>,
+    batch: Option<&Proc>,
 ) -> Window {
     std::thread::sleep(WARMUP);
     let a = mark(&[t]);
     let w0 = worker.map(|w| mark(&[w]));
+    let batch0 = batch.map(|p| proc_ticks(p.pid()));
     let ticks0 = proc_ticks(t.pid());
     let sums0 = thread_sums(t.pid());
     let start = Instant::now();
@@ -244,6 +271,9 @@ fn measure(
         let w1 = mark(&[w]);
         items_per_s(&between(&[w], &w0, &w1)[0], start.elapsed())
     });
+    let batch_busy = batch.zip(batch0).map(|(p, t0)| {
+        proc_ticks(p.pid()).saturating_sub(t0) as f64 / ticks_per_second() / elapsed
+    });
     Window {
         steps: lines.iter().filter_map(|l| field(l, "iter_ms")).collect(),
         busy: ticks / ticks_per_second() / elapsed,
@@ -251,6 +281,7 @@ fn measure(
         stalls,
         stalled_ms,
         offline_items_per_s: offline_rate.or(worker_rate),
+        batch_busy,
         cpus: String::new(),
     }
 }
@@ -280,12 +311,46 @@ fn one(b: &mut Bench, bus: &PrivateBus, arr: Arr, units: u32, window: Duration) 
     match arr {
         Arr::AloneOther | Arr::AloneRr => {
             let t = train(b, units, Some(TRAIN_CPU), arr == Arr::AloneRr);
-            measure(&t, window, None, None)
+            measure(&t, window, None, None, None)
         }
         Arr::Default => {
             let inf = b.offline_worker(Some(TRAIN_CPU), MODEL_MIB, 1, OFFLINE_BATCH);
             let t = train(b, units, Some(TRAIN_CPU), false);
-            measure(&t, window, None, Some(&inf))
+            measure(&t, window, None, Some(&inf), None)
+        }
+        Arr::DefaultBatch => {
+            let hog = batch_hog(Some(TRAIN_CPU));
+            let t = train(b, units, Some(TRAIN_CPU), false);
+            measure(&t, window, None, None, Some(&hog))
+        }
+        Arr::RrBatch => {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let d = Daemon::start(
+                bus,
+                dir.path(),
+                DaemonOptions {
+                    reserved: "",
+                    ..DaemonOptions::default()
+                },
+            );
+            let t = train(b, units, None, false);
+            let id = d.register_pid(t.pid(), 1);
+            wait_enforced(&d, &id);
+            let hog = batch_hog(None);
+            let v = d.ctl_json(&["register", "batch", "--pid", &hog.pid().to_string()]);
+            let batch = v["id"].as_str().expect("batch id").to_string();
+            wait_until(WAIT, "the batch job placed", || {
+                d.job(&batch)["state"] == "running"
+            });
+            let mut w = measure(&t, window, None, None, Some(&hog));
+            w.cpus = format!(
+                "{} (batch job on {})",
+                d.job(&id)["cpus"].as_str().unwrap_or(""),
+                d.job(&batch)["cpus"].as_str().unwrap_or("")
+            );
+            d.ctl_ok(&["unregister", &batch]);
+            d.ctl_ok(&["unregister", &id]);
+            w
         }
         _ => {
             let (training, reserved) = arr.lodgerd().expect("a lodgerd arrangement");
@@ -331,7 +396,7 @@ fn one(b: &mut Bench, bus: &PrivateBus, arr: Arr, units: u32, window: Duration) 
                 nice.join(" "),
                 inst.join("; ")
             );
-            let mut w = measure(&t, window, Some((&d, &off)), None);
+            let mut w = measure(&t, window, Some((&d, &off)), None, None);
             w.cpus = d.job(&id)["cpus"].as_str().unwrap_or("").to_string();
             let rt = d.job(&id)["rt"].as_str().unwrap_or("").to_string();
             if !rt.is_empty() {
@@ -393,6 +458,7 @@ pub(super) fn scenario_e(b: &mut Bench, bus: &PrivateBus) -> Vec<(String, String
                     w.stalled_ms,
                     w.offline_items_per_s
                         .map(|r| format!("; offline {r:.0} items/s"))
+                        .or(w.batch_busy.map(|c| format!("; batch job {:.0}% of a CPU", c * 100.0)))
                         .unwrap_or_default(),
                     if w.cpus.is_empty() {
                         String::new()
@@ -410,6 +476,11 @@ pub(super) fn scenario_e(b: &mut Bench, bus: &PrivateBus) -> Vec<(String, String
                 e.offline_items_per_s = match (e.offline_items_per_s, w.offline_items_per_s) {
                     (Some(a), Some(r)) => Some(a + r / f64::from(rounds)),
                     (None, Some(r)) => Some(r / f64::from(rounds)),
+                    (a, None) => a,
+                };
+                e.batch_busy = match (e.batch_busy, w.batch_busy) {
+                    (Some(a), Some(c)) => Some(a + c / f64::from(rounds)),
+                    (None, Some(c)) => Some(c / f64::from(rounds)),
                     (a, None) => a,
                 };
                 e.cpus = w.cpus;
@@ -435,6 +506,9 @@ pub(super) fn scenario_e(b: &mut Bench, bus: &PrivateBus) -> Vec<(String, String
                         r / leftover.max(1e-9) * 100.0
                     )
                 })
+                .or(w
+                    .batch_busy
+                    .map(|c| format!("; batch job {:.0}% of a CPU", c * 100.0)))
                 .unwrap_or_default();
             let summary = format!(
                 "{}; mean {:+.1}% / p99 {:.2}x vs alone OTHER; run-queue wait {:.1} ms/s; stalls >=10 ms: {} ({:.0} ms){offline}",

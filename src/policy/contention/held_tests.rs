@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use super::tests::intel_caps as caps;
 use super::*;
 use crate::job::JobId;
 
@@ -15,17 +16,6 @@ fn config() -> ContentionConfig {
         pressure_ticks: 3,
         calm_ticks: 5,
         ..ContentionConfig::default()
-    }
-}
-
-fn caps() -> MbaCaps {
-    MbaCaps {
-        unit: MbaUnit::Percent,
-        bandwidth_gran: 10,
-        min_bandwidth: 10,
-        num_closids: 8,
-        delay_linear: true,
-        default_schemata: BTreeMap::from([(0, 100), (1, 100)]),
     }
 }
 

@@ -10,7 +10,7 @@ fn id(seq: u64) -> JobId {
     JobId::from_seq(seq)
 }
 
-fn intel_caps() -> MbaCaps {
+pub(super) fn intel_caps() -> MbaCaps {
     // As tests/fixtures/resctrl/intel-mba-mbm reads.
     MbaCaps {
         unit: MbaUnit::Percent,
