@@ -13,7 +13,10 @@
 //!   `kernel.sched_rt_runtime_us = -1`, set by the benchmark and restored by [`Sysctl`]'s Drop);
 //! - `other`: training SCHED_OTHER at nice -10, instance SCHED_IDLE;
 //! - `rr roles, a free core`: CPU 0 not reserved, so the RT guard may grow the job by a core when
-//!   it nears the RT limit (offline instances then run on both CPUs).
+//!   it nears the RT limit (offline instances then run on both CPUs);
+//! - a batch job (issue 18's kind: `membw_hog`, a memory-bandwidth hog) beside training, under
+//!   default scheduling on CPU 1, and registered with lodger with no CPU reserved, where it gets
+//!   the CPU training leaves (its CPU share is reported instead of an instance's rate).
 //!
 //! Beside each: the training threads' run-queue wait (`/proc/PID/task/*/schedstat`), stalls
 //! (inferred RT throttling: spans of >= 10 ms in which some training thread was runnable at every
@@ -108,7 +111,7 @@ const ARRS: [(Arr, &str); 11] = [
     ),
     (
         Arr::RrBatch,
-        "lodger rr roles, batch job (membw_hog) on the leftover CPU 0",
+        "lodger rr roles, batch job (membw_hog) on the leftover CPU",
     ),
 ];
 
