@@ -105,12 +105,8 @@ impl RtGuard {
                 near_limit: near,
                 extra_cores: extra,
             });
-            let figures = !cx.observations.is_stale("gpu")
-                && cx
-                    .observations
-                    .jobs
-                    .get(&id)
-                    .is_some_and(|m| m.gpu_percent.is_some());
+            // Right-sizing can search only where the node senses GPUs at all.
+            let figures = !cx.observations.sources.gpu.starts_with("unavailable");
             if holds_for_rightsizing(stored.tuning.as_ref(), rightsize_enforce, figures) {
                 watch.near_ticks = 0;
                 // The right-sizer owns the count while it searches: a core added before a new
@@ -155,23 +151,23 @@ impl RtGuard {
 }
 
 /// Whether the guard leaves the job to the right-sizer: right-sizing resizes, has not settled
-/// the job's core count, and is searching (a window judged) or can search (the job has a GPU
-/// figure this pass). A core added under a probe would make the tuner measure another count than
-/// it chose (seen as searches that never settled), and the search itself sees a throttled count
-/// as a slower one (SODA §V-B). Once the search settles, where right-sizing is off or advises
-/// only, or where it cannot search because no GPU figure is attributed to the job (no GPU
-/// sensing on the node, or none of its GPUs' use is the job's), the guard acts: waiting for
-/// figures that never come left such a job throttled for good (lodgers benchmark (e), session
-/// 8). The job's standing is measured and shown either way.
+/// the job's core count, and can search (`figures`: the node senses GPU utilization; before its
+/// first sensing pass that is not known yet, and the guard waits). A core added under a probe
+/// would make the tuner measure another count than it chose (seen as searches that never
+/// settled, and as a starved job settled at too few cores when the guard grew it before the
+/// first GPU figure came), and the search itself sees a throttled count as a slower one (SODA
+/// §V-B). Once the search settles, where right-sizing is off or advises only, or where the node
+/// has no GPU sensing (the search would wait for figures that never come: lodgers benchmark (e),
+/// session 8, a job above the RT limit left throttled for good), the guard acts. The job's
+/// standing is measured and shown either way.
 fn holds_for_rightsizing(
     tuning: Option<&Tuning>,
     rightsize_enforce: Option<bool>,
     figures: bool,
 ) -> bool {
     rightsize_enforce == Some(true)
-        && tuning.is_some_and(|t| {
-            t.tuner.settled().is_none() && (figures || !t.tuner.history().is_empty())
-        })
+        && figures
+        && tuning.is_some_and(|t| t.tuner.settled().is_none())
 }
 
 /// Gives `id` one more core if the plan then still places every job it placed.
@@ -213,7 +209,7 @@ mod tests {
         }
     }
 
-    /// The guard waits for a search that runs or can run, never for figures that do not come.
+    /// The guard waits for a search that can run, never for figures that cannot come.
     #[test]
     fn the_guard_waits_only_for_a_search_that_can_run() {
         let settings = TunerSettings {
@@ -224,27 +220,31 @@ mod tests {
             window: Duration::from_secs(1),
             tolerance: 5,
         };
-        let fresh = tuning(Tuner::new(settings.clone(), Duration::ZERO));
-        // Right-sizing on, nothing judged yet: held while the job has GPU figures, not without.
+        let fresh = tuning(Tuner::new(settings, Duration::ZERO));
+        // Right-sizing on, not settled: held where the node senses GPUs, not where it cannot.
         assert!(holds_for_rightsizing(Some(&fresh), Some(true), true));
         assert!(!holds_for_rightsizing(Some(&fresh), Some(true), false));
         // Advising, off, or no tuner: never held.
         assert!(!holds_for_rightsizing(Some(&fresh), Some(false), true));
         assert!(!holds_for_rightsizing(Some(&fresh), None, true));
         assert!(!holds_for_rightsizing(None, Some(true), true));
-        // A search that has judged a window is held even in a pass without figures (a stale
-        // source), so a core is not added under its probe. (The job needs 4 cores: fewer halve
-        // its GPU's use, so the search goes on past its first window.)
-        let mut tuner = Tuner::new(settings, Duration::ZERO);
-        let mut t = 0;
-        while tuner.history().is_empty() && t < 600 {
-            t += 1;
-            let util = if tuner.cores() >= 4 { 90.0 } else { 45.0 };
-            tuner.step(Duration::from_secs(t), &[util, util], false);
-        }
-        assert!(!tuner.history().is_empty(), "no window judged in {t} s");
-        let searching = tuning(tuner);
-        assert!(searching.tuner.settled().is_none(), "settled at once");
-        assert!(holds_for_rightsizing(Some(&searching), Some(true), false));
+        // Settled: the guard acts.
+        let mut settled = Tuner::new(
+            TunerSettings {
+                start: 2,
+                floor: 1,
+                max: 8,
+                warmup: Duration::ZERO,
+                window: Duration::from_secs(1),
+                tolerance: 5,
+            },
+            Duration::ZERO,
+        );
+        settled.stop();
+        assert!(!holds_for_rightsizing(
+            Some(&tuning(settled)),
+            Some(true),
+            true
+        ));
     }
 }
