@@ -288,9 +288,9 @@ fn memory_pressure_while_lodgers_run_throttles_them_and_calm_gives_back() {
 
 /// The v1 memory twin of a batch job (issue 19): a batch job registered by pid is moved into a
 /// cpuset cgroup of lodger's on cgroup v1, and into a memory cgroup beside it limited to
-/// `batch.memory_max`; released, it goes back to the memory cgroup it came from and the twin is
-/// removed. (cgroup v2 writes memory.max into the job's own cgroup: fixture-tested in
-/// enforce::training::memory.)
+/// `batch.memory_max`, or to the job's own lower limit (`--memory-max`); released, it goes back
+/// to the memory cgroup it came from and the twin is removed. (cgroup v2 writes memory.max into
+/// the job's own cgroup: fixture-tested in enforce::training::memory.)
 #[test]
 fn a_batch_job_on_cgroup_v1_runs_in_a_memory_cgroup_limited_to_batch_memory_max() {
     let test = "a_batch_job_on_cgroup_v1_runs_in_a_memory_cgroup_limited_to_batch_memory_max";
@@ -337,6 +337,26 @@ fn a_batch_job_on_cgroup_v1_runs_in_a_memory_cgroup_limited_to_batch_memory_max(
         "back where it came from"
     );
     assert!(!std::path::Path::new(&format!("/sys/fs/cgroup/memory{cgroup}")).exists());
+
+    // A job's own limit, from its registration: above the node's it is refused and nothing is
+    // registered; below, its twin gets it.
+    let pid = pid.to_string();
+    let out = d.ctl(&["register", "batch", "--pid", &pid, "--memory-max", "200M"]);
+    let said = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!out.status.success(), "{said}");
+    assert!(
+        said.contains("above this node's batch.memory_max"),
+        "{said}"
+    );
+    assert_eq!(d.ctl_json(&["list"]).as_array().map(Vec::len), Some(0));
+    let v = d.ctl_json(&["register", "batch", "--pid", &pid, "--memory-max", "48M"]);
+    let id = v["id"].as_str().expect("id").to_string();
+    assert_eq!(d.job(&id)["memory_max"].as_u64(), Some(48 << 20));
+    wait_until(WAIT, "the batch job in its own limit", || {
+        memory_limit_of(job.id())
+            .is_some_and(|(cg, limit)| cg.ends_with(&format!("/{id}")) && limit == 48 << 20)
+    });
+    d.ctl_ok(&["unregister", &id]);
     let _ = job.kill();
     let _ = job.wait();
 }

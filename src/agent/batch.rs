@@ -82,6 +82,8 @@ impl Batch {
                 (None, Some(Ok(p))) => {
                     stored.job.cpus = p.cpus.clone();
                     stored.job.mems = p.mems.clone();
+                    // Its own memory limit, for the cgroup lodger makes for it (issue 19).
+                    stored.record.memory_max = stored.job.spec.memory_max;
                     let result =
                         self.enforcer
                             .apply(&id, &stored.job.spec.target, p, &mut stored.record);

@@ -126,6 +126,7 @@ fn status_list_and_show_answer_while_a_tick_is_stuck_in_enforcement() {
                 inference: None,
                 rightsize: true,
                 exclusive: false,
+                memory_max: None,
             },
             0,
         )

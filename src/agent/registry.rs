@@ -143,6 +143,10 @@ impl Agent {
     /// Checks a spec against the node and the other jobs, without changing anything.
     fn check_spec(&self, spec: &JobSpec) -> Result<(), AgentError> {
         spec.validate()?;
+        if let Some(asked) = spec.memory_max {
+            // Root's calls too: the bound is the node's, the cgroup rule everyone's.
+            trust::check_batch_memory(spec, asked, self.settings.trust.batch_memory_max)?;
+        }
         for &gpu in &spec.gpus {
             if self.topology.gpu(gpu).is_none() {
                 let known: CpuSet = self.topology.gpus.iter().map(|g| g.index).collect();

@@ -104,6 +104,7 @@ pub(super) fn spec(pids: Vec<u32>, cores: u32) -> JobSpec {
         inference: None,
         rightsize: true,
         exclusive: false,
+        memory_max: None,
     }
 }
 

@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use super::{AgentError, Caller};
-use crate::job::{Job, JobSpec};
+use crate::job::{Job, JobSpec, Target};
 
 /// `PF_KTHREAD` in `/proc/PID/stat`'s flags (field 9): the task is a kernel thread.
 const PF_KTHREAD: u64 = 0x0020_0000;
@@ -34,6 +34,9 @@ pub struct TrustSettings {
     /// `inference.memory_max` resolved on this node: each instance's memory limit, and the most
     /// a job may ask for (`None`: unbounded).
     pub instance_memory_max: Option<u64>,
+    /// `batch.memory_max` resolved on this node: a batch job's memory limit, and the most one
+    /// may ask for (`None`: batch jobs get none, so none may ask for one).
+    pub batch_memory_max: Option<u64>,
 }
 
 impl Default for TrustSettings {
@@ -45,6 +48,7 @@ impl Default for TrustSettings {
             max_jobs_per_owner: 32,
             max_instances_per_owner: 128,
             instance_memory_max: None,
+            batch_memory_max: None,
         }
     }
 }
@@ -313,6 +317,38 @@ pub(super) fn within_caps<'a>(
     Ok(spec)
 }
 
+/// A batch job's own memory limit (issue 19): only on a cgroup lodger makes (a job registered by
+/// pids), and at most the node's `batch.memory_max`.
+pub(super) fn check_batch_memory(
+    spec: &JobSpec,
+    asked: u64,
+    most: Option<u64>,
+) -> Result<(), AgentError> {
+    use crate::job::memory::show_size;
+    if !matches!(spec.target, Target::Pids(_)) {
+        return Err(AgentError::InvalidSpec(
+            "memory_max applies to a batch job registered by its pids, in the cgroup lodger makes \
+             for it; lodger never writes the memory settings of a cgroup it did not make (set \
+             memory.max there, or have Slurm's cgroup.conf do it)"
+                .into(),
+        ));
+    }
+    match most {
+        None => Err(AgentError::Conflict(
+            "this node gives batch jobs no memory limit (batch.memory_max = \"none\", or no \
+             memory controller lodger may use), so none can be asked for"
+                .into(),
+        )),
+        Some(most) if asked > most => Err(AgentError::Conflict(format!(
+            "memory_max {} is above this node's batch.memory_max ({}); ask for at most that, \
+             or have the operator raise it",
+            show_size(asked),
+            show_size(most)
+        ))),
+        Some(_) => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -410,5 +446,31 @@ mod tests {
         assert_eq!(check("/user.slice/mixed", &root), Ok(()));
         assert_eq!(check("/system.slice/cron.service", &root), Ok(()));
         assert!(check("/lodger", &root).is_err());
+    }
+
+    /// Issue 19: a batch job's own memory limit only on a cgroup lodger makes, and within the
+    /// node's.
+    #[test]
+    fn a_batch_jobs_own_memory_limit_is_bounded_and_only_for_pid_jobs() {
+        let mut spec = crate::agent::tests::spec(vec![10], 0);
+        spec.kind = crate::job::JobKind::Batch;
+        assert!(check_batch_memory(&spec, 1 << 20, Some(1 << 30)).is_ok());
+        let high = check_batch_memory(&spec, 2 << 30, Some(1 << 30)).unwrap_err();
+        assert!(
+            high.to_string()
+                .contains("above this node's batch.memory_max"),
+            "{high}"
+        );
+        let none = check_batch_memory(&spec, 1 << 20, None).unwrap_err();
+        assert!(none.to_string().contains("no memory limit"), "{none}");
+        spec.target = Target::Cgroup("/user.slice/job".into());
+        let theirs = check_batch_memory(&spec, 1 << 20, Some(1 << 30)).unwrap_err();
+        assert!(matches!(theirs, AgentError::InvalidSpec(_)), "{theirs}");
+        assert!(
+            theirs
+                .to_string()
+                .contains("never writes the memory settings"),
+            "{theirs}"
+        );
     }
 }

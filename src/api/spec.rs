@@ -82,13 +82,14 @@ fn size(key: &str, v: &Value<'_>) -> Result<u64, String> {
     };
     if bytes < MIN_MEMORY_MAX {
         return Err(format!(
-            "key '{key}' is {bytes} bytes; an instance needs at least 4M to start"
+            "key '{key}' is {bytes} bytes; a process needs at least 4M to run"
         ));
     }
     Ok(bytes)
 }
 
-/// The smallest per-instance memory limit accepted: below it no interpreter starts.
+/// The smallest memory limit accepted (an instance's or a batch job's): below it no interpreter
+/// starts.
 const MIN_MEMORY_MAX: u64 = 4 << 20;
 
 fn string(key: &str, v: &Value<'_>) -> Result<String, String> {
@@ -185,7 +186,6 @@ pub fn spec_from_dict(dict: &HashMap<String, OwnedValue>) -> Result<JobSpec, Str
         "cwd",
         "env",
         "output",
-        "memory_max",
     ] {
         if dict.contains_key(key) {
             return Err(format!(
@@ -193,6 +193,12 @@ pub fn spec_from_dict(dict: &HashMap<String, OwnedValue>) -> Result<JobSpec, Str
                 kind.as_str()
             ));
         }
+    }
+    if kind != JobKind::Batch && dict.contains_key("memory_max") {
+        return Err(format!(
+            "key 'memory_max' is for inference and batch jobs, not {} jobs",
+            kind.as_str()
+        ));
     }
     let pids = get("pids").map(|v| unsigned_list("pids", v)).transpose()?;
     let cgroup = get("cgroup").map(|v| string("cgroup", v)).transpose()?;
@@ -260,6 +266,9 @@ pub fn spec_from_dict(dict: &HashMap<String, OwnedValue>) -> Result<JobSpec, Str
             .map(|v| boolean("exclusive", v))
             .transpose()?
             .unwrap_or(false),
+        memory_max: get("memory_max")
+            .map(|v| size("memory_max", v))
+            .transpose()?,
     })
 }
 
@@ -308,6 +317,7 @@ fn inference_spec_from_dict(
         multi_node: false,
         rightsize: false,
         exclusive: false,
+        memory_max: None,
         inference: Some(InferenceSpec {
             command,
             slo_ms: get("slo_ms").map(|v| float("slo_ms", v)).transpose()?,
@@ -429,7 +439,13 @@ pub fn job_to_dict(job: &Job, sched: &SchedLabels) -> HashMap<String, Value<'sta
     put("pipeline", Value::from(job.spec.pipeline));
     put("multi_node", Value::from(job.spec.multi_node));
     put("exclusive", Value::from(job.spec.exclusive));
-    if let Some(max) = job.spec.inference.as_ref().and_then(|i| i.memory_max) {
+    if let Some(max) = job
+        .spec
+        .inference
+        .as_ref()
+        .and_then(|i| i.memory_max)
+        .or(job.spec.memory_max)
+    {
         put("memory_max", Value::from(max));
     }
     // Lent CPU time (issue 19), CPU-seconds.

@@ -234,3 +234,33 @@ fn refusals_name_the_key() {
         assert!(err.contains(needle), "'{err}' should mention '{needle}'");
     }
 }
+
+/// Issue 19: a batch job may ask for its own memory limit (bytes or a size); a training job may
+/// not.
+#[test]
+fn batch_jobs_take_a_memory_limit_and_training_jobs_refuse_one() {
+    for (given, bytes) in [
+        (Value::from("2G"), 2u64 << 30),
+        (Value::from(8u64 << 20), 8 << 20),
+    ] {
+        let spec = spec_from_dict(&dict(vec![
+            ("kind", Value::from("batch")),
+            ("pids", Value::from(vec![7u32])),
+            ("memory_max", given),
+        ]))
+        .unwrap();
+        assert_eq!(spec.memory_max, Some(bytes));
+        assert!(spec.inference.is_none());
+    }
+    let err = spec_from_dict(&dict(vec![
+        ("kind", Value::from("training")),
+        ("pids", Value::from(vec![7u32])),
+        ("cores", Value::from(1u32)),
+        ("memory_max", Value::from("2G")),
+    ]))
+    .unwrap_err();
+    assert!(
+        err.contains("key 'memory_max' is for inference and batch jobs, not training"),
+        "{err}"
+    );
+}

@@ -146,6 +146,12 @@ pub struct BatchArgs {
     /// At most this many CPUs of the leftover ones (default: all of them).
     #[arg(long)]
     pub cores: Option<u32>,
+    /// The job's memory limit, e.g. 2G (powers of 1024), in the cgroup lodger makes for it; at
+    /// most the node's batch.memory_max, which applies when not given. Only with --pid: lodger
+    /// never writes the memory settings of a cgroup it did not make.
+    #[arg(long, value_name = "SIZE", value_parser = crate::job::memory::parse_size,
+          conflicts_with = "cgroup")]
+    pub memory_max: Option<u64>,
     /// A name to recognise the job by.
     #[arg(long)]
     pub name: Option<String>,

@@ -102,7 +102,10 @@ pub(super) fn batch_settings(config: &Config) -> EnforceSettings {
         job_memory: match memory_of_node(config, config.batch.memory_max, "batch.memory_max") {
             Some(max) => JobMemory::Limit {
                 max,
-                high: crate::job::memory::high_of(max, BATCH_MEMORY_HIGH_PERCENT),
+                high: crate::job::memory::high_of(
+                    max,
+                    crate::job::memory::BATCH_MEMORY_HIGH_PERCENT,
+                ),
             },
             None => JobMemory::Untouched,
         },
@@ -195,11 +198,9 @@ pub(super) fn trust_settings(config: &Config) -> TrustSettings {
         max_jobs_per_owner: config.api.max_jobs_per_owner,
         max_instances_per_owner: config.api.max_instances_per_owner,
         instance_memory_max: instance_memory_max(config),
+        batch_memory_max: memory_of_node(config, config.batch.memory_max, "batch.memory_max"),
     }
 }
-
-/// A batch job cgroup's `memory.high`, in percent of its `memory.max`.
-pub(super) const BATCH_MEMORY_HIGH_PERCENT: u8 = 90;
 
 /// `inference.memory_max` in bytes on this node (see [`memory_of_node`]).
 pub(super) fn instance_memory_max(config: &Config) -> Option<u64> {

@@ -145,6 +145,9 @@ impl std::fmt::Display for MemoryBound {
 /// `memory.high` (v2) or the soft limit (v1) for a limit of `max`: `high_percent` of it, so
 /// the kernel reclaims the instance's memory before its limit's OOM killer takes it; down to a
 /// whole 4 KiB page, as the kernel keeps it (the value written reads back the same).
+/// A batch job's `memory.high` as a share of its `memory.max`, in percent.
+pub const BATCH_MEMORY_HIGH_PERCENT: u8 = 90;
+
 pub fn high_of(max: u64, high_percent: u8) -> u64 {
     if high_percent >= 100 {
         return max;

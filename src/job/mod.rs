@@ -216,6 +216,10 @@ pub struct JobSpec {
     /// Training jobs: its cores host no lodger (a benchmark, a latency-critical job).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub exclusive: bool,
+    /// Batch jobs registered by pids: the memory limit in bytes of the cgroup lodger makes for
+    /// them (at most the node's `batch.memory_max`, which applies when not given; issue 19).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_max: Option<u64>,
 }
 
 fn yes() -> bool {
@@ -535,6 +539,7 @@ mod tests {
             inference: None,
             rightsize: true,
             exclusive: false,
+            memory_max: None,
         }
     }
 

@@ -207,6 +207,9 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             if let Some(n) = a.cores {
                 spec.insert("cores", Value::from(n));
             }
+            if let Some(bytes) = a.memory_max {
+                spec.insert("memory_max", Value::from(bytes));
+            }
             if let Some(n) = &a.name {
                 spec.insert("name", Value::from(n.as_str()));
             }
@@ -425,6 +428,13 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                         "  {:>12}: {limit}, {} OOM kill(s)",
                         "Memory",
                         get(&d, "oom_kills")
+                    );
+                } else if let Some(b) = d.get("memory_max").and_then(|v| u64::try_from(&**v).ok()) {
+                    // A batch job's own limit (otherwise the node's batch.memory_max).
+                    println!(
+                        "  {:>12}: {} limit, the job's own",
+                        "Memory",
+                        lodger::job::memory::show_size(b)
                     );
                 }
                 if d.contains_key("rightsize") {

@@ -33,9 +33,21 @@ pub(super) fn memory_twins(settings: &EnforceSettings, version: CgroupVersion) -
 }
 
 impl Enforcer {
-    /// Gives a job cgroup lodger just created (`cg`, under `parent`) its memory settings.
-    pub(super) fn set_job_memory(&self, cg: &str, parent: &str) {
-        let result = match (&self.memory_twins, self.settings.job_memory) {
+    /// Gives a job cgroup lodger just created (`cg`, under `parent`) its memory settings: where
+    /// jobs are limited, `memory_max` (the job's own, already checked against the node's) or
+    /// the node's limit.
+    pub(super) fn set_job_memory(&self, cg: &str, parent: &str, memory_max: Option<u64>) {
+        let job_memory = match (self.settings.job_memory, memory_max) {
+            (JobMemory::Limit { .. }, Some(max)) => JobMemory::Limit {
+                max,
+                high: crate::job::memory::high_of(
+                    max,
+                    crate::job::memory::BATCH_MEMORY_HIGH_PERCENT,
+                ),
+            },
+            (node, _) => node,
+        };
+        let result = match (&self.memory_twins, job_memory) {
             (_, JobMemory::Untouched) => return,
             (Some(root), JobMemory::Limit { max, high }) => {
                 cgroup::v1_limited_memory_cgroup(root, &[parent, cg], max, high).map(drop)
@@ -155,7 +167,7 @@ mod tests {
             max: 1 << 30,
             high: 966_365_184,
         };
-        enforcer(t.path(), limit).set_job_memory("/lodger/j1", "/lodger");
+        enforcer(t.path(), limit).set_job_memory("/lodger/j1", "/lodger", None);
         assert_eq!(read(job.join("memory.max")).as_deref(), Some("1073741824"));
         assert_eq!(read(job.join("memory.high")).as_deref(), Some("966365184"));
         assert_eq!(read(job.join("memory.low")), None);
@@ -165,9 +177,18 @@ mod tests {
             Some("+memory")
         );
 
+        // A batch job's own limit takes the node's place, with its memory.high below it.
         let t = tree("cpuset cpu memory\n");
         let job = t.path().join("lodger/j1");
-        enforcer(t.path(), JobMemory::Protect).set_job_memory("/lodger/j1", "/lodger");
+        enforcer(t.path(), limit).set_job_memory("/lodger/j1", "/lodger", Some(256 << 20));
+        assert_eq!(read(job.join("memory.max")).as_deref(), Some("268435456"));
+        let high =
+            crate::job::memory::high_of(256 << 20, crate::job::memory::BATCH_MEMORY_HIGH_PERCENT);
+        assert_eq!(read(job.join("memory.high")), Some(high.to_string()));
+
+        let t = tree("cpuset cpu memory\n");
+        let job = t.path().join("lodger/j1");
+        enforcer(t.path(), JobMemory::Protect).set_job_memory("/lodger/j1", "/lodger", None);
         assert_eq!(read(job.join("memory.low")).as_deref(), Some("max"));
         assert_eq!(read(job.join("memory.max")), None);
     }
@@ -176,7 +197,7 @@ mod tests {
     fn nothing_is_written_without_memory_delegated_or_anything_to_write() {
         let t = tree("cpuset cpu\n");
         let job = t.path().join("lodger/j1");
-        enforcer(t.path(), JobMemory::Protect).set_job_memory("/lodger/j1", "/lodger");
+        enforcer(t.path(), JobMemory::Protect).set_job_memory("/lodger/j1", "/lodger", None);
         assert_eq!(read(job.join("memory.low")), None);
         assert_eq!(
             read(t.path().join("lodger").join(CGROUP_SUBTREE_CONTROL)).as_deref(),
@@ -184,7 +205,7 @@ mod tests {
             "lodger's cgroup untouched"
         );
         let t = tree("cpuset cpu memory\n");
-        enforcer(t.path(), JobMemory::Untouched).set_job_memory("/lodger/j1", "/lodger");
+        enforcer(t.path(), JobMemory::Untouched).set_job_memory("/lodger/j1", "/lodger", None);
         assert!(fs::read_dir(t.path().join("lodger/j1"))
             .expect("dir")
             .next()

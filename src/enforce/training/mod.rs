@@ -210,6 +210,7 @@ impl Enforcer {
             pids: pid_rec,
             slurm: slurm_rec,
             rt_grants,
+            memory_max,
         } = record;
         let mut rr = RrSweep::new(self, rt_grants);
         let placed = match target {
@@ -225,7 +226,10 @@ impl Enforcer {
                 if cgroup_rec.is_some() {
                     return Err(mismatch(id, "cgroup", "pids"));
                 }
-                self.apply_pids(id, roots, cpus, mems, pid_rec, s, &mut rr, &mut out)
+                let memory_max = *memory_max;
+                self.apply_pids(
+                    id, roots, cpus, mems, memory_max, pid_rec, s, &mut rr, &mut out,
+                )
             }
         };
         out.changed |= rr.changed;

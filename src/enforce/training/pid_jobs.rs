@@ -24,6 +24,7 @@ impl Enforcer {
         roots: &[u32],
         cpus: &CpuSet,
         mems: &CpuSet,
+        memory_max: Option<u64>,
         slot: &mut Option<PidJobRecord>,
         s: &mut Scratch,
         rr: &mut RrSweep<'_>,
@@ -189,7 +190,7 @@ impl Enforcer {
 
         // Place them.
         if let Some(cg) = &job_cg {
-            let created = self.ensure_job_cgroup(cg, cpus, mems)?;
+            let created = self.ensure_job_cgroup(cg, cpus, mems, memory_max)?;
             out.changed |= created;
             rec.cgroup = Some(cg.clone());
             let mut moved = false;
@@ -219,12 +220,14 @@ impl Enforcer {
     }
 
     /// Creates `<parent>/<job>` if needed and sets its mems, then cpus (v1: before any task is
-    /// attached). Returns whether anything was written.
+    /// attached), and, when it creates it, its memory settings (`memory_max`: the job's own
+    /// limit). Returns whether anything was written.
     pub(super) fn ensure_job_cgroup(
         &self,
         cg: &str,
         cpus: &CpuSet,
         mems: &CpuSet,
+        memory_max: Option<u64>,
     ) -> Result<bool, EnforceError> {
         let h = &*self.cpusets;
         let parent = parent_of(cg).unwrap_or("/").to_string();
@@ -240,7 +243,7 @@ impl Enforcer {
             h.enable_cpuset(cg, &parent)?;
             h.create(cg)?;
             changed = true;
-            self.set_job_memory(cg, &parent);
+            self.set_job_memory(cg, &parent, memory_max);
         }
         if !h.cpuset_enabled(cg)? {
             changed |= h.enable_cpuset(cg, &parent)?;

@@ -20,6 +20,10 @@ pub struct JobRecord {
     pub slurm: Option<SlurmJobRecord>,
     /// RT budgets lodger granted to v1 cpu cgroups, in the order written.
     pub rt_grants: Vec<RtGrant>,
+    /// A batch job's own memory limit (`JobSpec::memory_max`), for the cgroup lodger makes for
+    /// it; `None`: the node's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_max: Option<u64>,
 }
 
 #[derive(Serialize, Deserialize, Default, Clone, Debug, PartialEq)]

@@ -424,6 +424,7 @@ fn record_survives_serialization() {
     let record = JobRecord {
         cgroup: None,
         slurm: None,
+        memory_max: Some(48 << 20),
         pids: Some(PidJobRecord {
             pinning: PinMethod::Cgroup,
             cgroup: Some("/lodger/j3".into()),
