@@ -41,7 +41,7 @@ impl Agent {
                 self.contention = Some(Contention::new(
                     config,
                     self.idle_mba.take(),
-                    &self.state.contention,
+                    &HeldContention::default(),
                 ));
             }
             (Some(running), None) => {

@@ -212,15 +212,15 @@ mod tests {
     /// The guard waits for a search that can run, never for figures that cannot come.
     #[test]
     fn the_guard_waits_only_for_a_search_that_can_run() {
-        let settings = TunerSettings {
-            start: 4,
+        let settings = |start| TunerSettings {
+            start,
             floor: 1,
             max: 8,
             warmup: Duration::ZERO,
             window: Duration::from_secs(1),
             tolerance: 5,
         };
-        let fresh = tuning(Tuner::new(settings, Duration::ZERO));
+        let fresh = tuning(Tuner::new(settings(4), Duration::ZERO));
         // Right-sizing on, not settled: held where the node senses GPUs, not where it cannot.
         assert!(holds_for_rightsizing(Some(&fresh), Some(true), true));
         assert!(!holds_for_rightsizing(Some(&fresh), Some(true), false));
@@ -229,17 +229,7 @@ mod tests {
         assert!(!holds_for_rightsizing(Some(&fresh), None, true));
         assert!(!holds_for_rightsizing(None, Some(true), true));
         // Settled: the guard acts.
-        let mut settled = Tuner::new(
-            TunerSettings {
-                start: 2,
-                floor: 1,
-                max: 8,
-                warmup: Duration::ZERO,
-                window: Duration::from_secs(1),
-                tolerance: 5,
-            },
-            Duration::ZERO,
-        );
+        let mut settled = Tuner::new(settings(2), Duration::ZERO);
         settled.stop();
         assert!(!holds_for_rightsizing(
             Some(&tuning(settled)),

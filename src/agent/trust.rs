@@ -335,8 +335,8 @@ pub(super) fn check_batch_memory(
     }
     match most {
         None => Err(AgentError::Conflict(
-            "this node gives batch jobs no memory limit (batch.memory_max = \"none\", or no \
-             memory controller lodger may use), so none can be asked for"
+            "this node gives batch jobs no memory limit (batch.memory_max = \"none\", pid jobs \
+             pinned by affinity, or no cgroup v1 memory hierarchy), so none can be asked for"
                 .into(),
         )),
         Some(most) if asked > most => Err(AgentError::Conflict(format!(

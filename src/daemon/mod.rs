@@ -143,8 +143,8 @@ fn network_control(
     };
     let classifier = match runner.as_deref() {
         None => Classifier::Unavailable("inference instances are unavailable".into()),
-        Some(r) => match (r.cgroup_version(), r.placement()) {
-            (CgroupVersion::V1, _) => {
+        Some(r) => match (r.cgroup_version(), r.placement(), subtree(r)) {
+            (CgroupVersion::V1, _, _) => {
                 let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
                 match find_net_cls_mount(&mountinfo) {
                     Some(hierarchy) => Classifier::NetCls {
@@ -158,23 +158,21 @@ fn network_control(
                     ),
                 }
             }
-            (CgroupVersion::V2, PinMethod::Cgroup) => Classifier::CgroupV2,
+            (CgroupVersion::V2, PinMethod::Cgroup, _) => Classifier::CgroupV2,
             // Instances are transient units in lodger's slice: matched by their cgroups.
-            (CgroupVersion::V2, PinMethod::Affinity)
+            (CgroupVersion::V2, PinMethod::Affinity, _)
                 if crate::enforce::instances::unit::systemd().is_some() =>
             {
                 Classifier::CgroupV2
             }
             // Instances start in lodger's own subtree (issue 17): matched there.
-            (CgroupVersion::V2, PinMethod::Affinity) if subtree(r).is_some() => {
-                Classifier::OwnCgroupV2 {
-                    root: config.cgroup.root.clone(),
-                    relative: subtree(r).unwrap_or_default(),
-                }
-            }
+            (CgroupVersion::V2, PinMethod::Affinity, Some(relative)) => Classifier::OwnCgroupV2 {
+                root: config.cgroup.root.clone(),
+                relative,
+            },
             // Instances stay in lodgerd's own cgroup (lodger's subtree could not be made):
             // shaping moves them into a child of it.
-            (CgroupVersion::V2, PinMethod::Affinity) => {
+            (CgroupVersion::V2, PinMethod::Affinity, None) => {
                 let own = std::fs::read_to_string("/proc/self/cgroup")
                     .ok()
                     .and_then(|t| {
@@ -275,12 +273,17 @@ pub fn run(prepared: Prepared, sim: bool) -> ExitCode {
 
     let mut runner = None;
     let mut batch: Option<Box<dyn Enforce>> = None;
+    // Whether batch jobs get a memory limit here (and so may ask for their own).
+    let mut batch_memory = false;
     let enforcer: Box<dyn Enforce> = if sim {
         info!("simulated enforcement: no cgroup or scheduling policy will be changed");
         Box::new(SimulatedEnforcer::new(config.node.proc_root.clone()))
     } else {
         match Enforcer::new(batch_settings(&config)) {
-            Ok(e) => batch = Some(Box::new(e)),
+            Ok(e) => {
+                batch_memory = e.limits_job_memory();
+                batch = Some(Box::new(e));
+            }
             Err(e) => warn!("batch jobs unavailable: {e}"),
         }
         let settings = enforce_settings(&config);
@@ -313,6 +316,9 @@ pub fn run(prepared: Prepared, sim: bool) -> ExitCode {
 
     let mut settings = agent_settings(&config);
     settings.lendable = Some(lendable);
+    if !batch_memory {
+        settings.trust.batch_memory_max = None;
+    }
     let store = Store::new(config.agent.state_dir.clone());
     let mut agent = Agent::builder(settings, topology, reserved, enforcer, store);
     if let Some(b) = batch {

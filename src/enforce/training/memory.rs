@@ -33,6 +33,16 @@ pub(super) fn memory_twins(settings: &EnforceSettings, version: CgroupVersion) -
 }
 
 impl Enforcer {
+    /// Whether jobs get a memory limit from this enforcer: limits are configured, pid jobs are
+    /// moved into cgroups of lodger's (not pinned by affinity), and on v1 a memory hierarchy
+    /// holds their twins. (On v2 the limit also needs memory delegated to lodger's cgroup, which
+    /// is found when the job's cgroup is made, and logged there when it is not.)
+    pub fn limits_job_memory(&self) -> bool {
+        matches!(self.settings.job_memory, JobMemory::Limit { .. })
+            && self.mode.pid_pinning == crate::enforce::PinMethod::Cgroup
+            && (self.mode.version == CgroupVersion::V2 || self.memory_twins.is_some())
+    }
+
     /// Gives a job cgroup lodger just created (`cg`, under `parent`) its memory settings: where
     /// jobs are limited, `memory_max` (the job's own, already checked against the node's) or
     /// the node's limit.
