@@ -100,13 +100,6 @@ impl Drop for SlurmCgroup {
     }
 }
 
-fn mems_file() -> &'static str {
-    match host_cgroup() {
-        HostCgroup::V2 => "cpuset.mems.effective",
-        _ => "cpuset.mems",
-    }
-}
-
 /// Runs `lodgerctl slurm <what>` as slurmd would, with `env`, giving lodgerd ten seconds (not
 /// the default 1.5: the tests that run beside this one load both CPUs, and a prolog that gives
 /// up exits 0 having said nothing was done, which is right on a node and a failure here).

@@ -134,6 +134,7 @@ impl Batch {
                 pids: s.job.pids.clone(),
                 cgroups: match &s.job.spec.target {
                     Target::Cgroup(c) => vec![c.clone()],
+                    Target::Container(c) => vec![c.cgroup.clone()],
                     Target::Slurm(_) => cx
                         .slurm
                         .cgroup(&s.job.id)

@@ -410,6 +410,7 @@ impl Agent {
                     pids: s.job.pids.clone(),
                     cgroup: match &s.job.spec.target {
                         Target::Cgroup(c) => Some(c.clone()),
+                        Target::Container(c) => Some(c.cgroup.clone()),
                         Target::Pids(_) => s.record.pids.as_ref().and_then(|p| p.cgroup.clone()),
                         Target::Slurm(_) => s.record.slurm.as_ref().and_then(|r| r.cgroup.clone()),
                         Target::Instances => None,

@@ -89,6 +89,18 @@ impl Agent {
                         caller,
                         &ancestry,
                     )?,
+                    Target::Container(c) => {
+                        // Only lodgerd's own NRI plugin (docs/kubernetes.md) names containers:
+                        // the cgroup is the container runtime's word, not a caller's.
+                        if !caller.is_root() {
+                            return Err(AgentError::AccessDenied(format!(
+                                "uid {} may not register container {}: containers are \
+                                 registered by lodgerd's NRI plugin",
+                                caller.uid,
+                                c.label()
+                            )));
+                        }
+                    }
                     Target::Slurm(job) => {
                         // Only Slurm's prolog, run by slurmd as root, names Slurm jobs: the
                         // cgroup lodger then finds is Slurm's word, not the caller's.
@@ -187,6 +199,19 @@ impl Agent {
                 {
                     return Err(AgentError::Conflict(format!(
                         "cgroup {path} is already registered as job {}; unregister it first",
+                        other.job.id
+                    )));
+                }
+            }
+            Target::Container(c) => {
+                if let Some(other) =
+                    self.state.jobs.values().find(
+                        |s| matches!(&s.job.spec.target, Target::Container(o) if o.id == c.id),
+                    )
+                {
+                    return Err(AgentError::Conflict(format!(
+                        "container {} is already registered as job {}",
+                        c.label(),
                         other.job.id
                     )));
                 }
@@ -323,7 +348,12 @@ impl Agent {
             }
         };
         let job = Job {
-            state: JobState::Running,
+            // A container registered at its creation waits for the runtime to start it.
+            state: match outcome.waiting {
+                Some(_) => JobState::Pending,
+                None => JobState::Running,
+            },
+            last_error: outcome.waiting.clone(),
             cpus: placement.cpus.clone(),
             mems: placement.mems.clone(),
             pids: outcome.pids.clone(),

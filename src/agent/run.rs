@@ -296,6 +296,7 @@ fn describe(spec: &crate::job::JobSpec, owner: Option<u32>) -> String {
         crate::job::Target::Pids(p) => format!("pids {p:?}"),
         crate::job::Target::Cgroup(c) => format!("cgroup {c}"),
         crate::job::Target::Slurm(j) => format!("Slurm job {}", j.job_id),
+        crate::job::Target::Container(c) => format!("container {} ({})", c.label(), c.id),
         crate::job::Target::Instances => {
             let argv = spec
                 .inference

@@ -56,7 +56,7 @@ impl Enforce for FakeEnforcer {
                 .copied()
                 .filter(|p| node.alive.contains(p))
                 .collect(),
-            Target::Cgroup(_) | Target::Instances => vec![1],
+            Target::Cgroup(_) | Target::Container(_) | Target::Instances => vec![1],
             Target::Slurm(j) if node.slurm.contains_key(&j.job_id) => vec![1],
             Target::Slurm(_) => Vec::new(),
         };

@@ -52,7 +52,12 @@ pub fn render(snap: &Snapshot) -> String {
         "job_cpus",
         "CPUs held by the job (its cpuset)",
         jobs.iter()
-            .map(|j| (job_labels(j.id.as_str(), &j.spec.name), j.cpus.len() as f64))
+            .map(|j| {
+                (
+                    job_labels(j.id.as_str(), &j.spec.label()),
+                    j.cpus.len() as f64,
+                )
+            })
             .collect(),
     );
     b.family(
@@ -61,7 +66,7 @@ pub fn render(snap: &Snapshot) -> String {
         jobs.iter()
             .map(|j| {
                 (
-                    job_labels(j.id.as_str(), &j.spec.name),
+                    job_labels(j.id.as_str(), &j.spec.label()),
                     f64::from(j.threads),
                 )
             })
@@ -73,7 +78,7 @@ pub fn render(snap: &Snapshot) -> String {
         jobs.iter()
             .map(|j| {
                 (
-                    job_labels(j.id.as_str(), &j.spec.name),
+                    job_labels(j.id.as_str(), &j.spec.label()),
                     f64::from(j.rr_threads),
                 )
             })
@@ -81,7 +86,12 @@ pub fn render(snap: &Snapshot) -> String {
     );
     let rt_jobs = |f: fn(&crate::job::RtStanding) -> f64| -> Vec<(Labels, f64)> {
         jobs.iter()
-            .filter_map(|j| Some((job_labels(j.id.as_str(), &j.spec.name), f(j.rt.as_ref()?))))
+            .filter_map(|j| {
+                Some((
+                    job_labels(j.id.as_str(), &j.spec.label()),
+                    f(j.rt.as_ref()?),
+                ))
+            })
             .collect()
     };
     b.family(
@@ -109,7 +119,7 @@ pub fn render(snap: &Snapshot) -> String {
         jobs.iter()
             .filter_map(|j| {
                 let m = snap.observations.jobs.get(&j.id)?;
-                Some((job_labels(j.id.as_str(), &j.spec.name), f(m)?))
+                Some((job_labels(j.id.as_str(), &j.spec.label()), f(m)?))
             })
             .collect()
     };
@@ -151,7 +161,7 @@ pub fn render(snap: &Snapshot) -> String {
             .filter_map(|j| Some((j, snap.observations.jobs.get(&j.id)?)))
             .flat_map(|(j, m)| {
                 m.membw_domains.iter().map(move |(domain, v)| {
-                    let mut labels = job_labels(j.id.as_str(), &j.spec.name);
+                    let mut labels = job_labels(j.id.as_str(), &j.spec.label());
                     labels.push(("domain", domain.to_string()));
                     (labels, *v)
                 })
@@ -291,7 +301,7 @@ pub fn render(snap: &Snapshot) -> String {
             for j in jobs.iter() {
                 if let Some(v) = value(j).filter(|v| v.is_finite() && *v >= 0.0) {
                     family
-                        .get_or_create(&job_labels(j.id.as_str(), &j.spec.name))
+                        .get_or_create(&job_labels(j.id.as_str(), &j.spec.label()))
                         .inc_by(v);
                 }
             }

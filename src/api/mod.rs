@@ -5,6 +5,7 @@
 
 pub mod error;
 pub mod metrics;
+pub mod nri;
 pub mod proxy;
 pub mod spec;
 

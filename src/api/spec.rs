@@ -415,16 +415,18 @@ pub fn job_to_dict(job: &Job, sched: &SchedLabels) -> HashMap<String, Value<'sta
         d.insert(k.to_string(), v);
     };
     put("id", Value::from(job.id.to_string()));
-    put(
-        "name",
-        Value::from(job.spec.name.clone().unwrap_or_default()),
-    );
+    put("name", Value::from(job.spec.label().unwrap_or_default()));
     put("kind", Value::from(job.spec.kind.as_str().to_string()));
     put("state", Value::from(job.state.as_str().to_string()));
     match &job.spec.target {
         Target::Pids(p) => put("registered_pids", Value::from(p.clone())),
         Target::Cgroup(c) => put("cgroup", Value::from(c.clone())),
         Target::Slurm(j) => put("slurm_job", Value::from(j.job_id)),
+        Target::Container(c) => {
+            put("container", Value::from(c.id.clone()));
+            put("pod", Value::from(c.label()));
+            put("cgroup", Value::from(c.cgroup.clone()));
+        }
         Target::Instances => {}
     }
     put("pids", Value::from(job.pids.clone()));

@@ -9,7 +9,7 @@
 //! `Config::check_gpu_overrides`.
 //!
 //! One file per section: `node`, `training`, `cgroup`, `daemon` (`[agent]`, `[api]`, `[log]`,
-//! `[metrics]`), `sense`, `inference`, `rightsize`, `contention`, `network`, `batch`, `slurm`; each holds the
+//! `[metrics]`), `sense`, `inference`, `rightsize`, `contention`, `network`, `batch`, `slurm`, `kubernetes`; each holds the
 //! section's public type, its defaults, its `Raw*` form and its check. `value` holds the checks
 //! they share, `error` the errors and how parser messages become them. Everything public is
 //! re-exported here: `lodger::config::X` is the one path.
@@ -29,6 +29,7 @@ mod contention;
 mod daemon;
 mod error;
 mod inference;
+mod kubernetes;
 mod network;
 mod node;
 mod reload;
@@ -49,6 +50,7 @@ pub use daemon::{
 };
 pub use error::{ConfigError, Location};
 pub use inference::InferenceConfig;
+pub use kubernetes::{GpuContainers, KubernetesConfig};
 pub use network::{NetSteering, NetworkSection};
 pub use node::{GpuOverride, NodeConfig, ReservedCpus};
 pub use reload::{reload, Reload};
@@ -66,6 +68,7 @@ use cgroup::RawCgroup;
 use contention::RawContention;
 use daemon::{RawAgent, RawApi, RawLog, RawMetrics};
 use inference::RawInference;
+use kubernetes::RawKubernetes;
 use network::RawNetwork;
 use node::RawNode;
 use rightsize::RawRightsize;
@@ -94,6 +97,7 @@ pub struct Config {
     pub network: NetworkSection,
     pub batch: BatchConfig,
     pub slurm: SlurmConfig,
+    pub kubernetes: KubernetesConfig,
     /// Where each value came from, so later checks can point at the line.
     #[serde(skip)]
     source: Source,
@@ -118,6 +122,7 @@ impl PartialEq for Config {
             network,
             batch,
             slurm,
+            kubernetes,
             source: _,
         } = self;
         *node == other.node
@@ -134,6 +139,7 @@ impl PartialEq for Config {
             && *network == other.network
             && *batch == other.batch
             && *slurm == other.slurm
+            && *kubernetes == other.kubernetes
     }
 }
 
@@ -220,6 +226,7 @@ struct RawConfig {
     network: Option<RawNetwork>,
     batch: Option<RawBatch>,
     slurm: Option<RawSlurm>,
+    kubernetes: Option<RawKubernetes>,
 }
 
 /// The file being checked.
@@ -282,6 +289,7 @@ impl Cx<'_> {
         let network = self.network(raw.network)?;
         let batch = self.batch(raw.batch)?;
         let slurm = self.slurm(raw.slurm)?;
+        let kubernetes = self.kubernetes(raw.kubernetes)?;
         Ok(Config {
             node,
             training,
@@ -297,6 +305,7 @@ impl Cx<'_> {
             network,
             batch,
             slurm,
+            kubernetes,
             source: Source {
                 path: Some(self.path.to_path_buf()),
                 lines: self.lines,

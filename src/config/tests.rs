@@ -357,12 +357,12 @@ fn bad_input_names_file_line_and_key() {
         (
             "foo = 1\n",
             "/etc/lodger/lodger.toml:1: unknown key 'foo' at the top level; expected one of \
-             node, training, agent, api, cgroup, log, sense, metrics, inference, rightsize, contention, network, batch, slurm",
+             node, training, agent, api, cgroup, log, sense, metrics, inference, rightsize, contention, network, batch, slurm, kubernetes",
         ),
         (
             "[agent]\ninterval_ms = 100\n\n[agnet]\n",
             "/etc/lodger/lodger.toml:4: unknown key 'agnet' at the top level; expected one \
-             of node, training, agent, api, cgroup, log, sense, metrics, inference, rightsize, contention, network, batch, slurm",
+             of node, training, agent, api, cgroup, log, sense, metrics, inference, rightsize, contention, network, batch, slurm, kubernetes",
         ),
         (
             "[agent]\nstate_dir = \"/x\"\nintervall = 5\n",

@@ -430,6 +430,17 @@ fn serve(
                 }
             });
         }
+        if config.kubernetes.nri {
+            let sched = api::nri::TrainingSched {
+                rr_priority: (config.training.policy == crate::config::TrainingPolicy::Rr)
+                    .then_some(config.training.rt_priority),
+            };
+            tokio::spawn(api::nri::run(
+                handle.clone(),
+                config.kubernetes.clone(),
+                sched,
+            ));
+        }
         if let Some(period) = sd_notify::watchdog_enabled() {
             tokio::spawn(watchdog(handle.clone(), period, config.interval()));
         }

@@ -37,7 +37,9 @@ impl SimulatedEnforcer {
                 }
                 out.alive = !out.pids.is_empty();
             }
-            Target::Cgroup(_) | Target::Slurm(_) | Target::Instances => out.alive = true,
+            Target::Cgroup(_) | Target::Slurm(_) | Target::Container(_) | Target::Instances => {
+                out.alive = true
+            }
         }
         out.rr_threads = out.threads;
         Ok(out)

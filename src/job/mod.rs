@@ -132,6 +132,38 @@ pub enum Target {
     /// it appears and pins its threads by CPU affinity inside the cpuset Slurm gave it, never
     /// writing Slurm's cgroup files.
     Slurm(SlurmJob),
+    /// A container a Kubernetes runtime is creating, registered by lodger's NRI plugin before
+    /// the container exists (docs/kubernetes.md): placed at once, so the runtime creates it on
+    /// that cpuset, then kept there as a `Cgroup` target once its cgroup appears.
+    Container(ContainerJob),
+}
+
+/// Which container: what the NRI plugin was told of it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContainerJob {
+    /// The runtime's container id.
+    pub id: String,
+    /// Its pod, as `namespace/name`.
+    pub pod: String,
+    /// The container's name in its pod.
+    pub name: String,
+    /// Its cgroup relative to the hierarchy root, where the runtime creates it.
+    pub cgroup: String,
+}
+
+impl ContainerJob {
+    /// `namespace/pod/container`: how list, show, the metrics and the audit log name it.
+    pub fn label(&self) -> String {
+        format!("{}/{}", self.pod, self.name)
+    }
+}
+
+/// Whether `path` can name a cgroup lodger acts on: absolute, not the root, no `..` or `.`.
+fn valid_cgroup_path(path: &str) -> bool {
+    path.starts_with('/')
+        && !path.trim_matches('/').is_empty()
+        && !path.split('/').any(|c| c == ".." || c == ".")
+        && !path.contains('\0')
 }
 
 /// Which Slurm job: what lodger needs to find its cgroup (`[slurm] cgroup_paths`).
@@ -222,6 +254,37 @@ pub struct JobSpec {
     pub memory_max: Option<u64>,
 }
 
+impl JobSpec {
+    /// A job of `kind` on `target` asking for `cores`, with every other choice at its default
+    /// (no name, no GPU, category other, right-sized, not exclusive).
+    pub fn new(kind: JobKind, target: Target, cores: u32) -> Self {
+        Self {
+            kind,
+            name: None,
+            target,
+            gpus: Vec::new(),
+            cores,
+            category: Category::Other,
+            pipeline: false,
+            multi_node: false,
+            inference: None,
+            rightsize: true,
+            exclusive: false,
+            memory_max: None,
+        }
+    }
+
+    /// The name list, show and the metrics give the job: its own, or a container's
+    /// `namespace/pod/container` (docs/kubernetes.md).
+    pub fn label(&self) -> Option<String> {
+        match (&self.name, &self.target) {
+            (Some(name), _) => Some(name.clone()),
+            (None, Target::Container(c)) => Some(c.label()),
+            (None, _) => None,
+        }
+    }
+}
+
 fn yes() -> bool {
     true
 }
@@ -242,6 +305,8 @@ pub enum SpecError {
     TooManyPids(usize),
     #[error("cgroup path '{0}' must be absolute within the hierarchy (start with /), must not be the root and must not contain '..'")]
     BadCgroup(String),
+    #[error("container {0:?} has an empty or overlong id, pod or name")]
+    BadContainer(String),
     #[error("cores must be at least 1 (got {0})")]
     ZeroCores(u32),
     #[error(
@@ -303,12 +368,19 @@ impl JobSpec {
                 }
             }
             Target::Cgroup(path) => {
-                if !path.starts_with('/')
-                    || path.trim_matches('/').is_empty()
-                    || path.split('/').any(|c| c == ".." || c == ".")
-                    || path.contains('\0')
-                {
+                if !valid_cgroup_path(path) {
                     return Err(SpecError::BadCgroup(path.clone()));
+                }
+            }
+            Target::Container(c) => {
+                if !valid_cgroup_path(&c.cgroup) {
+                    return Err(SpecError::BadCgroup(c.cgroup.clone()));
+                }
+                let printable = |s: &str, max: usize| {
+                    !s.is_empty() && s.len() <= max && !s.chars().any(char::is_control)
+                };
+                if !printable(&c.id, 128) || !printable(&c.pod, 320) || !printable(&c.name, 253) {
+                    return Err(SpecError::BadContainer(c.label()));
                 }
             }
             Target::Slurm(job) => {
@@ -528,18 +600,8 @@ mod tests {
 
     fn spec(target: Target) -> JobSpec {
         JobSpec {
-            kind: JobKind::Training,
-            name: None,
-            target,
             gpus: vec![0],
-            cores: 2,
-            category: Category::Other,
-            pipeline: false,
-            multi_node: false,
-            inference: None,
-            rightsize: true,
-            exclusive: false,
-            memory_max: None,
+            ..JobSpec::new(JobKind::Training, target, 2)
         }
     }
 

@@ -539,6 +539,15 @@ pub fn cpuset_cgroup_of(pid: u32) -> Option<String> {
     })
 }
 
+/// The file at the hierarchy root that lists the node's memory nodes (what a new cpuset
+/// cgroup's `cpuset.mems` is set to).
+pub fn mems_file() -> &'static str {
+    match host_cgroup() {
+        HostCgroup::V2 => "cpuset.mems.effective",
+        _ => "cpuset.mems",
+    }
+}
+
 /// The directory of cgroup `rel` in this host's cpuset hierarchy.
 pub fn cgroup_path(rel: &str) -> PathBuf {
     cpuset_root().join(rel.trim_start_matches('/'))

@@ -344,7 +344,14 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                     ("Threads", "threads"),
                     ("RR threads", "rr_threads"),
                 ];
-                if d.contains_key("cgroup") {
+                if d.contains_key("pod") {
+                    // Registered by the runtime through NRI (docs/kubernetes.md).
+                    keys.extend([
+                        ("Pod", "pod"),
+                        ("Container", "container"),
+                        ("Cgroup", "cgroup"),
+                    ]);
+                } else if d.contains_key("cgroup") {
                     keys.push(("Cgroup", "cgroup"));
                 } else if d.contains_key("slurm_job") {
                     keys.push(("Slurm job", "slurm_job"));

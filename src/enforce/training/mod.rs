@@ -220,6 +220,36 @@ impl Enforcer {
                 }
                 self.apply_cgroup(path, cpus, mems, cgroup_rec, s, &mut rr, &mut out)
             }
+            Target::Container(c) => {
+                if pid_rec.is_some() {
+                    return Err(mismatch(id, "pids", "container"));
+                }
+                if cgroup_rec.is_none()
+                    && !self
+                        .cpusets
+                        .exists(&crate::sys::cgroupfs::normalize(&c.cgroup)?)
+                {
+                    // Registered at creation (docs/kubernetes.md): the runtime makes the
+                    // cgroup, on the cpuset lodger gave it, when it starts the container.
+                    out.alive = true;
+                    out.waiting = Some(format!(
+                        "waiting for the runtime to start container {}",
+                        c.label()
+                    ));
+                    Ok(())
+                } else {
+                    let applied =
+                        self.apply_cgroup(&c.cgroup, cpus, mems, cgroup_rec, s, &mut rr, &mut out);
+                    if applied.is_ok() && !out.alive {
+                        // Made but not started, or between its processes: a container's end
+                        // is its cgroup's removal (or the runtime's stop event), not a pause.
+                        out.alive = true;
+                        out.waiting =
+                            Some(format!("container {} has no process running", c.label()));
+                    }
+                    applied
+                }
+            }
             Target::Instances => return Err(EnforceError::NotPinned),
             Target::Slurm(job) => self.apply_slurm(job, cpus, slurm_rec, s, &mut rr, &mut out),
             Target::Pids(roots) => {
