@@ -8,6 +8,15 @@
 #   sudo tests/e2e/run-vm.sh                the whole test
 #   sudo tests/e2e/run-vm.sh --cargo-tests  instead, every root cargo test in the VM (below)
 #   sudo tests/e2e/run-vm.sh --image-only   only build (or find) the cached guest image
+#   sudo tests/e2e/run-vm.sh --kubernetes   instead, lodger as an NRI plugin of a real containerd
+#                                           (tests/e2e/kube.sh; a Debian 13 guest, below)
+#
+# --kubernetes: a Debian 13 guest (LODGER_E2E_KUBE_SUITE, default trixie: Debian 12's containerd
+# 1.6 has no NRI) with containerd 1.7 and runc from Debian, 4 vCPUs; the package installed, NRI
+# enabled in containerd's config, pods and containers created through the CRI by
+# tests/e2e/cri.py (no kubelet, no crictl, host networking so no CNI), images built in the guest
+# from its own binaries. The mirror is the one this host's apt uses for the suite, else for the
+# host's own release (one archive serves both).
 #
 # --cargo-tests: the suite's second shape. The same image booted with 4 vCPUs (one node, no
 # SMT) runs every test binary `cargo test` runs (lib and bin unit tests, tests/*.rs; not the
@@ -50,11 +59,13 @@ cd "$(dirname "$0")/../.."
 repo=$(pwd)
 mode=${1:-packaged}
 case $mode in
-packaged | --cargo-tests | --image-only) ;;
-*) echo "usage: $0 [--cargo-tests | --image-only]" >&2; exit 2 ;;
+packaged | --cargo-tests | --image-only | --kubernetes) ;;
+*) echo "usage: $0 [--cargo-tests | --image-only | --kubernetes]" >&2; exit 2 ;;
 esac
 
-suite=${LODGER_E2E_SUITE:-bookworm}
+if [ "$mode" = --kubernetes ]; then suite=${LODGER_E2E_KUBE_SUITE:-trixie}; else
+    suite=${LODGER_E2E_SUITE:-bookworm}
+fi
 cache=${LODGER_E2E_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/lodger-e2e}
 # The cargo tests take about 15 minutes under emulation on 2 host CPUs, 20 when the host is busy.
 if [ "$mode" = --cargo-tests ]; then vm_timeout=${LODGER_E2E_TIMEOUT:-2400}; else
@@ -108,6 +119,11 @@ mirror_from_apt_sources() {
         awk -v suite="$suite" '$1 == "deb" && $3 == suite { print $2 }' || true
 }
 mirror=${LODGER_E2E_MIRROR:-$(mirror_from_apt_sources | head -n 1 || true)}
+if [ -z "$mirror" ]; then
+    # Another release of the same archive (a Debian 13 guest on a Debian 12 host).
+    mirror=$(suite=$(. /etc/os-release && echo "${VERSION_CODENAME:-}") mirror_from_apt_sources |
+        head -n 1 || true)
+fi
 
 # --- tools ---
 need=()
@@ -152,6 +168,12 @@ fi
 # Python instance client, cc for the fake NVML library, the recorded sysfs trees' archives.
 # munge,slurmctld,slurmd,slurm-client: a real Slurm for the prolog/epilog checks (slurm.sh).
 packages=systemd,systemd-sysv,dbus,udev,kmod,linux-image-amd64,initramfs-tools,procps,iproute2,nftables,man-db,python3,gcc,libc6-dev,bzip2,munge,slurmctld,slurmd,slurm-client
+# --kubernetes: containerd and runc (the runtime under test), python3-grpcio (cri.py's gRPC),
+# busybox-static (the images' userland); libre2-11 provides the virtual package python3-grpcio
+# depends on, which debootstrap does not resolve.
+if [ "$mode" = --kubernetes ]; then
+    packages=systemd,systemd-sysv,dbus,udev,kmod,linux-image-amd64,initramfs-tools,procps,iproute2,nftables,python3,containerd,runc,python3-grpcio,libre2-11,busybox-static
+fi
 runner_unit='[Unit]
 Description=lodger end-to-end test (driven by tests/e2e/run-vm.sh on the host)
 After=multi-user.target
@@ -286,6 +308,17 @@ echo "$repo" >"$run/share/repo"
 cp tests/e2e/guest-cargo.sh "$run/share/guest.sh"
 smp_args=(-smp 4 -m 2048)
 shape="4 vCPUs: one socket, 4 cores, one NUMA node"
+elif [ "$mode" = --kubernetes ]; then
+say "building the package and the training emulator"
+deb=$(scripts/package | head -n 1)
+cargo build --release --locked --quiet --example train_emulator
+run="$target/e2e-kube-run"
+rm -rf "$run"
+mkdir -p "$run/share"
+cp "$deb" "$target/release/examples/train_emulator" tests/e2e/lib.sh tests/e2e/cri.py "$run/share/"
+cp tests/e2e/kube.sh "$run/share/guest.sh"
+smp_args=(-smp 4 -m 2048)
+shape="4 vCPUs: one socket, 4 cores, one NUMA node"
 else
 # --- what the guest gets: the packages, the workload, the checks ---
 say "building the packages and the training emulator"
@@ -303,7 +336,7 @@ dpkg-deb --root-owner-group -b "$run/upgrade" "$run/share/upgrade/" >/dev/null
 rm -rf "$run/upgrade"
 [ "${LODGER_E2E_STOP_AFTER_SLURM:-}" != 1 ] || touch "$run/share/stop-after-slurm"
 cp "$target/release/examples/train_emulator" "$target/release/examples/membw_hog" \
-    tests/e2e/guest.sh tests/e2e/trust.sh tests/e2e/slurm.sh "$run/share/"
+    tests/e2e/guest.sh tests/e2e/lib.sh tests/e2e/trust.sh tests/e2e/slurm.sh "$run/share/"
 smp_args=(-m 2048 -smp 16,sockets=2,cores=4,threads=2
     -object memory-backend-ram,id=mem0,size=1024M
     -object memory-backend-ram,id=mem1,size=1024M

@@ -18,8 +18,8 @@ use crate::agent::{AgentHandle, Caller};
 use crate::config::KubernetesConfig;
 use crate::job::{Job, JobKind, Target};
 
-/// The events lodger subscribes to: one bit per event, bit `event - 1` (NRI's mask; runtimes
-/// of NRI v0.6 to v0.8 refuse bits above `STOP_CONTAINER`'s neighbour `REMOVE_CONTAINER`).
+/// The events lodger subscribes to: one bit per event, bit `event - 1` (NRI's mask). Runtimes
+/// of NRI v0.6 to v0.8 refuse a plugin asking for any bit above `REMOVE_CONTAINER`'s (0x7ff).
 pub fn events() -> i32 {
     [
         Event::CREATE_CONTAINER,
