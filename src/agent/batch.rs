@@ -1,8 +1,10 @@
 //! Batch jobs (a user's CPU-only work lodger did not start: data preparation, feature
 //! extraction; SODA §V-E's noisy neighbours): placed each tick on the cores training and online
 //! inference leave, inside a Slurm job's own cpuset, cut when contention control halves their
-//! cores, their threads SCHED_OTHER or SCHED_BATCH through a second enforcer. Touches
-//! enforcement (through [`Enforce`]) and the jobs lent by the tick.
+//! cores, their threads SCHED_OTHER or SCHED_BATCH through a second enforcer. Inference
+//! containers (Kubernetes pods that are their own instance) go through the same enforcer, on the
+//! CPUs the inference plan gives them. Touches enforcement (through [`Enforce`]) and the jobs
+//! lent by the tick.
 
 use super::training::{
     reap, record_outcome, release_quietly, same_but_thread_counts, Enforce, Gone,
@@ -13,7 +15,9 @@ use crate::enforce::network::node::CpuJob;
 use crate::job::{JobId, JobKind, JobState, Target};
 use crate::policy::batch::{self, BatchJobView};
 use crate::policy::contention::Throttles;
-use crate::policy::inference::training_cpus;
+use crate::policy::inference::{training_cpus, InferencePlan};
+use crate::policy::Placement;
+use crate::store::StoredJob;
 
 /// Keeps batch jobs on the leftover cores, in their class.
 pub(super) struct Batch {
@@ -98,18 +102,49 @@ impl Batch {
                 }
                 (None, None) => {}
             }
-            if *stored != before {
-                dirty |= !same_but_thread_counts(stored, &before);
-                if stored.job.state != before.job.state {
-                    cx.events
-                        .push(Event::JobChanged(id.clone(), stored.job.state));
+            dirty |= settle(stored, &before, &mut cx.events);
+        }
+        // Inference containers (docs/kubernetes.md): the pod is the instance, on the CPUs the
+        // inference plan gives it, in the class of the jobs lodger did not start.
+        let containers: Vec<JobId> = cx
+            .state
+            .jobs
+            .values()
+            .filter(|s| {
+                s.job.spec.kind.is_inference() && matches!(s.job.spec.target, Target::Container(_))
+            })
+            .map(|s| s.job.id.clone())
+            .collect();
+        for id in containers {
+            let placed = container_placement(&cx.state.inference, &id);
+            let shortfall = cx.state.inference.shortfall.get(&id).map(|s| s.to_string());
+            let Some(stored) = cx.state.jobs.get_mut(&id) else {
+                continue;
+            };
+            let before = stored.clone();
+            if let Some(p) = placed {
+                stored.job.cpus = p.cpus.clone();
+                stored.job.mems = p.mems.clone();
+                let result =
+                    self.enforcer
+                        .apply(&id, &stored.job.spec.target, &p, &mut stored.record);
+                if let Some(why) = record_outcome(stored, &id, result, true) {
+                    gone.push((id.clone(), why));
                 }
+            } else {
+                stored.job.state = JobState::Pending;
+                stored.job.last_error = Some(format!(
+                    "not placed: {}",
+                    shortfall.unwrap_or_else(|| "no CPU is free for it".into())
+                ));
             }
+            dirty |= settle(stored, &before, &mut cx.events);
         }
         (dirty, gone)
     }
 
-    /// Forgets the batch jobs that ended and gives their processes back. Returns whether any was.
+    /// Forgets the batch jobs (and inference containers) that ended and gives their processes
+    /// back. Returns whether any was.
     pub(super) fn reap(&mut self, cx: &mut TickCx<'_>, gone: Gone) -> bool {
         reap(&mut *self.enforcer, cx, gone)
     }
@@ -123,12 +158,17 @@ impl Batch {
         release_quietly(&mut *self.enforcer, id, target, record);
     }
 
-    /// Batch jobs' processes for network shaping: their traffic goes in the CPU jobs' class.
+    /// Batch jobs' and inference containers' processes for network shaping: their traffic goes
+    /// in the CPU jobs' class.
     pub(super) fn cpu_jobs(cx: &TickCx<'_>) -> Vec<CpuJob> {
         cx.state
             .jobs
             .values()
-            .filter(|s| s.job.spec.kind == JobKind::Batch)
+            .filter(|s| {
+                s.job.spec.kind == JobKind::Batch
+                    || (s.job.spec.kind.is_inference()
+                        && matches!(s.job.spec.target, Target::Container(_)))
+            })
             .map(|s| CpuJob {
                 job: s.job.id.clone(),
                 pids: s.job.pids.clone(),
@@ -152,4 +192,28 @@ impl Batch {
             })
             .collect()
     }
+}
+
+/// An inference container's CPUs and memory nodes: its instances' in the inference plan (one
+/// online instance, or one offline instance per CPU); `None` when the plan gives it none.
+fn container_placement(plan: &InferencePlan, id: &JobId) -> Option<Placement> {
+    let instances = plan.online.get(id).or_else(|| plan.offline.get(id))?;
+    let cpus = instances
+        .values()
+        .fold(CpuSet::new(), |acc, i| acc.union(&i.cpus));
+    let mems = instances
+        .values()
+        .fold(CpuSet::new(), |acc, i| acc.union(&i.mems));
+    (!cpus.is_empty()).then_some(Placement { cpus, mems })
+}
+
+/// Whether what changed on a job this pass is worth a write, raising its state change.
+fn settle(stored: &StoredJob, before: &StoredJob, events: &mut Vec<Event>) -> bool {
+    if stored == before {
+        return false;
+    }
+    if stored.job.state != before.job.state {
+        events.push(Event::JobChanged(stored.job.id.clone(), stored.job.state));
+    }
+    !same_but_thread_counts(stored, before)
 }

@@ -13,9 +13,9 @@ use crate::cpuset::CpuSet;
 use crate::enforce::instances::unit::{PARENT_SLICE, SLICE};
 use crate::enforce::instances::{Identity, InstanceSpec, InstanceState, InstanceStats, Instances};
 use crate::enforce::network::node::{procs_of, CpuJob};
-use crate::job::{InstanceView, JobId, JobKind, JobState};
+use crate::job::{InstanceView, JobId, JobKind, JobState, Target};
 use crate::policy::contention::Throttles;
-use crate::policy::inference::{self, OfflineJobView, OnlineJobView};
+use crate::policy::inference::{self, LayoutConfig, OfflineJobView, OnlineJobView};
 use crate::store::State;
 
 /// The instance runner and the online jobs' layout searches.
@@ -117,20 +117,50 @@ impl Inference {
             .difference(&closed)
             .difference(&training);
         let stats = self.runner.stats();
-        let ids: Vec<(JobId, JobKind)> = cx
+        let ids: Vec<(JobId, JobKind, Option<u32>)> = cx
             .state
             .jobs
             .values()
             .filter(|s| s.job.spec.kind.is_inference())
-            .map(|s| (s.job.id.clone(), s.job.spec.kind))
+            .map(|s| {
+                let container = matches!(s.job.spec.target, Target::Container(_));
+                (
+                    s.job.id.clone(),
+                    s.job.spec.kind,
+                    container.then_some(s.job.spec.cores),
+                )
+            })
             .collect();
         let mut online = Vec::new();
         let mut offline = Vec::new();
         let mut free = u32::try_from(usable.len()).unwrap_or(u32::MAX);
-        for (id, kind) in &ids {
-            if *kind == JobKind::Online {
+        for (id, kind, container) in &ids {
+            let throttled = throttles.cores.get(id).copied();
+            if let Some(cores) = *container {
+                // A container is one instance of the size its pod asks for (docs/kubernetes.md):
+                // no layout search, nothing started; a throttle narrows it.
+                let cores = throttled.map_or(cores, |cut| cores.min(cut.max(1)));
+                if *kind == JobKind::Online {
+                    let layout = LayoutConfig {
+                        cores_per_instance: cores,
+                        instances: 1,
+                        batch: 1,
+                    };
+                    free = free.saturating_sub(layout.cpus());
+                    online.push(OnlineJobView {
+                        id: id.clone(),
+                        layout,
+                    });
+                } else {
+                    offline.push(OfflineJobView {
+                        id: id.clone(),
+                        batch: 1,
+                        max_instances: (cores > 0).then_some(cores),
+                    });
+                }
+            } else if *kind == JobKind::Online {
                 if let Some(mut layout) = self.online_layout(cx, id, free, &stats) {
-                    if let Some(cores) = throttles.cores.get(id).copied() {
+                    if let Some(cores) = throttled {
                         let per = layout.cores_per_instance.max(1);
                         layout.instances = layout.instances.min((cores / per).max(1));
                     }
@@ -147,7 +177,6 @@ impl Inference {
                 .and_then(|s| s.job.spec.inference.as_ref())
             {
                 // SODA §V-E without MBA: a throttled job runs on fewer cores.
-                let throttled = throttles.cores.get(id).copied();
                 let max_instances = match (inf.max_instances, throttled) {
                     (Some(a), Some(b)) => Some(a.min(b)),
                     (a, b) => a.or(b),
@@ -196,6 +225,8 @@ impl Inference {
             .jobs
             .values()
             .filter(|s| s.job.spec.kind.is_inference())
+            // Containers are shown where they are enforced (`agent::batch`).
+            .filter(|s| !matches!(s.job.spec.target, Target::Container(_)))
             .map(|s| s.job.id.clone())
             .collect();
         for id in &ids {

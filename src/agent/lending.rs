@@ -1,5 +1,6 @@
-//! Lent CPU time (issue 19): each tick, the CPU time every inference instance used since the last
-//! (utime + stime of its process, `/proc/PID/stat`) is charged to its job and, where its CPUs are
+//! Lent CPU time (issue 19): each tick, the CPU time every inference instance (and inference
+//! container's process) used since the last (utime + stime, `/proc/PID/stat`) is charged to its
+//! job and, where its CPUs are
 //! a training job's, to that training job as lent time; the training jobs' cores' idle time comes
 //! from `/proc/stat`. Kept in each job's [`CpuAccount`] (persisted with the state). Batch jobs
 //! never run on training cores and online instances never do: what is lent is offline
@@ -11,7 +12,7 @@ use std::path::Path;
 use super::TickCx;
 use crate::cpuset::CpuSet;
 use crate::enforce::instances::InstanceStats;
-use crate::job::JobId;
+use crate::job::{JobId, Target};
 use crate::sense::cpu::{parse_pid_stat, CpuReader, CpuTimes};
 
 /// How often lent time alone is worth a write of the state file.
@@ -74,13 +75,30 @@ impl Lending {
         }
     }
 
-    /// Charges this tick's CPU time. Returns whether the state file should be written for it
-    /// (at most once a minute: a killed lodgerd loses at most that much).
+    /// Charges this tick's CPU time: the instances' (`stats`) and the inference containers'
+    /// processes (their jobs' last seen pids, on their jobs' CPUs). Returns whether the state
+    /// file should be written for it (at most once a minute: a killed lodgerd loses at most that
+    /// much).
     pub(super) fn tick(&mut self, cx: &mut TickCx<'_>, stats: &[InstanceStats]) -> bool {
         let mut used = Vec::new();
         let mut seen = BTreeMap::new();
-        for st in stats {
-            let Some(pid) = st.pid else { continue };
+        let instances = stats
+            .iter()
+            .filter_map(|st| Some((st.pid?, &st.job, &st.cpus)));
+        let containers = cx
+            .state
+            .jobs
+            .values()
+            .filter(|s| {
+                s.job.spec.kind.is_inference() && matches!(s.job.spec.target, Target::Container(_))
+            })
+            .flat_map(|s| {
+                s.job
+                    .pids
+                    .iter()
+                    .map(move |&pid| (pid, &s.job.id, &s.job.cpus))
+            });
+        for (pid, job, cpus) in instances.chain(containers) {
             let Ok(text) = std::fs::read(cx.proc_root.join(pid.to_string()).join("stat")) else {
                 continue;
             };
@@ -90,8 +108,8 @@ impl Lending {
             // A process first seen is charged from now on: what it used before is unknown.
             if let Some(&before) = self.last.get(&(pid, start)) {
                 used.push(Used {
-                    job: st.job.clone(),
-                    cpus: st.cpus.clone(),
+                    job: job.clone(),
+                    cpus: cpus.clone(),
                     ticks: ticks.saturating_sub(before),
                 });
             }

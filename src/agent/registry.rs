@@ -228,9 +228,13 @@ impl Agent {
             }
             Target::Instances => {}
         }
-        if spec.kind == JobKind::Batch && self.batch.is_none() {
+        let container_lodger =
+            spec.kind.is_inference() && matches!(spec.target, Target::Container(_));
+        if (spec.kind == JobKind::Batch || container_lodger) && self.batch.is_none() {
             return Err(AgentError::InvalidSpec(
-                "this lodgerd enforces no batch jobs (simulated enforcement)".into(),
+                "this lodgerd enforces no batch jobs or inference containers (simulated \
+                 enforcement)"
+                    .into(),
             ));
         }
         Ok(())
@@ -443,6 +447,11 @@ impl Agent {
             }
             self.state.inference.online.remove(&jid);
             self.state.inference.offline.remove(&jid);
+            if let (Target::Container(_), Some(batch)) = (&stored.job.spec.target, &mut self.batch)
+            {
+                // An inference container is enforced as batch jobs are (`agent::batch`).
+                batch.release_quietly(&jid, &stored.job.spec.target, &stored.record);
+            }
         } else if stored.job.spec.kind == JobKind::Batch {
             if let Some(batch) = &mut self.batch {
                 batch.release_quietly(&jid, &stored.job.spec.target, &stored.record);

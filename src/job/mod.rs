@@ -152,6 +152,19 @@ pub struct ContainerJob {
 }
 
 impl ContainerJob {
+    fn validate(&self) -> Result<(), SpecError> {
+        if !valid_cgroup_path(&self.cgroup) {
+            return Err(SpecError::BadCgroup(self.cgroup.clone()));
+        }
+        let printable = |s: &str, max: usize| {
+            !s.is_empty() && s.len() <= max && !s.chars().any(char::is_control)
+        };
+        if !printable(&self.id, 128) || !printable(&self.pod, 320) || !printable(&self.name, 253) {
+            return Err(SpecError::BadContainer(self.label()));
+        }
+        Ok(())
+    }
+
     /// `namespace/pod/container`: how list, show, the metrics and the audit log name it.
     pub fn label(&self) -> String {
         format!("{}/{}", self.pod, self.name)
@@ -307,6 +320,8 @@ pub enum SpecError {
     BadCgroup(String),
     #[error("container {0:?} has an empty or overlong id, pod or name")]
     BadContainer(String),
+    #[error("a container is its own inference instance: lodger starts no command for it")]
+    CommandForContainer,
     #[error("cores must be at least 1 (got {0})")]
     ZeroCores(u32),
     #[error(
@@ -372,17 +387,7 @@ impl JobSpec {
                     return Err(SpecError::BadCgroup(path.clone()));
                 }
             }
-            Target::Container(c) => {
-                if !valid_cgroup_path(&c.cgroup) {
-                    return Err(SpecError::BadCgroup(c.cgroup.clone()));
-                }
-                let printable = |s: &str, max: usize| {
-                    !s.is_empty() && s.len() <= max && !s.chars().any(char::is_control)
-                };
-                if !printable(&c.id, 128) || !printable(&c.pod, 320) || !printable(&c.name, 253) {
-                    return Err(SpecError::BadContainer(c.label()));
-                }
-            }
+            Target::Container(c) => c.validate()?,
             Target::Slurm(job) => {
                 if job.job_id == 0 {
                     return Err(SpecError::BadSlurmJob);
@@ -428,6 +433,18 @@ impl JobSpec {
 
 impl JobSpec {
     fn validate_inference(&self) -> Result<(), SpecError> {
+        if let Target::Container(c) = &self.target {
+            // The pod is the instance (docs/kubernetes.md): lodger starts nothing and searches
+            // no layout; an online container needs its CPU count, an offline one may take all.
+            c.validate()?;
+            if self.inference.is_some() {
+                return Err(SpecError::CommandForContainer);
+            }
+            if self.kind == JobKind::Online && self.cores == 0 {
+                return Err(SpecError::ZeroCores(0));
+            }
+            return Ok(());
+        }
         if self.target != Target::Instances {
             return Err(SpecError::TargetForInference {
                 kind: self.kind.as_str(),

@@ -43,10 +43,6 @@ lodger_cgroups() {
     echo "$found"
     [ -z "$found" ]
 }
-disjoint() {
-    local c
-    for c in $(expand "$1"); do [[ " $(expand "$2") " != *" $c "* ]] || return 1; done
-}
 # Starts the training emulator in a unit of its own, as a launcher would; prints its pid.
 start_training() { # unit gpu [systemd-run options...]
     local unit=$1 gpu=$2

@@ -104,6 +104,25 @@ check "the unannotated container's threads stay SCHED_OTHER" sh -c \
     "for t in /proc/$plain_pid/task/*; do awk '{ exit \$41 != 0 }' \"\$t/stat\" || exit 1; done"
 check_eq "the unannotated container has no job" "$(lodgerctl --json list | grep -c web-0)" 0
 
+phase "an online inference pod: its own instance, on leftover CPUs of its own"
+serve=$(cri run-pod serve-0 uid-serve /kubepods/pod-serve lodger.dev/kind=online lodger.dev/cores=1 \
+    2>"$share/cri.err")
+check_got "RunPodSandbox serve-0" "$serve"
+serve_ctr=$(cri create "$serve" serve-0 uid-serve /kubepods/pod-serve server docker.io/library/train:local -- \
+    /bin/train_emulator --workers 1 --gpu-step-ms 20 2>"$share/cri.err")
+check_got "CreateContainer server" "$serve_ctr"
+check "StartContainer server" cri start "$serve_ctr"
+serve_json() { lodgerctl --json list | tr '}' '\n' | grep '"name":"e2e/serve-0/server"'; }
+check "lodgerctl list: e2e/serve-0/server, running" wait_for 20 sh -c \
+    "lodgerctl --json list | tr '}' '\\n' | grep '\"name\":\"e2e/serve-0/server\"' | grep -q '\"state\":\"running\"'"
+serve_cpus=$(field "$(serve_json)" cpus)
+check_eq "its cgroup is on its one CPU" \
+    "$(cat /sys/fs/cgroup/kubepods/pod-serve/"$serve_ctr"/cpuset.cpus.effective 2>&1)" "$serve_cpus"
+check "its CPU is not training's ($serve_cpus vs $cpus)" disjoint "$serve_cpus" "$cpus"
+check "an online container's threads stay SCHED_OTHER" sh -c \
+    "pid=\$(head -n 1 /sys/fs/cgroup/kubepods/pod-serve/$serve_ctr/cgroup.procs); \
+     for t in /proc/\$pid/task/*; do awk '{ exit \$41 != 0 }' \"\$t/stat\" || exit 1; done"
+
 phase "containerd restarts"
 since=$(date +%s)
 check "systemctl restart containerd" systemctl restart containerd
@@ -118,6 +137,9 @@ check "StopContainer, RemoveContainer, StopPodSandbox, RemovePodSandbox" sh -c \
     "python3 $share/cri.py remove $ctr_id && python3 $share/cri.py stop-pod $pod && \
      python3 $share/cri.py remove-pod $pod"
 check "$job unregistered" wait_for 20 sh -c "! lodgerctl show $job"
+for c in "$serve_ctr" "$plain_ctr"; do cri stop "$c" >/dev/null 2>&1; cri remove "$c" >/dev/null 2>&1; done
+cri stop-pod "$serve" >/dev/null 2>&1
+cri remove-pod "$serve" >/dev/null 2>&1
 cri stop "$plain_ctr" >/dev/null 2>&1
 cri remove "$plain_ctr" >/dev/null 2>&1
 cri stop-pod "$plain" >/dev/null 2>&1

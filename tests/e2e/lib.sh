@@ -80,3 +80,8 @@ all_rr_on() {
     echo "$n threads SCHED_RR/$prio on $cpus"
     [ "$n" -ge 4 ]
 }
+# CPU lists $1 and $2 share no CPU.
+disjoint() {
+    local c
+    for c in $(expand "$1"); do [[ " $(expand "$2") " != *" $c "* ]] || return 1; done
+}

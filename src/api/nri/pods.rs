@@ -7,7 +7,8 @@ use super::proto::{Container, PodSandbox};
 use crate::config::{GpuContainers, KubernetesConfig};
 use crate::job::{ContainerJob, JobKind, JobSpec, Target};
 
-/// The annotation naming a job's kind: `training`, `batch`, or `none` (left alone).
+/// The annotation naming a job's kind: `training`, `online`, `offline`, `batch`, or `none` (left
+/// alone).
 pub const KIND: &str = "lodger.dev/kind";
 /// The annotation giving the logical CPUs a container asks for (else its CPU limit or request).
 pub const CORES: &str = "lodger.dev/cores";
@@ -34,16 +35,13 @@ pub fn decide(
             "none" | "leave" => return Ok(None),
             "training" => JobKind::Training,
             "batch" => JobKind::Batch,
-            "online" | "offline" => {
-                return Err(format!(
-                    "{label}: {KIND}={v} is not supported yet: lodger places inference it \
-                     starts itself (lodgerctl register {v}); the container is left alone"
-                ))
-            }
+            // The pod is the instance: placed by the inference policy, nothing started.
+            "online" => JobKind::Online,
+            "offline" => JobKind::Offline,
             other => {
                 return Err(format!(
-                    "{label}: {KIND}={other:?} is not a kind (training, batch or none); the \
-                     container is left alone"
+                    "{label}: {KIND}={other:?} is not a kind (training, online, offline, batch \
+                     or none); the container is left alone"
                 ))
             }
         },
@@ -68,8 +66,8 @@ pub fn decide(
             .filter(|&c| c > 0)
             .ok_or_else(|| format!("{label}: {CORES}={v:?} is not a CPU count of 1 or more"))?,
         None => asked_cpus(ctr).unwrap_or(match kind {
-            // A batch job with no limit takes whatever is left.
-            JobKind::Batch => 0,
+            // A batch or offline container with no limit takes whatever is left.
+            JobKind::Batch | JobKind::Offline => 0,
             _ => 1,
         }),
     };

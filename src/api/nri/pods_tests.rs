@@ -79,6 +79,16 @@ fn the_annotation_decides_and_unannotated_containers_are_left_alone() {
     own.annotations.insert(KIND.into(), "batch".into());
     let d = decided(&pod(&[]), &own).unwrap();
     assert_eq!((d.spec.kind, d.spec.cores), (JobKind::Batch, 0));
+
+    // Inference containers: the pod is the instance, nothing to start.
+    let online = decided(&pod(&[(KIND, "online"), (CORES, "2")]), &c).unwrap();
+    assert_eq!((online.spec.kind, online.spec.cores), (JobKind::Online, 2));
+    assert!(online.spec.inference.is_none());
+    let offline = decided(&pod(&[(KIND, "offline")]), &c).unwrap();
+    assert_eq!(
+        (offline.spec.kind, offline.spec.cores),
+        (JobKind::Offline, 0)
+    );
 }
 
 #[test]
@@ -86,8 +96,7 @@ fn bad_annotations_are_refused_with_what_to_write() {
     let c = container("main", CGROUPFS);
     let err =
         |ann: &[(&str, &str)]| decide(&pod(ann), &c, &KubernetesConfig::default()).unwrap_err();
-    assert!(err(&[(KIND, "gpu")]).contains("not a kind (training, batch or none)"));
-    assert!(err(&[(KIND, "online")]).contains("not supported yet"));
+    assert!(err(&[(KIND, "gpu")]).contains("not a kind (training, online, offline, batch"));
     assert!(err(&[(KIND, "training"), (CORES, "0")]).contains("lodger.dev/cores"));
     assert!(err(&[(KIND, "training"), (CORES, "many")]).contains("lodger.dev/cores"));
     let bad = container("main", "relative/path");
