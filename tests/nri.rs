@@ -427,64 +427,97 @@ impl Drop for ContainerCgroup {
     }
 }
 
+/// A root test's node: lodgerd enforcing for real on two job CPUs (`cpus`), joined by the fake
+/// runtime, configured as containerd 1.7 (no scheduler adjustment) and synchronized empty.
+/// Fields drop in order: lodgerd first, the bus and directory last.
+struct RootNode {
+    d: Daemon,
+    conn: PluginConn,
+    _runtime: FakeRuntime,
+    rt: tokio::runtime::Runtime,
+    reserved: &'static str,
+    cpus: [u32; 2],
+    /// The test's own cgroup directory for its containers.
+    root: String,
+    _bus: PrivateBus,
+    _dir: tempfile::TempDir,
+}
+
+impl RootNode {
+    fn start(test: &str) -> Option<RootNode> {
+        if !need_root(test) {
+            return None;
+        }
+        let (reserved, cpus) = two_job_cpus(test)?;
+        let bus = PrivateBus::start();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let socket = dir.path().join("nri.sock");
+        let rt = tokio::runtime::Runtime::new().expect("tokio");
+        let runtime = rt.block_on(async { FakeRuntime::listen(&socket) });
+        let d = Daemon::start(
+            &bus,
+            dir.path(),
+            DaemonOptions {
+                reserved,
+                extra: nri_config(&socket),
+                ..DaemonOptions::default()
+            },
+        );
+        let conn = rt.block_on(async {
+            let conn = runtime.accept().await;
+            configure(&conn, "containerd", "1.7.24~ds1").await;
+            synchronize(&conn, vec![], vec![]).await;
+            conn
+        });
+        Some(RootNode {
+            d,
+            conn,
+            _runtime: runtime,
+            rt,
+            reserved,
+            cpus,
+            root: unique("/lodger-nri"),
+            _bus: bus,
+            _dir: dir,
+        })
+    }
+}
+
 #[test]
 fn an_annotated_container_runs_rr_on_the_cpuset_lodger_gave_and_is_given_back() {
-    let test = "an_annotated_container_runs_rr_on_the_cpuset_lodger_gave_and_is_given_back";
-    if !need_root(test) {
-        return;
-    }
-    let Some((reserved, _)) = two_job_cpus(test) else {
+    let Some(node) = RootNode::start(
+        "an_annotated_container_runs_rr_on_the_cpuset_lodger_gave_and_is_given_back",
+    ) else {
         return;
     };
-    let bus = PrivateBus::start();
-    let dir = tempfile::tempdir().expect("tempdir");
-    let socket = dir.path().join("nri.sock");
-    let rt = tokio::runtime::Runtime::new().expect("tokio");
-    let runtime = rt.block_on(async { FakeRuntime::listen(&socket) });
-    let d = Daemon::start(
-        &bus,
-        dir.path(),
-        DaemonOptions {
-            reserved,
-            extra: nri_config(&socket),
-            ..DaemonOptions::default()
-        },
-    );
-    let root = unique("/lodger-nri");
+    let (d, rt, conn, reserved, root) = (&node.d, &node.rt, &node.conn, node.reserved, &node.root);
     let train = pod("p1", "trainer-0", &[("lodger.dev/kind", "training")]);
     let train_ctr = container("c1", &train, "main", &format!("{root}/kubepods/pod1/c1"));
     let plain = pod("p2", "web-0", &[]);
     let plain_ctr = container("c2", &plain, "nginx", &format!("{root}/kubepods/pod2/c2"));
     let all = job_cpus(reserved).to_string();
-
-    let conn = rt.block_on(async {
-        let conn = runtime.accept().await;
-        configure(&conn, "containerd", "1.7.24~ds1").await;
-        synchronize(&conn, vec![], vec![]).await;
-        conn
-    });
     let (cpus, _, _) = rt
-        .block_on(create(&conn, &train, &train_ctr))
+        .block_on(create(conn, &train, &train_ctr))
         .expect("an adjustment");
     assert!(common::cpus(&cpus).is_subset(&job_cpus(reserved)), "{cpus}");
-    assert_eq!(rt.block_on(create(&conn, &plain, &plain_ctr)), None);
+    assert_eq!(rt.block_on(create(conn, &plain, &plain_ctr)), None);
 
     // The runtime makes the cgroups as adjusted and starts the containers' processes there.
-    let train_cg = ContainerCgroup::create(&root, "kubepods/pod1/c1", &cpus);
+    let train_cg = ContainerCgroup::create(root, "kubepods/pod1/c1", &cpus);
     let plain_cg = ContainerCgroup::create(&format!("{root}-plain"), "kubepods/pod2/c2", &all);
     let trainer = Workload::train(2);
     let web = Workload::train(1);
     train_cg.attach(trainer.pid());
     plain_cg.attach(web.pid());
     rt.block_on(state_change(
-        &conn,
+        conn,
         Event::START_CONTAINER,
         &train,
         Some(&train_ctr),
     ));
 
     // The threads are changed during a pass, the job's view published at its end: wait for both.
-    let running = || jobs_by_name(&d)["ml/trainer-0/main"]["state"] == "running";
+    let running = || jobs_by_name(d)["ml/trainer-0/main"]["state"] == "running";
     if !within(WAIT, || all_rr_on(trainer.pid(), 10, &cpus) && running()) {
         panic!(
             "the trainer's threads are not SCHED_RR on {cpus}: {:?}\njob: {}\n{}",
@@ -500,44 +533,28 @@ fn an_annotated_container_runs_rr_on_the_cpuset_lodger_gave_and_is_given_back() 
         all_other(web.pid()),
         "an unannotated container is left alone"
     );
-    let job = &jobs_by_name(&d)["ml/trainer-0/main"];
+    let job = &jobs_by_name(d)["ml/trainer-0/main"];
     assert_eq!(job["state"], "running", "{job}");
     assert_eq!(job["pids"], serde_json::json!([trainer.pid()]), "{job}");
 
     // Stopped: its threads are given back.
-    rt.block_on(stop(&conn, &train, &train_ctr));
+    rt.block_on(stop(conn, &train, &train_ctr));
     wait_until(WAIT, "the trainer's threads back to SCHED_OTHER", || {
         all_other(trainer.pid())
     });
-    assert!(!jobs_by_name(&d).contains_key("ml/trainer-0/main"));
+    assert!(!jobs_by_name(d).contains_key("ml/trainer-0/main"));
     drop(trainer);
     drop(web);
 }
 
 #[test]
 fn inference_containers_get_the_cpus_the_inference_policy_plans() {
-    let test = "inference_containers_get_the_cpus_the_inference_policy_plans";
-    if !need_root(test) {
-        return;
-    }
-    let Some((reserved, [a, b])) = two_job_cpus(test) else {
+    let Some(node) =
+        RootNode::start("inference_containers_get_the_cpus_the_inference_policy_plans")
+    else {
         return;
     };
-    let bus = PrivateBus::start();
-    let dir = tempfile::tempdir().expect("tempdir");
-    let socket = dir.path().join("nri.sock");
-    let rt = tokio::runtime::Runtime::new().expect("tokio");
-    let runtime = rt.block_on(async { FakeRuntime::listen(&socket) });
-    let d = Daemon::start(
-        &bus,
-        dir.path(),
-        DaemonOptions {
-            reserved,
-            extra: nri_config(&socket),
-            ..DaemonOptions::default()
-        },
-    );
-    let root = unique("/lodger-nri");
+    let (d, rt, conn, root, [a, b]) = (&node.d, &node.rt, &node.conn, &node.root, node.cpus);
     let train = pod("p1", "trainer-0", &[("lodger.dev/kind", "training")]);
     let train_ctr = container("c1", &train, "main", &format!("{root}/kubepods/pod1/c1"));
     let online = pod(
@@ -553,20 +570,14 @@ fn inference_containers_get_the_cpus_the_inference_policy_plans() {
         "worker",
         &format!("{root}/kubepods/pod3/c3"),
     );
-    let conn = rt.block_on(async {
-        let conn = runtime.accept().await;
-        configure(&conn, "containerd", "1.7.24~ds1").await;
-        synchronize(&conn, vec![], vec![]).await;
-        conn
-    });
     let (train_cpus, _, _) = rt
-        .block_on(create(&conn, &train, &train_ctr))
+        .block_on(create(conn, &train, &train_ctr))
         .expect("training's adjustment");
     let (online_cpus, _, online_sched) = rt
-        .block_on(create(&conn, &online, &online_ctr))
+        .block_on(create(conn, &online, &online_ctr))
         .expect("online's adjustment");
     let (offline_cpus, _, _) = rt
-        .block_on(create(&conn, &offline, &offline_ctr))
+        .block_on(create(conn, &offline, &offline_ctr))
         .expect("offline's adjustment");
     // The inference policy's rules (Cloud Reamer §III-A): an online instance on a leftover core
     // of its own; offline on every core no online instance holds, training's included.
@@ -575,7 +586,7 @@ fn inference_containers_get_the_cpus_the_inference_policy_plans() {
     assert_eq!(online_sched, None, "no real-time class for a lodger");
     assert_eq!(offline_cpus, a.to_string());
 
-    let cg = |rel: &str, cpus: &str| ContainerCgroup::create(&root, rel, cpus);
+    let cg = |rel: &str, cpus: &str| ContainerCgroup::create(root, rel, cpus);
     let (train_cg, online_cg, offline_cg) = (
         cg("kubepods/pod1/c1", &train_cpus),
         cg("kubepods/pod2/c2", &online_cpus),
@@ -591,13 +602,13 @@ fn inference_containers_get_the_cpus_the_inference_policy_plans() {
         WAIT,
         "the trainer SCHED_RR, the inference containers running",
         || {
-            let jobs = jobs_by_name(&d);
+            let jobs = jobs_by_name(d);
             all_rr_on(trainer.pid(), 10, &train_cpus)
                 && jobs["ml/serve-0/server"]["state"] == "running"
                 && jobs["ml/batch-infer-0/worker"]["state"] == "running"
         },
     );
-    let jobs = jobs_by_name(&d);
+    let jobs = jobs_by_name(d);
     assert_eq!(jobs["ml/serve-0/server"]["kind"], "online");
     assert_eq!(jobs["ml/serve-0/server"]["cpus"], online_cpus.as_str());
     assert_eq!(jobs["ml/batch-infer-0/worker"]["kind"], "offline");
@@ -620,7 +631,7 @@ fn inference_containers_get_the_cpus_the_inference_policy_plans() {
         WAIT,
         "the offline container's CPU time on training's CPU counted",
         || {
-            let jobs = jobs_by_name(&d);
+            let jobs = jobs_by_name(d);
             let on = |name: &str, key: &str| jobs[name][key].as_f64().unwrap_or(0.0);
             on("ml/batch-infer-0/worker", "lodged_on_training_cpu_s") > 0.0
                 && on("ml/trainer-0/main", "lent_cpu_s") > 0.0
@@ -633,9 +644,9 @@ fn inference_containers_get_the_cpus_the_inference_policy_plans() {
     ]);
     assert!(!show.contains("Instances"), "{show}");
 
-    rt.block_on(stop(&conn, &online, &online_ctr));
-    rt.block_on(stop(&conn, &offline, &offline_ctr));
-    rt.block_on(stop(&conn, &train, &train_ctr));
-    assert!(jobs_by_name(&d).is_empty());
+    rt.block_on(stop(conn, &online, &online_ctr));
+    rt.block_on(stop(conn, &offline, &offline_ctr));
+    rt.block_on(stop(conn, &train, &train_ctr));
+    assert!(jobs_by_name(d).is_empty());
     drop((trainer, server, worker));
 }

@@ -17,6 +17,19 @@ check_got() {
         tail -n 4 "$share/cri.err" | note
     fi
 }
+# start_pod POD CTR [KEY=VALUE annotation...]: RunPodSandbox POD (namespace e2e, cgroup parent
+# /kubepods/pod-POD), CreateContainer CTR in it running the training emulator, StartContainer, as
+# kubelet does, with a check each; sets pod_id and ctr_id.
+start_pod() {
+    local name=$1 ctr=$2 parent=/kubepods/pod-$1
+    shift 2
+    pod_id=$(cri run-pod "$name" "uid-$name" "$parent" "$@" 2>"$share/cri.err")
+    check_got "RunPodSandbox $name" "$pod_id"
+    ctr_id=$(cri create "$pod_id" "$name" "uid-$name" "$parent" "$ctr" docker.io/library/train:local -- \
+        /bin/train_emulator --workers 3 --gpu-step-ms 20 2>"$share/cri.err")
+    check_got "CreateContainer $ctr" "$ctr_id"
+    check "StartContainer $ctr" cri start "$ctr_id"
+}
 wait_for() { # seconds command...: until command succeeds
     local end=$((SECONDS + $1))
     shift
@@ -71,19 +84,10 @@ check "configured by containerd 1.7 (lodger's sweep sets the class)" sh -c \
 log_since "$since" | grep NRI | note
 
 phase "an annotated training pod and an unannotated one"
-pod=$(cri run-pod trainer-0 uid-trainer /kubepods/pod-trainer lodger.dev/kind=training \
-    lodger.dev/cores=2 2>"$share/cri.err")
-check_got "RunPodSandbox trainer-0" "$pod"
-ctr_id=$(cri create "$pod" trainer-0 uid-trainer /kubepods/pod-trainer main docker.io/library/train:local -- \
-    /bin/train_emulator --workers 3 --gpu-step-ms 20 2>"$share/cri.err")
-check_got "CreateContainer main" "$ctr_id"
-check "StartContainer main" cri start "$ctr_id"
-plain=$(cri run-pod web-0 uid-web /kubepods/pod-web 2>"$share/cri.err")
-check_got "RunPodSandbox web-0" "$plain"
-plain_ctr=$(cri create "$plain" web-0 uid-web /kubepods/pod-web app docker.io/library/train:local -- \
-    /bin/train_emulator --workers 3 --gpu-step-ms 20 2>"$share/cri.err")
-check_got "CreateContainer app" "$plain_ctr"
-check "an unannotated pod starts too" cri start "$plain_ctr"
+start_pod web-0 app
+plain=$pod_id plain_ctr=$ctr_id
+start_pod trainer-0 main lodger.dev/kind=training lodger.dev/cores=2
+pod=$pod_id train_ctr=$ctr_id
 job_json() { lodgerctl --json list | tr '}' '\n' | grep '"name":"e2e/trainer-0/main"'; }
 check "lodgerctl list: e2e/trainer-0/main" wait_for 20 job_json
 json=$(job_json)
@@ -92,35 +96,30 @@ job=$(field "$json" id)
 cpus=$(field "$json" cpus)
 check_eq "$job: 2 CPUs" "$(expand "$cpus" | wc -w)" 2
 check_eq "$job: the container's cgroup is on its CPUs" \
-    "$(cat /sys/fs/cgroup/kubepods/pod-trainer/"$ctr_id"/cpuset.cpus.effective 2>&1)" "$cpus"
-pid=$(cat /sys/fs/cgroup/kubepods/pod-trainer/"$ctr_id"/cgroup.procs | head -n 1)
+    "$(cat /sys/fs/cgroup/kubepods/pod-trainer-0/"$ctr_id"/cpuset.cpus.effective 2>&1)" "$cpus"
+pid=$(cat /sys/fs/cgroup/kubepods/pod-trainer-0/"$ctr_id"/cgroup.procs | head -n 1)
 check "$job: containerd created the container on them (NRI adjustment in its OCI spec)" sh -c \
     "ctr -n k8s.io containers info $ctr_id | grep -q '\"cpus\": \"$cpus\"'"
 check "$job: every thread SCHED_RR/10 on its CPUs" wait_for 20 all_rr_on "$pid" 10 "$cpus"
 all_rr_on "$pid" 10 "$cpus" 2>&1 | note
 lodgerctl show "$job" 2>&1 | note
-plain_pid=$(cat /sys/fs/cgroup/kubepods/pod-web/"$plain_ctr"/cgroup.procs | head -n 1)
+plain_pid=$(cat /sys/fs/cgroup/kubepods/pod-web-0/"$plain_ctr"/cgroup.procs | head -n 1)
 check "the unannotated container's threads stay SCHED_OTHER" sh -c \
     "for t in /proc/$plain_pid/task/*; do awk '{ exit \$41 != 0 }' \"\$t/stat\" || exit 1; done"
 check_eq "the unannotated container has no job" "$(lodgerctl --json list | grep -c web-0)" 0
 
 phase "an online inference pod: its own instance, on leftover CPUs of its own"
-serve=$(cri run-pod serve-0 uid-serve /kubepods/pod-serve lodger.dev/kind=online lodger.dev/cores=1 \
-    2>"$share/cri.err")
-check_got "RunPodSandbox serve-0" "$serve"
-serve_ctr=$(cri create "$serve" serve-0 uid-serve /kubepods/pod-serve server docker.io/library/train:local -- \
-    /bin/train_emulator --workers 1 --gpu-step-ms 20 2>"$share/cri.err")
-check_got "CreateContainer server" "$serve_ctr"
-check "StartContainer server" cri start "$serve_ctr"
+start_pod serve-0 server lodger.dev/kind=online lodger.dev/cores=1
+serve=$pod_id serve_ctr=$ctr_id ctr_id=$train_ctr
 serve_json() { lodgerctl --json list | tr '}' '\n' | grep '"name":"e2e/serve-0/server"'; }
 check "lodgerctl list: e2e/serve-0/server, running" wait_for 20 sh -c \
     "lodgerctl --json list | tr '}' '\\n' | grep '\"name\":\"e2e/serve-0/server\"' | grep -q '\"state\":\"running\"'"
 serve_cpus=$(field "$(serve_json)" cpus)
 check_eq "its cgroup is on its one CPU" \
-    "$(cat /sys/fs/cgroup/kubepods/pod-serve/"$serve_ctr"/cpuset.cpus.effective 2>&1)" "$serve_cpus"
+    "$(cat /sys/fs/cgroup/kubepods/pod-serve-0/"$serve_ctr"/cpuset.cpus.effective 2>&1)" "$serve_cpus"
 check "its CPU is not training's ($serve_cpus vs $cpus)" disjoint "$serve_cpus" "$cpus"
 check "an online container's threads stay SCHED_OTHER" sh -c \
-    "pid=\$(head -n 1 /sys/fs/cgroup/kubepods/pod-serve/$serve_ctr/cgroup.procs); \
+    "pid=\$(head -n 1 /sys/fs/cgroup/kubepods/pod-serve-0/$serve_ctr/cgroup.procs); \
      for t in /proc/\$pid/task/*; do awk '{ exit \$41 != 0 }' \"\$t/stat\" || exit 1; done"
 
 phase "containerd restarts"
