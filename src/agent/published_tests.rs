@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::{Agent, AgentSettings, Enforce, RightsizeSettings};
 use crate::cpuset::CpuSet;
 use crate::enforce::{EnforceError, JobRecord, Outcome};
-use crate::job::{Category, JobId, JobKind, JobSpec, Target};
+use crate::job::{JobId, JobKind, JobSpec, Target};
 use crate::policy::Placement;
 use crate::store::Store;
 use crate::topology::Topology;
@@ -115,18 +115,8 @@ fn status_list_and_show_answer_while_a_tick_is_stuck_in_enforcement() {
     let job = agent
         .register(
             JobSpec {
-                kind: JobKind::Training,
                 name: Some("stuck".into()),
-                target: Target::Pids(vec![100]),
-                gpus: vec![],
-                cores: 2,
-                category: Category::Other,
-                pipeline: false,
-                multi_node: false,
-                inference: None,
-                rightsize: true,
-                exclusive: false,
-                memory_max: None,
+                ..JobSpec::new(JobKind::Training, Target::Pids(vec![100]), 2)
             },
             0,
         )

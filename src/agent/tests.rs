@@ -9,7 +9,7 @@ use super::RightsizeSettings;
 use super::{Agent, AgentBuilder, AgentError, AgentSettings, Caller, Enforce, Event};
 use crate::cpuset::CpuSet;
 use crate::enforce::{EnforceError, JobRecord, Outcome, SlurmCgroup};
-use crate::job::{Category, JobId, JobKind, JobSpec, JobState, SlurmJob, Target};
+use crate::job::{JobId, JobKind, JobSpec, JobState, SlurmJob, Target};
 use crate::policy::contention::ContentionConfig;
 use crate::policy::Placement;
 use crate::sense::Observations;
@@ -92,20 +92,7 @@ impl Enforce for FakeEnforcer {
 }
 
 pub(super) fn spec(pids: Vec<u32>, cores: u32) -> JobSpec {
-    JobSpec {
-        kind: JobKind::Training,
-        name: None,
-        target: Target::Pids(pids),
-        gpus: vec![],
-        cores,
-        category: Category::Other,
-        pipeline: false,
-        multi_node: false,
-        inference: None,
-        rightsize: true,
-        exclusive: false,
-        memory_max: None,
-    }
+    JobSpec::new(JobKind::Training, Target::Pids(pids), cores)
 }
 
 pub(super) struct Rig {
