@@ -259,7 +259,7 @@ fn pods_become_jobs_through_nri_and_survive_a_runtime_restart() {
             reserved: "0",
             sysfs_root: Some(fixture),
             sim: true,
-            extra: nri_config(&socket),
+            extra: format!("{}\n[api]\nmax_jobs_per_owner = 1\n", nri_config(&socket)),
             ..DaemonOptions::default()
         },
     );
@@ -339,6 +339,20 @@ fn pods_become_jobs_through_nri_and_survive_a_runtime_restart() {
         assert_eq!(create(&conn, &online, &online_ctr).await, None);
         assert_eq!(jobs_by_name(&d).len(), 3);
 
+        // A container run as a user is that user's job, and counts against its caps: the
+        // second one of uid 1000 is over `api.max_jobs_per_owner = 1` and left alone.
+        let mut user = User::new();
+        user.uid = 1000;
+        let batch = pod("p6", "etl-0", &[("lodger.dev/kind", "training")]);
+        let mut first = container("c6", &batch, "a", "/kubepods/pod6/c6");
+        first.user = Some(user.clone()).into();
+        let mut second = container("c7", &batch, "b", "/kubepods/pod6/c7");
+        second.user = Some(user).into();
+        assert!(create(&conn, &batch, &first).await.is_some());
+        assert_eq!(jobs_by_name(&d)["ml/etl-0/a"]["owner_uid"], 1000);
+        assert_eq!(create(&conn, &batch, &second).await, None);
+        assert_eq!(jobs_by_name(&d).len(), 4);
+
         // Started: nothing to answer. Stopped and removed: unregistered.
         state_change(&conn, Event::START_CONTAINER, &train, Some(&train_ctr)).await;
         stop(&conn, &train, &train_ctr).await;
@@ -371,6 +385,7 @@ fn pods_become_jobs_through_nri_and_survive_a_runtime_restart() {
         "{log}"
     );
     assert!(log.contains("connecting again"), "{log}");
+    assert!(log.contains("api.max_jobs_per_owner"), "{log}");
 }
 
 /// A container's cgroup as a runtime with the cgroupfs driver makes it, under a directory of

@@ -489,12 +489,14 @@ mod tests {
 
     #[test]
     fn lent_cpu_time_is_exported_as_counters() {
+        // A container registered through NRI is named by its pod (docs/kubernetes.md).
         let job: crate::job::Job = serde_json::from_value(serde_json::json!({
             "id": "j1",
             "spec": {
                 "kind": "training",
                 "name": null,
-                "target": {"pids": [1]},
+                "target": {"container": {"id": "c1", "pod": "ml/trainer-0", "name": "main",
+                                         "cgroup": "/kubepods/pod1/c1"}},
                 "gpus": [],
                 "cores": 2,
             },
@@ -544,8 +546,8 @@ mod tests {
         let text = render(&snap);
         for line in [
             "# TYPE lodger_job_lent_cpu_seconds counter",
-            "lodger_job_lent_cpu_seconds_total{job=\"j1\",name=\"\"} 12.5",
-            "lodger_job_idle_cpu_seconds_total{job=\"j1\",name=\"\"} 2.5",
+            "lodger_job_lent_cpu_seconds_total{job=\"j1\",name=\"ml/trainer-0/main\"} 12.5",
+            "lodger_job_idle_cpu_seconds_total{job=\"j1\",name=\"ml/trainer-0/main\"} 2.5",
             "lodger_job_instance_oom_kills_total{job=\"j2\",name=\"\"} 3",
         ] {
             assert!(

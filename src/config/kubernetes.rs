@@ -93,12 +93,9 @@ impl Cx<'_> {
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
-    use crate::config::{Config, GpuContainers};
+    use crate::config::tests::{parse, refused};
+    use crate::config::GpuContainers;
     use std::path::Path;
-
-    fn parse(text: &str) -> Result<Config, String> {
-        Config::parse(text, Path::new("/etc/lodger/lodger.toml")).map_err(|e| e.to_string())
-    }
 
     #[test]
     fn the_section_is_read_and_bad_values_named() {
@@ -130,7 +127,7 @@ mod tests {
             ),
             ("[kubernetes]\nnri = \"yes\"\n", "kubernetes"),
         ] {
-            let err = parse(text).unwrap_err();
+            let err = refused(text);
             assert!(err.contains(says), "{text}: {err}");
         }
     }

@@ -168,12 +168,8 @@ impl Cx<'_> {
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
-    use crate::config::{Config, SlurmKind};
-    use std::path::Path;
-
-    fn parse(text: &str) -> Result<Config, String> {
-        Config::parse(text, Path::new("/etc/lodger/lodger.toml")).map_err(|e| e.to_string())
-    }
+    use crate::config::tests::{parse, refused};
+    use crate::config::SlurmKind;
 
     #[test]
     fn rules_and_paths_are_read_and_bad_ones_named() {
@@ -213,7 +209,7 @@ mod tests {
             ),
             ("[batch]\npolicy = \"idle\"\n", "batch.policy"),
         ] {
-            let err = parse(text).unwrap_err();
+            let err = refused(text);
             assert!(err.contains(says), "{text}: {err}");
         }
     }

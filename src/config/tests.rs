@@ -12,12 +12,12 @@ use crate::cpuset::CpuSet;
 const ORIGIN: &str = "/etc/lodger/lodger.toml";
 const SHIPPED: &str = include_str!("../../config/lodger.toml");
 
-fn parse(text: &str) -> Result<Config, ConfigError> {
+pub(super) fn parse(text: &str) -> Result<Config, ConfigError> {
     Config::parse(text, Path::new(ORIGIN))
 }
 
 /// The one-line message for a text that must be refused.
-fn refused(text: &str) -> String {
+pub(super) fn refused(text: &str) -> String {
     match parse(text) {
         Ok(config) => panic!("accepted {text:?} as {config:?}"),
         Err(e) => e.to_string(),

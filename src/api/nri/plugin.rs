@@ -4,7 +4,7 @@
 //! runtime's list of containers at every (re)connection is what the jobs are reconciled to.
 //! Touches the agent, through its handle.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::HashSet;
 use std::sync::Mutex;
 
 use async_trait::async_trait;
@@ -16,7 +16,7 @@ use super::proto::api_ttrpc::Plugin;
 use super::proto::*;
 use crate::agent::{AgentHandle, Caller};
 use crate::config::KubernetesConfig;
-use crate::job::{Job, JobKind, Target};
+use crate::job::{ContainerJob, Job, JobId, JobKind, Target};
 
 /// The events lodger subscribes to: one bit per event, bit `event - 1` (NRI's mask). Runtimes
 /// of NRI v0.6 to v0.8 refuse a plugin asking for any bit above `REMOVE_CONTAINER`'s (0x7ff).
@@ -82,7 +82,7 @@ impl NriPlugin {
                 return None;
             }
         };
-        let label = format!("{}/{}/{}", pod.namespace, pod.name, ctr.name);
+        let label = spec.label().unwrap_or_default();
         match self.agent.register(spec, owner, nri_caller()).await {
             Ok(job) => {
                 info!(job = %job.id, cpus = %job.cpus, "NRI: container {label} registered as a {} job", job.spec.kind.as_str());
@@ -95,29 +95,30 @@ impl NriPlugin {
         }
     }
 
-    /// The jobs of containers, by container id.
-    async fn container_jobs(&self) -> Vec<(String, Job)> {
+    /// The registered containers, each with its job's id.
+    async fn container_jobs(&self) -> Vec<(ContainerJob, JobId)> {
         let jobs = self.agent.list().await.unwrap_or_default();
         jobs.into_iter()
-            .filter_map(|j| match &j.spec.target {
-                Target::Container(c) => Some((c.id.clone(), j)),
+            .filter_map(|j| match j.spec.target {
+                Target::Container(c) => Some((c, j.id)),
                 _ => None,
             })
             .collect()
     }
 
+    /// Unregisters container `c`'s job, saying `why`.
+    async fn unregister(&self, c: &ContainerJob, job: &JobId, why: &str) {
+        match self.agent.unregister(job.as_str(), nri_caller()).await {
+            Ok(()) => info!(job = %job, "NRI: container {} {why}: unregistered", c.label()),
+            Err(e) => debug!(job = %job, "NRI: container {} {why}: {e}", c.label()),
+        }
+    }
+
     /// Unregisters the jobs of the containers `which` picks, saying `why`.
-    async fn forget(&self, which: impl Fn(&crate::job::ContainerJob) -> bool, why: &str) {
-        for (_, job) in self.container_jobs().await {
-            let Target::Container(c) = &job.spec.target else {
-                continue;
-            };
-            if !which(c) {
-                continue;
-            }
-            match self.agent.unregister(job.id.as_str(), nri_caller()).await {
-                Ok(()) => info!(job = %job.id, "NRI: container {} {why}: unregistered", c.label()),
-                Err(e) => debug!(job = %job.id, "NRI: container {} {why}: {e}", c.label()),
+    async fn forget(&self, which: impl Fn(&ContainerJob) -> bool, why: &str) {
+        for (c, job) in self.container_jobs().await {
+            if which(&c) {
+                self.unregister(&c, &job, why).await;
             }
         }
     }
@@ -130,17 +131,15 @@ impl NriPlugin {
             .filter(|c| c.state.enum_value_or_default() != ContainerState::CONTAINER_STOPPED)
             .collect();
         let ids: HashSet<&str> = live.iter().map(|c| c.id.as_str()).collect();
-        self.forget(
-            |c| !ids.contains(c.id.as_str()),
-            "is no longer in the runtime's list",
-        )
-        .await;
-        let known: BTreeSet<String> = self
-            .container_jobs()
-            .await
-            .into_iter()
-            .map(|(id, _)| id)
-            .collect();
+        let mut known = HashSet::new();
+        for (c, job) in self.container_jobs().await {
+            if ids.contains(c.id.as_str()) {
+                known.insert(c.id);
+            } else {
+                self.unregister(&c, &job, "is no longer in the runtime's list")
+                    .await;
+            }
+        }
         for ctr in live {
             if known.contains(&ctr.id) {
                 continue;
@@ -186,7 +185,7 @@ impl NriPlugin {
     }
 
     async fn pod_gone(&self, pod: &PodSandbox) {
-        let label = format!("{}/{}", pod.namespace, pod.name);
+        let label = pods::pod_label(pod);
         self.forget(move |c| c.pod == label, "'s pod was removed")
             .await;
     }

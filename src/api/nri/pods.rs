@@ -28,7 +28,7 @@ pub fn decide(
     ctr: &Container,
     config: &KubernetesConfig,
 ) -> Result<Option<Decision>, String> {
-    let label = format!("{}/{}/{}", pod.namespace, pod.name, ctr.name);
+    let label = format!("{}/{}", pod_label(pod), ctr.name);
     let gpus = gpus(ctr);
     let kind = match annotation(pod, ctr, KIND) {
         Some(v) => match v.as_str() {
@@ -73,7 +73,7 @@ pub fn decide(
     };
     let target = Target::Container(ContainerJob {
         id: ctr.id.clone(),
-        pod: format!("{}/{}", pod.namespace, pod.name),
+        pod: pod_label(pod),
         name: ctr.name.clone(),
         cgroup,
     });
@@ -89,6 +89,11 @@ pub fn decide(
         spec,
         owner: ctr.user.as_ref().map(|u| u.uid),
     }))
+}
+
+/// A pod as lodger names it: `namespace/name`.
+pub fn pod_label(pod: &PodSandbox) -> String {
+    format!("{}/{}", pod.namespace, pod.name)
 }
 
 /// `key.<container>` or `key` on the container, then on the pod.
