@@ -115,6 +115,8 @@ fn lodgerd_attributes_nvml_process_utilization_to_the_job() {
     if !need_root(test) {
         return;
     }
+    // Its SCHED_RR training workload would share the CPUs the grow test measures on.
+    let _measuring = measuring();
     let dir = tempfile::tempdir().expect("tempdir");
     let lib_dir = dir.path().join("nvml");
     std::fs::create_dir(&lib_dir).expect("mkdir");
