@@ -88,7 +88,7 @@ fn an_affinity_placed_instance_runs_in_lodgers_subtree_and_outlives_lodgerd() {
     })
     .expect("Instances");
     assert_eq!(inst.start_cgroup(), Some(dir.as_path()));
-    let cpu = online_set().iter().last().expect("a CPU");
+    let cpu = online_set().iter().next_back().expect("a CPU");
     let spec = InstanceSpec {
         job: JobId::parse("j7").expect("id"),
         index: 0,
