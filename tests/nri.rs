@@ -380,10 +380,7 @@ fn pods_become_jobs_through_nri_and_survive_a_runtime_restart() {
         assert_eq!(sched, None);
     });
     let log = d.log();
-    assert!(
-        log.contains("enforces no batch jobs or inference containers"),
-        "{log}"
-    );
+    assert!(log.contains("runs no inference instances"), "{log}");
     assert!(log.contains("connecting again"), "{log}");
     assert!(log.contains("api.max_jobs_per_owner"), "{log}");
 }

@@ -140,6 +140,23 @@ fn server_1s_32cpu_2gpu() {
     assert!(t.gpus.iter().all(|g| g.local_cpus == set("0-31")));
 }
 
+/// The scale benchmark's shape (benches/tick.rs): 2 sockets x 48 cores x 2 threads, 8 GPUs.
+#[test]
+fn server_2s_192cpu_8gpu() {
+    let t = read_fixture("server-2s-192cpu-8gpu");
+    assert_partitions("server-2s-192cpu-8gpu", &t);
+    assert_eq!(t.cpus.len(), 192);
+    assert_eq!(t.cores.len(), 96);
+    assert!(t.has_smt());
+    assert_eq!(t.gpus.len(), 8);
+    assert_eq!(t.numa_nodes_of(&set("0,48")), set("0-1"));
+    let mut synthetic = Topology::synthetic(2, 1, 48, 2, 4);
+    for (s, r) in synthetic.gpus.iter_mut().zip(&t.gpus) {
+        s.pci_address = r.pci_address.clone();
+    }
+    assert_eq!(synthetic, t);
+}
+
 #[test]
 fn generate_sh_reproduces_the_fixtures() {
     const TEST: &str = "generate_sh_reproduces_the_fixtures";
@@ -154,7 +171,12 @@ fn generate_sh_reproduces_the_fixtures() {
         "generate.sh failed: {}",
         String::from_utf8_lossy(&status.stderr)
     );
-    for name in ["vm-2cpu", "server-2s-64cpu-8gpu", "server-1s-32cpu-2gpu"] {
+    for name in [
+        "vm-2cpu",
+        "server-2s-64cpu-8gpu",
+        "server-1s-32cpu-2gpu",
+        "server-2s-192cpu-8gpu",
+    ] {
         let fresh = Topology::read(&out.path().join(name)).unwrap();
         assert_eq!(
             fresh,

@@ -3,7 +3,9 @@
 //! [`Job`] and one save-or-rollback. Touches the store and, to admit or release a training job,
 //! enforcement.
 
-use tracing::info;
+use std::time::Instant;
+
+use tracing::{debug, info};
 
 use super::{trust, Agent, AgentError, Caller, Event};
 use crate::clock::now_secs;
@@ -232,8 +234,8 @@ impl Agent {
             spec.kind.is_inference() && matches!(spec.target, Target::Container(_));
         if (spec.kind == JobKind::Batch || container_lodger) && self.batch.is_none() {
             return Err(AgentError::InvalidSpec(
-                "this lodgerd enforces no batch jobs or inference containers (simulated \
-                 enforcement)"
+                "this lodgerd enforces no batch jobs or inference containers (its batch \
+                 enforcer could not start: see its log)"
                     .into(),
             ));
         }
@@ -310,6 +312,8 @@ impl Agent {
         {
             return self.register_deferred(id, spec, owner_uid);
         }
+        // Where a registration's time goes (issue 21), for the spine benchmark and the debug log.
+        let t0 = Instant::now();
         let mut views = self.views();
         views.push(TrainingJobView {
             id: id.clone(),
@@ -325,12 +329,14 @@ impl Agent {
             AgentError::InvalidSpec("the policy gave the job no placement".into())
         })?;
 
+        let t_plan = t0.elapsed();
         // Undone at the next start if lodgerd dies before the state file lists the job.
         self.store.write_pending(&Pending {
             id: id.clone(),
             target: spec.target.clone(),
             placement: placement.clone(),
         })?;
+        let t_pending = t0.elapsed();
         let mut record = JobRecord::default();
         let outcome = match self
             .training
@@ -380,6 +386,7 @@ impl Agent {
             lodging: Lodging::default(),
             tuning,
         };
+        let t_enforce = t0.elapsed();
         let admitted = self.admit(stored, Some(plan));
         if admitted.is_err() {
             self.training
@@ -387,6 +394,14 @@ impl Agent {
         }
         self.store.clear_pending();
         admitted?;
+        let us = |d: std::time::Duration| d.as_micros();
+        debug!(
+            "registration timing: plan {} us, pending {} us, enforce {} us, state {} us",
+            us(t_plan),
+            us(t_pending - t_plan),
+            us(t_enforce - t_pending),
+            us(t0.elapsed() - t_enforce),
+        );
         info!(job = %id, cpus = %job.cpus, pids = ?job.pids, threads = job.threads, "registered training job");
         self.send_jobs_to_sensor();
         self.emit(Event::JobAdded(id));

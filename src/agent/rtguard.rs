@@ -1,7 +1,11 @@
 //! The RT guard: keeps SCHED_RR training jobs under the kernel's RT limit. Each tick it measures
-//! every running training job's CPU time per CPU of its cpuset and its threads' run-queue wait
-//! (`sense::rtlimit`), records them on the job (`lodgerctl show`, metrics), and when a job stays
-//! within `training.rt_headroom_percent` of the limit for [`GROW_AFTER`] ticks it grows the job
+//! every running training job's CPU time per CPU of its cpuset (its processes' CPU-time clocks:
+//! one syscall a process) and, every [`DETAIL_PERIOD`] or every tick while the job is close to
+//! the limit, its threads' run-queue wait (a schedstat file a thread: the costly part at 1,000
+//! threads, issue 21) (`sense::rtlimit`), records them on the job (`lodgerctl show`, metrics),
+//! and when a job stays
+//! within `training.rt_headroom_percent` of the limit for [`GROW_AFTER`] measurements (each over
+//! at least [`RATE_WINDOW`]) it grows the job
 //! by one core if the plan can place it, or says once that it cannot. Touches /proc (read) and
 //! the jobs lent by the tick.
 //!
@@ -12,6 +16,7 @@
 //! brings it back under the limit without leaving SCHED_RR (Cloud Reamer §III-A).
 
 use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
 use tracing::{info, warn};
 
@@ -19,15 +24,26 @@ use super::training::views;
 use super::TickCx;
 use crate::job::{JobId, JobState, Role, RtStanding};
 use crate::policy;
-use crate::sense::rtlimit::{self, ThreadTimes};
+use crate::sense::rtlimit::{self, CpuClock, CpuSample, ThreadTimes};
 use crate::store::Tuning;
 
-/// Ticks in a row near the limit before the job is grown (one tick's sample is noisy).
+/// Measurements in a row near the limit before the job is grown (one is noisy).
 pub const GROW_AFTER: u32 = 3;
+/// A job's CPU share is measured over at least this long: a shorter tick reuses the last
+/// figure, so a 50-ms tick reads no more clocks than a 1-s one.
+pub const RATE_WINDOW: Duration = Duration::from_secs(1);
+/// The node's RT limit (two sysctls) is read again this often.
+const LIMIT_EVERY: Duration = Duration::from_secs(10);
+/// A job's threads' run-queue wait is read at least this often (and every tick while the job is
+/// within twice the headroom of the limit).
+pub const DETAIL_PERIOD: Duration = Duration::from_secs(10);
 
 #[derive(Debug)]
 struct Watch {
-    last: ThreadTimes,
+    cpu: CpuSample,
+    /// The last per-thread reading, and the wait it gave against the one before.
+    detail: ThreadTimes,
+    runq_wait_ms_per_s: f64,
     near_ticks: u32,
     /// The "cannot grow" line was logged for this episode.
     told: bool,
@@ -39,6 +55,12 @@ pub(super) struct RtGuard {
     /// `training.rt_headroom_percent` as a share of a CPU.
     headroom: f64,
     watches: HashMap<JobId, Watch>,
+    /// The processes' CPU-time clocks; a fake proc tree's schedstat files in tests.
+    pub(super) clock: CpuClock,
+    /// The node's RT limit and when it was read.
+    limit: Option<(Option<f64>, Instant)>,
+    /// [`RATE_WINDOW`]; zero in tests that tick faster than a clock would move.
+    pub(super) rate_window: Duration,
 }
 
 impl RtGuard {
@@ -46,6 +68,9 @@ impl RtGuard {
         Self {
             headroom: f64::from(headroom_percent) / 100.0,
             watches: HashMap::new(),
+            clock: rtlimit::kernel_clock,
+            limit: None,
+            rate_window: RATE_WINDOW,
         }
     }
 
@@ -58,7 +83,15 @@ impl RtGuard {
     /// Measures every running training job; grows those that stayed near the limit. Returns
     /// whether a job's core count changed (the plan must be made again).
     pub(super) fn tick(&mut self, cx: &mut TickCx<'_>, rightsize_enforce: Option<bool>) -> bool {
-        let limit = rtlimit::rt_limit(cx.proc_root);
+        let now = Instant::now();
+        let limit = match self.limit {
+            Some((limit, at)) if now.saturating_duration_since(at) < LIMIT_EVERY => limit,
+            _ => {
+                let limit = rtlimit::rt_limit(cx.proc_root);
+                self.limit = Some((limit, now));
+                limit
+            }
+        };
         let running: Vec<JobId> = cx
             .state
             .jobs
@@ -76,32 +109,49 @@ impl RtGuard {
             let Some(stored) = cx.state.jobs.get_mut(&id) else {
                 continue;
             };
-            let cur = rtlimit::thread_times(cx.proc_root, &stored.job.pids);
+            if self
+                .watches
+                .get(&id)
+                .is_some_and(|w| now.saturating_duration_since(w.cpu.at) < self.rate_window)
+            {
+                continue;
+            }
+            let cur = rtlimit::cpu_sample(self.clock, cx.proc_root, &stored.job.pids);
             let cpus = stored.job.cpus.len();
             let Some(watch) = self.watches.get_mut(&id) else {
                 self.watches.insert(
                     id,
                     Watch {
-                        last: cur,
+                        cpu: cur,
+                        detail: rtlimit::thread_times(cx.proc_root, &stored.job.pids),
+                        runq_wait_ms_per_s: 0.0,
                         near_ticks: 0,
                         told: false,
                     },
                 );
                 continue;
             };
-            let rates = rtlimit::rates(&watch.last, &cur, cpus);
-            watch.last = cur;
-            let Some(rates) = rates else { continue };
-            let near = limit.is_some_and(|l| rates.share_per_cpu >= l - self.headroom);
+            let share = rtlimit::share_per_cpu(&watch.cpu, &cur, cpus);
+            watch.cpu = cur;
+            let Some(share) = share else { continue };
+            let near = limit.is_some_and(|l| share >= l - self.headroom);
+            let close = limit.is_some_and(|l| share >= l - 2.0 * self.headroom);
+            if close || cur.at.saturating_duration_since(watch.detail.at) >= DETAIL_PERIOD {
+                let detail = rtlimit::thread_times(cx.proc_root, &stored.job.pids);
+                if let Some(r) = rtlimit::rates(&watch.detail, &detail, cpus) {
+                    watch.runq_wait_ms_per_s = r.runq_wait_ms_per_s;
+                }
+                watch.detail = detail;
+            }
             watch.near_ticks = if near { watch.near_ticks + 1 } else { 0 };
             if !near {
                 watch.told = false;
             }
             let extra = stored.job.rt.as_ref().map_or(0, |r| r.extra_cores);
             stored.job.rt = Some(RtStanding {
-                share_percent: rates.share_per_cpu * 100.0,
+                share_percent: share * 100.0,
                 limit_percent: limit.map(|l| l * 100.0),
-                runq_wait_ms_per_s: rates.runq_wait_ms_per_s,
+                runq_wait_ms_per_s: watch.runq_wait_ms_per_s,
                 near_limit: near,
                 extra_cores: extra,
             });
@@ -121,7 +171,7 @@ impl RtGuard {
                 continue;
             }
             watch.near_ticks = 0;
-            let share = rates.share_per_cpu * 100.0;
+            let share = share * 100.0;
             let limit_pct = limit.unwrap_or(1.0) * 100.0;
             // At most doubling what the job asked for: a job that keeps every core it gets
             // busy is not held back by the RT limit but by its own demand.

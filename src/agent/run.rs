@@ -67,8 +67,13 @@ impl Agent {
         if let Some(inference) = &mut self.inference {
             inference.leave_running();
         }
-        // What changed since the last write without asking for one (lent CPU time).
-        if let Err(e) = self.store.save(&self.state) {
+        // What changed since the last write without asking for one (lent CPU time), made
+        // durable before lodgerd exits.
+        if let Err(e) = self
+            .store
+            .save(&self.state)
+            .and_then(|_| self.store.flush())
+        {
             warn!("{e}");
         }
         if let Some(contention) = &mut self.contention {

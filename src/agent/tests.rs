@@ -474,6 +474,11 @@ fn a_job_near_the_rt_limit_is_grown_by_a_core() {
     stat(100, 0);
     stat(200, 0);
     let mut agent = rig.agent();
+    // The fake tree has no processes with CPU-time clocks: its schedstat files stand for them.
+    if let Some(guard) = agent.rt_guard.as_mut() {
+        guard.clock = crate::sense::rtlimit::schedstat_clock;
+        guard.rate_window = std::time::Duration::ZERO;
+    }
     let busy = agent.register(spec(vec![100], 1), 0).unwrap();
     let quiet = agent.register(spec(vec![200], 1), 0).unwrap();
     let cpus_before = busy.cpus.len();

@@ -75,20 +75,21 @@ impl Enforce for crate::enforce::Enforcer {
 impl Enforce for crate::enforce::sim::SimulatedEnforcer {
     fn apply(
         &mut self,
-        _id: &JobId,
+        id: &JobId,
         target: &Target,
-        _placement: &Placement,
+        placement: &Placement,
         _record: &mut JobRecord,
     ) -> Result<Outcome, EnforceError> {
-        self.observe(target)
+        self.observe_job(id, target, &placement.cpus, &placement.mems)
     }
 
     fn release(
         &mut self,
-        _id: &JobId,
+        id: &JobId,
         _target: &Target,
         _record: &JobRecord,
     ) -> Result<(), EnforceError> {
+        self.forget(id);
         Ok(())
     }
 

@@ -277,6 +277,10 @@ pub fn run(prepared: Prepared, sim: bool) -> ExitCode {
     let mut batch_memory = false;
     let enforcer: Box<dyn Enforce> = if sim {
         info!("simulated enforcement: no cgroup or scheduling policy will be changed");
+        // Batch jobs are placed and observed like training jobs, and changed as little.
+        batch = Some(Box::new(SimulatedEnforcer::new(
+            config.node.proc_root.clone(),
+        )));
         Box::new(SimulatedEnforcer::new(config.node.proc_root.clone()))
     } else {
         match Enforcer::new(batch_settings(&config)) {

@@ -90,6 +90,7 @@ pub(super) fn enforce_settings(config: &Config) -> EnforceSettings {
         },
         slurm_cgroups: config.slurm.cgroup_paths.clone(),
         job_memory: JobMemory::Protect,
+        process_events: true,
     }
 }
 

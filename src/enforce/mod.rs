@@ -8,6 +8,7 @@
 pub mod cpusets;
 pub mod instances;
 pub mod network;
+pub mod quiet;
 pub mod resctrl;
 pub mod sched;
 pub mod sim;
@@ -87,6 +88,10 @@ pub struct EnforceSettings {
     pub slurm_cgroups: Vec<String>,
     /// What lodger writes to the memory files of the job cgroups it creates itself.
     pub job_memory: JobMemory,
+    /// Learn of forks, execs and exits from the kernel's process events and skip, between full
+    /// sweeps, the jobs nothing happened to (`training::quiet`; issue 21). Off: every apply
+    /// lists every thread, as before (the benchmark's baseline).
+    pub process_events: bool,
 }
 
 /// What lodger writes to the memory files of a job cgroup it creates (`<parent>/<job>`, pid jobs
@@ -153,6 +158,7 @@ impl Default for EnforceSettings {
                 .map(|s| s.to_string())
                 .collect(),
             job_memory: JobMemory::Untouched,
+            process_events: true,
         }
     }
 }

@@ -1,25 +1,68 @@
 //! Simulated enforcement (`lodgerd --sim`): reads the job's processes from /proc like the real
 //! enforcer, but writes nothing: no cgroup, no affinity, no scheduling policy. For trying lodger
 //! on a fixture topology without root, and for measuring the agent's own cost at scales this
-//! machine cannot host (placement on a 64-CPU fixture with real processes to sweep).
+//! machine cannot host (placement on a fixture topology with real processes to sweep). Like the
+//! real enforcer it skips, between full sweeps, the jobs the kernel's process events say nothing
+//! happened to (`enforce::quiet`), so the agent's cost at scale is measured with the same rule.
 
 use std::path::Path;
+use std::time::Instant;
 
+use crate::cpuset::CpuSet;
+use crate::enforce::quiet::{Asked, Quiet};
 use crate::enforce::{EnforceError, Outcome};
-use crate::job::Target;
+use crate::job::{JobId, Target};
 use crate::sys::procfs::ProcReader;
 
 pub struct SimulatedEnforcer {
     reader: ProcReader,
     tids: Vec<u32>,
+    quiet: Quiet,
 }
 
 impl SimulatedEnforcer {
     pub fn new(proc_root: impl AsRef<Path>) -> Self {
+        let real = proc_root.as_ref() == Path::new(crate::sys::procfs::DEFAULT_PROC_ROOT);
         Self {
             reader: ProcReader::new(proc_root.as_ref()),
             tids: Vec::new(),
+            quiet: Quiet::new(real),
         }
+    }
+
+    /// [`Self::observe`], skipped while nothing happened to the job's processes since the last
+    /// time (see `enforce::quiet`).
+    pub fn observe_job(
+        &mut self,
+        id: &JobId,
+        target: &Target,
+        cpus: &CpuSet,
+        mems: &CpuSet,
+    ) -> Result<Outcome, EnforceError> {
+        let now = Instant::now();
+        let asked = Asked {
+            cpus,
+            mems,
+            memory_max: None,
+        };
+        let mut buf = Vec::new();
+        if let Some(out) = self
+            .quiet
+            .skip(id, target, &asked, None, None, &mut buf, now)
+        {
+            return Ok(out);
+        }
+        let out = self.observe(target)?;
+        if out.alive {
+            self.quiet
+                .remember(id, target, &asked, &out, Vec::new(), None, now);
+        }
+        Ok(out)
+    }
+
+    /// Forgets what was observed of the job.
+    pub fn forget(&mut self, id: &JobId) {
+        self.quiet.forget(id);
     }
 
     /// What enforcement would find: the live registered processes and their threads, every one

@@ -2,7 +2,12 @@
 //! what lodger changed for each (so it can be undone after a restart) and the last plan.
 //! Written on change only: a save whose bytes equal the last written ones touches nothing, and
 //! what changes every sensing pass (samples, their times) is kept in memory, not here. Writes
-//! are atomic (temp file, fsync, rename, fsync of the directory). A file of an older
+//! are atomic (temp file, rename): a killed lodgerd leaves the old file or the new one whole.
+//! They are made durable (fsync of the file and the directory) on a thread of the store's own,
+//! off the caller's path, since a registration replies only after its save (issue 21: the two
+//! fsyncs were most of `RegisterJob`'s p99 on a shared disk); [`Store::flush`] waits for it.
+//! What a crash of the node can lose is the last few milliseconds of changes, and a crash of
+//! the node ends the jobs they describe. A file of an older
 //! [`STATE_VERSION`] is migrated (`migrate`); a newer or unreadable one is set aside. Touches
 //! only its own files.
 
@@ -13,7 +18,8 @@ mod tests;
 use std::collections::BTreeMap;
 use std::fs::{self, File};
 use std::io::{self, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
 
 use serde::{Deserialize, Serialize};
 
@@ -239,6 +245,9 @@ pub struct Store {
     on_disk: Option<Vec<u8>>,
     /// Files written since this store was made.
     writes: u64,
+    /// The thread that makes written files durable (started at the first write); a request
+    /// waiting in the channel already covers any later write.
+    syncer: Option<mpsc::SyncSender<()>>,
 }
 
 impl Store {
@@ -247,6 +256,45 @@ impl Store {
             dir: dir.into(),
             on_disk: None,
             writes: 0,
+            syncer: None,
+        }
+    }
+
+    /// Makes the state file as last written durable, now, on the caller's thread (shutdown).
+    pub fn flush(&self) -> Result<(), StoreError> {
+        if self.writes == 0 {
+            return Ok(());
+        }
+        sync_file_and_dir(&self.path(), &self.dir)
+    }
+
+    /// Asks the syncing thread to make the last write durable; syncs here if it cannot run.
+    fn sync_later(&mut self) -> Result<(), StoreError> {
+        if self.syncer.is_none() {
+            let (tx, rx) = mpsc::sync_channel::<()>(1);
+            let (path, dir) = (self.path(), self.dir.clone());
+            let started = std::thread::Builder::new()
+                .name("lodger-store".into())
+                .spawn(move || {
+                    while rx.recv().is_ok() {
+                        if let Err(e) = sync_file_and_dir(&path, &dir) {
+                            tracing::warn!("{e}");
+                        }
+                    }
+                });
+            if started.is_ok() {
+                self.syncer = Some(tx);
+            }
+        }
+        match &self.syncer {
+            Some(tx) => match tx.try_send(()) {
+                Ok(()) | Err(mpsc::TrySendError::Full(())) => Ok(()),
+                Err(mpsc::TrySendError::Disconnected(())) => {
+                    self.syncer = None;
+                    self.flush()
+                }
+            },
+            None => self.flush(),
         }
     }
 
@@ -377,23 +425,27 @@ impl Store {
                 .open(&tmp)
                 .map_err(werr)?;
             f.write_all(&bytes).map_err(werr)?;
-            f.sync_all().map_err(werr)?;
         }
         fs::rename(&tmp, &path).map_err(|source| StoreError::Write {
             path: path.clone(),
             source,
         })?;
         self.writes += 1;
-        // The old file is gone: whatever follows, its bytes are no longer what is on disk.
-        self.on_disk = None;
-        // The rename is durable only once the directory entry is.
-        File::open(&self.dir)
-            .and_then(|d| d.sync_all())
-            .map_err(|source| StoreError::Write {
-                path: self.dir.clone(),
-                source,
-            })?;
         self.on_disk = Some(bytes);
+        self.sync_later()?;
         Ok(true)
     }
+}
+
+/// fsync of the file, then of the directory that names it (a rename is durable only once the
+/// directory entry is).
+fn sync_file_and_dir(path: &Path, dir: &Path) -> Result<(), StoreError> {
+    let err = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| StoreError::Write { path, source }
+    };
+    File::open(path)
+        .and_then(|f| f.sync_all())
+        .map_err(err(path))?;
+    File::open(dir).and_then(|d| d.sync_all()).map_err(err(dir))
 }

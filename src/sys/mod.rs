@@ -5,5 +5,6 @@
 
 pub mod cgroupfs;
 pub mod command;
+pub mod procevents;
 pub mod procfs;
 pub mod resctrlfs;

@@ -3,7 +3,10 @@
 //! so that [`Enforcer::release`] can undo it, also after a lodgerd restart. Touches cgroupfs, /proc,
 //! sched_setscheduler and sched_setaffinity, through the submodules.
 //!
-//! `apply` runs every tick for every job, so its steady path (nothing to change) only reads: the
+//! `apply` runs every tick for every job. Where the kernel's process events can be read, a job
+//! none of whose processes forked, exec'd or exited since its last full sweep is skipped
+//! (`enforce::quiet`: one full sweep per `quiet::FULL_SWEEP_EVERY` remains as the safety net).
+//! Otherwise its steady path (nothing to change) only reads: the
 //! job's cpuset files or thread masks, `/proc/PID/stat` of each known process, `/proc/PID/task`, two
 //! scheduler queries per thread. A full /proc scan (for descendants) happens only when it can find
 //! something: with affinity pinning when a task was created on the node since the last scan
@@ -20,7 +23,7 @@ pub mod error;
 mod memory;
 mod pid_jobs;
 pub mod record;
-mod roles;
+pub(crate) mod roles;
 mod rr;
 pub mod rtgroup;
 pub mod slurm_jobs;
@@ -42,6 +45,7 @@ use self::rr::RrSweep;
 use self::rtgroup::RtGroups;
 pub use self::slurm_jobs::SlurmCgroup;
 use super::cpusets::{self, CpusetFile, CpusetHierarchy};
+use super::quiet;
 use super::sched;
 use super::{EnforceSettings, PidPinning, PinMethod, TrainingClass};
 use crate::cpuset::CpuSet;
@@ -98,6 +102,7 @@ struct Scratch {
     in_cgroup: Vec<u32>,
     cgroups: Vec<String>,
     roles: roles::ThreadRoles,
+    quiet: quiet::Quiet,
 }
 
 /// Enforces training jobs' placements and SCHED_RR. One per lodgerd; `Send` and `Sync`.
@@ -158,6 +163,12 @@ impl Enforcer {
             in_cgroup: Vec::new(),
             cgroups: Vec::new(),
             roles: roles::ThreadRoles::new(&settings.proc_root),
+            // Events speak of the node's processes: a fake proc tree (tests) has none.
+            quiet: quiet::Quiet::new(
+                settings.process_events
+                    && settings.proc_root.as_path()
+                        == std::path::Path::new(crate::sys::procfs::DEFAULT_PROC_ROOT),
+            ),
         };
         Ok(Enforcer {
             mode: CgroupMode {
@@ -204,6 +215,24 @@ impl Enforcer {
         }
         let mut guard = self.scratch();
         let s = &mut *guard;
+        let now = std::time::Instant::now();
+        let asked = quiet::Asked {
+            cpus,
+            mems,
+            memory_max: record.memory_max,
+        };
+        let roles = matches!(self.settings.class, TrainingClass::Rr { roles: true });
+        if let Some(out) = s.quiet.skip(
+            id,
+            target,
+            &asked,
+            Some(&*self.cpusets),
+            roles.then_some(&mut s.roles),
+            &mut s.in_cgroup,
+            now,
+        ) {
+            return Ok(out);
+        }
         let mut out = Outcome::default();
         let JobRecord {
             cgroup: cgroup_rec,
@@ -266,13 +295,30 @@ impl Enforcer {
         out.threads = rr.threads;
         out.rr_threads = rr.rr;
         let mut errors = rr.errors;
-        match placed {
-            Err(e) if errors.is_empty() => return Err(e),
-            Err(e) => errors.insert(0, e),
-            Ok(()) => {}
+        let latency = rr.latency;
+        if let Err(e) = placed {
+            s.quiet.forget(id);
+            if errors.is_empty() {
+                return Err(e);
+            }
+            errors.insert(0, e);
         }
-        EnforceError::collect(errors)?;
+        if let Err(e) = EnforceError::collect(errors) {
+            s.quiet.forget(id);
+            return Err(e);
+        }
+        if out.alive && out.waiting.is_none() && out.bound == 0 {
+            s.quiet
+                .remember(id, target, &asked, &out, latency, Some(&*self.cpusets), now);
+        } else {
+            s.quiet.forget(id);
+        }
         Ok(out)
+    }
+
+    /// Whether applies skip the jobs nothing happened to (the kernel's process events are read).
+    pub fn event_driven(&self) -> bool {
+        self.scratch().quiet.enabled()
     }
 
     /// Removes lodger's parent cgroup when nothing is left in it (the last job's release may
@@ -295,6 +341,7 @@ impl Enforcer {
     ) -> Result<(), EnforceError> {
         let mut guard = self.scratch();
         let s = &mut *guard;
+        s.quiet.forget(id);
         let mut errors = Vec::new();
         if let Some(rec) = &record.cgroup {
             self.release_cgroup(rec, s, &mut errors);

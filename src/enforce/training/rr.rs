@@ -67,6 +67,9 @@ impl Enforcer {
                 } else {
                     Role::Worker
                 };
+                if role == Role::Latency {
+                    rr.latency.push((pid, tid));
+                }
                 any |= rr.thread(pid, tid, role);
             }
             if any {
@@ -149,6 +152,8 @@ pub(super) struct RrSweep<'a> {
     pub(super) threads: u32,
     pub(super) rr: u32,
     pub(super) changed: bool,
+    /// Threads swept in the latency role, `(pid, tid)`.
+    pub(super) latency: Vec<(u32, u32)>,
 }
 
 impl<'a> RrSweep<'a> {
@@ -162,6 +167,7 @@ impl<'a> RrSweep<'a> {
             threads: 0,
             rr: 0,
             changed: false,
+            latency: Vec::new(),
         }
     }
 

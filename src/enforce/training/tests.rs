@@ -1286,3 +1286,57 @@ fn real_v2_hierarchy_is_detected() {
     assert_eq!(real.mode().version, CgroupVersion::V2);
     assert_eq!(real.mode().pid_pinning, PinMethod::Affinity);
 }
+
+/// Issue 21: with the kernel's process events, an apply skips a job nothing happened to (a
+/// change no event reports, here a thread set back to SCHED_OTHER by hand, waits for the next
+/// full sweep), and a fork in the job is caught by the very next apply, which sweeps it all.
+/// Without events every apply sweeps: the same hand change is undone at once.
+#[test]
+fn process_events_decide_which_applies_sweep() {
+    const TEST: &str = "process_events_decide_which_applies_sweep";
+    if !need_root(TEST) {
+        return;
+    }
+    for events in [true, false] {
+        let e = enforcer(EnforceSettings {
+            parent: unique("quiet"),
+            pid_jobs: PidPinning::Affinity,
+            rt_priority: 7,
+            // Thread roles sweep every tick for a while after placement (quiet::ROLES_SETTLE).
+            class: TrainingClass::Rr { roles: false },
+            process_events: events,
+            ..EnforceSettings::default()
+        });
+        assert_eq!(e.event_driven(), events, "process events unavailable");
+        let mut w = Workload::start(3);
+        let target = Target::Pids(vec![w.pid]);
+        let mut record = JobRecord::default();
+        let cpus = set("0");
+        let first = e
+            .apply(&job(30), &target, &cpus, &CpuSet::new(), &mut record)
+            .expect("apply");
+        assert!(first.changed);
+        assert_threads(&[w.pid], Some(7), "0");
+        // Behind lodger's back: no process event says so.
+        let victim = tids(w.pid)[1];
+        sched::revert_rr(victim).expect("set a thread back by hand");
+        let quiet = e
+            .apply(&job(30), &target, &cpus, &CpuSet::new(), &mut record)
+            .expect("apply");
+        let fixed = sched::policy_of(victim).expect("policy").0 == libc::SCHED_RR;
+        assert_eq!(!fixed, events, "events {events}: swept = {fixed}");
+        assert_eq!(quiet.changed, !events);
+        assert_eq!(quiet.threads, first.threads);
+        // A new thread is a fork in the job: the next apply sweeps everything.
+        let fresh = w.new_thread();
+        let out = e
+            .apply(&job(30), &target, &cpus, &CpuSet::new(), &mut record)
+            .expect("apply");
+        assert!(out.changed);
+        assert_eq!(out.threads, first.threads + 1);
+        assert!(tids(w.pid).contains(&fresh));
+        assert_threads(&[w.pid], Some(7), "0");
+        e.release(&job(30), &target, &record).expect("release");
+        assert_threads(&[w.pid], None, &unpinned());
+    }
+}

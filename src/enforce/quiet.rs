@@ -1,0 +1,268 @@
+//! Between full sweeps (issue 21): which jobs an apply may skip because nothing they depend on
+//! changed since their last full sweep. Learns of forks, execs and exits from the kernel's
+//! process events (`sys::procevents`) instead of listing every job's threads every tick; keeps
+//! a slow full sweep ([`FULL_SWEEP_EVERY`]) as the safety net. Touches the events socket, the
+//! job cgroups' `cgroup.procs` (through the hierarchy it is handed) and, with thread roles, the
+//! latency threads' schedstat (through `roles`).
+//!
+//! A job is swept in full when any of these holds, and skipped otherwise (its last outcome
+//! stands):
+//! - no process events are available (no CAP_NET_ADMIN, or a kernel without the connector);
+//! - it was never swept, or its placement (CPUs, memory nodes, memory limit) differs;
+//! - a process of the job forked (a thread or a child), exec'd or exited since;
+//! - events were lost (the socket overflowed): every job;
+//! - a cgroup job's `cgroup.procs` differs (a process attached from outside: `kubectl exec`,
+//!   a Slurm step), read each tick (one file);
+//! - with thread roles, one of its latency threads started computing, or the job was placed
+//!   less than [`ROLES_SETTLE`] ago. Checked each tick: first the job's processes' CPU time
+//!   (one clock read a process); only when they used at least `roles::WORKER_ABOVE` of a CPU
+//!   since the last tick could a latency thread have, and then each latency thread's schedstat
+//!   is read;
+//! - its last full sweep is [`FULL_SWEEP_EVERY`] old: what no event reports (an owner who set
+//!   a thread back to SCHED_OTHER, changed its affinity) is put right within that.
+//!
+//! Slurm jobs are always swept: their processes are found in cgroups lodger does not own and
+//! pinned by affinity (`slurm_jobs`).
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use tracing::{debug, info};
+
+use super::training::roles::{Role, ThreadRoles, WORKER_ABOVE};
+use super::Outcome;
+use crate::cpuset::CpuSet;
+use crate::enforce::cpusets::CpusetHierarchy;
+use crate::job::{JobId, Target};
+use crate::sys::procevents::ProcEvents;
+
+/// The safety net: every job is swept in full at least this often.
+pub const FULL_SWEEP_EVERY: Duration = Duration::from_secs(10);
+/// With thread roles, a job is swept every tick for this long after it is placed, so that its
+/// threads' roles are measured before sweeps become rare (a role is measured over at least
+/// `roles::MIN_WINDOW`).
+pub const ROLES_SETTLE: Duration = Duration::from_secs(5);
+
+/// What a job's last full sweep found and depended on.
+#[derive(Debug)]
+struct Swept {
+    cpus: CpuSet,
+    mems: CpuSet,
+    memory_max: Option<u64>,
+    outcome: Outcome,
+    at: Instant,
+    /// When the job was first swept at this placement.
+    since: Instant,
+    /// Threads in the latency role, `(pid, tid)`.
+    latency: Vec<(u32, u32)>,
+    /// A cgroup job's processes, sorted.
+    procs: Option<Vec<u32>>,
+    /// The job's processes' CPU time at the last check, and when.
+    cpu: Option<(u64, Instant)>,
+}
+
+/// See the module doc.
+#[derive(Debug)]
+pub(crate) struct Quiet {
+    events: Option<ProcEvents>,
+    /// Processes touched by an event, and when lodger read it.
+    touched: HashMap<u32, Instant>,
+    swept: HashMap<JobId, Swept>,
+}
+
+/// The placement an apply was asked for.
+pub(crate) struct Asked<'a> {
+    pub(crate) cpus: &'a CpuSet,
+    pub(crate) mems: &'a CpuSet,
+    pub(crate) memory_max: Option<u64>,
+}
+
+impl Quiet {
+    /// With `events`, skipping is on; without, every apply sweeps (one log line says why).
+    pub(crate) fn new(events: bool) -> Quiet {
+        let events = if events {
+            match ProcEvents::open() {
+                Ok(e) => Some(e),
+                Err(e) => {
+                    info!(
+                        "process events unavailable ({e}): every job's threads are listed \
+                         every tick instead"
+                    );
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        Quiet {
+            events,
+            touched: HashMap::new(),
+            swept: HashMap::new(),
+        }
+    }
+
+    pub(crate) fn enabled(&self) -> bool {
+        self.events.is_some()
+    }
+
+    /// Reads the pending events: at every apply, since the kernel queues a fork's event before
+    /// the fork returns, so an apply after it always knows (with nothing pending, one `recv`).
+    fn drain(&mut self, now: Instant) {
+        let Some(events) = &mut self.events else {
+            return;
+        };
+        let touched = &mut self.touched;
+        match events.drain(|tgid| {
+            touched.insert(tgid, now);
+        }) {
+            Ok(d) if d.lost => {
+                debug!("process events were lost: every job is swept");
+                self.swept.clear();
+            }
+            Ok(_) => {}
+            Err(e) => {
+                info!("process events failed ({e}): every job's threads are listed every tick from now on");
+                self.events = None;
+                self.swept.clear();
+            }
+        }
+        if self.touched.len() > 4096 {
+            self.touched
+                .retain(|_, at| now.saturating_duration_since(*at) <= FULL_SWEEP_EVERY);
+        }
+    }
+
+    /// The job's last outcome, when it may be skipped now (see the module doc).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn skip(
+        &mut self,
+        id: &JobId,
+        target: &Target,
+        asked: &Asked<'_>,
+        cgroups: Option<&dyn CpusetHierarchy>,
+        roles: Option<&mut ThreadRoles>,
+        buf: &mut Vec<u32>,
+        now: Instant,
+    ) -> Option<Outcome> {
+        self.drain(now);
+        self.events.as_ref()?;
+        let swept = self.swept.get_mut(id)?;
+        if swept.cpus != *asked.cpus
+            || swept.mems != *asked.mems
+            || swept.memory_max != asked.memory_max
+            || now.saturating_duration_since(swept.at) >= FULL_SWEEP_EVERY
+        {
+            return None;
+        }
+        // Events read by the apply that swept (at its start, `swept.at`) were before its sweep.
+        let touched_at = swept.at;
+        let touched = |pid: &u32| self.touched.get(pid).is_some_and(|t| *t > touched_at);
+        if swept.outcome.pids.iter().any(touched) {
+            return None;
+        }
+        if let Some(procs) = &swept.procs {
+            let (cg, cgroups) = (cgroup_of(target)?, cgroups?);
+            buf.clear();
+            cgroups.procs(&cg, buf).ok()?;
+            buf.sort_unstable();
+            if buf != procs {
+                return None;
+            }
+        }
+        if let Some(roles) = roles {
+            if now.saturating_duration_since(swept.since) < ROLES_SETTLE {
+                return None;
+            }
+            if !swept.latency.is_empty() {
+                let cpu = swept
+                    .outcome
+                    .pids
+                    .iter()
+                    .filter_map(|&p| crate::sys::procfs::process_cpu_ns(p))
+                    .fold(0u64, u64::saturating_add);
+                // Below WORKER_ABOVE of one CPU in all, no thread of the job can have used more.
+                let calm = swept.cpu.is_some_and(|(before, at)| {
+                    let wall = now.saturating_duration_since(at).as_nanos() as f64;
+                    (cpu.saturating_sub(before) as f64) < WORKER_ABOVE * wall
+                });
+                swept.cpu = Some((cpu, now));
+                if !calm {
+                    roles.begin(now);
+                    for &(pid, tid) in &swept.latency {
+                        if roles.role(pid, tid, now) != Role::Latency {
+                            return None;
+                        }
+                    }
+                }
+            }
+        }
+        Some(Outcome {
+            changed: false,
+            warnings: Vec::new(),
+            ..swept.outcome.clone()
+        })
+    }
+
+    /// Records a full sweep that succeeded. `at`: when it began (events read after it count).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn remember(
+        &mut self,
+        id: &JobId,
+        target: &Target,
+        asked: &Asked<'_>,
+        outcome: &Outcome,
+        latency: Vec<(u32, u32)>,
+        cgroups: Option<&dyn CpusetHierarchy>,
+        at: Instant,
+    ) {
+        if self.events.is_none() || matches!(target, Target::Slurm(_) | Target::Instances) {
+            return;
+        }
+        let procs = match (cgroup_of(target), cgroups) {
+            (Some(cg), Some(cgroups)) => {
+                let mut procs = Vec::new();
+                if cgroups.procs(&cg, &mut procs).is_err() {
+                    self.swept.remove(id);
+                    return;
+                }
+                procs.sort_unstable();
+                Some(procs)
+            }
+            // Simulated enforcement: a cgroup job is taken to be alive, nothing is read.
+            (Some(_), None) => None,
+            (None, _) => None,
+        };
+        let since = match self.swept.get(id) {
+            Some(s) if s.cpus == *asked.cpus && s.mems == *asked.mems => s.since,
+            _ => at,
+        };
+        self.swept.insert(
+            id.clone(),
+            Swept {
+                cpus: asked.cpus.clone(),
+                mems: asked.mems.clone(),
+                memory_max: asked.memory_max,
+                outcome: outcome.clone(),
+                at,
+                since,
+                latency,
+                procs,
+                cpu: None,
+            },
+        );
+    }
+
+    pub(crate) fn forget(&mut self, id: &JobId) {
+        self.swept.remove(id);
+    }
+}
+
+/// The cgroup whose processes make a cgroup job (normalized), `None` for other targets.
+fn cgroup_of(target: &Target) -> Option<String> {
+    let path = match target {
+        Target::Cgroup(p) => p,
+        Target::Container(c) => &c.cgroup,
+        _ => return None,
+    };
+    crate::sys::cgroupfs::normalize(path).ok()
+}

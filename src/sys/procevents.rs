@@ -1,0 +1,289 @@
+//! The kernel's process events: the netlink proc connector (`linux/cn_proc.h`), which reports
+//! every fork (a new process or a new thread), exec and exit on the node. Read without blocking,
+//! as the processes they touch. Touches one netlink socket and nothing else.
+//!
+//! Why by hand: no maintained crate wraps it (the `cnproc` crate reads one event per blocking
+//! call and is unmaintained); the protocol is three fixed C structs, defined below from the
+//! kernel's UAPI headers (`linux/netlink.h`, `linux/connector.h`, `linux/cn_proc.h`).
+//!
+//! Subscribing needs CAP_NET_ADMIN (lodgerd has it); without it, [`ProcEvents::open`] fails and
+//! the caller sweeps /proc every tick as before. Events are lost when the socket's buffer
+//! overflows between reads (a fork storm): [`Drained::lost`] says so, and the caller must then
+//! treat every process as touched.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+/// `struct nlmsghdr`: 16 bytes.
+const NLMSG_HDR: usize = 16;
+/// `struct cn_msg` without its payload: `cb_id` (idx, val), seq, ack, len (u16), flags (u16).
+const CN_MSG_HDR: usize = 20;
+/// `struct proc_event`: `what` (u32), `cpu` (u32), `timestamp_ns` (u64), then the union.
+const EVENT_DATA: usize = 16;
+const CN_IDX_PROC: u32 = 1;
+const CN_VAL_PROC: u32 = 1;
+const PROC_CN_MCAST_LISTEN: u32 = 1;
+const PROC_EVENT_FORK: u32 = 0x0000_0001;
+const PROC_EVENT_EXEC: u32 = 0x0000_0002;
+const PROC_EVENT_EXIT: u32 = 0x8000_0000;
+/// Asked for (root may exceed `net.core.rmem_max`): about a thousand events between two reads.
+const RECV_BUFFER: libc::c_int = 1 << 20;
+
+/// What one drain found.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Drained {
+    pub events: u64,
+    /// The socket overflowed: some events since the last drain are gone.
+    pub lost: bool,
+}
+
+/// A subscription to the node's process events.
+#[derive(Debug)]
+pub struct ProcEvents {
+    fd: OwnedFd,
+    buf: Vec<u8>,
+}
+
+impl ProcEvents {
+    /// Opens a non-blocking connector socket and subscribes to process events.
+    pub fn open() -> io::Result<ProcEvents> {
+        // SAFETY: plain socket(2) call; the result is checked before use.
+        let raw = unsafe {
+            libc::socket(
+                libc::AF_NETLINK,
+                libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                libc::NETLINK_CONNECTOR,
+            )
+        };
+        if raw < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `raw` is a socket this function just opened and owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let size: libc::c_int = RECV_BUFFER;
+        for opt in [libc::SO_RCVBUFFORCE, libc::SO_RCVBUF] {
+            // SAFETY: the option value is a c_int that lives across the call.
+            let rc = unsafe {
+                libc::setsockopt(
+                    fd.as_raw_fd(),
+                    libc::SOL_SOCKET,
+                    opt,
+                    std::ptr::addr_of!(size).cast(),
+                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                )
+            };
+            if rc == 0 {
+                break;
+            }
+        }
+        let mut addr = sockaddr(CN_IDX_PROC);
+        // SAFETY: `addr` is a valid sockaddr_nl of the size given.
+        let rc = unsafe {
+            libc::bind(
+                fd.as_raw_fd(),
+                std::ptr::addr_of_mut!(addr).cast(),
+                std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t,
+            )
+        };
+        if rc < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let listen = listen_message();
+        let kernel = sockaddr(0);
+        // SAFETY: the message and the address are valid for the lengths given.
+        let sent = unsafe {
+            libc::sendto(
+                fd.as_raw_fd(),
+                listen.as_ptr().cast(),
+                listen.len(),
+                0,
+                std::ptr::addr_of!(kernel).cast(),
+                std::mem::size_of::<libc::sockaddr_nl>() as libc::socklen_t,
+            )
+        };
+        if sent < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(ProcEvents {
+            fd,
+            buf: vec![0; 8192],
+        })
+    }
+
+    /// Reads every pending event and calls `touched(tgid)` for each process one touched: both
+    /// sides of a fork (a new thread's process, a new process and its parent), an exec, an exit
+    /// (of a thread or of the process). Never blocks.
+    pub fn drain(&mut self, mut touched: impl FnMut(u32)) -> io::Result<Drained> {
+        let mut out = Drained::default();
+        loop {
+            // SAFETY: `buf` is valid for writes of its length.
+            let n = unsafe {
+                libc::recv(
+                    self.fd.as_raw_fd(),
+                    self.buf.as_mut_ptr().cast(),
+                    self.buf.len(),
+                    libc::MSG_DONTWAIT,
+                )
+            };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                match e.raw_os_error() {
+                    Some(libc::EAGAIN) => return Ok(out),
+                    Some(libc::EINTR) => continue,
+                    // The kernel dropped events for want of room; reading goes on.
+                    Some(libc::ENOBUFS) => {
+                        out.lost = true;
+                        continue;
+                    }
+                    _ => return Err(e),
+                }
+            }
+            let len = usize::try_from(n).unwrap_or(0).min(self.buf.len());
+            out.events += parse(&self.buf[..len], &mut touched);
+        }
+    }
+}
+
+fn sockaddr(groups: u32) -> libc::sockaddr_nl {
+    // SAFETY: sockaddr_nl is plain data; all-zero is a valid value.
+    let mut addr: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+    addr.nl_family = libc::AF_NETLINK as libc::sa_family_t;
+    addr.nl_groups = groups;
+    addr
+}
+
+/// nlmsghdr + cn_msg + `PROC_CN_MCAST_LISTEN`, in native byte order as netlink wants.
+fn listen_message() -> Vec<u8> {
+    let total = NLMSG_HDR + CN_MSG_HDR + 4;
+    let mut m = Vec::with_capacity(total);
+    m.extend_from_slice(&(total as u32).to_ne_bytes());
+    m.extend_from_slice(&(libc::NLMSG_DONE as u16).to_ne_bytes());
+    m.extend_from_slice(&0u16.to_ne_bytes()); // flags
+    m.extend_from_slice(&0u32.to_ne_bytes()); // seq
+    m.extend_from_slice(&std::process::id().to_ne_bytes()); // port
+    m.extend_from_slice(&CN_IDX_PROC.to_ne_bytes());
+    m.extend_from_slice(&CN_VAL_PROC.to_ne_bytes());
+    m.extend_from_slice(&0u32.to_ne_bytes()); // seq
+    m.extend_from_slice(&0u32.to_ne_bytes()); // ack
+    m.extend_from_slice(&4u16.to_ne_bytes()); // len of the payload
+    m.extend_from_slice(&0u16.to_ne_bytes()); // flags
+    m.extend_from_slice(&PROC_CN_MCAST_LISTEN.to_ne_bytes());
+    m
+}
+
+fn u32_at(b: &[u8], at: usize) -> Option<u32> {
+    let bytes = b.get(at..at + 4)?;
+    Some(u32::from_ne_bytes(bytes.try_into().ok()?))
+}
+
+/// Walks the netlink messages of one datagram; returns how many process events it held.
+fn parse(datagram: &[u8], touched: &mut impl FnMut(u32)) -> u64 {
+    let mut events = 0;
+    let mut at = 0;
+    while let Some(len) = u32_at(datagram, at).and_then(|l| usize::try_from(l).ok()) {
+        if len < NLMSG_HDR || at + len > datagram.len() {
+            break;
+        }
+        let msg = &datagram[at..at + len];
+        let idx = u32_at(msg, NLMSG_HDR);
+        let ev = NLMSG_HDR + CN_MSG_HDR;
+        if idx == Some(CN_IDX_PROC) {
+            if let Some(what) = u32_at(msg, ev) {
+                events += 1;
+                let data = ev + EVENT_DATA;
+                match what {
+                    // parent_pid, parent_tgid, child_pid, child_tgid
+                    PROC_EVENT_FORK => {
+                        for tgid in [u32_at(msg, data + 4), u32_at(msg, data + 12)]
+                            .into_iter()
+                            .flatten()
+                        {
+                            touched(tgid);
+                        }
+                    }
+                    // process_pid, process_tgid, ...
+                    PROC_EVENT_EXEC | PROC_EVENT_EXIT => {
+                        if let Some(tgid) = u32_at(msg, data + 4) {
+                            touched(tgid);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        // NLMSG_ALIGN: messages start on 4-byte boundaries.
+        at += (len + 3) & !3;
+    }
+    events
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A datagram as the kernel sends it: nlmsghdr, cn_msg, proc_event.
+    fn event(what: u32, data: &[u32]) -> Vec<u8> {
+        let payload = EVENT_DATA + 4 * data.len();
+        let total = NLMSG_HDR + CN_MSG_HDR + payload;
+        let mut m = Vec::new();
+        m.extend_from_slice(&(total as u32).to_ne_bytes());
+        m.extend_from_slice(&[0; 12]);
+        m.extend_from_slice(&CN_IDX_PROC.to_ne_bytes());
+        m.extend_from_slice(&CN_VAL_PROC.to_ne_bytes());
+        m.extend_from_slice(&[0; 8]);
+        m.extend_from_slice(&(payload as u16).to_ne_bytes());
+        m.extend_from_slice(&[0; 2]);
+        m.extend_from_slice(&what.to_ne_bytes());
+        m.extend_from_slice(&[0; 12]); // cpu, timestamp
+        for d in data {
+            m.extend_from_slice(&d.to_ne_bytes());
+        }
+        m
+    }
+
+    #[test]
+    fn forks_execs_and_exits_touch_their_processes() {
+        let mut seen = Vec::new();
+        // A thread of 100 (tid 101) and a new process 200 forked by 100.
+        let mut d = event(PROC_EVENT_FORK, &[100, 100, 101, 100]);
+        d.extend(event(PROC_EVENT_FORK, &[100, 100, 200, 200]));
+        d.extend(event(PROC_EVENT_EXEC, &[200, 200]));
+        d.extend(event(PROC_EVENT_EXIT, &[101, 100, 0, 0, 1, 1]));
+        d.extend(event(0x0000_0004, &[300, 300, 0, 0])); // a UID change: nothing
+        assert_eq!(parse(&d, &mut |t| seen.push(t)), 5);
+        assert_eq!(seen, [100, 100, 100, 200, 200, 100]);
+    }
+
+    #[test]
+    fn truncated_or_foreign_messages_are_skipped() {
+        let mut seen = Vec::new();
+        let d = event(PROC_EVENT_EXEC, &[7, 7]);
+        assert_eq!(parse(&d[..d.len() - 10], &mut |t| seen.push(t)), 0);
+        let mut other = d.clone();
+        other[NLMSG_HDR..NLMSG_HDR + 4].copy_from_slice(&9u32.to_ne_bytes());
+        assert_eq!(parse(&other, &mut |t| seen.push(t)), 0);
+        assert_eq!(parse(&[], &mut |t| seen.push(t)), 0);
+        assert!(seen.is_empty());
+    }
+
+    /// As root: the kernel reports this test's own child process.
+    #[test]
+    fn the_kernel_reports_a_child_process() {
+        const TEST: &str = "the_kernel_reports_a_child_process";
+        if !crate::privileged::need_root(TEST) {
+            return;
+        }
+        let mut events = ProcEvents::open().expect("subscribe to process events");
+        let mut child = std::process::Command::new("true")
+            .spawn()
+            .expect("spawn true");
+        let pid = child.id();
+        child.wait().expect("wait");
+        let mut seen = false;
+        // The events are queued by the time the child has been reaped.
+        events
+            .drain(|tgid| seen |= tgid == pid)
+            .expect("drain events");
+        assert!(seen, "no event for child {pid}");
+    }
+}
