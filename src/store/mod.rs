@@ -4,10 +4,12 @@
 //! what changes every sensing pass (samples, their times) is kept in memory, not here. Writes
 //! are atomic (temp file, rename): a killed lodgerd leaves the old file or the new one whole.
 //! They are made durable (fsync of the file and the directory) on a thread of the store's own,
-//! off the caller's path, since a registration replies only after its save (issue 21: the two
-//! fsyncs were most of `RegisterJob`'s p99 on a shared disk); [`Store::flush`] waits for it.
-//! What a crash of the node can lose is the last few milliseconds of changes, and a crash of
-//! the node ends the jobs they describe. A file of an older
+//! off the caller's path and at most every [`SYNC_EVERY`], since a registration replies only
+//! after its save (issue 21: the two fsyncs were the state file's share of `RegisterJob`'s p99
+//! on a shared disk); [`Store::flush`] syncs at once (shutdown). What a crash of the node can
+//! lose is the last half second of changes, and a crash of the node ends the jobs they
+//! describe; after one, a file that did not reach the disk whole is set aside as unreadable,
+//! as any is. A file of an older
 //! [`STATE_VERSION`] is migrated (`migrate`); a newer or unreadable one is set aside. Touches
 //! only its own files.
 
@@ -33,6 +35,8 @@ use crate::policy::rightsize::{OwnerHistory, Tuner};
 use crate::policy::Plan;
 
 pub const STATE_FILE: &str = "state.json";
+/// The state file is made durable at most this often (see the module doc).
+pub const SYNC_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
 /// The training registration under way (see [`Pending`]), beside the state file.
 pub const PENDING_FILE: &str = "registering.json";
 
@@ -280,6 +284,10 @@ impl Store {
                         if let Err(e) = sync_file_and_dir(&path, &dir) {
                             tracing::warn!("{e}");
                         }
+                        // At most one sync per SYNC_EVERY: each forces a journal commit, which
+                        // the next registration's rename would wait behind (a request that came
+                        // meanwhile is served after the pause).
+                        std::thread::sleep(SYNC_EVERY);
                     }
                 });
             if started.is_ok() {
@@ -404,7 +412,9 @@ impl Store {
     }
 
     pub fn save(&mut self, state: &State) -> Result<bool, StoreError> {
-        let bytes = serde_json::to_vec_pretty(state)?;
+        // Compact: at 50 jobs the pretty form was about twice the bytes to encode and write on
+        // every registration's path (`jq . state.json` reads it).
+        let bytes = serde_json::to_vec(state)?;
         if self.on_disk.as_deref() == Some(bytes.as_slice()) {
             return Ok(false);
         }
