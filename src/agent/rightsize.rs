@@ -81,6 +81,10 @@ impl Rightsize {
             warmup: rs.warmup,
             window: rs.window,
             tolerance: rs.tolerance,
+            from_history: state
+                .owner_history
+                .largest_per_gpu(job.owner_uid, job.spec.category)
+                .is_some(),
             ..TunerSettings::new(start, limits)
         };
         Some(Tuning {

@@ -71,6 +71,14 @@ fn settings(start: u32, floor: u32, max: u32, tolerance: u32) -> TunerSettings {
     }
 }
 
+/// As `settings`, for a start taken from the owner's history (§V-B-1).
+fn from_history(start: u32, floor: u32, max: u32, tolerance: u32) -> TunerSettings {
+    TunerSettings {
+        from_history: true,
+        ..settings(start, floor, max, tolerance)
+    }
+}
+
 /// What a simulated tuning run did.
 #[derive(Debug)]
 struct Run {
@@ -465,26 +473,30 @@ fn search_table() {
             9,
         ),
     ];
+    // Each case from a guessed start and from the owner's history: the same count either way.
     for case in cases {
-        let settings = settings(case.start, case.floor, case.max, 0);
-        let r = run(&case.curve, settings, 7, &never);
-        assert_eq!(
-            r.settled,
-            case.want,
-            "{}: {}",
-            case.name,
-            describe(&r.history)
-        );
-        assert!(
-            r.probes <= case.max_probes,
-            "{}: {} probes: {}",
-            case.name,
-            r.probes,
-            describe(&r.history)
-        );
-        // §V-B-2: the first probe is a smaller count.
-        if case.start > case.floor {
-            assert!(r.counts[1] < case.start, "{}: {:?}", case.name, r.counts);
+        for history in [false, true] {
+            let settings = TunerSettings {
+                from_history: history,
+                ..settings(case.start, case.floor, case.max, 0)
+            };
+            let r = run(&case.curve, settings, 7, &never);
+            let name = format!("{} (history: {history})", case.name);
+            assert_eq!(r.settled, case.want, "{name}: {}", describe(&r.history));
+            assert!(
+                r.probes <= case.max_probes,
+                "{name}: {} probes: {}",
+                r.probes,
+                describe(&r.history)
+            );
+            // §V-B-2: from the owner's history, the first probe is a smaller count; from a
+            // guess, a larger one (unless the start is the max already).
+            if case.start > case.floor && history {
+                assert!(r.counts[1] < case.start, "{name}: {:?}", r.counts);
+            }
+            if case.start < case.max && !history {
+                assert!(r.counts[1] > case.start, "{name}: {:?}", r.counts);
+            }
         }
     }
 }
@@ -519,7 +531,7 @@ fn tolerance_stops_one_core_early() {
 
 #[test]
 fn warmup_and_windows() {
-    let mut t = Tuner::new(settings(4, 1, 8, 0), Duration::ZERO);
+    let mut t = Tuner::new(from_history(4, 1, 8, 0), Duration::ZERO);
     assert_eq!(t.cores(), 4);
     assert_eq!(t.recommendation(), 4);
     // Warm-up: samples are ignored, however wild.
@@ -688,7 +700,7 @@ fn a_noisy_window_with_no_lean_is_judged_at_once() {
 #[test]
 fn a_throttle_stops_the_window_and_undoes_a_smaller_probe() {
     let util = |c: u32| 90.0 * f64::from(c.min(6)) / 6.0;
-    let mut t = Tuner::new(settings(8, 1, 16, 0), Duration::ZERO);
+    let mut t = Tuner::new(from_history(8, 1, 16, 0), Duration::ZERO);
     feed(&mut t, 0, 30, util, false);
     let actions = feed(&mut t, 30, 60, util, false);
     let probe = t.cores();
@@ -845,6 +857,94 @@ fn only_decisions_change_a_tuner_on_disk() {
     );
 }
 
+/// The inference from the curve's shape (`Tuner::infer`): a job whose utilization is
+/// proportional to its cores up to a knee (Amdahl's law with a parallel fraction near 1) is
+/// known too few at every count below the knee once one starved window and the plateau are
+/// measured: the search never probes below the knee (but one core, the tolerance of the
+/// inference's rounding) after that. Without noise (the windows' spread is the feed's
+/// alternation only).
+#[test]
+fn one_starved_window_and_the_plateau_place_the_knee() {
+    struct Case {
+        knee: u32,
+        start: u32,
+        history: bool,
+        max_probes: usize,
+    }
+    let cases = [
+        // From history above the knee: smaller (starved), then the knee itself.
+        Case {
+            knee: 10,
+            start: 12,
+            history: true,
+            max_probes: 3,
+        },
+        Case {
+            knee: 6,
+            start: 7,
+            history: true,
+            max_probes: 3,
+        },
+        // A guess below the knee: larger (the plateau, sized from the start's level), then
+        // bisection from one core below the knee, known from the start's window alone.
+        Case {
+            knee: 12,
+            start: 3,
+            history: false,
+            max_probes: 5,
+        },
+        Case {
+            knee: 20,
+            start: 5,
+            history: false,
+            max_probes: 5,
+        },
+    ];
+    for c in cases {
+        let knee = c.knee;
+        let util = move |n: u32| 95.0 * f64::from(n.min(knee)) / f64::from(knee);
+        let s = TunerSettings {
+            from_history: c.history,
+            ..settings(c.start, 1, 32, 0)
+        };
+        let mut t = Tuner::new(s, Duration::ZERO);
+        feed(&mut t, 0, 3600, util, false);
+        let name = format!("knee {knee} from {}", c.start);
+        assert_eq!(t.settled(), Some(knee), "{name}: {}", describe(t.history()));
+        assert!(
+            t.probes() <= c.max_probes,
+            "{name}: {}",
+            describe(t.history())
+        );
+        let first_too_few = t
+            .history()
+            .iter()
+            .position(|p| {
+                matches!(
+                    p.decision,
+                    Decision::Starved { .. } | Decision::Better { .. }
+                )
+            })
+            .expect("a count found too few");
+        let later_below = t.history()[first_too_few + 1..]
+            .iter()
+            .filter(|p| p.cores + 1 < knee)
+            .count();
+        assert_eq!(later_below, 0, "{name}: {}", describe(t.history()));
+    }
+}
+
+/// A state file written before `from_history` existed loads, as a guessed start.
+#[test]
+fn settings_without_from_history_load() {
+    let s = settings(4, 1, 8, 1);
+    let mut json = serde_json::to_value(&s).unwrap();
+    json.as_object_mut().unwrap().remove("from_history");
+    let back: TunerSettings = serde_json::from_value(json).unwrap();
+    assert_eq!(back, s);
+    assert!(!back.from_history);
+}
+
 #[test]
 fn decisions_read_well() {
     let d = Decision::Starved {
@@ -879,14 +979,21 @@ impl Tally {
     }
 }
 
-fn tally(jobs: impl Iterator<Item = (Curve, u32, CoreLimits)>, tolerance: u32) -> Tally {
+fn tally(
+    jobs: impl Iterator<Item = (Curve, u32, CoreLimits)>,
+    tolerance: u32,
+    history: bool,
+) -> Tally {
     let mut t = Tally {
         jobs: 0,
         probes: 0,
         within_one: 0,
     };
     for (i, (curve, start, limits)) in jobs.enumerate() {
-        let s = settings(start, limits.floor, limits.max, tolerance);
+        let s = TunerSettings {
+            from_history: history,
+            ..settings(start, limits.floor, limits.max, tolerance)
+        };
         let r = run(&curve, s, i as u64, &never);
         let best = curve.knee().clamp(limits.floor, limits.max);
         t.jobs += 1;
@@ -924,10 +1031,10 @@ fn random_curve(rng: &mut Rng, knee_per_gpu: u32) -> Curve {
 /// starting from the category defaults of §V-B-1, which SODA drew from these models
 /// (§IV-B): best-fit counts around the default of their category (2–6 cores per GPU for
 /// CV, 3–8 for NLP and SPEECH; the figure with the measured counts, Fig. 6, is not in the
-/// text). SODA finds each best count within 4 profiling steps (Table V); so does lodger, on
-/// average, within one core.
+/// text). SODA finds each best count within 4 profiling steps (Table V); lodger, on average,
+/// within 3 (issue 21's target; 2.65 here), within one core.
 #[test]
-fn paper_model_types_settle_within_one_core_in_four_probes_on_average() {
+fn paper_model_types_settle_within_one_core_in_three_probes_on_average() {
     let mut rng = Rng::scrambled(2023);
     let jobs: Vec<(Curve, u32, CoreLimits)> = (0..400)
         .map(|i| {
@@ -951,8 +1058,8 @@ fn paper_model_types_settle_within_one_core_in_four_probes_on_average() {
             (curve, start, limits)
         })
         .collect();
-    let t = tally(jobs.into_iter(), DEFAULT_TOLERANCE);
-    assert!(t.mean_probes() <= 4.0, "{:.2} probes", t.mean_probes());
+    let t = tally(jobs.into_iter(), DEFAULT_TOLERANCE, false);
+    assert!(t.mean_probes() <= 3.0, "{:.2} probes", t.mean_probes());
     assert!(
         t.share_within_one() >= 0.9,
         "{:.3} within ±1",
@@ -961,9 +1068,11 @@ fn paper_model_types_settle_within_one_core_in_four_probes_on_average() {
 }
 
 /// SODA §V-B-1's premise: an owner's jobs are alike, so the owner's history puts the start
-/// near the best count (here within 2 cores per GPU of it, over knees of 1–16 per GPU).
+/// near the best count (here within 2 cores per GPU of it, over knees of 1–16 per GPU), and
+/// the search tries fewer cores first. 2.83 probes here (the previous search, larger steps
+/// first, needed 3.3 in the benchmark; issue 21's target of 2 is not met).
 #[test]
-fn a_start_from_history_settles_within_one_core_in_four_probes_on_average() {
+fn a_start_from_history_settles_within_one_core_in_three_probes_on_average() {
     let mut rng = Rng::scrambled(17);
     let jobs: Vec<(Curve, u32, CoreLimits)> = (0..400)
         .map(|_| {
@@ -974,8 +1083,8 @@ fn a_start_from_history_settles_within_one_core_in_four_probes_on_average() {
             (curve, limits.clamp(per_gpu * curve.gpus), limits)
         })
         .collect();
-    let t = tally(jobs.into_iter(), DEFAULT_TOLERANCE);
-    assert!(t.mean_probes() <= 4.0, "{:.2} probes", t.mean_probes());
+    let t = tally(jobs.into_iter(), DEFAULT_TOLERANCE, true);
+    assert!(t.mean_probes() <= 3.0, "{:.2} probes", t.mean_probes());
     assert!(
         t.share_within_one() >= 0.9,
         "{:.3} within ±1",
@@ -984,6 +1093,9 @@ fn a_start_from_history_settles_within_one_core_in_four_probes_on_average() {
 }
 
 /// No prior at all: knees of 1–16 per GPU, starts anywhere. More probes, but still close.
+/// (The search now tries more cores first from such a start, and 4.4 probes here against 5.5
+/// before; one comparison more on the way up lets noise mislead it a little more often: 87 %
+/// within one core, 88 % before.)
 #[test]
 fn an_uninformed_start_still_settles_close() {
     let mut rng = Rng::scrambled(99);
@@ -996,10 +1108,10 @@ fn an_uninformed_start_still_settles_close() {
             (curve, start, limits)
         })
         .collect();
-    let t = tally(jobs.into_iter(), DEFAULT_TOLERANCE);
-    assert!(t.mean_probes() <= 5.5, "{:.2} probes", t.mean_probes());
+    let t = tally(jobs.into_iter(), DEFAULT_TOLERANCE, false);
+    assert!(t.mean_probes() <= 4.5, "{:.2} probes", t.mean_probes());
     assert!(
-        t.share_within_one() >= 0.88,
+        t.share_within_one() >= 0.85,
         "{:.3} within ±1",
         t.share_within_one()
     );
@@ -1021,6 +1133,7 @@ proptest! {
         floor_raw in 1u32..8,
         max_raw in 1u32..96,
         tolerance in 0u32..3,
+        history in any::<bool>(),
         throttle_mask in any::<u64>(),
         seed in any::<u64>(),
     ) {
@@ -1031,7 +1144,11 @@ proptest! {
             let minute = s / 60;
             minute < 64 && throttle_mask & (1 << minute) != 0
         };
-        let r = run(&curve, settings(start_raw, floor, max, tolerance), seed, &throttled);
+        let s = TunerSettings {
+            from_history: history,
+            ..settings(start_raw, floor, max, tolerance)
+        };
+        let r = run(&curve, s, seed, &throttled);
         prop_assert!((floor..=max).contains(&r.settled));
         let measured = r.history.iter().any(|p| {
             p.cores == r.settled && p.decision != Decision::Interrupted
@@ -1075,7 +1192,10 @@ proptest! {
     }
 }
 
-/// Noise only, over many seeds: the tuner nearly always gives back every core it can.
+/// Noise only, over many seeds: the tuner nearly always gives back every core it can. From a
+/// guessed start it first tries more cores, one comparison more than a search that goes down
+/// first, and each comparison has a 2.5 % chance of a false rise at the 95 % threshold: 175 of
+/// 200 here (the previous search: at least 180).
 #[test]
 fn noise_only_ends_at_the_floor() {
     let mut rng = Rng::scrambled(5);
@@ -1092,7 +1212,7 @@ fn noise_only_ends_at_the_floor() {
         at_floor += usize::from(r.settled <= 1 + DEFAULT_TOLERANCE);
     }
     assert!(
-        at_floor * 100 >= runs as usize * 90,
+        at_floor * 100 >= runs as usize * 85,
         "{at_floor}/{runs} at the floor"
     );
 }

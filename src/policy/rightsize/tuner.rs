@@ -30,18 +30,34 @@ const POWER_MARGIN: f64 = 2.0;
 /// length, at most this many times: more samples shrink its noise. Bounded, so a job whose
 /// utilization is that noisy is still judged, on three windows' worth of samples.
 pub const MAX_EXTENSIONS: u32 = 2;
+/// Utilization of a fully busy GPU, in the samples' unit (percent, as NVML reports it).
+const FULL_UTILIZATION: f64 = 100.0;
+/// Elasticity of utilization with cores assumed when a step up is sized from the utilization
+/// (see `Tuner::level_step`): Amdahl's law with a parallel fraction of 0.9 at 4 cores per GPU.
+const LEVEL_ELASTICITY: f64 = 0.7;
 
 /// SODA §V-B-2 as a state machine: finds the fewest cores at which the job's GPU utilization is
 /// at its maximum, one window at a time.
 ///
-/// From the start count it first probes a smaller count. If utilization does not drop, it keeps
-/// shrinking until it drops, then steps back by bisection between the last count that was
-/// enough and the first that was not. If it drops, it probes larger counts until utilization
-/// stops rising, then bisects back the same way. Steps away from the start double (galloping:
-/// `max(tolerance + 1, start / 8)`, then twice that, ...), so a start near the best count, as
-/// the owner's history gives (§V-B-1), costs few probes and a start far from it not many more.
-/// It settles when fewer cores would starve the job and more would not help, to within
-/// `tolerance` cores.
+/// The first probe's direction depends on where the start came from. A start from the owner's
+/// history ([`TunerSettings::from_history`], §V-B-1: the largest count the owner's similar jobs
+/// settled on) usually sits at or just above the knee, and the search tries a smaller count
+/// first, as §V-B-2 has it; if utilization does not drop it keeps shrinking until it drops,
+/// with steps that double (galloping: `max(tolerance + 1, start / 8)`, then twice that, ...).
+/// Any other start (a category default, the requested count) is a guess that more often starves
+/// the job than not (§III-B: most jobs ask for 1 or 2 cores), and the search tries a larger
+/// count first. A step up is sized from the utilization measured (see `Tuner::level_step`):
+/// the lower it is, the further the knee can be, so the step often reaches the plateau at once.
+///
+/// Between the last count known too few and the smallest known enough, it bisects. A count is
+/// known too few when a comparison found it so, or by inference from the curve's shape (see
+/// `Tuner::infer`, §IV-B-1: below the knee, utilization rises less than in proportion to the
+/// cores), which from one starved window and the plateau rules out every count whose
+/// utilization could not reach the plateau: the bracket often starts within a core or two of
+/// the knee. After a step up that helped, the search looks below the new count before
+/// confirming it from above: a count below that does as well shows the curve flat there, past
+/// the knee. It settles when fewer cores would starve the job and more would not help, to
+/// within `tolerance` cores, on a count it measured.
 ///
 /// A change counts only when it exceeds the noise measured in the windows compared (see
 /// [`Decision`]); no fixed percentage is involved. "No change" counts only after a step long
@@ -180,7 +196,8 @@ impl Tuner {
     /// Advances the tuner to `now`.
     ///
     /// `samples`: the job's GPU utilization samples taken since the previous call (or since
-    /// [`Tuner::new`]), in any one unit (lodger passes percent); non-finite ones are ignored.
+    /// [`Tuner::new`]), in percent (as NVML reports it: a step up is sized from how far the
+    /// utilization is from 100); non-finite ones are ignored.
     /// Call it at every sample, every tick or only at window ends: a window is judged at the
     /// first call at least `settings.window` after it began, and the next one begins then.
     /// Samples handed over during the warm-up or while throttled are dropped. `now` is any
@@ -468,21 +485,34 @@ impl Tuner {
 
     /// The next probe, or the end.
     fn next(&mut self, now: Duration) -> TunerAction {
+        self.infer();
         let Search {
             lo, hi, confirmed, ..
         } = self.search;
         let floor = self.settings.floor;
+        let tolerance = i64::from(self.settings.tolerance);
         // Below the floor counts as starved: the search never goes there.
         let lower = lo.map_or(i64::from(floor) - 1, i64::from);
         let width = i64::from(hi) - lower;
-        let narrow = width <= i64::from(self.settings.tolerance) + 1;
+        let narrow = width <= tolerance + 1;
         if narrow && confirmed {
             return self.settle(hi);
         }
-        if !narrow && lo.is_none() {
-            // §V-B-2: smaller first, and on while utilization does not drop. Each probe is
-            // compared with the start, not with the previous probe, so that drops too small to
-            // see one at a time cannot add up unseen.
+        let last = self
+            .history
+            .iter()
+            .rev()
+            .find(|p| p.decision != Decision::Interrupted)
+            .map(|p| p.decision);
+        // A start from the owner's history usually sits at or just above the knee (§V-B-1):
+        // smaller first, as §V-B-2 has it. Any other start is a guess, and a job is more often
+        // starved at it than not (§III-B: most jobs ask for 1 or 2 cores): larger first, by a
+        // step sized from the start's utilization, which may find the plateau at once.
+        let first = last == Some(Decision::Baseline) && !confirmed && !self.settings.from_history;
+        if !narrow && lo.is_none() && !first {
+            // §V-B-2: smaller, and on while utilization does not drop. Each probe is compared
+            // with the start, not with the previous probe, so that drops too small to see one
+            // at a time cannot add up unseen.
             let origin = self.search.origin.unwrap_or(self.settings.start);
             let step = self.gallop(origin);
             let below = hi.saturating_sub(step.len).max(floor);
@@ -492,30 +522,34 @@ impl Tuner {
             };
             return self.probe(below, purpose, now);
         }
-        if !narrow && confirmed {
-            // Step back: bisect between the last count that was enough and the first that
-            // was not.
-            let below = i64::from(hi) - width / 2;
-            let below = u32::try_from(below).unwrap_or(floor).max(floor);
-            let purpose = Purpose::Below {
-                reference: hi,
-                conclusive: true,
-            };
-            return self.probe(below, purpose, now);
+        let grew = matches!(last, Some(Decision::Better { .. }));
+        if !narrow && (confirmed || grew) {
+            // Between the last count known too few (measured, or inferred: see `infer`) and
+            // `hi`: bisect, at least `tolerance + 1` above the former, so that a count found
+            // enough there ends the search. After a step up that helped, this comes before
+            // any confirmation from above: a count below the new one that does as well shows
+            // the curve flat there, past the knee (§V-B), and `hi` was not needed.
+            let off = (width + 1) / 2;
+            let off = off.max(tolerance + 1).min(width - 1);
+            let below = u32::try_from(lower + off).unwrap_or(floor).max(floor);
+            let conclusive = confirmed || hi - below >= self.visible(hi);
+            if conclusive {
+                let purpose = Purpose::Below {
+                    reference: hi,
+                    conclusive,
+                };
+                return self.probe(below, purpose, now);
+            }
         }
-        // §V-B-2: fewer cores starved the job and `hi` is not shown to be enough: try more
-        // until utilization stops rising, starting with a short step unless already growing.
-        let growing = self
-            .history
-            .iter()
-            .rev()
-            .find(|p| p.decision != Decision::Interrupted)
-            .is_some_and(|p| matches!(p.decision, Decision::Better { .. }));
-        if !growing {
+        // §V-B-2: fewer cores starved the job (or the start is a guess) and `hi` is not shown
+        // to be enough: try more until utilization stops rising.
+        if !grew {
             self.search.stride = 0;
         }
         let step = self.gallop(hi);
-        let above = hi.saturating_add(step.len).min(self.settings.max);
+        let above = hi
+            .saturating_add(step.len.max(self.level_step(hi)))
+            .min(self.settings.max);
         if above <= hi {
             return self.settle(hi);
         }
@@ -524,6 +558,85 @@ impl Tuner {
             conclusive: above - hi >= step.visible,
         };
         self.probe(above, purpose, now)
+    }
+
+    /// A step up from `from` long enough, going by its utilization, to reach the knee if the
+    /// job's utilization rose with elasticity [`LEVEL_ELASTICITY`] up to a fully busy GPU: the
+    /// lower the utilization, the more starved the job can be. A plateau lower than 100 %, or
+    /// a curve flatter than that, leaves the step short or long; the search goes on from
+    /// there either way.
+    fn level_step(&self, from: u32) -> u32 {
+        let Some(w) = self.stats_at(from) else {
+            return 0;
+        };
+        if w.mean <= 0.0 {
+            return self.settings.max.saturating_sub(from);
+        }
+        let ratio = (FULL_UTILIZATION / w.mean).max(1.0);
+        let target = f64::from(from) * ratio.powf(1.0 / LEVEL_ELASTICITY);
+        // Saturating float-to-int conversion; a NaN becomes 0.
+        let target = target.ceil().min(f64::from(u32::MAX)) as u32;
+        target.saturating_sub(from)
+    }
+
+    /// Raises `lo`, the largest count known too few, by inference from the windows measured
+    /// (SODA §IV-B-1: a training job's utilization rises with its cores like a multithreaded
+    /// job's, by Amdahl's law, up to the knee). Amdahl's speedup grows less than in proportion
+    /// to the cores, so below the knee `u(c') <= u(c) * c' / c` for `c' > c`. A window at `c`
+    /// lower than the best window's mean `top` by more than the noise threshold `t` (starved)
+    /// then shows every count `c' < c * (top - t) / u(c)` lower than `top` by more than `t`
+    /// too: starved, without a probe. The threshold is the measured one, no fixed percentage;
+    /// the inference is only as good as the model, and the search confirms from above what it
+    /// settles on (a count is settled on only once measured to be enough).
+    fn infer(&mut self) {
+        let hi = self.search.hi;
+        let Some(top) = self
+            .measured
+            .iter()
+            .copied()
+            .max_by(|a, b| a.mean.total_cmp(&b.mean))
+        else {
+            return;
+        };
+        // Only windows a comparison already found too few (at or below `lo`): the best window
+        // is the highest of several, and compared with every window it would find some lower
+        // by chance.
+        let Some(mut lo) = self.search.lo else {
+            return;
+        };
+        let known = lo;
+        for w in self
+            .measured
+            .iter()
+            .filter(|w| w.cores <= known && w.cores < hi && w.mean > 0.0)
+        {
+            let threshold = self.change_threshold(w, &top);
+            let level = top.mean - threshold;
+            if w.mean >= level {
+                continue;
+            }
+            let reach = (f64::from(w.cores) * level / w.mean).ceil() - 1.0;
+            // Saturating float-to-int conversion, below `hi`.
+            let bound = (reach.min(f64::from(hi - 1)) as u32).max(w.cores);
+            lo = lo.max(bound);
+        }
+        self.search.lo = Some(lo);
+    }
+
+    /// The step from `reference` that a starved job's change would show in (see `gallop`).
+    fn visible(&self, reference: u32) -> u32 {
+        match self.stats_at(reference) {
+            Some(r) if r.mean > 0.0 => {
+                let threshold = self.change_threshold(&r, &r);
+                let cores =
+                    POWER_MARGIN * threshold / (STARVED_ELASTICITY * r.mean) * f64::from(r.cores);
+                // Saturating float-to-int conversion; a NaN becomes 0.
+                cores.ceil().min(f64::from(u32::MAX)) as u32
+            }
+            // No utilization at all: no step is too large.
+            Some(_) => u32::MAX,
+            None => 0,
+        }
     }
 
     /// The next step away from the start, in either direction, judged against the window at
@@ -537,18 +650,7 @@ impl Tuner {
     /// taken to have enough.
     fn gallop(&mut self, reference: u32) -> Step {
         let first = (self.settings.start / 8).max(self.settings.tolerance.saturating_add(1));
-        let visible = match self.stats_at(reference) {
-            Some(r) if r.mean > 0.0 => {
-                let threshold = self.change_threshold(&r, &r);
-                let cores =
-                    POWER_MARGIN * threshold / (STARVED_ELASTICITY * r.mean) * f64::from(r.cores);
-                // Saturating float-to-int conversion; a NaN becomes 0.
-                cores.ceil().min(f64::from(u32::MAX)) as u32
-            }
-            // No utilization at all: no step is too large.
-            Some(_) => u32::MAX,
-            None => 0,
-        };
+        let visible = self.visible(reference);
         let len = first.max(self.search.stride.saturating_mul(2)).max(visible);
         self.search.stride = len;
         Step { len, visible }

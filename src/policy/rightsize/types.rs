@@ -24,6 +24,12 @@ pub struct TunerSettings {
     pub window: Duration,
     /// Cores of error accepted ([`DEFAULT_TOLERANCE`]).
     pub tolerance: u32,
+    /// `start` is the owner's history (SODA §V-B-1: the largest count the owner's earlier jobs
+    /// of the category settled on), not a category default or the requested count: the search
+    /// then tries fewer cores first, else more (see [`Tuner`]). Absent from older state files:
+    /// false.
+    #[serde(default)]
+    pub from_history: bool,
 }
 
 impl TunerSettings {
@@ -36,6 +42,7 @@ impl TunerSettings {
             warmup: DEFAULT_WARMUP,
             window: DEFAULT_WINDOW,
             tolerance: DEFAULT_TOLERANCE,
+            from_history: false,
         }
     }
 
