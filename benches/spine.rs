@@ -96,20 +96,7 @@ fn registration_latency(others: usize) {
     let w = Workload::train(14);
     let pid = w.pid();
     let threads = tids(pid).len();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    let conn = rt
-        .block_on(
-            zbus::connection::Builder::address(bus.address.as_str())
-                .expect("address")
-                .build(),
-        )
-        .expect("connect");
-    let proxy = rt
-        .block_on(lodger::api::proxy::ManagerProxy::new(&conn))
-        .expect("proxy");
+    let (rt, proxy) = bus.manager();
     let spec = |pid: u32| {
         let mut spec: HashMap<&str, Value<'_>> = HashMap::new();
         spec.insert("kind", Value::from("training"));

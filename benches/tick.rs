@@ -101,20 +101,7 @@ impl Node {
                 ..DaemonOptions::default()
             },
         );
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        let conn = rt
-            .block_on(
-                zbus::connection::Builder::address(bus.address.as_str())
-                    .expect("address")
-                    .build(),
-            )
-            .expect("connect");
-        let proxy = rt
-            .block_on(lodger::api::proxy::ManagerProxy::new(&conn))
-            .expect("proxy");
+        let (rt, proxy) = bus.manager();
         let mut node = Node {
             _bus: bus,
             _dir: dir,

@@ -105,6 +105,30 @@ pub struct PrivateBus {
 }
 
 impl PrivateBus {
+    /// A blocking client of lodgerd's manager on this bus: its own runtime and the proxy.
+    pub fn manager(
+        &self,
+    ) -> (
+        tokio::runtime::Runtime,
+        lodger::api::proxy::ManagerProxy<'static>,
+    ) {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let conn = rt
+            .block_on(
+                zbus::connection::Builder::address(self.address.as_str())
+                    .expect("address")
+                    .build(),
+            )
+            .expect("connect");
+        let proxy = rt
+            .block_on(lodger::api::proxy::ManagerProxy::new(&conn))
+            .expect("proxy");
+        (rt, proxy)
+    }
+
     pub fn start() -> PrivateBus {
         let dir = tempfile::tempdir().expect("tempdir");
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
