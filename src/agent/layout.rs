@@ -153,7 +153,8 @@ impl Inference {
 }
 
 /// The measurement of one layout probe of an online job: throughput summed over its instances,
-/// the worst instance's p99, IPC and cache misses from the sensor. `None` until every instance of
+/// the worst instance's p99 with its median and batch count, IPC and cache misses from the
+/// sensor. `None` until every instance of
 /// the probed layout has run for most of a window.
 fn probe_result(
     id: &JobId,
@@ -173,15 +174,23 @@ fn probe_result(
     if !ready || probe.instances == 0 {
         return None;
     }
-    let p99 = mine
-        .iter()
-        .map(|s| s.latency_p99_ms)
-        .try_fold(0.0f64, |acc, p| p.map(|p| acc.max(p)))?;
+    // The worst instance's p99, with the median and the batch count it came from (the search
+    // judges a p99 with its uncertainty).
+    let mut worst: Option<&InstanceStats> = None;
+    for s in &mine {
+        let p99 = s.latency_p99_ms?;
+        if worst.map_or(true, |w| w.latency_p99_ms.is_some_and(|wp| p99 > wp)) {
+            worst = Some(s);
+        }
+    }
+    let worst = worst?;
     Some(ProbeResult {
         config: probe,
         throughput_per_s: mine.iter().map(|s| s.items_per_s).sum(),
-        p99_latency_ms: p99,
+        p99_latency_ms: worst.latency_p99_ms?,
         ipc: sensed.and_then(|m| m.ipc),
         cache_miss_ratio: sensed.and_then(|m| m.cache_miss_percent).map(|p| p / 100.0),
+        latency_samples: u32::try_from(worst.latency_samples).unwrap_or(u32::MAX),
+        p50_latency_ms: worst.latency_p50_ms,
     })
 }

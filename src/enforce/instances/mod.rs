@@ -333,6 +333,8 @@ pub struct InstanceStats {
     pub items_per_s: f64,
     pub latency_p50_ms: Option<f64>,
     pub latency_p99_ms: Option<f64>,
+    /// Reports (batches) in the window the percentiles above were taken from.
+    pub latency_samples: u64,
     pub queue_p99_ms: Option<f64>,
     /// Totals over all its processes.
     pub items_total: u64,

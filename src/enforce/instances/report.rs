@@ -149,6 +149,7 @@ impl ReportLog {
         let secs = span.as_secs_f64();
         WindowSummary {
             span,
+            reports: u64::try_from(latency.len()).unwrap_or(u64::MAX),
             items_per_s: if secs > 0.0 { items as f64 / secs } else { 0.0 },
             p50: weighted_percentile(&mut latency, 500),
             p99: weighted_percentile(&mut latency, 990),
@@ -159,6 +160,8 @@ impl ReportLog {
 
 pub(super) struct WindowSummary {
     pub(super) span: Duration,
+    /// Report lines (batches) in the window: the samples `p50` and `p99` come from.
+    pub(super) reports: u64,
     pub(super) items_per_s: f64,
     pub(super) p50: Option<f64>,
     pub(super) p99: Option<f64>,

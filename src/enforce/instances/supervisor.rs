@@ -199,6 +199,7 @@ impl Slot {
             items_per_s: w.items_per_s,
             latency_p50_ms: w.p50,
             latency_p99_ms: w.p99,
+            latency_samples: w.reports,
             queue_p99_ms: w.queue_p99,
             items_total: self.reports.items_total,
             reports_total: self.reports.reports_total,

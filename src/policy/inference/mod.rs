@@ -9,14 +9,16 @@
 //!   jobs' included.
 //! - [`LayoutSearch`]: the §III-B quick search as a state machine driven by measurements, with a
 //!   [`SearchCache`] per job so a re-plan reuses what was measured for the same free-core count.
+//! - [`sim`]: a family of synthetic performance models with noisy probes, to measure the search
+//!   against (benchmark and tests), kept apart from it.
 //! - [`check_capacity`]: the CR-Agent's rate check (§III-C), behind the `CapacityExceeded` signal.
 
 mod cache;
 mod capacity;
-#[cfg(test)]
-pub(crate) mod model;
+mod edge;
 mod place;
 mod search;
+pub mod sim;
 #[cfg(test)]
 mod tests;
 mod types;
@@ -26,7 +28,7 @@ pub use capacity::{check_capacity, CapacityCheck};
 pub use place::place;
 pub use search::{
     BatchTrend, LayoutSearch, ModelTraits, ProbeResult, SearchOptions, SearchOutcome, SearchStep,
-    DEFAULT_MARGIN, DEFAULT_PROBE_BUDGET, TREND_BATCH,
+    DEFAULT_CONFIDENCE_Z, DEFAULT_MARGIN, DEFAULT_PROBE_BUDGET, TREND_BATCH,
 };
 pub use types::{
     training_cpus, InferencePlan, Instance, JobInstances, LayoutConfig, OfflineJobView,

@@ -10,13 +10,17 @@ use super::types::LayoutConfig;
 // ---------------------------------------------------------------------------------------------
 // Layout search
 
-/// Probes a search may use unless told otherwise. Each probe is a measurement window of a few
-/// seconds; twelve keeps a search to about a minute (the paper's searches took 10-13 minutes
-/// for three core counts and several SLOs, §IV-A).
-pub const DEFAULT_PROBE_BUDGET: u32 = 12;
-/// A move counts only if it is better by this fraction (measurement noise).
-pub const DEFAULT_MARGIN: f64 = 0.03;
-/// The batch whose IPC and cache misses are compared with batch 1's (Cloud Reamer Fig. 5).
+/// Probes a search may use unless told otherwise. Each probe is a measurement window (10 s by
+/// default); eight keep a search under a minute and a half (the paper's searches took 10-13
+/// minutes for three core counts and several SLOs, §IV-A).
+pub const DEFAULT_PROBE_BUDGET: u32 = 8;
+/// A core count counts as better than the best so far only if its throughput is higher by this
+/// fraction (window-to-window noise).
+pub const DEFAULT_MARGIN: f64 = 0.01;
+/// How many standard errors a probe's p99 must stay below the SLO by (one-sided 95 %).
+pub const DEFAULT_CONFIDENCE_Z: f64 = 1.645;
+/// The batch whose IPC and cache misses are compared with batch 1's when a search has no other
+/// larger batch to compare (Cloud Reamer Fig. 5).
 pub const TREND_BATCH: u32 = 8;
 /// Relative IPC change that counts as rising or falling: above a few percent of window-to-window
 /// noise.
@@ -31,8 +35,18 @@ const MISS_RISE_REL: f64 = 0.15;
 pub struct SearchOptions {
     /// Most probes asked for; at least 1.
     pub probe_budget: u32,
-    /// A hill-climbing move counts only if better by this fraction.
+    /// A core count counts as better than the best so far only if its throughput is higher by
+    /// this fraction.
     pub margin: f64,
+    /// A probe meets the SLO when its p99 plus this many standard errors does (see
+    /// [`LayoutSearch`]); 0 judges the p99 as measured. Searches persisted before this option
+    /// existed load with the default.
+    #[serde(default = "default_z")]
+    pub confidence_z: f64,
+}
+
+fn default_z() -> f64 {
+    DEFAULT_CONFIDENCE_Z
 }
 
 impl Default for SearchOptions {
@@ -40,6 +54,7 @@ impl Default for SearchOptions {
         Self {
             probe_budget: DEFAULT_PROBE_BUDGET,
             margin: DEFAULT_MARGIN,
+            confidence_z: DEFAULT_CONFIDENCE_Z,
         }
     }
 }
@@ -80,6 +95,14 @@ pub struct ProbeResult {
     pub ipc: Option<f64>,
     /// Cache misses / cache references over the window; None when unavailable.
     pub cache_miss_ratio: Option<f64>,
+    /// How many latency samples (batches) `p99_latency_ms` was taken from: the p99 of a few
+    /// dozen batches is one of their worst, so the search judges it with this uncertainty. 0
+    /// when unknown (results recorded before it was reported).
+    #[serde(default)]
+    pub latency_samples: u32,
+    /// The median latency of the same samples, for their spread; None when unknown.
+    #[serde(default)]
+    pub p50_latency_ms: Option<f64>,
 }
 
 /// How a search ended.
@@ -113,21 +136,6 @@ pub enum SearchStep {
     Done(SearchOutcome),
 }
 
-/// Hill-climbing moves around the current layout. "Cores" steps move along the ladder of
-/// cores-per-instance values that keep the free cores used (see [`LayoutSearch`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Move {
-    BatchUp,
-    /// Towards the next larger batch measured on the same rung, which was worse: where latency
-    /// is estimated to meet the SLO when that batch missed it, else halfway.
-    BatchBetween,
-    BatchDown,
-    CoresUp,
-    CoresDown,
-    CoresUpBatchUp,
-    CoresDownBatchDown,
-}
-
 /// One measured layout (several windows averaged).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub(super) struct Sample {
@@ -136,6 +144,12 @@ pub(super) struct Sample {
     pub(super) ipc: Option<f64>,
     pub(super) miss: Option<f64>,
     pub(super) windows: u32,
+    /// Latency samples behind `p99`, over all windows; 0 when unknown.
+    #[serde(default)]
+    pub(super) n: u32,
+    /// The median of those samples; None when unknown.
+    #[serde(default)]
+    pub(super) p50: Option<f64>,
 }
 
 /// A failed probe (the caller could not measure it, e.g. the instance crashed): no throughput,
@@ -146,35 +160,54 @@ const FAILED: Sample = Sample {
     ipc: None,
     miss: None,
     windows: 1,
+    n: 0,
+    p50: None,
 };
 
 /// Raised by the search when it needs a layout that has not been measured.
-struct Need(LayoutConfig);
+pub(super) struct Need(pub(super) LayoutConfig);
 
 /// The online layout search of Cloud Reamer §III-B, as a state machine: each [`next`] call hands
-/// in the last measurement and gets the next layout to measure, or the result.
+/// in the last measurement and gets the next layout to measure, or the result. Every probe runs
+/// a whole layout (all its instances), so it measures the throughput that layout gives and the
+/// contention between its instances.
 ///
-/// - Phase 1: the fewest CPUs per instance meeting the SLO at batch 1, one instance, starting at
-///   1 CPU and growing. Growth doubles and then bisects (latency falls with cores), so a model
-///   needing 8 CPUs costs 5 probes rather than 8. If even every free CPU misses the SLO, the
-///   search ends there (`meets_slo` false).
-/// - Trend: one more probe at that core count with batch [`TREND_BATCH`]; IPC and cache-miss
-///   ratio against batch 1 classify the model ([`BatchTrend`]), and the two latencies estimate
-///   the largest batch within the SLO.
-/// - Phase 2: hill climbing over layouts from where the trend says: compute-bound models start
-///   from one large instance with a large batch, cache-bound ones from the most instances of
-///   the phase-1 size, unknown ones in the middle. Cores per instance move along a ladder
-///   that keeps the free cores used: for each instance count n, the largest per-instance size
-///   `free / n` (32 free CPUs: 1, 2, 3, 4, 5, 6, 8, 10, 16, 32 CPUs per instance), not below the
-///   phase-1 size and with at most `max_instances` instances. Neighbours are batch ×2 and ÷2,
-///   one rung up or down, the two diagonals, and halfway to a larger batch that failed. The
-///   first neighbour better by the margin is taken (the last successful move is tried first);
-///   the climb stops at a layout with no better neighbour, or when the budget runs out. The
-///   whole space (267,168 layouts for 32 cores, §II-B) is never enumerated.
+/// Layouts keep the free cores used: a *rung* is a cores-per-instance value with the most
+/// instances of it that fit (32 free CPUs: 1, 2, 3, 4, 5, 6, 8, 10, 16, 32 CPUs per instance),
+/// at most `max_instances` instances. On a rung, latency grows with the batch and throughput
+/// mostly does too, so the best batch of a rung is usually the largest within the SLO: its
+/// *edge* (Cloud Reamer §III-B: "increasing batch size ... until the latency constraint").
 ///
-/// Within the SLO means p99 ≤ `slo_ms`. A layout measured twice is averaged; a result for a
-/// layout not asked for is recorded under its own layout; `next(None)` while a probe is pending
-/// records that probe as failed. Every result counts against the budget.
+/// - Phase 1 (§III-B: "starts by creating a single instance on one core, gradually increasing
+///   the number of cores until the latency constraint is satisfied"): the smallest rung meeting
+///   the SLO at batch 1, from 1 CPU per instance; after a miss it jumps to the core count the
+///   measured latency asks for (latency taken as falling like cores^0.7), then bisects back
+///   between the last miss and the first pass. If no rung meets the SLO the search ends there
+///   (`meets_slo` false).
+/// - Edge of a rung: a batch predicted to land just inside the SLO from a latency model, affine
+///   in batch (`A + B·b`, Cloud Reamer's latency "increases linearly" with batch), fitted on the
+///   rung's own probes or, before it has two, taken from the nearest measured rung and scaled by
+///   cores^−α (α fitted between rungs, 0.7 until two rungs are known). A probe that misses, or
+///   that leaves more than a tenth of the SLO unused, is corrected once by a secant step.
+/// - Trend: IPC and cache misses at the first rung's batch 1 and edge probes classify the model
+///   ([`BatchTrend`], Fig. 5); kept in [`ModelTraits`] for searches at other core counts.
+/// - Phase 2 (§III-B: "single instance with the maximum batch size" for compute-bound models,
+///   "a large number of instances" for cache-bound ones): rungs are compared by the throughput
+///   at their edge. From the first rung the search doubles the cores per instance while that
+///   improves by the margin (quadruples from a cache-bound or compute-bound model's rung, whose
+///   best is often far up), then bisects between the best rung and its nearest worse neighbour.
+///   The whole space (267,168 layouts for 32 cores, §II-B) is never enumerated.
+///
+/// Within the SLO means the p99 with its uncertainty: a p99 taken from `k` batches is an order
+/// statistic whose standard error is `σ·√(0.99·0.01/k)/φ(z99)` relative (σ the log-normal spread
+/// of batch latency, estimated from the p99 / p50 ratio, 0.25 when the median is unknown), with a
+/// 3 % floor for window-to-window drift; the probe meets the SLO when its p99 times
+/// `exp(confidence_z · se)` does. Unknown sample counts (older results) count as 30 batches. The
+/// result is the highest measured throughput within the SLO so judged.
+///
+/// A layout measured twice is averaged; a result for a layout not asked for is recorded under its
+/// own layout; `next(None)` while a probe is pending records that probe as failed. Every result
+/// counts against the budget.
 ///
 /// A search is plain data: the agent keeps the one under way in the state file, so a restart of
 /// lodgerd resumes it at the probe that runs rather than start over (and restart the instances).
@@ -182,15 +215,15 @@ struct Need(LayoutConfig);
 /// [`next`]: LayoutSearch::next
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LayoutSearch {
-    free_cores: u32,
-    slo_ms: f64,
-    max_batch: u32,
-    max_instances: u32,
-    options: SearchOptions,
+    pub(super) free_cores: u32,
+    pub(super) slo_ms: f64,
+    pub(super) max_batch: u32,
+    pub(super) max_instances: u32,
+    pub(super) options: SearchOptions,
     pub(super) hint: Option<ModelTraits>,
     /// As a list of pairs: JSON object keys are strings.
     #[serde(with = "pairs")]
-    samples: BTreeMap<LayoutConfig, Sample>,
+    pub(super) samples: BTreeMap<LayoutConfig, Sample>,
     pending: Option<LayoutConfig>,
     probes: u32,
     done: Option<SearchOutcome>,
@@ -317,134 +350,20 @@ impl LayoutSearch {
             entry.p99 = avg(entry.p99, s.p99);
             entry.ipc = avg_opt(entry.ipc, s.ipc);
             entry.miss = avg_opt(entry.miss, s.miss);
+            entry.p50 = avg_opt(entry.p50, s.p50);
+            // Two windows of k batches: about 2k batches behind the averaged p99 (unknown
+            // stays unknown).
+            entry.n = if entry.n == 0 || s.n == 0 {
+                0
+            } else {
+                entry.n.saturating_add(s.n)
+            };
         }
         entry.windows += 1;
     }
 
-    fn measure(&self, config: LayoutConfig) -> Result<Sample, Need> {
+    pub(super) fn measure(&self, config: LayoutConfig) -> Result<Sample, Need> {
         self.samples.get(&config).copied().ok_or(Need(config))
-    }
-
-    fn feasible(&self, s: &Sample) -> bool {
-        s.p99 <= self.slo_ms
-    }
-
-    /// Whether `s` is better than `cur` by the margin: within the SLO beats over it; within,
-    /// higher throughput; over, lower latency.
-    fn better(&self, s: &Sample, cur: &Sample) -> bool {
-        let m = self.options.margin.max(0.0);
-        match (self.feasible(s), self.feasible(cur)) {
-            (true, false) => true,
-            (false, true) => false,
-            (true, true) => s.throughput > cur.throughput * (1.0 + m),
-            (false, false) => s.p99 < cur.p99 * (1.0 - m).max(0.0),
-        }
-    }
-
-    /// The whole search, replayed from the measurements so far; stops at the first layout not
-    /// yet measured. `traits` is set once phase 1 and the trend are known.
-    fn run(&self, traits: &mut Option<ModelTraits>) -> Result<(), Need> {
-        if self.free_cores == 0 {
-            return Ok(());
-        }
-        let known = match self.hint {
-            Some(t)
-                if t.min_cores_per_instance >= 1 && t.min_cores_per_instance <= self.free_cores =>
-            {
-                t
-            }
-            _ => {
-                let Some(min) = self.min_cores()? else {
-                    return Ok(());
-                };
-                let (trend, feasible_batch) = self.trend(min)?;
-                ModelTraits {
-                    min_cores_per_instance: min,
-                    trend,
-                    feasible_batch,
-                }
-            }
-        };
-        *traits = Some(known);
-        let ladder = self.ladder(known.min_cores_per_instance);
-        let mut cur = self.start(&ladder, &known);
-        let mut cur_s = self.measure(cur)?;
-        let mut momentum = None;
-        loop {
-            let mut moved = false;
-            for mv in move_order(known.trend, momentum, self.feasible(&cur_s)) {
-                let Some(next) = self.neighbour(&ladder, cur, &cur_s, mv) else {
-                    continue;
-                };
-                let s = self.measure(next)?;
-                if self.better(&s, &cur_s) {
-                    (cur, cur_s, momentum, moved) = (next, s, Some(mv), true);
-                    break;
-                }
-            }
-            // Every move raises the score by the margin over a fixed set of measurements, so
-            // the climb cannot cycle.
-            if !moved {
-                return Ok(());
-            }
-        }
-    }
-
-    /// Phase 1 (Cloud Reamer §III-B: "starts by creating a single instance on one core,
-    /// gradually increasing the number of cores until the latency constraint is satisfied").
-    /// None when even all free CPUs miss the SLO.
-    fn min_cores(&self) -> Result<Option<u32>, Need> {
-        let probe = |c: u32| LayoutConfig {
-            cores_per_instance: c,
-            instances: 1,
-            batch: 1,
-        };
-        let mut fail = 0;
-        let mut c = 1;
-        let pass = loop {
-            if self.feasible(&self.measure(probe(c))?) {
-                break c;
-            }
-            fail = c;
-            if c >= self.free_cores {
-                return Ok(None);
-            }
-            c = c.saturating_mul(2).min(self.free_cores);
-        };
-        let (mut lo, mut hi) = (fail, pass);
-        while hi - lo > 1 {
-            let mid = lo + (hi - lo) / 2;
-            if self.feasible(&self.measure(probe(mid))?) {
-                hi = mid;
-            } else {
-                lo = mid;
-            }
-        }
-        Ok(Some(hi))
-    }
-
-    /// The IPC and cache-miss trend with batch (Cloud Reamer §III-B, Fig. 5), and the largest
-    /// batch estimated to meet the SLO at `min` CPUs (latency taken as linear in batch).
-    fn trend(&self, min: u32) -> Result<(BatchTrend, u32), Need> {
-        let tb = TREND_BATCH.min(self.max_batch);
-        if tb <= 1 {
-            return Ok((BatchTrend::Unknown, 1));
-        }
-        let config = |batch| LayoutConfig {
-            cores_per_instance: min,
-            instances: 1,
-            batch,
-        };
-        let small = self.measure(config(1))?;
-        let large = self.measure(config(tb))?;
-        let trend = classify(&small, &large);
-        let slope = (large.p99 - small.p99) / f64::from(tb - 1);
-        let feasible_batch = if !slope.is_finite() || slope <= 0.0 {
-            self.max_batch
-        } else {
-            floor_batch(1.0 + (self.slo_ms - small.p99) / slope, self.max_batch)
-        };
-        Ok((trend, feasible_batch))
     }
 
     /// Rungs `(cores per instance, instances)`, by cores: for each instance count up to
@@ -460,111 +379,6 @@ impl LayoutSearch {
             *entry = (*entry).max(n);
         }
         rungs.into_iter().collect()
-    }
-
-    /// Where phase 2 starts (Cloud Reamer §III-B: "the search starts from a large number of
-    /// instances, each with a single CPU core or a single instance with the maximum batch size").
-    fn start(&self, ladder: &[(u32, u32)], t: &ModelTraits) -> LayoutConfig {
-        let min = f64::from(t.min_cores_per_instance.max(1));
-        let fb = t.feasible_batch.clamp(1, self.max_batch);
-        // The batch estimate was made at `min` CPUs; an instance with more CPUs gets through a
-        // batch faster. Scaling by the square root assumes a middling parallel efficiency: the
-        // climb corrects either way.
-        let scaled = |cores: u32| {
-            let x = 1.0 + f64::from(fb - 1) * (f64::from(cores) / min).sqrt();
-            floor_batch(x, self.max_batch)
-        };
-        let last = ladder.len().saturating_sub(1);
-        let (i, batch) = match t.trend {
-            // Rising IPC, stable misses: one large instance with a large batch.
-            BatchTrend::ComputeBound => (last, scaled(ladder[last].0)),
-            // Falling IPC or rising misses: many small instances, small batches.
-            BatchTrend::CacheBound => (0, fb.min(2)),
-            BatchTrend::Unknown => {
-                let mid = ladder.len() / 2;
-                let geometric = floor_batch(f64::from(self.max_batch).sqrt(), self.max_batch);
-                (mid, scaled(ladder[mid].0).min(geometric))
-            }
-        };
-        let (cores_per_instance, instances) = ladder[i];
-        LayoutConfig {
-            cores_per_instance,
-            instances,
-            batch,
-        }
-    }
-
-    /// The layout `mv` leads to from `cur`, or None when it leaves the space or cannot help.
-    fn neighbour(
-        &self,
-        ladder: &[(u32, u32)],
-        cur: LayoutConfig,
-        cur_s: &Sample,
-        mv: Move,
-    ) -> Option<LayoutConfig> {
-        let pos = ladder
-            .iter()
-            .position(|&(c, _)| c == cur.cores_per_instance)?;
-        let b = cur.batch;
-        let up = (b < self.max_batch).then(|| b.saturating_mul(2).min(self.max_batch));
-        let down = (b > 1).then_some(b / 2);
-        let at = |i: usize, batch: u32| {
-            ladder.get(i).map(|&(c, n)| LayoutConfig {
-                cores_per_instance: c,
-                instances: n,
-                batch,
-            })
-        };
-        // Measured batches on this rung, above the current one.
-        let above = || {
-            self.samples.iter().filter(move |(c, _)| {
-                c.cores_per_instance == cur.cores_per_instance
-                    && c.instances == cur.instances
-                    && c.batch > b
-            })
-        };
-        match mv {
-            Move::BatchUp => {
-                let target = up?;
-                // Latency grows with batch: past a batch that missed the SLO there is no need
-                // to look.
-                let blocked = self.feasible(cur_s)
-                    && above().any(|(c, s)| c.batch <= target && !self.feasible(s));
-                if blocked {
-                    None
-                } else {
-                    at(pos, target)
-                }
-            }
-            Move::BatchBetween => {
-                let (hi, hi_s) = above().min_by_key(|(c, _)| c.batch)?;
-                if hi.batch - b < 2 {
-                    return None;
-                }
-                let target = if self.feasible(cur_s) && !self.feasible(hi_s) {
-                    // A secant step to where latency meets the SLO, rather than bisection:
-                    // one probe instead of log2(batch).
-                    let slope = (hi_s.p99 - cur_s.p99) / f64::from(hi.batch - b);
-                    if slope.is_nan() || slope <= 0.0 {
-                        return None;
-                    }
-                    let reach = floor_batch((self.slo_ms - cur_s.p99) / slope, hi.batch);
-                    b + reach.min(hi.batch - b - 1)
-                } else {
-                    b + (hi.batch - b) / 2
-                };
-                // Throughput grows at most in proportion to batch: a step of less than an
-                // eighth is not worth a probe.
-                (target >= b + (b / 8).max(1))
-                    .then(|| at(pos, target))
-                    .flatten()
-            }
-            Move::BatchDown => at(pos, down?),
-            Move::CoresUp => at(pos + 1, b),
-            Move::CoresDown => at(pos.checked_sub(1)?, b),
-            Move::CoresUpBatchUp => at(pos + 1, up?),
-            Move::CoresDownBatchDown => at(pos.checked_sub(1)?, down?),
-        }
     }
 
     /// The outcome from the measurements so far.
@@ -595,6 +409,8 @@ impl LayoutSearch {
                     p99_latency_ms: s.p99,
                     ipc: s.ipc,
                     cache_miss_ratio: s.miss,
+                    latency_samples: s.n,
+                    p50_latency_ms: s.p50,
                 }),
             ),
             None => (
@@ -636,11 +452,13 @@ fn sample_of(r: &ProbeResult) -> Sample {
         ipc: finite(r.ipc),
         miss: finite(r.cache_miss_ratio),
         windows: 1,
+        n: r.latency_samples,
+        p50: finite(r.p50_latency_ms),
     }
 }
 
 /// `x` rounded down to a batch in `1..=max`.
-fn floor_batch(x: f64, max: u32) -> u32 {
+pub(super) fn floor_batch(x: f64, max: u32) -> u32 {
     if x.is_nan() || x < 1.0 {
         return 1;
     }
@@ -673,55 +491,4 @@ pub(super) fn classify(small: &Sample, large: &Sample) -> BatchTrend {
         Some(d) if d >= IPC_TREND => BatchTrend::ComputeBound,
         _ => BatchTrend::Unknown,
     }
-}
-
-/// Neighbours in the order to try them: the last successful move first, then what the trend
-/// suggests; over the SLO, the moves that lower latency.
-fn move_order(trend: BatchTrend, momentum: Option<Move>, feasible: bool) -> Vec<Move> {
-    use Move::*;
-    let base: &[Move] = if !feasible {
-        &[
-            BatchDown,
-            CoresUp,
-            CoresDownBatchDown,
-            CoresUpBatchUp,
-            CoresDown,
-        ]
-    } else {
-        match trend {
-            BatchTrend::ComputeBound => &[
-                BatchUp,
-                BatchBetween,
-                CoresUpBatchUp,
-                CoresUp,
-                BatchDown,
-                CoresDown,
-                CoresDownBatchDown,
-            ],
-            BatchTrend::CacheBound => &[
-                BatchUp,
-                BatchBetween,
-                CoresDown,
-                CoresDownBatchDown,
-                BatchDown,
-                CoresUp,
-                CoresUpBatchUp,
-            ],
-            BatchTrend::Unknown => &[
-                BatchUp,
-                BatchBetween,
-                CoresDown,
-                CoresUp,
-                BatchDown,
-                CoresUpBatchUp,
-                CoresDownBatchDown,
-            ],
-        }
-    };
-    let mut order = Vec::with_capacity(base.len());
-    if let Some(m) = momentum.filter(|m| base.contains(m)) {
-        order.push(m);
-    }
-    order.extend(base.iter().copied().filter(|m| Some(*m) != momentum));
-    order
 }

@@ -6,9 +6,9 @@ use std::collections::BTreeMap;
 
 use proptest::prelude::*;
 
-use super::model::*;
 use super::place::fair_shares;
 use super::search::{classify, Sample};
+use super::sim::*;
 use super::types::union_of;
 use super::*;
 use crate::cpuset::CpuSet;
@@ -681,6 +681,8 @@ fn sample(ipc: Option<f64>, miss: Option<f64>) -> Sample {
         ipc,
         miss,
         windows: 1,
+        n: 0,
+        p50: None,
     }
 }
 
@@ -731,7 +733,8 @@ fn trend_table() {
     );
 }
 
-/// What `model` measures for layout `c` (its truth: the caller sets the noise).
+/// What `model` measures for layout `c`, without noise: its true p99 from a great many batches,
+/// so only the window-drift floor of the uncertainty remains.
 fn measure(model: &PerfModel, c: LayoutConfig) -> ProbeResult {
     let t = model.truth(&c);
     ProbeResult {
@@ -740,15 +743,13 @@ fn measure(model: &PerfModel, c: LayoutConfig) -> ProbeResult {
         p99_latency_ms: t.p99,
         ipc: model.counters.then_some(t.ipc),
         cache_miss_ratio: model.counters.then_some(t.miss),
+        latency_samples: 1_000_000,
+        p50_latency_ms: Some(t.mean_ms),
     }
 }
 
 /// Drives a search with a noiseless model; returns the probes asked and the outcome.
 fn run_model(model: &PerfModel, search: LayoutSearch) -> (Vec<LayoutConfig>, SearchOutcome) {
-    let model = PerfModel {
-        noise: 0.0,
-        ..*model
-    };
     let mut search = search;
     let mut asked = Vec::new();
     let mut last = None;
@@ -756,32 +757,47 @@ fn run_model(model: &PerfModel, search: LayoutSearch) -> (Vec<LayoutConfig>, Sea
         match search.next(last.take()) {
             SearchStep::Probe(c) => {
                 asked.push(c);
-                last = Some(measure(&model, c));
+                last = Some(measure(model, c));
             }
             SearchStep::Done(o) => return (asked, o),
         }
     }
 }
 
+/// A search's rungs, as `LayoutSearch::ladder(1)` gives them.
+fn rungs(model: &PerfModel) -> Vec<(u32, u32)> {
+    search_for(model).ladder(1)
+}
+
 #[test]
-fn phase1_grows_from_one_core_and_bisects() {
-    // A tight SLO: batch 1 needs 3 CPUs (1 and 2 miss it).
+fn phase1_finds_the_smallest_rung_meeting_the_slo_at_batch_1() {
+    // A tight SLO: batch 1 needs more than one CPU per instance.
     let model = PerfModel {
         slo_ms: 21.0,
         ..SMALL_CACHE
     };
     let (asked, out) = run_model(&model, search_for(&model));
-    let phase1: Vec<u32> = asked
+    let ladder = rungs(&model);
+    let phase1: Vec<LayoutConfig> = asked.iter().copied().take_while(|c| c.batch == 1).collect();
+    assert_eq!(phase1[0], layout(1, 32, 1), "from 1 CPU per instance");
+    assert!(phase1
         .iter()
-        .take_while(|c| c.instances == 1 && c.batch == 1)
-        .map(|c| c.cores_per_instance)
-        .collect();
-    assert_eq!(phase1, [1, 2, 4, 3]);
-    let traits = out.traits.unwrap();
-    assert_eq!(traits.min_cores_per_instance, 3);
-    assert_eq!(traits.trend, BatchTrend::CacheBound);
+        .all(|c| ladder.contains(&(c.cores_per_instance, c.instances))));
+    let min = out.traits.unwrap().min_cores_per_instance;
+    let meets = |c: u32| {
+        let rung = ladder.iter().find(|r| r.0 == c).unwrap();
+        model.truth(&layout(c, rung.1, 1)).p99 <= model.slo_ms
+    };
+    assert!(meets(min), "{min} CPUs meet the SLO at batch 1");
+    // The rung below was measured and missed it (bisected down to it).
+    let below = ladder.iter().rev().find(|r| r.0 < min).unwrap();
+    assert!(phase1.contains(&layout(below.0, below.1, 1)), "{phase1:?}");
+    // Judged over: its p99 with the 3 % drift floor at the default confidence misses.
+    let judged =
+        model.truth(&layout(below.0, below.1, 1)).p99 * (DEFAULT_CONFIDENCE_Z * 0.03).exp();
+    assert!(judged > model.slo_ms, "{judged}");
     assert!(out.meets_slo);
-    assert!(out.config.cores_per_instance >= 3);
+    assert!(out.config.cores_per_instance >= min);
     assert!(out.measured.unwrap().p99_latency_ms <= 21.0);
 }
 
@@ -791,7 +807,6 @@ fn phase1_grows_from_one_core_and_bisects() {
 fn a_search_resumes_from_json_where_it_stopped() {
     let model = PerfModel {
         slo_ms: 21.0,
-        noise: 0.0,
         ..SMALL_CACHE
     };
     let (asked, outcome) = run_model(&model, search_for(&model));
@@ -813,35 +828,69 @@ fn a_search_resumes_from_json_where_it_stopped() {
     assert_eq!(end, outcome);
 }
 
+/// Issue 21: state files written before probes reported their batch count and median load, and
+/// their probes are judged with the assumed count (not as certain).
 #[test]
-fn starts_where_the_trend_says() {
+fn searches_persisted_before_sample_counts_load() {
+    let old_probe = r#"{"config":{"cores_per_instance":1,"instances":8,"batch":1},
+        "throughput_per_s":100.0,"p99_latency_ms":80.0,"ipc":null,"cache_miss_ratio":null}"#;
+    let p: ProbeResult = serde_json::from_str(old_probe).unwrap();
+    assert_eq!((p.latency_samples, p.p50_latency_ms), (0, None));
+    let mut s = LayoutSearch::new(8, 100.0, 16, 8);
+    let mut json = serde_json::to_value(&s).unwrap();
+    json["options"]
+        .as_object_mut()
+        .unwrap()
+        .remove("confidence_z");
+    s = serde_json::from_value(json).unwrap();
+    assert_eq!(s.next(None), SearchStep::Probe(layout(1, 8, 1)));
+    // 80 ms from an unknown number of batches is not safely within 100 ms: phase 1 goes on.
+    let SearchStep::Probe(next) = s.next(Some(p.clone())) else {
+        panic!("asks for a probe")
+    };
+    assert_eq!(
+        next,
+        layout(2, 4, 1),
+        "judged over the SLO: phase 1 goes on"
+    );
+    let mut sure = LayoutSearch::new(8, 100.0, 16, 8);
+    sure.next(None);
+    let certain = ProbeResult {
+        latency_samples: 1_000_000,
+        p50_latency_ms: Some(75.0),
+        ..p
+    };
+    // The same p99 from a million batches: within it, so the search looks at larger batches
+    // on the same rung.
+    assert!(matches!(sure.next(Some(certain)), SearchStep::Probe(c)
+        if (c.cores_per_instance, c.instances) == (1, 8) && c.batch > 1));
+}
+
+#[test]
+fn trend_is_classified_on_the_first_rung() {
     for (model, want) in [
-        (COMPUTE_BOUND, layout(32, 1, 0)),
-        (SMALL_CACHE, layout(1, 32, 0)),
+        (COMPUTE_BOUND, BatchTrend::ComputeBound),
+        (SMALL_CACHE, BatchTrend::CacheBound),
         (
             PerfModel {
                 counters: false,
                 ..BALANCED
             },
-            layout(6, 5, 0),
+            BatchTrend::Unknown,
         ),
     ] {
         let (asked, out) = run_model(&model, search_for(&model));
-        // Phase 1 found 1 CPU at once; the trend probe is second; phase 2 starts third.
-        assert_eq!(asked[1], layout(1, 1, TREND_BATCH), "{}", model.name);
-        let start = asked[2];
-        assert_eq!(
-            (start.cores_per_instance, start.instances),
-            (want.cores_per_instance, want.instances),
-            "{}: {start}",
+        let t = out.traits.unwrap();
+        assert_eq!(t.trend, want, "{}", model.name);
+        // The trend compares batch 1 with a larger batch on the same rung.
+        let first = asked[0];
+        assert!(
+            asked
+                .iter()
+                .any(|c| c.cores_per_instance == first.cores_per_instance && c.batch > 1),
+            "{}",
             model.name
         );
-        let want_trend = match model.name {
-            "compute-bound" => BatchTrend::ComputeBound,
-            "small-cache" => BatchTrend::CacheBound,
-            _ => BatchTrend::Unknown,
-        };
-        assert_eq!(out.traits.unwrap().trend, want_trend, "{}", model.name);
     }
 }
 
@@ -852,8 +901,12 @@ fn no_layout_meets_the_slo() {
         ..BALANCED
     };
     let (asked, out) = run_model(&model, search_for(&model));
-    // 1, 2, 4, 8, 16, 32 CPUs at batch 1 all miss it: nothing else is tried.
-    assert_eq!(asked.len(), 6);
+    // Every probe is a rung at batch 1, growing to the whole machine as one instance.
+    assert!(asked.iter().all(|c| c.batch == 1));
+    assert!(asked
+        .windows(2)
+        .all(|w| w[0].cores_per_instance < w[1].cores_per_instance));
+    assert_eq!(asked.last(), Some(&layout(32, 1, 1)));
     assert!(!out.meets_slo);
     assert_eq!(out.traits, None);
     assert_eq!(out.config, layout(32, 1, 1), "the lowest latency measured");
@@ -861,7 +914,7 @@ fn no_layout_meets_the_slo() {
 
 #[test]
 fn budget_bounds_the_probes() {
-    for budget in [1, 3, 5, 12] {
+    for budget in [1, 3, 5, 8, 12] {
         let options = SearchOptions {
             probe_budget: budget,
             ..SearchOptions::default()
@@ -882,12 +935,12 @@ fn failed_probes_and_odd_results() {
     let SearchStep::Probe(first) = s.next(None) else {
         panic!("asks for a probe")
     };
-    assert_eq!(first, layout(1, 1, 1));
+    assert_eq!(first, layout(1, 8, 1));
     // The caller could not measure it: counted as failed, the search grows.
     let SearchStep::Probe(second) = s.next(None) else {
         panic!("asks for a probe")
     };
-    assert_eq!(second, layout(2, 1, 1));
+    assert_eq!(second, layout(2, 4, 1));
     assert_eq!(s.probes_used(), 1);
     // A result for a layout outside the space is counted but ignored; the pending probe is
     // asked again.
@@ -897,18 +950,22 @@ fn failed_probes_and_odd_results() {
         p99_latency_ms: 0.0,
         ipc: None,
         cache_miss_ratio: None,
+        latency_samples: 10,
+        p50_latency_ms: None,
     };
-    assert_eq!(s.next(Some(bogus)), SearchStep::Probe(layout(2, 1, 1)));
+    assert_eq!(s.next(Some(bogus)), SearchStep::Probe(layout(2, 4, 1)));
     assert_eq!(s.probes_used(), 2);
     // NaN latency never meets the SLO.
     let nan = ProbeResult {
-        config: layout(2, 1, 1),
+        config: layout(2, 4, 1),
         throughput_per_s: f64::NAN,
         p99_latency_ms: f64::NAN,
         ipc: Some(f64::NAN),
         cache_miss_ratio: None,
+        latency_samples: 10,
+        p50_latency_ms: Some(f64::NAN),
     };
-    assert_eq!(s.next(Some(nan)), SearchStep::Probe(layout(4, 1, 1)));
+    assert!(matches!(s.next(Some(nan)), SearchStep::Probe(c) if c.cores_per_instance > 2));
 }
 
 #[test]
@@ -921,6 +978,24 @@ fn zero_free_cores_ends_at_once() {
     assert_eq!(out.config.instances, 0);
     assert_eq!(out.probes, 0);
     assert_eq!(s.next(None), SearchStep::Done(out), "done stays done");
+}
+
+/// The simulated family (issue 21): no search over its budget, and over a hundred noisy seeds
+/// no chosen layout whose true p99 misses the SLO by more than the window drift. The gap to the
+/// exhaustive best is the benchmark's (`cargo bench --bench layout`), not pinned here.
+#[test]
+fn simulated_family_stays_within_budget_and_slo() {
+    let mut over = 0;
+    for seed in 0..100u64 {
+        let model = PerfModel::random(Family::ALL[(seed % 4) as usize], seed);
+        let mut rng = crate::rng::Rng::splitmix(seed);
+        let run = run_search(&model, search_for(&model), &mut rng);
+        assert!(run.probes <= DEFAULT_PROBE_BUDGET, "seed {seed}");
+        let best = model.exhaustive().unwrap();
+        assert!(run.truth.throughput <= best.throughput * 1.0001 || run.truth.p99 > model.slo_ms);
+        over += u32::from(run.truth.p99 > model.slo_ms * 1.03);
+    }
+    assert!(over <= 2, "{over} of 100 chosen layouts miss the SLO");
 }
 
 #[test]
@@ -952,7 +1027,7 @@ fn cache_reuses_results_and_traits() {
     assert!(asked.iter().all(|c| c.cpus() <= 24));
     assert_ne!(asked[0], layout(1, 1, 1), "phase 1 skipped");
     assert!(out24.meets_slo);
-    assert!(asked.len() < first_asked.len() || asked.len() == 12);
+    assert!(asked.len() < first_asked.len() || asked.len() == DEFAULT_PROBE_BUDGET as usize);
     cache.insert(out24);
     assert_eq!(cache.len(), 2);
     // The training job left again: the 32-CPU result is still there.
@@ -1128,6 +1203,42 @@ proptest! {
         }
     }
 
+    /// Issue 21: how a probe's p99 is judged. More batches behind the same p99 and median never
+    /// turn a probe from within the SLO to over it; a wider spread never does the reverse; the
+    /// bound is never below the p99; with z = 0 the p99 is judged as measured.
+    #[test]
+    fn p99_judged_with_its_uncertainty(
+        p99 in 0.1f64..1000.0,
+        spread in 1.0f64..4.0,
+        n in 1u32..100_000,
+        more in 1u32..100_000,
+        wider in 1.0f64..2.0,
+        slo in 0.1f64..2000.0,
+        z in 0.0f64..3.0,
+    ) {
+        let options = SearchOptions { confidence_z: z, ..SearchOptions::default() };
+        let search = LayoutSearch::new(8, slo, 16, 8).with_options(options);
+        let at = |n: u32, spread: f64| Sample {
+            throughput: 1.0,
+            p99,
+            ipc: None,
+            miss: None,
+            windows: 1,
+            n,
+            p50: Some(p99 / spread),
+        };
+        let base = at(n, spread);
+        prop_assert!(search.upper(&base) >= p99);
+        prop_assert!(search.upper(&at(n.saturating_add(more), spread)) <= search.upper(&base));
+        prop_assert!(search.upper(&at(n, spread * wider)) >= search.upper(&base));
+        if search.feasible(&base) {
+            prop_assert!(search.feasible(&at(n.saturating_add(more), spread)));
+        }
+        let plain = LayoutSearch::new(8, slo, 16, 8)
+            .with_options(SearchOptions { confidence_z: 0.0, ..SearchOptions::default() });
+        prop_assert_eq!(plain.feasible(&base), p99 <= slo);
+    }
+
     #[test]
     fn search_properties(
         free in 1u32..=48,
@@ -1139,6 +1250,10 @@ proptest! {
         act_mb in 0.0f64..3.0,
         weights_mb in 0.0f64..8.0,
         noise in 0.0f64..0.1,
+        ipc_fall in 0.0f64..0.3,
+        lat_sigma in 0.0f64..0.4,
+        window_s in 0.05f64..10.0,
+        confidence_z in 0.0f64..3.0,
         counters in any::<bool>(),
         budget in 1u32..=20,
         seed in any::<u64>(),
@@ -1153,16 +1268,22 @@ proptest! {
             batch_ms: 5.0,
             serial,
             b0,
+            ipc_fall,
             cache_per_core_mb: 1.5,
             weights_mb,
             act_mb,
             miss_penalty: 2.0,
-            noise,
+            bandwidth: 0.5,
+            lat_sigma,
+            window_noise: noise,
+            counter_noise: noise,
+            window_s,
             counters,
         };
-        let options = SearchOptions { probe_budget: budget, ..SearchOptions::default() };
-        let run = drive(&model, seed, search_for(&model).with_options(options));
-        let out = &run.found;
+        let options = SearchOptions { probe_budget: budget, confidence_z, ..SearchOptions::default() };
+        let mut rng = crate::rng::Rng::splitmix(seed);
+        let run = run_search(&model, search_for(&model).with_options(options), &mut rng);
+        let out = &run.outcome;
         prop_assert!(run.probes <= budget, "{} probes over {}", run.probes, budget);
         let c = out.config;
         prop_assert!(c.cores_per_instance >= 1 && c.instances >= 1, "{}", c);
@@ -1170,7 +1291,13 @@ proptest! {
         prop_assert!(c.batch >= 1 && c.batch <= max_batch, "{}", c);
         let measured = out.measured.as_ref().unwrap();
         prop_assert_eq!(measured.config, c);
-        prop_assert_eq!(out.meets_slo, measured.p99_latency_ms <= slo_ms);
+        // Within the SLO means with the uncertainty: never a measured p99 over it, and at
+        // least the drift floor's margin when judged with any confidence.
+        if out.meets_slo {
+            let margin = (confidence_z * 0.03).exp();
+            prop_assert!(measured.p99_latency_ms * margin <= slo_ms * (1.0 + 1e-9),
+                "{} ms with z {}", measured.p99_latency_ms, confidence_z);
+        }
         if let Some(t) = out.traits {
             prop_assert!(t.min_cores_per_instance <= c.cores_per_instance || !out.meets_slo
                 || c.instances == 1);

@@ -1,0 +1,247 @@
+//! Layout-search benchmark (`cargo bench --bench layout`, a few seconds): the online layout search
+//! (Cloud Reamer §III-B, `policy::inference::LayoutSearch`) against the exhaustive best on the
+//! simulated model family of `policy::inference::sim` (issue 21 item 3).
+//!
+//! Seeds 0..N (`LAYOUT_BENCH_SEEDS`, default 2,000) each draw one model: seed mod 4 picks the
+//! family (compute-bound: IPC rising with batch, misses flat; falling IPC; cache-bound: misses
+//! rising with batch; mixed), every other parameter is drawn from the seed, on a leftover of
+//! 8–192 CPUs. Probes are noisy as lodgerd's are: a 1- or 10-s window of batches, the worst
+//! instance's p99 of its batch latencies, a window-wide speed factor, noisy counters.
+//!
+//! Printed per family and over all seeds, for the current search (default options) and the
+//! baseline (the search before issue 21, `layout/baseline.rs`, 12 probes) on the same models and
+//! noise seeds:
+//! - gap: how far the chosen layout's true throughput falls short of the exhaustive best (the
+//!   highest true throughput among layouts whose true p99 meets the SLO), in percent; a chosen
+//!   layout whose true p99 misses the SLO counts as 100 %;
+//! - probes used (mean, p95);
+//! - SLO violations on re-measurement: the share of searches whose chosen layout's true p99 is
+//!   over the SLO, and the share whose fresh probe (one more noisy window) measures over it.
+//!
+//! Targets (issue 21): at most 8 probes, p95 gap ≤ 3 %, violations on re-measurement < 5 %.
+
+#[path = "layout/baseline.rs"]
+mod baseline;
+
+use lodger::policy::inference::sim::{run_search, run_with, search_for, Family, PerfModel};
+use lodger::rng::Rng;
+
+/// Targets of issue 21.
+const TARGET_PROBES: f64 = 8.0;
+const TARGET_P95_GAP: f64 = 3.0;
+const TARGET_VIOLATIONS: f64 = 5.0;
+
+#[derive(Default)]
+struct Tally {
+    gaps: Vec<f64>,
+    probes: Vec<f64>,
+    true_violations: u32,
+    fresh_violations: u32,
+    said_no: u32,
+}
+
+impl Tally {
+    fn n(&self) -> usize {
+        self.gaps.len()
+    }
+
+    fn pct(&self, count: u32) -> f64 {
+        f64::from(count) * 100.0 / self.n().max(1) as f64
+    }
+
+    fn row(&self) -> String {
+        format!(
+            "{:>6.2} {:>6.2} {:>6.1} | {:>5.2} {:>4.0} | {:>5.1} {:>5.1}",
+            quantile(&self.gaps, 0.5),
+            quantile(&self.gaps, 0.95),
+            quantile(&self.gaps, 1.0),
+            mean(&self.probes),
+            quantile(&self.probes, 0.95),
+            self.pct(self.true_violations),
+            self.pct(self.fresh_violations),
+        )
+    }
+
+    fn extend(&mut self, other: &Tally) {
+        self.gaps.extend_from_slice(&other.gaps);
+        self.probes.extend_from_slice(&other.probes);
+        self.true_violations += other.true_violations;
+        self.fresh_violations += other.fresh_violations;
+        self.said_no += other.said_no;
+    }
+}
+
+fn mean(xs: &[f64]) -> f64 {
+    xs.iter().sum::<f64>() / xs.len().max(1) as f64
+}
+
+/// The `q` quantile (nearest rank).
+fn quantile(xs: &[f64], q: f64) -> f64 {
+    if xs.is_empty() {
+        return f64::NAN;
+    }
+    let mut v = xs.to_vec();
+    v.sort_by(f64::total_cmp);
+    let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len());
+    v[rank - 1]
+}
+
+/// Records one finished search against `model`'s exhaustive best.
+fn record(
+    t: &mut Tally,
+    model: &PerfModel,
+    best_tp: f64,
+    run: &lodger::policy::inference::sim::SimRun,
+    rng: &mut Rng,
+) {
+    let violates = run.truth.p99 > model.slo_ms;
+    let gap = if violates {
+        100.0
+    } else {
+        (best_tp - run.truth.throughput) / best_tp * 100.0
+    };
+    t.gaps.push(gap);
+    t.probes.push(f64::from(run.probes));
+    t.true_violations += u32::from(violates);
+    let fresh = model.probe(run.outcome.config, rng);
+    t.fresh_violations += u32::from(fresh.p99_latency_ms > model.slo_ms);
+    t.said_no += u32::from(!run.outcome.meets_slo);
+}
+
+fn main() {
+    let seeds: u64 = std::env::var("LAYOUT_BENCH_SEEDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2000);
+    let started = std::time::Instant::now();
+    let mut new = vec![(); 4]
+        .into_iter()
+        .map(|_| Tally::default())
+        .collect::<Vec<_>>();
+    let mut old = vec![(); 4]
+        .into_iter()
+        .map(|_| Tally::default())
+        .collect::<Vec<_>>();
+    let mut no_best = 0;
+    let mut space = 0u64;
+    let trace: Option<u64> = std::env::var("LAYOUT_BENCH_TRACE")
+        .ok()
+        .and_then(|v| v.parse().ok());
+    for seed in 0..seeds {
+        let fi = (seed % 4) as usize;
+        let model = PerfModel::random(Family::ALL[fi], seed);
+        let Some(best) = model.exhaustive() else {
+            no_best += 1;
+            continue;
+        };
+        space += best.space;
+        let noise = seed.wrapping_mul(0x2545_f491_4f6c_dd1d) ^ 0x1a40;
+        let mut rng = Rng::splitmix(noise);
+        let run = run_search(&model, search_for(&model), &mut rng);
+        record(&mut new[fi], &model, best.throughput, &run, &mut rng);
+        if trace == Some(seed) {
+            println!(
+                "{model:?}\nbest {} {:.0} p99 {:.1}\nnew {} {:.0} p99 {:.1} probes {}",
+                best.config,
+                best.throughput,
+                best.p99,
+                run.outcome.config,
+                run.truth.throughput,
+                run.truth.p99,
+                run.probes
+            );
+        }
+        let mut rng = Rng::splitmix(noise);
+        let mut search = baseline::BaselineSearch::new(
+            model.free,
+            model.slo_ms,
+            model.max_batch,
+            model.max_instances,
+        );
+        let run = run_with(&model, &mut rng, |last| search.next(last));
+        record(&mut old[fi], &model, best.throughput, &run, &mut rng);
+    }
+    println!(
+        "layout search benchmark: {seeds} seeds (seed mod 4 picks the family), 8-192 free CPUs, {:.0} layouts per model on average, {no_best} seeds without a layout within the SLO skipped; {:.1} s",
+        space as f64 / (seeds - no_best).max(1) as f64,
+        started.elapsed().as_secs_f64()
+    );
+    println!(
+        "{:<15} {:>5} | {:^49} | {:^49}",
+        "", "", "current search (default options)", "baseline (before issue 21, 12 probes)"
+    );
+    let head = format!(
+        "{:>6} {:>6} {:>6} | {:>5} {:>4} | {:>5} {:>5}",
+        "gap50", "gap95", "worst", "probe", "p95", "viol", "fresh"
+    );
+    println!("{:<15} {:>5} | {head} | {head}", "family", "seeds");
+    let mut all_new = Tally::default();
+    let mut all_old = Tally::default();
+    for (fi, family) in Family::ALL.iter().enumerate() {
+        println!(
+            "{:<15} {:>5} | {} | {}",
+            family.name(),
+            new[fi].n(),
+            new[fi].row(),
+            old[fi].row()
+        );
+        all_new.extend(&new[fi]);
+        all_old.extend(&old[fi]);
+    }
+    println!(
+        "{:<15} {:>5} | {} | {}",
+        "all",
+        all_new.n(),
+        all_new.row(),
+        all_old.row()
+    );
+    println!("(gap: % below the exhaustive best's true throughput, 100 when the chosen layout's true p99 misses the SLO; probe: mean probes; viol: % of chosen layouts whose true p99 misses the SLO; fresh: % whose one fresh probe measures over it)");
+    println!("\nsummary, beside the targets of issue 21:");
+    let line = |what: &str, now: f64, target: &str, base: f64| {
+        println!("| {what} | {now:.2} | {target} | {base:.2} |");
+    };
+    println!("| figure | current | target | baseline |");
+    println!("|---|---|---|---|");
+    line(
+        "median gap %",
+        quantile(&all_new.gaps, 0.5),
+        "-",
+        quantile(&all_old.gaps, 0.5),
+    );
+    line(
+        "p95 gap %",
+        quantile(&all_new.gaps, 0.95),
+        &format!("<= {TARGET_P95_GAP}"),
+        quantile(&all_old.gaps, 0.95),
+    );
+    line(
+        "mean probes",
+        mean(&all_new.probes),
+        &format!("<= {TARGET_PROBES}"),
+        mean(&all_old.probes),
+    );
+    line(
+        "p95 probes",
+        quantile(&all_new.probes, 0.95),
+        &format!("<= {TARGET_PROBES}"),
+        quantile(&all_old.probes, 0.95),
+    );
+    line(
+        "true p99 over the SLO %",
+        all_new.pct(all_new.true_violations),
+        &format!("< {TARGET_VIOLATIONS}"),
+        all_old.pct(all_old.true_violations),
+    );
+    line(
+        "fresh probe over the SLO %",
+        all_new.pct(all_new.fresh_violations),
+        &format!("< {TARGET_VIOLATIONS}"),
+        all_old.pct(all_old.fresh_violations),
+    );
+    line(
+        "searches ending without a layout judged within the SLO %",
+        all_new.pct(all_new.said_no),
+        "-",
+        all_old.pct(all_old.said_no),
+    );
+}
