@@ -67,6 +67,8 @@ pub(crate) struct Quiet {
     events: Option<ProcEvents>,
     /// Processes touched by an event, and when lodger read it.
     touched: HashMap<u32, Instant>,
+    /// When `touched` was last pruned.
+    pruned: Option<Instant>,
     swept: HashMap<JobId, Swept>,
 }
 
@@ -97,6 +99,7 @@ impl Quiet {
         Quiet {
             events,
             touched: HashMap::new(),
+            pruned: None,
             swept: HashMap::new(),
         }
     }
@@ -126,7 +129,13 @@ impl Quiet {
                 self.swept.clear();
             }
         }
-        if self.touched.len() > 4096 {
+        // No job's last sweep is older than FULL_SWEEP_EVERY: older entries can go. At most
+        // once a second, so a node forking thousands of processes does not pay it per apply.
+        let due = self.pruned.map_or(true, |p| {
+            now.saturating_duration_since(p) >= Duration::from_secs(1)
+        });
+        if self.touched.len() > 4096 && due {
+            self.pruned = Some(now);
             self.touched
                 .retain(|_, at| now.saturating_duration_since(*at) <= FULL_SWEEP_EVERY);
         }
