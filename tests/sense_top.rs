@@ -192,12 +192,11 @@ fn per_job_memory_bandwidth_from_a_resctrl_fixture_tree() {
         resctrl.join("mon_groups/j1").is_dir(),
         "another tool's group stays"
     );
-    assert!(
+    // The sweep logs after it removed the group: wait for the line, not only the removal.
+    wait_until(WAIT, "the sweep's log line", || {
         d.log()
-            .contains("left by an earlier lodgerd: mon_groups/lodger-j77"),
-        "{}",
-        d.log()
-    );
+            .contains("left by an earlier lodgerd: mon_groups/lodger-j77")
+    });
 
     let w = Workload::train(2);
     let id = d.register_pid(w.pid(), 1);
