@@ -24,7 +24,7 @@ fn gpu_pass(agent: &mut Agent, train: &JobId, ms: u64, gpu: f64) {
             ..Default::default()
         },
     );
-    agent.observations = obs;
+    agent.observations = std::sync::Arc::new(obs);
     agent.tick();
 }
 
@@ -93,7 +93,7 @@ fn contention_halves_an_offline_lodger_when_training_progress_drops() {
                 stale: true,
             },
         );
-        agent.observations = obs;
+        agent.observations = std::sync::Arc::new(obs);
         agent.tick();
     }
     let throttles = agent.contention.as_ref().unwrap().throttles();
@@ -180,7 +180,7 @@ fn contention_throttles_offline_lodgers_with_mba_on_an_intel_tree() {
         };
         obs.node.membw_bytes_per_s = Some(fraction * 100e9);
         obs.node.membw_fraction_of_peak = Some(fraction);
-        agent.observations = obs;
+        agent.observations = std::sync::Arc::new(obs);
         agent.tick();
     };
     let mb = || std::fs::read_to_string(&schemata).unwrap();
@@ -404,7 +404,7 @@ fn contention_throttles_a_batch_job_with_mba() {
         };
         obs.node.membw_bytes_per_s = Some(fraction * 100e9);
         obs.node.membw_fraction_of_peak = Some(fraction);
-        agent.observations = obs;
+        agent.observations = std::sync::Arc::new(obs);
         agent.tick();
     }
     assert_ne!(

@@ -148,7 +148,8 @@ impl NodeStatus {
 #[derive(Debug, Clone)]
 pub struct Snapshot {
     pub jobs: Vec<Job>,
-    pub observations: Observations,
+    /// Shared with the agent and the sensor: a tick publishes without copying every job's figures.
+    pub observations: Arc<Observations>,
     pub status: NodeStatus,
 }
 
@@ -265,7 +266,7 @@ impl AgentHandle {
         status.sensed_ms = obs.unix_ms;
         Ok(Arc::new(Snapshot {
             jobs: snap.jobs.clone(),
-            observations: (*obs).clone(),
+            observations: obs,
             status,
         }))
     }

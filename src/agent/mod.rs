@@ -200,7 +200,7 @@ pub struct Agent {
     ticks: Arc<AtomicU64>,
     /// The sensor's latest pass, and the channels to it (absent in tests and `--sim` without
     /// sensing).
-    observations: Observations,
+    observations: Arc<Observations>,
     sensor: Option<SensorLink>,
     // The controllers, in the order a tick steps them (see `run::tick`).
     rightsize: Rightsize,
@@ -346,11 +346,11 @@ impl AgentBuilder {
             state,
             events,
             ticks: Arc::new(AtomicU64::new(0)),
-            observations: Observations::default(),
+            observations: Arc::default(),
             sensor: self.sensor,
             published: Published::new(Snapshot {
                 jobs: Vec::new(),
-                observations: Observations::default(),
+                observations: Arc::default(),
                 status: NodeStatus::default(),
             }),
         };

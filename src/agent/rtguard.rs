@@ -1,13 +1,16 @@
 //! The RT guard: keeps SCHED_RR training jobs under the kernel's RT limit. Each tick it measures
 //! every running training job's CPU time per CPU of its cpuset (its processes' CPU-time clocks:
-//! one syscall a process) and, every [`DETAIL_PERIOD`] or every tick while the job is close to
-//! the limit, its threads' run-queue wait (a schedstat file a thread: the costly part at 1,000
+//! one syscall a process) and, every [`DETAIL_PERIOD`] while it uses at least 1 % of them or
+//! every tick while the job is close to the limit, its threads' run-queue wait (a schedstat file a thread: the costly part at 1,000
 //! threads, issue 21) (`sense::rtlimit`), records them on the job (`lodgerctl show`, metrics),
 //! and when a job stays
 //! within `training.rt_headroom_percent` of the limit for [`GROW_AFTER`] measurements (each over
 //! at least [`RATE_WINDOW`]) it grows the job
 //! by one core if the plan can place it, or says once that it cannot. Touches /proc (read) and
 //! the jobs lent by the tick.
+//!
+//! A job the sensing pass saw idle (under 1 % of its CPUs) is shown with that figure and not
+//! read at all.
 //!
 //! Why: a job whose threads keep each of its CPUs busier than `sched_rt_runtime_us /
 //! sched_rt_period_us` (95 %) is stopped by the kernel for the rest of each period, up to 50 ms a
@@ -37,6 +40,9 @@ const LIMIT_EVERY: Duration = Duration::from_secs(10);
 /// A job's threads' run-queue wait is read at least this often (and every tick while the job is
 /// within twice the headroom of the limit).
 pub const DETAIL_PERIOD: Duration = Duration::from_secs(10);
+/// Below this share of its CPUs a job's threads are not read at all (see [`DETAIL_PERIOD`]), and
+/// a job the sensing pass saw below it is not measured by the guard either.
+const DETAIL_MIN_SHARE: f64 = 0.01;
 
 #[derive(Debug)]
 struct Watch {
@@ -103,7 +109,12 @@ impl RtGuard {
             })
             .map(|s| s.job.id.clone())
             .collect();
-        self.watches.retain(|id, _| running.contains(id));
+        let jobs = &cx.state.jobs;
+        self.watches.retain(|id, _| {
+            jobs.get(id).is_some_and(|s| {
+                s.job.spec.kind.role() == Role::Training && s.job.state == JobState::Running
+            })
+        });
         let mut changed = false;
         for id in running {
             let Some(stored) = cx.state.jobs.get_mut(&id) else {
@@ -116,8 +127,24 @@ impl RtGuard {
             {
                 continue;
             }
-            let cur = rtlimit::cpu_sample(self.clock, cx.proc_root, &stored.job.pids);
             let cpus = stored.job.cpus.len();
+            // The sensing pass measured the job's CPU time over the same second: a job it saw
+            // idle is not read again (one clock read a process: most of the guard's cost at 100
+            // idle jobs, issue 21). Its watch goes, so a job that wakes is measured afresh.
+            let sensed = cx.observations.jobs.get(&id).and_then(|m| m.cpu_percent);
+            if let Some(sensed) = sensed.filter(|p| *p / 100.0 < DETAIL_MIN_SHARE * cpus as f64) {
+                self.watches.remove(&id);
+                let extra = stored.job.rt.as_ref().map_or(0, |r| r.extra_cores);
+                stored.job.rt = Some(RtStanding {
+                    share_percent: sensed / cpus.max(1) as f64,
+                    limit_percent: limit.map(|l| l * 100.0),
+                    runq_wait_ms_per_s: 0.0,
+                    near_limit: false,
+                    extra_cores: extra,
+                });
+                continue;
+            }
+            let cur = rtlimit::cpu_sample(self.clock, cx.proc_root, &stored.job.pids);
             let Some(watch) = self.watches.get_mut(&id) else {
                 self.watches.insert(
                     id,
@@ -136,7 +163,12 @@ impl RtGuard {
             let Some(share) = share else { continue };
             let near = limit.is_some_and(|l| share >= l - self.headroom);
             let close = limit.is_some_and(|l| share >= l - 2.0 * self.headroom);
-            if close || cur.at.saturating_duration_since(watch.detail.at) >= DETAIL_PERIOD {
+            let due = cur.at.saturating_duration_since(watch.detail.at) >= DETAIL_PERIOD;
+            if due && share < DETAIL_MIN_SHARE && !close {
+                // Idle: its threads hardly asked to run, so they hardly waited. Not read (a
+                // thousand files at 100 idle jobs, issue 21), and shown without a wait.
+                watch.runq_wait_ms_per_s = 0.0;
+            } else if close || due {
                 let detail = rtlimit::thread_times(cx.proc_root, &stored.job.pids);
                 if let Some(r) = rtlimit::rates(&watch.detail, &detail, cpus) {
                     watch.runq_wait_ms_per_s = r.runq_wait_ms_per_s;

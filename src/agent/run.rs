@@ -140,7 +140,7 @@ impl Agent {
     pub(super) fn snapshot(&self) -> Snapshot {
         Snapshot {
             jobs: self.state.jobs.values().map(|s| s.job.clone()).collect(),
-            observations: self.observations.clone(),
+            observations: std::sync::Arc::clone(&self.observations),
             status: self.status(),
         }
     }

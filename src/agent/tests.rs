@@ -292,7 +292,7 @@ fn idle_sensing_passes_with_a_right_sized_job_write_nothing() {
                 ..Default::default()
             },
         );
-        agent.observations = obs;
+        agent.observations = std::sync::Arc::new(obs);
         agent.tick();
     };
     let rightsize = |warmup: Duration, window: Duration| RightsizeSettings {
@@ -550,7 +550,7 @@ fn right_sizing_holds_while_gpu_sensing_is_stale() {
                 stale,
             },
         );
-        agent.observations = obs;
+        agent.observations = std::sync::Arc::new(obs);
         agent.tick();
     };
     let tuning = |agent: &Agent| {

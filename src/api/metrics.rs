@@ -463,16 +463,17 @@ mod tests {
 
     #[test]
     fn sample_ages_and_stale_sources_are_exported() {
-        let mut snap = Snapshot {
-            jobs: Vec::new(),
-            observations: crate::sense::Observations::default(),
-            status: crate::agent::NodeStatus::default(),
-        };
+        let mut observations = crate::sense::Observations::default();
         for (source, age_s, stale) in [("cpu", 0.25, false), ("gpu", 12.5, true)] {
-            snap.observations
+            observations
                 .ages
                 .insert(source.into(), crate::sense::SourceAge { age_s, stale });
         }
+        let snap = Snapshot {
+            jobs: Vec::new(),
+            observations: std::sync::Arc::new(observations),
+            status: crate::agent::NodeStatus::default(),
+        };
         let text = render(&snap);
         for line in [
             "lodger_sample_age_seconds{source=\"cpu\"} 0.25",
@@ -540,7 +541,7 @@ mod tests {
         .expect("offline job");
         let snap = Snapshot {
             jobs: vec![job, offline],
-            observations: crate::sense::Observations::default(),
+            observations: std::sync::Arc::default(),
             status: crate::agent::NodeStatus::default(),
         };
         let text = render(&snap);

@@ -1,5 +1,5 @@
-//! CPU sensing: per-CPU utilization from `/proc/stat`, per-job CPU time (its processes' utime +
-//! stime from `/proc/PID/stat`, or its cgroup's `cpuacct.usage` on v1 / `cpu.stat` `usage_usec`
+//! CPU sensing: per-CPU utilization from `/proc/stat`, per-job CPU time (its processes' CPU-time
+//! clocks, with start times from `/proc/PID/stat`: [`clocks`]; or its cgroup's `cpuacct.usage` on v1 / `cpu.stat` `usage_usec`
 //! on v2) and run-queue pressure from PSI (`/proc/pressure/cpu`, and `cpu.pressure` of a cgroup
 //! where the kernel has it). Reads the proc and cgroup roots it is given, nothing else.
 //!
@@ -21,6 +21,8 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::sys::cgroupfs::CgroupVersion;
+
+pub mod clocks;
 
 /// Relative to the proc root.
 pub const PROC_STAT: &str = "stat";
@@ -334,7 +336,8 @@ impl StallRates {
 pub struct ProcessCpu {
     pub pid: u32,
     pub start_time: u64,
-    /// utime + stime of all its threads, live and exited, in nanoseconds.
+    /// The CPU time of all its threads, live and exited, in nanoseconds: its CPU-time clock, or
+    /// utime + stime from its stat file where there is no clock.
     pub cpu_ns: u64,
 }
 
@@ -477,6 +480,8 @@ pub struct CpuReader {
     path: PathBuf,
     buf: Vec<u8>,
     ns_per_tick: u64,
+    /// The real `/proc` only: processes' CPU time from their clocks.
+    clocks: Option<clocks::ProcessClocks>,
 }
 
 impl CpuReader {
@@ -492,6 +497,7 @@ impl CpuReader {
             path: PathBuf::with_capacity(proc_root.as_os_str().len() + 32),
             buf: Vec::with_capacity(4096),
             ns_per_tick: 1_000_000_000 / ticks_per_second.max(1),
+            clocks: (proc_root == Path::new("/proc")).then(clocks::ProcessClocks::new),
         }
     }
 
@@ -533,11 +539,16 @@ impl CpuReader {
         parse_psi_file(&self.path, &self.buf, Instant::now()).map(Some)
     }
 
-    /// The CPU time of each of these processes; processes that are gone are left out.
+    /// The CPU time of each of these processes; processes that are gone are left out. On the
+    /// real `/proc` a process's stat file is read only to learn its start time ([`clocks`]).
     pub fn processes(&mut self, pids: &[u32]) -> Result<JobCpuSample, CpuError> {
         let at = Instant::now();
         let mut out = Vec::with_capacity(pids.len());
         for &pid in pids {
+            if let Some(p) = self.clocks.as_mut().and_then(|c| c.cached(pid, at)) {
+                out.push(p);
+                continue;
+            }
             let pid_s = pid.to_string();
             self.set_path(&[&pid_s, "stat"]);
             if !read_into(&self.path, &mut self.buf, is_gone)? {
@@ -547,10 +558,14 @@ impl CpuReader {
                 path: self.path.clone(),
                 value: String::from_utf8_lossy(&self.buf).into_owned(),
             })?;
+            let clocked = self
+                .clocks
+                .as_mut()
+                .and_then(|c| c.record(pid, start_time, at));
             out.push(ProcessCpu {
                 pid,
                 start_time,
-                cpu_ns: ticks.saturating_mul(self.ns_per_tick),
+                cpu_ns: clocked.unwrap_or_else(|| ticks.saturating_mul(self.ns_per_tick)),
             });
         }
         out.sort_unstable_by_key(|p| p.pid);

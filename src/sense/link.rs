@@ -49,7 +49,7 @@ impl Pace {
 /// The agent's ends of the channels to the sensing thread.
 pub struct SensorLink {
     /// Passes the sensor finished.
-    pub observations: mpsc::Receiver<Observations>,
+    pub observations: mpsc::Receiver<Arc<Observations>>,
     /// The jobs to measure, sent whenever they change.
     pub jobs: mpsc::Sender<Vec<SensedJob>>,
     /// The newest pass, also sent on `observations`.

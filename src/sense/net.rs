@@ -274,8 +274,9 @@ pub struct NetnsSample {
 pub enum JobNet {
     /// It has a namespace of its own: these are its counters.
     Own(NetnsSample),
-    /// It is in lodgerd's namespace (the host's): not attributable; the reason.
-    NotAttributable(String),
+    /// It is in lodgerd's namespace (the host's), or its namespace cannot be read: not
+    /// attributable; the process that told, and the reason.
+    NotAttributable { pid: u32, why: String },
     /// None of its processes could be read (they exited).
     Gone,
 }
@@ -289,19 +290,21 @@ pub fn job_netns_sample(proc_root: &Path, pids: &[u32]) -> JobNet {
         let netns = match fs::read_link(dir.join("ns/net")) {
             Ok(l) => l.to_string_lossy().into_owned(),
             Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
-                return JobNet::NotAttributable(
-                    "cannot tell its network namespace: reading another user's \
-                     /proc/<pid>/ns/net needs CAP_SYS_PTRACE"
+                return JobNet::NotAttributable {
+                    pid: *pid,
+                    why: "cannot tell its network namespace: reading another user's \
+                          /proc/<pid>/ns/net needs CAP_SYS_PTRACE"
                         .into(),
-                )
+                }
             }
             Err(_) => continue,
         };
         if own.as_deref().map(|o| o.to_string_lossy()) == Some(netns.as_str().into()) {
-            return JobNet::NotAttributable(
-                "shares the host's network namespace: its traffic cannot be told from others'"
+            return JobNet::NotAttributable {
+                pid: *pid,
+                why: "shares the host's network namespace: its traffic cannot be told from others'"
                     .into(),
-            );
+            };
         }
         let Ok(text) = fs::read_to_string(dir.join("net/dev")) else {
             continue;
@@ -617,7 +620,7 @@ Inter-|   Receive                                                |  Transmit
         let shared = proc_with("net:[1]", 42, "net:[1]", NET_DEV);
         assert!(matches!(
             job_netns_sample(shared.path(), &[42]),
-            JobNet::NotAttributable(why) if why.contains("host's network namespace")
+            JobNet::NotAttributable { pid: 42, why } if why.contains("host's network namespace")
         ));
         assert_eq!(job_netns_sample(root.path(), &[43]), JobNet::Gone);
     }

@@ -150,12 +150,13 @@ const FIRST_PASS_POLL: Duration = Duration::from_millis(5);
 
 /// Where the coordinator's merged passes go: the agent's channel and the newest one.
 struct Out {
-    tx: mpsc::Sender<Observations>,
+    tx: mpsc::Sender<Arc<Observations>>,
     latest: LatestObservations,
 }
 
-/// A worker's newest pass and when it ended.
-type Latest = Arc<Mutex<Option<(Instant, Observations)>>>;
+/// A worker's newest pass and when it ended; shared, so that the merge takes it without copying
+/// every job's figures (issue 21: a copy per source and job every interval).
+type Latest = Arc<Mutex<Option<(Instant, Arc<Observations>)>>>;
 
 struct Worker {
     kind: SourceKind,
@@ -246,7 +247,7 @@ fn work(open: OpenSource, jobs: mpsc::Receiver<Vec<SensedJob>>, latest: &Latest,
         if now >= next {
             let obs = source.sample();
             if let Ok(mut l) = latest.lock() {
-                *l = Some((Instant::now(), obs));
+                *l = Some((Instant::now(), Arc::new(obs)));
             }
             next = Instant::now() + pace.interval();
             continue;
@@ -283,9 +284,13 @@ fn coordinate(
     loop {
         let now = Instant::now();
         if now >= next {
-            let obs = merge(&mut workers, started, pace.interval() + pace.deadline());
+            let obs = Arc::new(merge(
+                &mut workers,
+                started,
+                pace.interval() + pace.deadline(),
+            ));
             if let Ok(mut l) = out.latest.lock() {
-                *l = Some(Arc::new(obs.clone()));
+                *l = Some(Arc::clone(&obs));
             }
             if out.tx.send(obs).is_err() {
                 break;

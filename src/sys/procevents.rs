@@ -1,6 +1,8 @@
 //! The kernel's process events: the netlink proc connector (`linux/cn_proc.h`), which reports
 //! every fork (a new process or a new thread), exec and exit on the node. Read without blocking,
-//! as the processes they touch. Touches one netlink socket and nothing else.
+//! as the processes they touch. A socket filter ([`filter`]) lets only forks, execs and the exits
+//! of whole processes through: a thread's exit, a rename and the rest wake nobody. Touches one
+//! netlink socket and nothing else.
 //!
 //! Why by hand: no maintained crate wraps it (the `cnproc` crate reads one event per blocking
 //! call and is unmaintained); the protocol is three fixed C structs, defined below from the
@@ -26,6 +28,8 @@ const PROC_CN_MCAST_LISTEN: u32 = 1;
 const PROC_EVENT_FORK: u32 = 0x0000_0001;
 const PROC_EVENT_EXEC: u32 = 0x0000_0002;
 const PROC_EVENT_EXIT: u32 = 0x8000_0000;
+/// `SO_ATTACH_FILTER` (`asm-generic/socket.h`; the libc crate defines it only for Android).
+const SO_ATTACH_FILTER: libc::c_int = 26;
 /// Asked for (root may exceed `net.core.rmem_max`): about a thousand events between two reads.
 const RECV_BUFFER: libc::c_int = 1 << 20;
 
@@ -88,6 +92,7 @@ impl ProcEvents {
         if rc < 0 {
             return Err(io::Error::last_os_error());
         }
+        attach(&fd, &filter())?;
         let listen = listen_message();
         let kernel = sockaddr(0);
         // SAFETY: the message and the address are valid for the lengths given.
@@ -111,8 +116,8 @@ impl ProcEvents {
     }
 
     /// Reads every pending event and calls `touched(tgid)` for each process one touched: both
-    /// sides of a fork (a new thread's process, a new process and its parent), an exec, an exit
-    /// (of a thread or of the process). Never blocks.
+    /// sides of a fork (a new thread's process, a new process and its parent), an exec, a
+    /// process's exit. Never blocks.
     pub fn drain(&mut self, mut touched: impl FnMut(u32)) -> io::Result<Drained> {
         let mut out = Drained::default();
         loop {
@@ -142,6 +147,60 @@ impl ProcEvents {
             out.events += parse(&self.buf[..len], &mut touched);
         }
     }
+}
+
+/// The classic BPF program the socket runs on each datagram before queueing it: keeps forks,
+/// execs and exits where `process_pid == process_tgid` (a process, not one of its threads), drops
+/// the rest (thread exits, renames, uid/gid/sid changes, ptrace, the subscription's reply). A
+/// busy node forks and ends threads all the time; lodger needs a thread's start (to schedule it)
+/// but not its end. Absolute loads read big-endian, so each constant is the host-order value's
+/// bytes read that way.
+fn filter() -> Vec<libc::sock_filter> {
+    const WHAT: u32 = (NLMSG_HDR + CN_MSG_HDR) as u32;
+    const PID: u32 = WHAT + EVENT_DATA as u32;
+    let be = |v: u32| u32::from_be_bytes(v.to_ne_bytes());
+    let op = |code: u32, jt: u8, jf: u8, k: u32| libc::sock_filter {
+        code: code as u16,
+        jt,
+        jf,
+        k,
+    };
+    let load = libc::BPF_LD | libc::BPF_W | libc::BPF_ABS;
+    let jeq = libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K;
+    // Jump offsets count from the next instruction: 8 keeps, 9 drops.
+    vec![
+        /* 0 */ op(load, 0, 0, WHAT),
+        /* 1 */ op(jeq, 6, 0, be(PROC_EVENT_FORK)),
+        /* 2 */ op(jeq, 5, 0, be(PROC_EVENT_EXEC)),
+        /* 3 */ op(jeq, 0, 5, be(PROC_EVENT_EXIT)),
+        /* 4 */ op(load, 0, 0, PID),
+        /* 5 */ op(libc::BPF_MISC | libc::BPF_TAX, 0, 0, 0),
+        /* 6 */ op(load, 0, 0, PID + 4),
+        /* 7 */ op(libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_X, 0, 1, 0),
+        /* 8 */ op(libc::BPF_RET | libc::BPF_K, 0, 0, u32::MAX),
+        /* 9 */ op(libc::BPF_RET | libc::BPF_K, 0, 0, 0),
+    ]
+}
+
+fn attach(fd: &OwnedFd, program: &[libc::sock_filter]) -> io::Result<()> {
+    let prog = libc::sock_fprog {
+        len: u16::try_from(program.len()).map_err(|_| io::ErrorKind::InvalidInput)?,
+        filter: program.as_ptr().cast_mut(),
+    };
+    // SAFETY: `prog` points at `program`, which outlives the call (the kernel copies it).
+    let rc = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            SO_ATTACH_FILTER,
+            std::ptr::addr_of!(prog).cast(),
+            std::mem::size_of::<libc::sock_fprog>() as libc::socklen_t,
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 fn sockaddr(groups: u32) -> libc::sockaddr_nl {
@@ -264,6 +323,46 @@ mod tests {
         assert_eq!(parse(&other, &mut |t| seen.push(t)), 0);
         assert_eq!(parse(&[], &mut |t| seen.push(t)), 0);
         assert!(seen.is_empty());
+    }
+
+    /// The socket filter, run by the kernel on a Unix datagram socket (same classic BPF, same
+    /// absolute offsets from the datagram's start): forks, execs and process exits pass; thread
+    /// exits and other events do not.
+    #[test]
+    fn the_filter_keeps_forks_execs_and_process_exits() {
+        let mut fds = [0; 2];
+        // SAFETY: `fds` has room for the two descriptors socketpair writes.
+        let rc = unsafe {
+            libc::socketpair(
+                libc::AF_UNIX,
+                libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                0,
+                fds.as_mut_ptr(),
+            )
+        };
+        assert_eq!(rc, 0, "socketpair: {}", io::Error::last_os_error());
+        // SAFETY: both descriptors were just opened and are owned here.
+        let (tx, rx) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        attach(&rx, &filter()).expect("attach the filter");
+        let cases = [
+            (event(PROC_EVENT_FORK, &[100, 100, 101, 100]), true),
+            (event(PROC_EVENT_FORK, &[100, 100, 200, 200]), true),
+            (event(PROC_EVENT_EXEC, &[200, 200]), true),
+            (event(PROC_EVENT_EXIT, &[200, 200, 0, 0, 1, 1]), true),
+            (event(PROC_EVENT_EXIT, &[101, 100, 0, 0, 1, 1]), false),
+            (event(0x0000_0200, &[101, 100]), false), // a rename (PROC_EVENT_COMM)
+            (event(0, &[0, 0]), false),               // the subscription's reply
+        ];
+        let mut buf = [0u8; 256];
+        for (i, (datagram, kept)) in cases.iter().enumerate() {
+            // SAFETY: the datagram is valid for its length.
+            let sent =
+                unsafe { libc::send(tx.as_raw_fd(), datagram.as_ptr().cast(), datagram.len(), 0) };
+            assert_eq!(sent, datagram.len() as isize, "case {i}");
+            // SAFETY: `buf` is valid for writes of its length.
+            let got = unsafe { libc::recv(rx.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+            assert_eq!(got > 0, *kept, "case {i}: received {got}");
+        }
     }
 
     /// As root: the kernel reports this test's own child process.

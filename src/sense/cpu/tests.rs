@@ -414,15 +414,31 @@ fn reads_this_machine() {
     assert!(!a.cpus.is_empty());
     let me = std::process::id();
     let p1 = r.processes(&[me]).expect("own stat");
-    // Burn a little CPU so the window has some.
+    // Burn 60 ms of this thread's CPU time (not of wall time: the machine may be busy).
+    let thread_ns = || {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `ts` is a valid timespec to write to.
+        let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+        assert_eq!(rc, 0);
+        ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    };
+    let start = thread_ns();
     let mut x = 0u64;
-    let until = Instant::now() + Duration::from_millis(60);
-    while Instant::now() < until {
+    while thread_ns() < start + 60_000_000 {
         x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
     }
     let p2 = r.processes(&[me]).expect("own stat");
     let rate = JobCpuRate::between(&p1, &p2).expect("rate");
-    assert!(rate.cores >= 0.0);
+    // Read from the process's clock (nanoseconds), not in 10-ms ticks: the 60 ms burnt show.
+    let after = crate::sys::procfs::process_cpu_ns(me).expect("own clock");
+    let JobCpuUsage::Processes(two) = &p2.usage else {
+        panic!("per process");
+    };
+    assert!(two[0].cpu_ns <= after, "{} > {after}", two[0].cpu_ns);
+    assert!(rate.cpu >= Duration::from_millis(60), "{:?}", rate.cpu);
     let b = r.stat().expect("/proc/stat");
     assert!(NodeCpuRates::between(&a, &b).is_some());
     // PSI may or may not exist; either answer is fine, an error is not.
