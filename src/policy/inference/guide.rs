@@ -29,6 +29,10 @@ const E_COMPUTE_BOUND: f64 = 0.6;
 const E_CACHE_BOUND: f64 = 1.05;
 const E_UNKNOWN: f64 = 0.85;
 const E_SD: f64 = 0.3;
+/// The second probe, on the first one's rung, takes the largest batch that would still meet the
+/// aim if latency grew only like `b^SECOND_E` (about one prior spread below [`E_UNKNOWN`]): it
+/// separates the batch's effect from the cores' before the search moves across rungs.
+const SECOND_E: f64 = 0.5;
 
 impl LayoutSearch {
     /// The search, replayed from the measurements so far: `Err(Need)` with the next layout to
@@ -52,7 +56,19 @@ impl LayoutSearch {
             .iter()
             .position(|&(c, _)| c >= from)
             .unwrap_or(ladder.len() - 1);
-        self.measure(self.config(ladder[start], batch))?;
+        let first = self.config(ladder[start], batch);
+        let first_sample = self.measure(first)?;
+        if hinted.is_none() && self.samples.len() == 1 && self.feasible(&first_sample) {
+            let room = self.aim(&first_sample) / first_sample.p99;
+            let b2 = room
+                .powf(1.0 / SECOND_E)
+                .min(f64::from(self.max_batch))
+                .floor();
+            if b2 > f64::from(first.batch) {
+                // Below max_batch here, so the conversion neither truncates nor saturates.
+                return Err(Need(self.config(ladder[start], b2 as u32)));
+            }
+        }
         let measured: Vec<(LayoutConfig, Sample)> = self
             .samples
             .iter()
@@ -117,55 +133,69 @@ impl LayoutSearch {
             .filter(|(_, s)| self.feasible(s))
             .map(|(_, s)| s.throughput)
             .fold(0.0, f64::max);
-        let mut cand: Option<(f64, LayoutConfig)> = None;
-        for &rung in &ladder {
-            let ln_c = f64::from(rung.0).ln();
-            let nearest = measured
-                .iter()
-                .min_by(|a, b| {
-                    let d = |c: &LayoutConfig| (f64::from(c.cores_per_instance).ln() - ln_c).abs();
-                    d(&a.0).total_cmp(&d(&b.0))
-                })
-                .map_or(measured[0].1, |(_, s)| *s);
-            let aim = self.aim(&nearest) * SAFE;
-            let tail = tail_for(rung.1);
-            let over = self.lowest_over(rung);
-            for b in 1..=self.max_batch {
-                // Latency grows with the batch on a rung: nothing past a measured miss.
-                if over.is_some_and(|o| b >= o) {
-                    break;
+        // The best candidate: careful (within the aim with room, more where nothing was measured
+        // nearby) or, when that finds nothing worth a probe, plain (the predicted p99 within
+        // the aim, optimistic where nothing was measured nearby).
+        let pick = |careful: bool| {
+            let mut cand: Option<(f64, LayoutConfig)> = None;
+            for &rung in &ladder {
+                let ln_c = f64::from(rung.0).ln();
+                let nearest = measured
+                    .iter()
+                    .min_by(|a, b| {
+                        let d =
+                            |c: &LayoutConfig| (f64::from(c.cores_per_instance).ln() - ln_c).abs();
+                        d(&a.0).total_cmp(&d(&b.0))
+                    })
+                    .map_or(measured[0].1, |(_, s)| *s);
+                let aim = self.aim(&nearest) * if careful { SAFE } else { 1.0 };
+                let tail = tail_for(rung.1);
+                let over = self.lowest_over(rung);
+                for b in 1..=self.max_batch {
+                    // Latency grows with the batch on a rung: nothing past a measured miss.
+                    if over.is_some_and(|o| b >= o) {
+                        break;
+                    }
+                    let config = self.config(rung, b);
+                    if self.samples.contains_key(&config) {
+                        continue;
+                    }
+                    let ln_b = f64::from(b).ln();
+                    let (mut weights, mut sum, mut nearest_w) = (0.0, 0.0, 0.0f64);
+                    for &(kc, kb, r) in &known {
+                        let d2 = ((kc - ln_c).powi(2) + (kb - ln_b).powi(2)) / (REACH * REACH);
+                        let w = (-d2 / 2.0).exp();
+                        weights += w;
+                        sum += w * r;
+                        nearest_w = nearest_w.max(w);
+                    }
+                    // The surrogate, corrected by the residuals of measured neighbours.
+                    let latency = model.latency(f64::from(rung.0), ln_b.exp())
+                        * (sum / weights.max(1.0)).exp();
+                    let unknown = 1.0 - nearest_w;
+                    let lean = if careful { UNSURE } else { 0.0 };
+                    if latency * tail * (lean * unknown).exp() > aim {
+                        continue;
+                    }
+                    let hopeful = latency * (-OPTIMISM * unknown).exp();
+                    let tp = f64::from(rung.1) * f64::from(b) * 1000.0 / hopeful;
+                    if cand.map_or(true, |(t, _)| tp > t) {
+                        cand = Some((tp, config));
+                    }
                 }
-                let config = self.config(rung, b);
-                if self.samples.contains_key(&config) {
-                    continue;
-                }
-                let ln_b = f64::from(b).ln();
-                let (mut weights, mut sum, mut nearest_w) = (0.0, 0.0, 0.0f64);
-                for &(kc, kb, r) in &known {
-                    let d2 = ((kc - ln_c).powi(2) + (kb - ln_b).powi(2)) / (REACH * REACH);
-                    let w = (-d2 / 2.0).exp();
-                    weights += w;
-                    sum += w * r;
-                    nearest_w = nearest_w.max(w);
-                }
-                // The surrogate, corrected by the residuals of measured neighbours.
-                let latency =
-                    model.latency(f64::from(rung.0), ln_b.exp()) * (sum / weights.max(1.0)).exp();
-                let unknown = 1.0 - nearest_w;
-                if latency * tail * (UNSURE * unknown).exp() > aim {
-                    continue;
-                }
-                let hopeful = latency * (-OPTIMISM * unknown).exp();
-                let tp = f64::from(rung.1) * f64::from(b) * 1000.0 / hopeful;
-                if cand.map_or(true, |(t, _)| tp > t) {
-                    cand = Some((tp, config));
-                }
+            }
+            cand
+        };
+        let worth =
+            |c: &(f64, LayoutConfig)| c.0 > best_measured * (1.0 + self.options.margin.max(0.0));
+        let cand = pick(true);
+        if !cand.as_ref().is_some_and(worth) {
+            if let Some((_, config)) = pick(false).filter(worth) {
+                return Err(Need(config));
             }
         }
         match cand {
-            Some((tp, config)) if tp > best_measured * (1.0 + self.options.margin.max(0.0)) => {
-                Err(Need(config))
-            }
+            Some(c) if worth(&c) => Err(Need(c.1)),
             Some(_) => Ok(()),
             None if best_measured > 0.0 => Ok(()),
             None => {

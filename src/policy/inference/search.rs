@@ -175,13 +175,16 @@ pub(super) struct Need(pub(super) LayoutConfig);
 /// of it is fitted to the probes so far and asked where to look next:
 ///
 /// - The first probe is 4 CPUs per instance at batch 1 (or, with [`ModelTraits`] from a search
-///   at another core count, that search's best layout).
+///   at another core count, that search's best layout). When it is within the SLO, the second
+///   is on the same rung with the largest batch that would still meet the aim if latency grew
+///   only like `b^0.5`, so the batch's effect is measured apart from the cores'.
 /// - Every probe, within the SLO or not, gives the layout's mean batch latency (instances ×
 ///   batch / throughput: under saturating load instances serve batches back to back) and its
 ///   p99 over that mean. The mean latency is fitted as `k·(f + b^e·((1 − p) + p/c))` over cores
 ///   per instance `c` and batch `b` (a fixed cost per batch, per-item work growing like `b^e`,
-///   Amdahl scaling inside an instance) by least squares in log space with priors on `e`, `f`
-///   and the serial fraction `1 − p`; a prediction is corrected by the residuals of measured
+///   Amdahl scaling inside an instance), times small second-order terms in `ln b` and
+///   `ln c · ln b` shrunk towards 0, by least squares in log space with priors on `e`, `f` and
+///   the serial fraction `1 − p`; a prediction is corrected by the residuals of measured
 ///   neighbours. The batch trend ([`BatchTrend`], §III-B Fig. 5: IPC and cache misses of the
 ///   smallest and largest batch measured on one rung) sets the prior on `e` (rising IPC: later
 ///   items cost less; falling IPC or rising misses: more), not a rule.
@@ -190,8 +193,9 @@ pub(super) struct Need(pub(super) LayoutConfig);
 ///   nearest instance count) must meet the aim (the p99 whose judged bound just meets the SLO)
 ///   with a little room, more where nothing was measured nearby. Throughput is predicted
 ///   optimistically where nothing was measured nearby, so that a surrogate wrong in the
-///   layout's favour gets found out. A batch at or past one measured over the SLO on the same
-///   rung is never asked for.
+///   layout's favour gets found out. When no such layout is predicted to beat the best measured
+///   one, the room is dropped once (the predicted p99 within the aim is enough) before giving up.
+///   A batch at or past one measured over the SLO on the same rung is never asked for.
 /// - The search ends when no candidate is predicted to beat the best measured throughput
 ///   within the SLO by the margin, or when the budget is spent. When nothing is within the SLO
 ///   and nothing is predicted to be, it tries the largest instances at batch 1 once.
