@@ -48,9 +48,9 @@ impl SearchCache {
         self.by_free_cores.insert(outcome.free_cores, outcome);
     }
 
-    /// The cached outcome for these inputs, or a new search; a new search skips phase 1 and the
-    /// trend probe when an outcome for another core count with the same SLO and max batch knows
-    /// them (the nearest core count's).
+    /// The cached outcome for these inputs, or a new search; a new search starts from the best
+    /// layout and trend of an outcome for another core count with the same SLO and max batch
+    /// (the nearest core count's).
     pub fn begin(
         &self,
         free_cores: u32,

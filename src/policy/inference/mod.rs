@@ -7,8 +7,9 @@
 //!   the reserved CPUs or the jobs change. Online instances get exclusive leftover cores;
 //!   offline instances are single-thread and fill every other non-reserved CPU, the training
 //!   jobs' included.
-//! - [`LayoutSearch`]: the §III-B quick search as a state machine driven by measurements, with a
-//!   [`SearchCache`] per job so a re-plan reuses what was measured for the same free-core count.
+//! - [`LayoutSearch`]: the §III-B search as a state machine driven by measurements, guided by a
+//!   surrogate latency model fitted to the probes, with a [`SearchCache`] per job so a re-plan
+//!   reuses what was measured for the same free-core count.
 //! - [`sim`]: a family of synthetic performance models with noisy probes, to measure the search
 //!   against (benchmark and tests), kept apart from it.
 //! - [`check_capacity`]: the CR-Agent's rate check (§III-C), behind the `CapacityExceeded` signal.
@@ -16,9 +17,11 @@
 mod cache;
 mod capacity;
 mod edge;
+mod guide;
 mod place;
 mod search;
 pub mod sim;
+mod surrogate;
 #[cfg(test)]
 mod tests;
 mod types;
@@ -28,7 +31,7 @@ pub use capacity::{check_capacity, CapacityCheck};
 pub use place::place;
 pub use search::{
     BatchTrend, LayoutSearch, ModelTraits, ProbeResult, SearchOptions, SearchOutcome, SearchStep,
-    DEFAULT_CONFIDENCE_Z, DEFAULT_MARGIN, DEFAULT_PROBE_BUDGET, TREND_BATCH,
+    DEFAULT_CONFIDENCE_Z, DEFAULT_MARGIN, DEFAULT_PROBE_BUDGET,
 };
 pub use types::{
     training_cpus, InferencePlan, Instance, JobInstances, LayoutConfig, OfflineJobView,

@@ -14,14 +14,11 @@ use super::types::LayoutConfig;
 /// default); eight keep a search under a minute and a half (the paper's searches took 10-13
 /// minutes for three core counts and several SLOs, §IV-A).
 pub const DEFAULT_PROBE_BUDGET: u32 = 8;
-/// A core count counts as better than the best so far only if its throughput is higher by this
-/// fraction (window-to-window noise).
+/// A layout is worth a probe only if its predicted throughput beats the best measured within the
+/// SLO by this fraction (window-to-window noise).
 pub const DEFAULT_MARGIN: f64 = 0.01;
 /// How many standard errors a probe's p99 must stay below the SLO by (one-sided 95 %).
 pub const DEFAULT_CONFIDENCE_Z: f64 = 1.645;
-/// The batch whose IPC and cache misses are compared with batch 1's when a search has no other
-/// larger batch to compare (Cloud Reamer Fig. 5).
-pub const TREND_BATCH: u32 = 8;
 /// Relative IPC change that counts as rising or falling: above a few percent of window-to-window
 /// noise.
 const IPC_TREND: f64 = 0.10;
@@ -35,8 +32,8 @@ const MISS_RISE_REL: f64 = 0.15;
 pub struct SearchOptions {
     /// Most probes asked for; at least 1.
     pub probe_budget: u32,
-    /// A core count counts as better than the best so far only if its throughput is higher by
-    /// this fraction.
+    /// A layout is worth a probe only if its predicted throughput beats the best measured
+    /// within the SLO by this fraction.
     pub margin: f64,
     /// A probe meets the SLO when its p99 plus this many standard errors does (see
     /// [`LayoutSearch`]); 0 judges the p99 as measured. Searches persisted before this option
@@ -71,14 +68,14 @@ pub enum BatchTrend {
     Unknown,
 }
 
-/// What a search learnt about the model that does not depend on the free-core count, so a
-/// search at another core count can skip those probes ([`LayoutSearch::with_traits`]).
+/// What a search learnt about the model, so a search at another core count starts from it
+/// ([`LayoutSearch::with_traits`]). Field names are kept from the searches that persisted them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ModelTraits {
-    /// Fewest CPUs per instance meeting the SLO at batch 1 (phase 1).
+    /// CPUs per instance of the best layout judged within the SLO: where the next search starts.
     pub min_cores_per_instance: u32,
     pub trend: BatchTrend,
-    /// Largest batch estimated to meet the SLO at `min_cores_per_instance`.
+    /// That layout's batch.
     pub feasible_batch: u32,
 }
 
@@ -122,8 +119,7 @@ pub struct SearchOutcome {
     pub measured: Option<ProbeResult>,
     /// Probes used.
     pub probes: u32,
-    /// What was learnt about the model; None when phase 1 did not finish or found no core count
-    /// meeting the SLO.
+    /// What was learnt about the model; None when no layout was judged within the SLO.
     pub traits: Option<ModelTraits>,
 }
 
@@ -174,29 +170,35 @@ pub(super) struct Need(pub(super) LayoutConfig);
 ///
 /// Layouts keep the free cores used: a *rung* is a cores-per-instance value with the most
 /// instances of it that fit (32 free CPUs: 1, 2, 3, 4, 5, 6, 8, 10, 16, 32 CPUs per instance),
-/// at most `max_instances` instances. On a rung, latency grows with the batch and throughput
-/// mostly does too, so the best batch of a rung is usually the largest within the SLO: its
-/// *edge* (Cloud Reamer §III-B: "increasing batch size ... until the latency constraint").
+/// at most `max_instances` instances, and every batch up to `max_batch` is a candidate. The
+/// whole space (267,168 layouts for 32 cores, §II-B) is never measured; instead a surrogate model
+/// of it is fitted to the probes so far and asked where to look next:
 ///
-/// - Phase 1 (§III-B: "starts by creating a single instance on one core, gradually increasing
-///   the number of cores until the latency constraint is satisfied"): the smallest rung meeting
-///   the SLO at batch 1, from 1 CPU per instance; after a miss it jumps to the core count the
-///   measured latency asks for (latency taken as falling like cores^0.7), then bisects back
-///   between the last miss and the first pass. If no rung meets the SLO the search ends there
-///   (`meets_slo` false).
-/// - Edge of a rung: a batch predicted to land just inside the SLO from a latency model, affine
-///   in batch (`A + B·b`, Cloud Reamer's latency "increases linearly" with batch), fitted on the
-///   rung's own probes or, before it has two, taken from the nearest measured rung and scaled by
-///   cores^−α (α fitted between rungs, 0.7 until two rungs are known). A probe that misses, or
-///   that leaves more than a tenth of the SLO unused, is corrected once by a secant step.
-/// - Trend: IPC and cache misses at the first rung's batch 1 and edge probes classify the model
-///   ([`BatchTrend`], Fig. 5); kept in [`ModelTraits`] for searches at other core counts.
-/// - Phase 2 (§III-B: "single instance with the maximum batch size" for compute-bound models,
-///   "a large number of instances" for cache-bound ones): rungs are compared by the throughput
-///   at their edge. From the first rung the search doubles the cores per instance while that
-///   improves by the margin (quadruples from a cache-bound or compute-bound model's rung, whose
-///   best is often far up), then bisects between the best rung and its nearest worse neighbour.
-///   The whole space (267,168 layouts for 32 cores, §II-B) is never enumerated.
+/// - The first probe is 4 CPUs per instance at batch 1 (or, with [`ModelTraits`] from a search
+///   at another core count, that search's best layout). When it is within the SLO, the second
+///   is on the same rung with the largest batch that would still meet the aim if latency grew
+///   only like `b^0.5`, so the batch's effect is measured apart from the cores'.
+/// - Every probe, within the SLO or not, gives the layout's mean batch latency (instances ×
+///   batch / throughput: under saturating load instances serve batches back to back) and its
+///   p99 over that mean. The mean latency is fitted as `k·(f + b^e·((1 − p) + p/c))` over cores
+///   per instance `c` and batch `b` (a fixed cost per batch, per-item work growing like `b^e`,
+///   Amdahl scaling inside an instance), times small second-order terms in `ln b` and
+///   `ln c · ln b` shrunk towards 0, by least squares in log space with priors on `e`, `f` and
+///   the serial fraction `1 − p`; a prediction is corrected by the residuals of measured
+///   neighbours. The batch trend ([`BatchTrend`], §III-B Fig. 5: IPC and cache misses of the
+///   smallest and largest batch measured on one rung) sets the prior on `e` (rising IPC: later
+///   items cost less; falling IPC or rising misses: more), not a rule.
+/// - The next probe is the layout not yet measured with the highest predicted throughput among
+///   those predicted within the SLO: its p99 (mean latency × the tail ratio measured at the
+///   nearest instance count) must meet the aim (the p99 whose judged bound just meets the SLO)
+///   with a little room, more where nothing was measured nearby. Throughput is predicted
+///   optimistically where nothing was measured nearby, so that a surrogate wrong in the
+///   layout's favour gets found out. When no such layout is predicted to beat the best measured
+///   one, the room is dropped once (the predicted p99 within the aim is enough) before giving up.
+///   A batch at or past one measured over the SLO on the same rung is never asked for.
+/// - The search ends when no candidate is predicted to beat the best measured throughput
+///   within the SLO by the margin, or when the budget is spent. When nothing is within the SLO
+///   and nothing is predicted to be, it tries the largest instances at batch 1 once.
 ///
 /// Within the SLO means the p99 with its uncertainty: a p99 taken from `k` batches is an order
 /// statistic whose standard error is `σ·√(0.99·0.01/k)/φ(z99)` relative (σ the log-normal spread
@@ -277,8 +279,9 @@ impl LayoutSearch {
         self
     }
 
-    /// Skips phase 1 and the trend probe with what a search at another core count learnt
-    /// (ignored when its phase-1 size exceeds `free_cores`).
+    /// Starts from what a search at another core count learnt: its best layout's cores per
+    /// instance and batch as the first probe, its trend as the batch prior until this search
+    /// measures one (ignored when those cores exceed `free_cores`).
     pub fn with_traits(mut self, traits: ModelTraits) -> Self {
         self.hint = Some(traits);
         self
@@ -455,19 +458,6 @@ fn sample_of(r: &ProbeResult) -> Sample {
         n: r.latency_samples,
         p50: finite(r.p50_latency_ms),
     }
-}
-
-/// `x` rounded down to a batch in `1..=max`.
-pub(super) fn floor_batch(x: f64, max: u32) -> u32 {
-    if x.is_nan() || x < 1.0 {
-        return 1;
-    }
-    if x >= f64::from(max) {
-        return max;
-    }
-    // In range 1..max here, so the conversion neither truncates nor saturates.
-    let floored = x.floor() as u32;
-    floored.clamp(1, max)
 }
 
 /// Classifies the batch trend from the batch-1 and larger-batch probes of one instance

@@ -1,0 +1,258 @@
+//! Which layout the search probes next (Cloud Reamer §III-B; the rules are documented on
+//! [`LayoutSearch`]): the surrogate's predicted best within the SLO, optimistic where nothing
+//! was measured nearby. Replayed from the measurements on every step. Pure: touches nothing.
+
+use std::collections::BTreeMap;
+
+use super::edge::Rung;
+use super::search::{classify, BatchTrend, LayoutSearch, ModelTraits, Need, Sample};
+use super::surrogate::{Point, Prior, Surrogate};
+use super::types::LayoutConfig;
+
+/// Cores per instance of the first probe without a hint: small enough to leave room for a
+/// large batch, large enough that batch 1 usually meets the SLO.
+const START_CORES: u32 = 4;
+/// How far (in ln cores and ln batch) a measured layout's residual from the surrogate carries
+/// to its neighbours, and how far it counts as known.
+const REACH: f64 = 0.5;
+/// A probe is planned this far inside the aim (model error near measured layouts)...
+const SAFE: f64 = 0.98;
+/// ...and further in by this much in log latency where nothing was measured nearby.
+const UNSURE: f64 = 0.1;
+/// Optimism in log latency where nothing was measured nearby: the search explores where the
+/// surrogate could be wrong in its favour.
+const OPTIMISM: f64 = 0.7;
+/// Prior batch exponent by the batch trend, and its spread: Cloud Reamer §III-B has latency
+/// growing about linearly with batch; rising IPC (Fig. 5, DeepSpeech) means later items cost
+/// less, falling IPC or rising misses (ResNet101) that they cost more. A prior, not a rule.
+const E_COMPUTE_BOUND: f64 = 0.6;
+const E_CACHE_BOUND: f64 = 1.05;
+const E_UNKNOWN: f64 = 0.85;
+const E_SD: f64 = 0.3;
+/// The second probe, on the first one's rung, takes the largest batch that would still meet the
+/// aim if latency grew only like `b^SECOND_E` (about one prior spread below [`E_UNKNOWN`]): it
+/// separates the batch's effect from the cores' before the search moves across rungs.
+const SECOND_E: f64 = 0.5;
+
+impl LayoutSearch {
+    /// The search, replayed from the measurements so far: `Err(Need)` with the next layout to
+    /// measure, `Ok` when no layout is predicted to beat the best measured one by the margin.
+    /// `traits` is set once a layout is judged within the SLO.
+    pub(super) fn run(&self, traits: &mut Option<ModelTraits>) -> Result<(), Need> {
+        if self.free_cores == 0 {
+            return Ok(());
+        }
+        let ladder = self.ladder(1);
+        let trend = self.trend();
+        *traits = self.traits_now(trend);
+        let hinted = self.hint.filter(|t| {
+            t.min_cores_per_instance >= 1 && t.min_cores_per_instance <= self.free_cores
+        });
+        let (from, batch) = match hinted {
+            Some(t) => (t.min_cores_per_instance, t.feasible_batch),
+            None => (START_CORES, 1),
+        };
+        let start = ladder
+            .iter()
+            .position(|&(c, _)| c >= from)
+            .unwrap_or(ladder.len() - 1);
+        let first = self.config(ladder[start], batch);
+        let first_sample = self.measure(first)?;
+        if hinted.is_none() && self.samples.len() == 1 && self.feasible(&first_sample) {
+            let room = self.aim(&first_sample) / first_sample.p99;
+            let b2 = room
+                .powf(1.0 / SECOND_E)
+                .min(f64::from(self.max_batch))
+                .floor();
+            if b2 > f64::from(first.batch) {
+                // Below max_batch here, so the conversion neither truncates nor saturates.
+                return Err(Need(self.config(ladder[start], b2 as u32)));
+            }
+        }
+        let measured: Vec<(LayoutConfig, Sample)> = self
+            .samples
+            .iter()
+            .filter(|(_, s)| s.throughput > 0.0 && s.p99 < f64::MAX / 4.0)
+            .map(|(c, s)| (*c, *s))
+            .collect();
+        if measured.is_empty() {
+            // Every probe failed: larger instances at batch 1.
+            let tried = self.samples.keys().map(|c| c.cores_per_instance).max();
+            return match ladder.iter().find(|r| Some(r.0) > tried) {
+                Some(&r) => Err(Need(self.config(r, 1))),
+                None => Ok(()),
+            };
+        }
+        // Under saturating load every instance serves batches back to back, so the throughput
+        // gives the mean batch latency (Little's law) with less noise than a percentile.
+        let points: Vec<Point> = measured
+            .iter()
+            .map(|(c, s)| Point {
+                cores: f64::from(c.cores_per_instance),
+                batch: f64::from(c.batch),
+                latency: f64::from(c.instances) * f64::from(c.batch) * 1000.0 / s.throughput,
+            })
+            .collect();
+        let prior = Prior {
+            e: match trend {
+                BatchTrend::ComputeBound => E_COMPUTE_BOUND,
+                BatchTrend::CacheBound => E_CACHE_BOUND,
+                BatchTrend::Unknown => E_UNKNOWN,
+            },
+            e_sd: E_SD,
+        };
+        let Some(model) = Surrogate::fit(&points, prior) else {
+            return Ok(());
+        };
+        let known: Vec<(f64, f64, f64)> = points
+            .iter()
+            .map(|p| {
+                let residual = (p.latency / model.latency(p.cores, p.batch)).ln();
+                (p.cores.ln(), p.batch.ln(), residual)
+            })
+            .collect();
+        // The p99 over the mean batch latency, by instance count: a probe's p99 is its worst
+        // instance's, so more instances show a longer tail.
+        let tails: Vec<(f64, f64)> = measured
+            .iter()
+            .zip(&points)
+            .map(|((c, s), p)| (f64::from(c.instances).ln(), (s.p99 / p.latency).ln()))
+            .collect();
+        let tail_for = |instances: u32| {
+            let x = f64::from(instances).ln();
+            let (mut weights, mut sum) = (0.0, 0.0);
+            for &(at, t) in &tails {
+                let w = (-((at - x) / 0.7).powi(2) / 2.0).exp() + 1e-9;
+                weights += w;
+                sum += w * t;
+            }
+            (sum / weights).exp()
+        };
+        let best_measured = measured
+            .iter()
+            .filter(|(_, s)| self.feasible(s))
+            .map(|(_, s)| s.throughput)
+            .fold(0.0, f64::max);
+        // The best candidate: careful (within the aim with room, more where nothing was measured
+        // nearby) or, when that finds nothing worth a probe, plain (the predicted p99 within
+        // the aim, optimistic where nothing was measured nearby).
+        let pick = |careful: bool| {
+            let mut cand: Option<(f64, LayoutConfig)> = None;
+            for &rung in &ladder {
+                let ln_c = f64::from(rung.0).ln();
+                let nearest = measured
+                    .iter()
+                    .min_by(|a, b| {
+                        let d =
+                            |c: &LayoutConfig| (f64::from(c.cores_per_instance).ln() - ln_c).abs();
+                        d(&a.0).total_cmp(&d(&b.0))
+                    })
+                    .map_or(measured[0].1, |(_, s)| *s);
+                let aim = self.aim(&nearest) * if careful { SAFE } else { 1.0 };
+                let tail = tail_for(rung.1);
+                let over = self.lowest_over(rung);
+                for b in 1..=self.max_batch {
+                    // Latency grows with the batch on a rung: nothing past a measured miss.
+                    if over.is_some_and(|o| b >= o) {
+                        break;
+                    }
+                    let config = self.config(rung, b);
+                    if self.samples.contains_key(&config) {
+                        continue;
+                    }
+                    let ln_b = f64::from(b).ln();
+                    let (mut weights, mut sum, mut nearest_w) = (0.0, 0.0, 0.0f64);
+                    for &(kc, kb, r) in &known {
+                        let d2 = ((kc - ln_c).powi(2) + (kb - ln_b).powi(2)) / (REACH * REACH);
+                        let w = (-d2 / 2.0).exp();
+                        weights += w;
+                        sum += w * r;
+                        nearest_w = nearest_w.max(w);
+                    }
+                    // The surrogate, corrected by the residuals of measured neighbours.
+                    let latency = model.latency(f64::from(rung.0), ln_b.exp())
+                        * (sum / weights.max(1.0)).exp();
+                    let unknown = 1.0 - nearest_w;
+                    let lean = if careful { UNSURE } else { 0.0 };
+                    if latency * tail * (lean * unknown).exp() > aim {
+                        continue;
+                    }
+                    let hopeful = latency * (-OPTIMISM * unknown).exp();
+                    let tp = f64::from(rung.1) * f64::from(b) * 1000.0 / hopeful;
+                    if cand.map_or(true, |(t, _)| tp > t) {
+                        cand = Some((tp, config));
+                    }
+                }
+            }
+            cand
+        };
+        let worth =
+            |c: &(f64, LayoutConfig)| c.0 > best_measured * (1.0 + self.options.margin.max(0.0));
+        let cand = pick(true);
+        if !cand.as_ref().is_some_and(worth) {
+            if let Some((_, config)) = pick(false).filter(worth) {
+                return Err(Need(config));
+            }
+        }
+        match cand {
+            Some(c) if worth(&c) => Err(Need(c.1)),
+            Some(_) => Ok(()),
+            None if best_measured > 0.0 => Ok(()),
+            None => {
+                // Nothing within the SLO yet and none predicted: the fastest layout there is,
+                // the largest instances at batch 1, unless measured already.
+                let fastest = self.config(ladder[ladder.len() - 1], 1);
+                if self.samples.contains_key(&fastest) {
+                    Ok(())
+                } else {
+                    Err(Need(fastest))
+                }
+            }
+        }
+    }
+
+    /// The smallest batch measured over the SLO on `rung`.
+    fn lowest_over(&self, rung: Rung) -> Option<u32> {
+        self.samples
+            .iter()
+            .filter(|(c, s)| (c.cores_per_instance, c.instances) == rung && !self.feasible(s))
+            .map(|(c, _)| c.batch)
+            .min()
+    }
+
+    /// The batch trend (Cloud Reamer §III-B, Fig. 5) from the smallest and largest batch
+    /// measured on one rung, else the hint's, else unknown.
+    pub(super) fn trend(&self) -> BatchTrend {
+        let mut by_rung: BTreeMap<Rung, Vec<Sample>> = BTreeMap::new();
+        for (c, s) in &self.samples {
+            if s.throughput > 0.0 {
+                by_rung
+                    .entry((c.cores_per_instance, c.instances))
+                    .or_default()
+                    .push(*s);
+            }
+        }
+        by_rung
+            .values()
+            .filter_map(|v| match v.as_slice() {
+                [small, .., large] => Some(classify(small, large)),
+                _ => None,
+            })
+            .find(|t| *t != BatchTrend::Unknown)
+            .or(self.hint.map(|t| t.trend))
+            .unwrap_or(BatchTrend::Unknown)
+    }
+
+    /// What a search at another core count starts from: the best layout judged within the SLO.
+    fn traits_now(&self, trend: BatchTrend) -> Option<ModelTraits> {
+        self.samples
+            .iter()
+            .filter(|(_, s)| self.feasible(s))
+            .max_by(|a, b| a.1.throughput.total_cmp(&b.1.throughput))
+            .map(|(c, _)| ModelTraits {
+                min_cores_per_instance: c.cores_per_instance,
+                trend,
+                feasible_batch: c.batch,
+            })
+    }
+}

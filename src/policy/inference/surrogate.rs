@@ -1,0 +1,235 @@
+//! The layout search's surrogate latency model: mean batch latency as a function of cores per
+//! instance and batch, fitted to the probes so far by least squares in log space with priors.
+//! Generic (a fixed cost per batch, a power law in the batch, Amdahl scaling inside an
+//! instance), deliberately not the simulator's model (`sim`), so the search is not tuned to one
+//! curve. Pure arithmetic; touches nothing.
+
+/// One measured layout, as the fit sees it.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Point {
+    /// Cores per instance.
+    pub(super) cores: f64,
+    pub(super) batch: f64,
+    /// Mean batch latency, ms.
+    pub(super) latency: f64,
+}
+
+/// `L(c, b) = k · (f + b^e · ((1 − p) + p / c)) · exp(q·y² + r·x·y)` with `x = ln c`,
+/// `y = ln b`: a fixed cost per batch that more cores do not shorten (`k·f`: dispatch, framework
+/// overhead), and per-item work growing like `b^e` (Cloud Reamer §III-B: latency grows about
+/// linearly with batch, `e` near 1; below 1 when IPC rises with batch, above when it falls) that
+/// an instance's cores share with parallel fraction `p` (Amdahl). The second-order terms (`q`:
+/// the batch exponent drifting with the batch; `r`: with the cores, as when a larger instance's
+/// cache holds a larger batch) are shrunk towards 0 and only move when the probes ask for it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct Surrogate {
+    k: f64,
+    f: f64,
+    e: f64,
+    p: f64,
+    q: f64,
+    r: f64,
+}
+
+/// What the fit assumes before the probes say otherwise: the batch exponent and its spread.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Prior {
+    pub(super) e: f64,
+    pub(super) e_sd: f64,
+}
+
+/// Spread of one probe's log latency around the model (window noise and model error).
+const RESIDUAL_SD: f64 = 0.05;
+/// Serial fraction prior (log-normal around 5 %): most inference kernels parallelize well.
+const SERIAL_PRIOR: f64 = 0.05;
+const SERIAL_LOG_SD: f64 = 1.5;
+/// Fixed cost per batch in units of one item's work on one core: prior 0.3, wide.
+const FIXED_PRIOR: f64 = 0.3;
+const FIXED_LOG_SD: f64 = 1.5;
+/// Spread of the second-order coefficients' priors (both centred on 0).
+const CURVE_SD: f64 = 0.01;
+
+/// The grids the non-linear parameters are searched on (`k` is solved in closed form).
+const E_GRID: [f64; 14] = [
+    0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.3, 1.45, 1.6,
+];
+const SERIAL_GRID: [f64; 14] = [
+    0.001, 0.003, 0.01, 0.02, 0.035, 0.05, 0.07, 0.1, 0.14, 0.2, 0.3, 0.45, 0.7, 1.0,
+];
+const FIXED_GRID: [f64; 12] = [0.0, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.8, 1.2, 2.0, 3.5, 6.0];
+
+impl Surrogate {
+    /// Predicted mean batch latency, ms.
+    pub(super) fn latency(&self, cores: f64, batch: f64) -> f64 {
+        let amdahl = (1.0 - self.p) + self.p / cores.max(1.0);
+        let (x, y) = (cores.max(1.0).ln(), batch.max(1.0).ln());
+        self.k
+            * (self.f + batch.max(1.0).powf(self.e) * amdahl)
+            * (self.q * y * y + self.r * x * y).exp()
+    }
+
+    /// The fit of `points` (those with a finite positive latency) under `prior`: the grid point
+    /// of `e`, `f` and `p` minimizing the squared log residuals over [`RESIDUAL_SD`]² plus the
+    /// priors' penalties, with `ln k`, `q` and `r` solved there by ridge regression. With one
+    /// point the priors decide the shape and the point the scale. None without points.
+    pub(super) fn fit(points: &[Point], prior: Prior) -> Option<Surrogate> {
+        let points: Vec<Point> = points
+            .iter()
+            .copied()
+            .filter(|p| p.latency.is_finite() && p.latency > 0.0)
+            .collect();
+        if points.is_empty() {
+            return None;
+        }
+        let ln_b: Vec<f64> = points.iter().map(|p| p.batch.max(1.0).ln()).collect();
+        let ln_l: Vec<f64> = points.iter().map(|p| p.latency.ln()).collect();
+        let ln_c: Vec<f64> = points.iter().map(|p| p.cores.max(1.0).ln()).collect();
+        let e_sd = prior.e_sd.max(0.01);
+        let mut best: Option<(f64, Surrogate)> = None;
+        let mut shape = vec![0.0; points.len()];
+        for &serial in &SERIAL_GRID {
+            let p = 1.0 - serial;
+            let js = ((serial / SERIAL_PRIOR).ln() / SERIAL_LOG_SD).powi(2);
+            for &e in &E_GRID {
+                let je = ((e - prior.e) / e_sd).powi(2);
+                for &f in &FIXED_GRID {
+                    let jf = (((f + 0.02) / (FIXED_PRIOR + 0.02)).ln() / FIXED_LOG_SD).powi(2);
+                    for (i, pt) in points.iter().enumerate() {
+                        let amdahl = (1.0 - p) + p / pt.cores.max(1.0);
+                        shape[i] = (f + (e * ln_b[i]).exp() * amdahl).ln();
+                    }
+                    let [ln_k, q, r] = curvature(&ln_l, &shape, &ln_b, &ln_c);
+                    let sse: f64 = (0..points.len())
+                        .map(|i| {
+                            let fit =
+                                shape[i] + ln_k + q * ln_b[i] * ln_b[i] + r * ln_c[i] * ln_b[i];
+                            (ln_l[i] - fit).powi(2)
+                        })
+                        .sum();
+                    let jc = (q * q + r * r) / (CURVE_SD * CURVE_SD);
+                    let j = sse / (RESIDUAL_SD * RESIDUAL_SD) + js + je + jf + jc;
+                    if best.map_or(true, |(bj, _)| j < bj) {
+                        let fit = Surrogate {
+                            k: ln_k.exp(),
+                            f,
+                            e,
+                            p,
+                            q,
+                            r,
+                        };
+                        best = Some((j, fit));
+                    }
+                }
+            }
+        }
+        best.map(|(_, s)| s)
+    }
+}
+
+/// `[ln k, q, r]` minimizing `Σ (ln L − shape − ln k − q·y² − r·x·y)²` over [`RESIDUAL_SD`]²
+/// plus `(q² + r²)` over [`CURVE_SD`]² (ridge; `ln k` unpenalized).
+fn curvature(ln_l: &[f64], shape: &[f64], ln_b: &[f64], ln_c: &[f64]) -> [f64; 3] {
+    let mut a = [[0.0f64; 3]; 3];
+    let mut v = [0.0f64; 3];
+    for i in 0..ln_l.len() {
+        let row = [1.0, ln_b[i] * ln_b[i], ln_c[i] * ln_b[i]];
+        let t = ln_l[i] - shape[i];
+        for j in 0..3 {
+            v[j] += row[j] * t;
+            for k in 0..3 {
+                a[j][k] += row[j] * row[k];
+            }
+        }
+    }
+    let ridge = (RESIDUAL_SD / CURVE_SD).powi(2);
+    a[1][1] += ridge;
+    a[2][2] += ridge;
+    let mean = v[0] / a[0][0].max(1.0);
+    solve3(a, v).unwrap_or([mean, 0.0, 0.0])
+}
+
+/// `a·s = v` by Gauss-Jordan elimination with partial pivoting; None when singular.
+fn solve3(mut a: [[f64; 3]; 3], mut v: [f64; 3]) -> Option<[f64; 3]> {
+    for col in 0..3 {
+        let pivot = (col..3).max_by(|&x, &y| a[x][col].abs().total_cmp(&a[y][col].abs()))?;
+        if a[pivot][col].abs() < 1e-12 {
+            return None;
+        }
+        a.swap(col, pivot);
+        v.swap(col, pivot);
+        for row in 0..3 {
+            if row != col {
+                let f = a[row][col] / a[col][col];
+                let pivot_row = a[col];
+                for (x, p) in a[row].iter_mut().zip(pivot_row) {
+                    *x -= f * p;
+                }
+                v[row] -= f * v[col];
+            }
+        }
+    }
+    let s = [v[0] / a[0][0], v[1] / a[1][1], v[2] / a[2][2]];
+    s.iter().all(|x| x.is_finite()).then_some(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PRIOR: Prior = Prior { e: 0.85, e_sd: 0.3 };
+
+    fn points(truth: &Surrogate, at: &[(f64, f64)]) -> Vec<Point> {
+        at.iter()
+            .map(|&(cores, batch)| Point {
+                cores,
+                batch,
+                latency: truth.latency(cores, batch),
+            })
+            .collect()
+    }
+
+    /// Probes of a curve of the surrogate's own form on its grid: the fit predicts layouts
+    /// it did not see to within a few percent.
+    #[test]
+    fn fit_recovers_a_curve_of_its_form() {
+        let truth = Surrogate {
+            k: 3.0,
+            f: 0.5,
+            e: 0.7,
+            p: 0.9,
+            q: 0.0,
+            r: 0.0,
+        };
+        let seen = [(1.0, 1.0), (4.0, 1.0), (4.0, 16.0), (16.0, 4.0), (2.0, 8.0)];
+        let fit = Surrogate::fit(&points(&truth, &seen), PRIOR).unwrap();
+        for (cores, batch) in [(8.0, 8.0), (32.0, 32.0), (2.0, 2.0), (1.0, 64.0)] {
+            let want = truth.latency(cores, batch);
+            let got = fit.latency(cores, batch);
+            assert!(
+                (got / want - 1.0).abs() < 0.05,
+                "{cores}×{batch}: {got} against {want}"
+            );
+        }
+    }
+
+    /// One probe: the priors give the shape, the probe the scale (predicted exactly there);
+    /// latency grows with the batch and falls with the cores.
+    #[test]
+    fn one_probe_sets_the_scale() {
+        let one = [Point {
+            cores: 4.0,
+            batch: 1.0,
+            latency: 20.0,
+        }];
+        let fit = Surrogate::fit(&one, PRIOR).unwrap();
+        assert!((fit.latency(4.0, 1.0) / 20.0 - 1.0).abs() < 1e-9);
+        assert!(fit.latency(4.0, 8.0) > 20.0);
+        assert!(fit.latency(16.0, 1.0) < 20.0);
+        assert!(Surrogate::fit(&[], PRIOR).is_none());
+        let bad = [Point {
+            latency: f64::NAN,
+            ..one[0]
+        }];
+        assert!(Surrogate::fit(&bad, PRIOR).is_none());
+    }
+}
