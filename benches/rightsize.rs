@@ -30,8 +30,9 @@
 //! is lower than the best by more than the noise.
 //!
 //! Printed per scenario and search: probes per job (mean, p95; the baseline window at the start
-//! count is not a probe), windows per job (baseline and extensions' windows included), the
-//! shares above, the mean absolute error against the curve's knee, time tuning, GPU-utilization
+//! count is not a probe), windows judged per job (the baseline included; a window measured on
+//! counts once, and its extensions show in the time tuning), the shares above, the mean
+//! absolute error against the curve's knee, time tuning, GPU-utilization
 //! loss during tuning (the area between the best utilization and the one the job had, from the
 //! end of the warm-up to settling, as a percentage of the best), over a 1-hour job, and cores
 //! wasted above the knee. Then each target (issue 21: probes ≤ 3 from a cold start, ≤ 2 from

@@ -5,8 +5,10 @@
 
 use std::time::Duration;
 
-use lodger::policy::rightsize::{TunerAction, TunerSettings, MAX_EXTENSIONS, MIN_WINDOW_SAMPLES};
+use lodger::policy::rightsize::{TunerAction, TunerSettings, MIN_WINDOW_SAMPLES};
 
+/// The previous search's bound on extensions (`MAX_EXTENSIONS` was 2 then).
+const MAX_EXTENSIONS: u32 = 2;
 const STARVED_ELASTICITY: f64 = 0.5;
 const POWER_MARGIN: f64 = 2.0;
 const NOISE_BATCHES: usize = 10;

@@ -224,8 +224,8 @@ impl Rightsize {
                         tuning.tuner.probes()
                     ),
                     n => format!(
-                        "tuning: at {cores} cores, {} probes so far; window too noisy to judge, \
-                         measured on ({n} of {MAX_EXTENSIONS})",
+                        "tuning: at {cores} cores, {} probes so far; window measured on \
+                         ({n} of at most {MAX_EXTENSIONS}): too noisy to judge, or near the knee",
                         tuning.tuner.probes()
                     ),
                 },

@@ -7,6 +7,7 @@
 //! the job's best-fit count, which SODA defines as the minimum count giving the maximal speed
 //! and finds at the same count as the maximal GPU utilization (§IV-B-1).
 
+mod fit;
 pub mod model;
 mod noise;
 mod start;

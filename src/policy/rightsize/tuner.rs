@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use super::fit;
 use super::noise::WindowStats;
 use super::types::{Decision, HoldReason, Probe, TunerAction, TunerSettings};
 
@@ -18,7 +19,8 @@ pub const DEFAULT_WINDOW: Duration = Duration::from_secs(60);
 /// count down to `tolerance + 1` candidates and keeps the largest (the one known to be enough).
 pub const DEFAULT_TOLERANCE: u32 = 1;
 /// Fewest utilization samples a window needs before it is judged; below that its noise cannot
-/// be estimated. A window that ends with fewer stays open until it has them.
+/// be estimated. A window that ends with fewer stays open until it has them; a window measured
+/// on `n` times, until it has `n + 1` times as many.
 pub const MIN_WINDOW_SAMPLES: usize = 6;
 /// Least proportional change of a starved job's utilization with its cores, for sizing steps
 /// (see `Tuner::gallop`): Amdahl's law with a parallel fraction of 0.85 gives 0.5 up to 5 cores
@@ -26,10 +28,12 @@ pub const MIN_WINDOW_SAMPLES: usize = 6;
 const STARVED_ELASTICITY: f64 = 0.5;
 /// A galloping step is long enough for a starved job to change by this many noise thresholds.
 const POWER_MARGIN: f64 = 2.0;
-/// A window that ends undecided (see `Tuner::undecided`) is measured on for another window's
-/// length, at most this many times: more samples shrink its noise. Bounded, so a job whose
-/// utilization is that noisy is still judged, on three windows' worth of samples.
-pub const MAX_EXTENSIONS: u32 = 2;
+/// A window is measured on for another window's length at most this many times in all (more
+/// samples shrink its noise; they cost time, not probes): when it ends undecided (see
+/// `Tuner::undecided`; at most twice for that) or when the fitted curve wants more of it (see
+/// `fit::measure_on`). Bounded, so a noisy job is still judged, on five windows' worth.
+pub const MAX_EXTENSIONS: u32 = 4;
+const UNDECIDED_EXTENSIONS: u32 = 2;
 /// Utilization of a fully busy GPU, in the samples' unit (percent, as NVML reports it).
 const FULL_UTILIZATION: f64 = 100.0;
 /// Elasticity of utilization with cores assumed when a step up is sized from the utilization
@@ -57,7 +61,9 @@ const LEVEL_ELASTICITY: f64 = 0.7;
 /// the knee. After a step up that helped, the search looks below the new count before
 /// confirming it from above: a count below that does as well shows the curve flat there, past
 /// the knee. It settles when fewer cores would starve the job and more would not help, to
-/// within `tolerance` cores, on a count it measured.
+/// within `tolerance` cores, on a count it measured; or earlier, on a count between two it
+/// measured, once SODA's curve fitted to every window (`fit`, §IV-B-1: Amdahl's law capped at
+/// a plateau) places the knee within `tolerance` by every fit the noise allows.
 ///
 /// A change counts only when it exceeds the noise measured in the windows compared (see
 /// [`Decision`]); no fixed percentage is involved. "No change" counts only after a step long
@@ -264,15 +270,21 @@ impl Tuner {
                 if now - *started < length {
                     return TunerAction::Wait;
                 }
-                if window.len() < MIN_WINDOW_SAMPLES {
+                // A window measured on holds that many windows' worth of samples at least.
+                let need = MIN_WINDOW_SAMPLES.saturating_mul(1 + *extended as usize);
+                if window.len() < need {
                     return TunerAction::Hold(HoldReason::TooFewSamples {
                         have: window.len(),
-                        need: MIN_WINDOW_SAMPLES,
+                        need,
                     });
                 }
                 let stats = WindowStats::of(*cores, window);
                 let (purpose, times) = (*purpose, *extended);
-                if times < MAX_EXTENSIONS && self.undecided(&stats, purpose) {
+                let (limits, tolerance) = (self.settings.limits(), self.settings.tolerance);
+                if (times < UNDECIDED_EXTENSIONS && self.undecided(&stats, purpose))
+                    || (times < MAX_EXTENSIONS
+                        && fit::measure_on(&self.measured, &stats, limits, tolerance))
+                {
                     if let Phase::Measuring { extended, .. } = &mut self.phase {
                         *extended += 1;
                     }
@@ -329,10 +341,9 @@ impl Tuner {
     /// (utilization lower at fewer cores by more than half the noise threshold) without clearing
     /// the threshold. Judged now, it would read "no change" where the evidence leans the other
     /// way; measured on, its noise shrinks (sequential testing). A baseline, or a window the
-    /// evidence does not lean either way on, is judged at once. (A first version also asked that
-    /// the step be too short for a starved job's change, as `Tuner::gallop` estimates it, to
-    /// clear the threshold twice over; CI then met a job whose utilization rose only 20 % for
-    /// twice the cores, 66 to 79 ± 5, judged "no better".)
+    /// evidence does not lean either way on, is not measured on for this (the fit may still
+    /// want it: `fit::measure_on`). (Asking also that the step be too short to show a starved
+    /// job's change failed in CI: 66 to 79 ± 5 for twice the cores was judged "no better".)
     fn undecided(&self, stats: &WindowStats, purpose: Purpose) -> bool {
         let (fewer, more) = match purpose {
             Purpose::Baseline => return false,
@@ -486,6 +497,13 @@ impl Tuner {
     /// The next probe, or the end.
     fn next(&mut self, now: Duration) -> TunerAction {
         self.infer();
+        // The curve fitted to every window (SODA §IV-B-1) may already place the knee within the
+        // tolerance: then no more probes.
+        let (limits, tolerance) = (self.settings.limits(), self.settings.tolerance);
+        if let Some(n) = fit::settle_count(&self.measured, &self.history, limits, tolerance) {
+            self.search.hi = n;
+            return self.settle(n);
+        }
         let Search {
             lo, hi, confirmed, ..
         } = self.search;
