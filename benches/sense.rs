@@ -5,7 +5,8 @@
 //!    cgroups, and of a cgroup whose task is running on another CPU at that moment (the kernel
 //!    then interrupts that CPU to read the live count: the expensive case).
 //! 2. perf, jobs counted by process (one group per thread), idle and running.
-//! 3. /proc and cgroupfs CPU readers: /proc/stat, /proc/PID/stat per process, cgroup usage.
+//! 3. /proc and cgroupfs CPU readers: /proc/stat, per-process CPU time (clocks, and /proc/PID/stat
+//!    as the baseline), cgroup usage.
 //!
 //! From the measured cost per group read and per fd it extrapolates the per-tick CPU time on a
 //! 192-CPU host. Counters are software events (task-clock, ...) when the host has no PMU, as
@@ -340,21 +341,29 @@ fn cpu_readers(cgroup_root: &Path, rows: &mut Vec<Row>) {
         fds: 1,
         tick,
     });
+    // Per-job CPU time as the sampler reads it (the processes' CPU-time clocks, the stat file
+    // for start times only) beside the stat file alone (before issue 21), same processes.
+    let mut stat_only = CpuReader::new(Path::new("/proc")).without_clocks();
     for jobs in JOB_COUNTS {
         let kids = Kill((0..jobs).map(|_| spawn_sleeper()).collect());
         let pids: Vec<u32> = kids.0.iter().map(|c| c.id()).collect();
-        let tick = per_tick(|| {
-            for &p in &pids {
-                std::hint::black_box(r.processes(&[p]).expect("pid stat"));
-            }
-        });
-        rows.push(Row {
-            what: "/proc/PID/stat, one process per job".into(),
-            jobs,
-            groups: jobs,
-            fds: jobs,
-            tick,
-        });
+        for (what, reader) in [
+            ("per-process CPU clock, one process per job", &mut r),
+            ("/proc/PID/stat, one process per job", &mut stat_only),
+        ] {
+            let tick = per_tick(|| {
+                for &p in &pids {
+                    std::hint::black_box(reader.processes(&[p]).expect("pid stat"));
+                }
+            });
+            rows.push(Row {
+                what: what.into(),
+                jobs,
+                groups: jobs,
+                fds: jobs,
+                tick,
+            });
+        }
     }
     let v2 = cgroup_root.join("cgroup.controllers").is_file();
     let hierarchy = if v2 {
