@@ -426,6 +426,7 @@ fn offline_batches_on_the_training_core_are_cut_to_the_bound_once() {
         assert_eq!(i["batch"], 64, "the job's batch on idle CPUs: {i}");
     }
     let layout = job["layout"].as_str().unwrap_or("");
+    eprintln!("layout: {layout}");
     assert!(
         layout.contains("on training cores") && layout.contains("training_core_batch_ms = 1"),
         "{layout}"
