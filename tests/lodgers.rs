@@ -378,3 +378,70 @@ fn lent_cpu_time_matches_the_instances_own_on_the_training_core() {
     d.restart();
     assert!(lent(&d) >= before, "lent time survives a restart");
 }
+
+#[test]
+fn offline_batches_on_the_training_core_are_cut_to_the_bound_once() {
+    if !need_root("offline_batches_on_the_training_core_are_cut_to_the_bound_once") {
+        return;
+    }
+    let bus = PrivateBus::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    // A 1 ms bound: a batch of 64 with 4 MiB of weights takes several ms of CPU.
+    let d = lodgers_daemon(&bus, dir.path(), "training_core_batch_ms = 1\n");
+    let w = Workload::train(1);
+    let train = d.register_pid(w.pid(), 1);
+    let training_cpus = d.job(&train)["cpus"].as_str().expect("cpus").to_string();
+    let off = d.ctl_json(&[
+        "register",
+        "offline",
+        "--max-batch",
+        "64",
+        "--",
+        &worker(),
+        "--quiet",
+        "--model-mib",
+        "4",
+    ]);
+    let off_id = off["id"].as_str().expect("id").to_string();
+    let mut job = serde_json::Value::Null;
+    let on_training = |job: &serde_json::Value, yes: bool| -> Vec<serde_json::Value> {
+        instances(job)
+            .into_iter()
+            .filter(|i| (i["cpus"] == training_cpus.as_str()) == yes)
+            .collect()
+    };
+    wait_until(WAIT, "a smaller batch on the training CPU, running", || {
+        job = d.job(&off_id);
+        let there = on_training(&job, true);
+        running_pids(&job).len() == online_set().len()
+            && !there.is_empty()
+            && there
+                .iter()
+                .all(|i| i["state"] == "running" && i["batch"].as_u64() < Some(64))
+    });
+    for i in on_training(&job, true) {
+        assert!(i["batch"].as_u64() >= Some(1), "{i}");
+    }
+    for i in on_training(&job, false) {
+        assert_eq!(i["batch"], 64, "the job's batch on idle CPUs: {i}");
+    }
+    let layout = job["layout"].as_str().unwrap_or("");
+    eprintln!("layout: {layout}");
+    assert!(
+        layout.contains("on training cores") && layout.contains("training_core_batch_ms = 1"),
+        "{layout}"
+    );
+    assert!(d.ctl_ok(&["show", &off_id]).contains("on training cores"));
+    // Decided once: the instances keep their pids and batches over the next ticks.
+    let ticks = |d: &Daemon| d.ctl_json(&["status"])["ticks"].as_u64().expect("ticks");
+    let t = ticks(&d);
+    wait_until(WAIT, "three more ticks", || ticks(&d) >= t + 3);
+    let later = d.job(&off_id);
+    let pids_batches = |j: &serde_json::Value| -> Vec<(serde_json::Value, serde_json::Value)> {
+        instances(j)
+            .iter()
+            .map(|i| (i["pid"].clone(), i["batch"].clone()))
+            .collect()
+    };
+    assert_eq!(pids_batches(&later), pids_batches(&job), "{later}");
+}

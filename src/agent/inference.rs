@@ -8,6 +8,7 @@ use std::time::Duration;
 use tracing::{info, warn};
 
 use super::layout::SearchRun;
+use super::shared_batch;
 use super::{Event, TickCx};
 use crate::cpuset::CpuSet;
 use crate::enforce::instances::unit::{PARENT_SLICE, SLICE};
@@ -25,13 +26,21 @@ pub(super) struct Inference {
     pub(super) probe_window: Duration,
     /// Layout searches under way, by online job.
     pub(super) searches: BTreeMap<JobId, SearchRun>,
+    /// `inference.training_core_batch_ms` (issue 14 item 3); 0: off.
+    training_core_batch_ms: u32,
 }
 
 impl Inference {
     /// Takes the runner after adopting the instances a previous lodgerd left running that
     /// `state`'s plan still wants (issue 17: a restart restarts no instance) and removing every
-    /// other leftover. `probe_window` is how long each layout probe is measured.
-    pub(super) fn new(mut runner: Instances, probe_window: Duration, state: &State) -> Self {
+    /// other leftover. `probe_window` is how long each layout probe is measured;
+    /// `training_core_batch_ms` bounds an offline batch on a training core (0: off).
+    pub(super) fn new(
+        mut runner: Instances,
+        probe_window: Duration,
+        training_core_batch_ms: u32,
+        state: &State,
+    ) -> Self {
         match runner.adopt(&desired_instances(state, &state.inference)) {
             Ok(out) => {
                 if !out.adopted.is_empty() {
@@ -47,6 +56,7 @@ impl Inference {
             runner,
             probe_window,
             searches: BTreeMap::new(),
+            training_core_batch_ms,
         }
     }
 
@@ -97,7 +107,8 @@ impl Inference {
     }
 
     /// Places inference instances (Cloud Reamer §III-A/B): online instances on exclusive
-    /// leftover cores, offline ones on every non-reserved core, training's included.
+    /// leftover cores, offline ones on every non-reserved core, training's included, with a
+    /// smaller batch there once a job's batches are measured to take long (`shared_batch`).
     /// `throttles` are contention's (a throttled job runs fewer instances). Returns the
     /// instances the plan wants and whether the plan changed: a changed plan is persisted before
     /// [`Inference::apply`] starts anything, so a lodgerd killed meanwhile finds every instance
@@ -134,6 +145,8 @@ impl Inference {
         let mut online = Vec::new();
         let mut offline = Vec::new();
         let mut free = u32::try_from(usable.len()).unwrap_or(u32::MAX);
+        // An offline job's batch on training cores was decided this tick (persist it).
+        let mut decided = false;
         for (id, kind, container) in &ids {
             let throttled = throttles.cores.get(id).copied();
             if let Some(cores) = *container {
@@ -155,6 +168,7 @@ impl Inference {
                     offline.push(OfflineJobView {
                         id: id.clone(),
                         batch: 1,
+                        training_batch: None,
                         max_instances: (cores > 0).then_some(cores),
                     });
                 }
@@ -170,20 +184,30 @@ impl Inference {
                         layout,
                     });
                 }
-            } else if let Some(inf) = cx
-                .state
-                .jobs
-                .get(id)
-                .and_then(|s| s.job.spec.inference.as_ref())
-            {
+            } else if let Some(stored) = cx.state.jobs.get_mut(id) {
+                let Some(inf) = stored.job.spec.inference.as_ref() else {
+                    continue;
+                };
                 // SODA §V-E without MBA: a throttled job runs on fewer cores.
                 let max_instances = match (inf.max_instances, throttled) {
                     (Some(a), Some(b)) => Some(a.min(b)),
                     (a, b) => a.or(b),
                 };
+                let batch = inf.max_batch;
+                let before = stored.lodging.training_batch.clone();
+                let training_batch = shared_batch::training_batch(
+                    &mut stored.lodging,
+                    id,
+                    batch,
+                    self.training_core_batch_ms,
+                    &stats,
+                    &training,
+                );
+                decided |= stored.lodging.training_batch != before;
                 offline.push(OfflineJobView {
                     id: id.clone(),
-                    batch: inf.max_batch,
+                    batch,
+                    training_batch,
                     max_instances,
                 });
             }
@@ -197,7 +221,7 @@ impl Inference {
             &cx.state.inference,
         );
         let desired = desired_instances(cx.state, &plan);
-        let changed = plan != cx.state.inference;
+        let changed = plan != cx.state.inference || decided;
         cx.state.inference = plan;
         (desired, changed)
     }
@@ -301,9 +325,11 @@ impl Inference {
                     " (no layout meets the SLO)"
                 }
             )),
-            (None, None) if stored.job.spec.kind == JobKind::Offline => {
-                Some(format!("{} single-thread instance(s)", mine.len()))
-            }
+            (None, None) if stored.job.spec.kind == JobKind::Offline => Some(format!(
+                "{} single-thread instance(s){}",
+                mine.len(),
+                shared_batch::describe(&stored.lodging, self.training_core_batch_ms)
+            )),
             (None, None) => None,
         };
         if let (Some(inf), Some(outcome)) = (&stored.job.spec.inference, &stored.lodging.outcome) {

@@ -29,6 +29,7 @@ mod reload;
 mod rightsize;
 mod rtguard;
 mod run;
+mod shared_batch;
 mod slurm;
 mod training;
 mod trust;
@@ -99,6 +100,9 @@ pub struct AgentSettings {
     /// The CPUs lodgers may use (`node.lendable_cpus`, resolved); None: every CPU but the
     /// reserved ones.
     pub lendable: Option<CpuSet>,
+    /// The longest an offline batch on a training core may take, in ms
+    /// (`inference.training_core_batch_ms`, issue 14 item 3); 0: off.
+    pub training_core_batch_ms: u32,
 }
 
 /// The part of [`AgentSettings`] a reload may change while jobs run (`config::reload`).
@@ -280,6 +284,7 @@ impl AgentBuilder {
     /// Loads the state file and re-adopts the jobs it lists: a job with a live process is enforced
     /// again, one whose processes died while lodgerd was down is cleaned up and forgotten.
     pub fn start(self) -> Result<Agent, StoreError> {
+        let training_core_batch_ms = self.settings.training_core_batch_ms;
         let mut store = self.store;
         store.ensure_dir()?;
         let mut migrated = false;
@@ -335,9 +340,9 @@ impl AgentBuilder {
             batch: self.batch.map(Batch::new),
             slurm: SlurmSeen::default(),
             lending: Lending::new(&self.settings.proc_root),
-            inference: self
-                .runner
-                .map(|(runner, probe_window)| Inference::new(runner, probe_window, &state)),
+            inference: self.runner.map(|(runner, probe_window)| {
+                Inference::new(runner, probe_window, training_core_batch_ms, &state)
+            }),
             network: self.network.map(Network::new),
             settings: self.settings,
             topology: self.topology,

@@ -102,6 +102,7 @@ fn status_list_and_show_answer_while_a_tick_is_stuck_in_enforcement() {
         trust: Default::default(),
         slurm_appear_timeout: Duration::from_secs(600),
         lendable: None,
+        training_core_batch_ms: 100,
     };
     let mut agent = Agent::builder(
         settings,

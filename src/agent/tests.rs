@@ -141,6 +141,7 @@ impl Rig {
             trust: Default::default(),
             slurm_appear_timeout: Duration::from_secs(600),
             lendable: None,
+            training_core_batch_ms: 100,
         };
         Agent::builder(
             settings,

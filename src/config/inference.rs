@@ -1,5 +1,6 @@
 //! config::inference: `[inference]`: how long a layout probe of an online inference job lasts,
-//! how long an instance has to stop, and each instance's memory bound. Touches no file.
+//! how long an instance has to stop, each instance's memory bound, and how long an offline
+//! batch on a training core may take. Touches no file.
 
 use serde::{Deserialize, Serialize};
 use toml::Spanned;
@@ -19,7 +20,14 @@ pub struct InferenceConfig {
     pub memory_max: MemoryBound,
     /// `memory.high` (v2) or the soft limit (v1), in percent of the limit.
     pub memory_high_percent: u8,
+    /// The longest an offline instance's batch on a training job's core may take, in ms: the
+    /// batch there is cut to fit it (issue 14 item 3). 0: off, the job's batch everywhere.
+    pub training_core_batch_ms: u32,
 }
+
+/// `inference.training_core_batch_ms`'s default: one SCHED_RR time slice
+/// (`sched_rr_timeslice_ms`), what a training thread itself may run uninterrupted.
+pub const DEFAULT_TRAINING_CORE_BATCH_MS: u32 = 100;
 
 /// `inference.memory_max`'s default: a tenth of the node's memory per instance.
 pub const DEFAULT_INSTANCE_MEMORY_PERCENT: u8 = 10;
@@ -31,6 +39,7 @@ impl Default for InferenceConfig {
             stop_grace_seconds: 10,
             memory_max: MemoryBound::Percent(DEFAULT_INSTANCE_MEMORY_PERCENT),
             memory_high_percent: 90,
+            training_core_batch_ms: DEFAULT_TRAINING_CORE_BATCH_MS,
         }
     }
 }
@@ -42,6 +51,7 @@ pub(super) struct RawInference {
     stop_grace_seconds: Option<Spanned<i64>>,
     memory_max: Option<Spanned<String>>,
     memory_high_percent: Option<Spanned<i64>>,
+    training_core_batch_ms: Option<Spanned<i64>>,
 }
 
 impl Cx<'_> {
@@ -72,6 +82,16 @@ impl Cx<'_> {
                 raw.memory_high_percent,
                 d.memory_high_percent,
                 |v| in_range(v, &(50..=100)),
+            )?,
+            training_core_batch_ms: self.field(
+                "inference.training_core_batch_ms",
+                raw.training_core_batch_ms,
+                d.training_core_batch_ms,
+                |v| {
+                    in_range(v, &(0..=600_000)).map_err(|e| {
+                        format!("{e}; milliseconds one offline batch on a training core may take, 0 = off")
+                    })
+                },
             )?,
         })
     }

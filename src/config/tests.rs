@@ -450,6 +450,17 @@ fn bad_input_names_file_line_and_key() {
             "/etc/lodger/lodger.toml:2: training.grant_rt_budget_us: must be between 0 and \
              999999 (got 1000000); 0 = never grant, otherwise below the 1000000 us period",
         ),
+        (
+            "[inference]\ntraining_core_batch_ms = -1\n",
+            "/etc/lodger/lodger.toml:2: inference.training_core_batch_ms: must be between 0 and \
+             600000 (got -1); milliseconds one offline batch on a training core may take, 0 = off",
+        ),
+        (
+            "[inference]\ntraining_core_batch_ms = 600001\n",
+            "/etc/lodger/lodger.toml:2: inference.training_core_batch_ms: must be between 0 and \
+             600000 (got 600001); milliseconds one offline batch on a training core may take, 0 \
+             = off",
+        ),
         // Paths and names.
         (
             "[agent]\nstate_dir = \"var/lib/lodger\"\n",

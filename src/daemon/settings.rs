@@ -145,6 +145,7 @@ pub(super) fn agent_settings(config: &Config) -> AgentSettings {
         slurm_appear_timeout: Duration::from_secs(config.slurm.appear_timeout_seconds),
         // Resolved against the node in `prepare` (see `run`).
         lendable: None,
+        training_core_batch_ms: config.inference.training_core_batch_ms,
         rt_priority: config.training.rt_priority,
         proc_root: config.node.proc_root.clone(),
         rt_headroom_percent: match config.training.policy {

@@ -176,6 +176,22 @@ pub struct Lodging {
     /// the instances it adopted rather than start over (issue 17).
     #[serde(default)]
     pub search: Option<SearchUnderWay>,
+    /// An offline job's batch on training cores, once decided (issue 14 item 3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub training_batch: Option<TrainingBatch>,
+}
+
+/// The batch an offline job's instances on training cores run, and what it was decided from
+/// (`inference.training_core_batch_ms`; `policy::inference::batch_within`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrainingBatch {
+    pub batch: u32,
+    /// The job's batch it was decided for (its instances on idle cores run this).
+    pub job_batch: u32,
+    /// The bound it was decided under, in ms.
+    pub bound_ms: u32,
+    /// The measured CPU time of one item, in ms.
+    pub ms_per_item: f64,
 }
 
 /// An online job's layout search between two probes, as the state file keeps it.

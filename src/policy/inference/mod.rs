@@ -6,7 +6,8 @@
 //! - [`place`]: per-instance cpusets, placed again from the previous plan whenever training,
 //!   the reserved CPUs or the jobs change. Online instances get exclusive leftover cores;
 //!   offline instances are single-thread and fill every other non-reserved CPU, the training
-//!   jobs' included.
+//!   jobs' included; on a training job's CPUs with a smaller batch when the job's batches take
+//!   long ([`batch_within`]).
 //! - [`LayoutSearch`]: the §III-B search as a state machine driven by measurements, guided by a
 //!   surrogate latency model fitted to the probes, with a [`SearchCache`] per job so a re-plan
 //!   reuses what was measured for the same free-core count.
@@ -20,6 +21,7 @@ mod edge;
 mod guide;
 mod place;
 mod search;
+mod shared_batch;
 pub mod sim;
 mod surrogate;
 #[cfg(test)]
@@ -33,6 +35,7 @@ pub use search::{
     BatchTrend, LayoutSearch, ModelTraits, ProbeResult, SearchOptions, SearchOutcome, SearchStep,
     DEFAULT_CONFIDENCE_Z, DEFAULT_MARGIN, DEFAULT_PROBE_BUDGET,
 };
+pub use shared_batch::batch_within;
 pub use types::{
     training_cpus, InferencePlan, Instance, JobInstances, LayoutConfig, OfflineJobView,
     OnlineJobView, Shortfall,

@@ -38,7 +38,9 @@ use crate::topology::Topology;
 /// - idle CPUs first: the idle CPUs are shared out fairly between offline jobs (capped by
 ///   `max_instances`, the remainder to lower ids), then the training CPUs the same way;
 /// - previous instances are kept on their CPU while it is still in the same part (idle or
-///   training) and within the job's share.
+///   training) and within the job's share;
+/// - an instance on an idle CPU gets the job's `batch`, one on a training CPU its
+///   `training_batch` (issue 14 item 3: a shorter stay in the training core's caches).
 ///
 /// Pure and idempotent: `place(.., &place(..)) == place(..)`. A job listed twice is placed once
 /// (the first listing wins); a job should not be listed both online and offline.
@@ -325,7 +327,8 @@ fn place_offline(
                 continue;
             }
             taken.insert(cpu);
-            placed[i].insert(index, offline_instance(topo, cpu, job.batch));
+            let batch = offline_batch(job, busy.contains(cpu));
+            placed[i].insert(index, offline_instance(topo, cpu, batch));
         }
     }
 
@@ -342,10 +345,11 @@ fn place_offline(
     for (i, job) in jobs.iter().enumerate() {
         let (n_idle, n_busy) = counts[i];
         let mut index = 0;
-        for (order, want) in [
-            (&idle_order, idle_share[i] - n_idle),
-            (&busy_order, busy_share[i] - n_busy),
+        for (order, want, on_training) in [
+            (&idle_order, idle_share[i] - n_idle, false),
+            (&busy_order, busy_share[i] - n_busy, true),
         ] {
+            let batch = offline_batch(job, on_training);
             let free: Vec<u32> = order
                 .iter()
                 .copied()
@@ -357,7 +361,7 @@ fn place_offline(
                     index += 1;
                 }
                 taken.insert(cpu);
-                placed[i].insert(index, offline_instance(topo, cpu, job.batch));
+                placed[i].insert(index, offline_instance(topo, cpu, batch));
             }
         }
     }
@@ -365,6 +369,14 @@ fn place_offline(
         if !instances.is_empty() {
             plan.offline.insert(job.id.clone(), instances);
         }
+    }
+}
+
+/// The batch of `job`'s instances on an idle CPU or, `on_training`, on a training CPU.
+fn offline_batch(job: &OfflineJobView, on_training: bool) -> u32 {
+    match job.training_batch {
+        Some(b) if on_training && b > 0 => b.min(job.batch),
+        _ => job.batch,
     }
 }
 

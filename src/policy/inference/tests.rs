@@ -46,6 +46,7 @@ fn offline_job(seq: u64, max: Option<u32>) -> OfflineJobView {
     OfflineJobView {
         id: id(seq),
         batch: 4,
+        training_batch: None,
         max_instances: max,
     }
 }
@@ -143,7 +144,14 @@ fn check_plan(
         }
         for (index, inst) in instances {
             let what = format!("offline {job}/{index} on {}", inst.cpus);
-            if inst.cpus.len() != 1 || inst.threads != 1 || inst.batch != view.batch {
+            let batch = match view.training_batch {
+                Some(b) if b > 0 && !inst.cpus.is_disjoint(training) => b.min(view.batch),
+                _ => view.batch,
+            };
+            if inst.batch != batch {
+                return Err(format!("{what}: batch {} instead of {batch}", inst.batch));
+            }
+            if inst.cpus.len() != 1 || inst.threads != 1 {
                 return Err(format!("{what}: not one single-thread instance"));
             }
             if !inst.cpus.is_subset(&pool) {
@@ -367,6 +375,100 @@ fn offline_fills_idle_cpus_then_training_cpus() {
         plan.offline_cpus().intersection(&training).to_string(),
         "1-2,33"
     );
+}
+
+#[test]
+fn offline_instances_on_training_cpus_get_the_smaller_batch() {
+    let topo = server64();
+    let reserved = set("0,32");
+    let training = set("1-8,33-40");
+    let mut job = offline_job(2, None);
+    job.batch = 64;
+    job.training_batch = Some(6);
+    let offline = [job.clone()];
+    let plan = place(
+        &topo,
+        &reserved,
+        &training,
+        &[],
+        &offline,
+        &InferencePlan::default(),
+    );
+    check_plan(&topo, &reserved, &training, &[], &offline, &plan).unwrap();
+    let instances = &plan.offline[&id(2)];
+    let on_training: Vec<u32> = instances
+        .values()
+        .filter(|i| !i.cpus.is_disjoint(&training))
+        .map(|i| i.batch)
+        .collect();
+    let idle: Vec<u32> = instances
+        .values()
+        .filter(|i| i.cpus.is_disjoint(&training))
+        .map(|i| i.batch)
+        .collect();
+    assert_eq!(on_training, vec![6; 16]);
+    assert_eq!(idle, vec![64; 64 - 2 - 16]);
+    // Placed again from itself: nothing moves, no batch changes (no instance restarts).
+    let again = place(&topo, &reserved, &training, &[], &offline, &plan);
+    assert_eq!(again, plan);
+
+    // The smaller batch decided later: the instances on training CPUs keep their CPU and
+    // number and only their batch changes; never above the job's batch, 0 meaning none.
+    let before = place(
+        &topo,
+        &reserved,
+        &training,
+        &[],
+        &[offline_job(2, None)],
+        &InferencePlan::default(),
+    );
+    let after = place(&topo, &reserved, &training, &[], &offline, &before);
+    assert_eq!(after, plan);
+    for (index, inst) in &after.offline[&id(2)] {
+        assert_eq!(inst.cpus, before.offline[&id(2)][index].cpus);
+    }
+    for (tb, want) in [(Some(100), 64), (Some(0), 64)] {
+        let mut j = job.clone();
+        j.training_batch = tb;
+        let p = place(
+            &topo,
+            &reserved,
+            &training,
+            &[],
+            &[j],
+            &InferencePlan::default(),
+        );
+        assert!(
+            p.offline[&id(2)].values().all(|i| i.batch == want),
+            "{tb:?}"
+        );
+    }
+}
+
+#[test]
+fn training_core_batch_keeps_one_batch_within_the_bound() {
+    // 30 ms an item, 100 ms bound: 3 items (90 ms), not 4 (120 ms).
+    assert_eq!(batch_within(30.0, 100, 64), 3);
+    assert_eq!(batch_within(25.0, 100, 64), 4, "exactly at the bound fits");
+    // Fast items: the job's own batch, never more.
+    assert_eq!(batch_within(0.5, 100, 64), 64);
+    assert_eq!(batch_within(1.0, 100, 64), 64);
+    // An item alone above the bound: still one, never 0.
+    assert_eq!(batch_within(2500.0, 100, 64), 1);
+    assert_eq!(batch_within(f64::MAX, 1, 64), 1);
+    // Off, or nothing to go by: the job's batch.
+    assert_eq!(batch_within(30.0, 0, 64), 64);
+    for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+        assert_eq!(batch_within(bad, 100, 64), 64, "{bad}");
+    }
+    assert_eq!(batch_within(30.0, 100, 1), 1);
+    // Monotone: a slower item never gets a larger batch.
+    let mut last = u32::MAX;
+    for tenth in 1..5000u32 {
+        let b = batch_within(f64::from(tenth) / 10.0, 100, 64);
+        assert!((1..=64).contains(&b) && b <= last, "{tenth}: {b}");
+        last = b;
+    }
 }
 
 #[test]

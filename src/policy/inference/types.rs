@@ -62,6 +62,9 @@ pub struct OfflineJobView {
     pub id: JobId,
     /// Batch size each instance is started with.
     pub batch: u32,
+    /// Batch size of its instances on training CPUs, when smaller than `batch` (issue 14 item
+    /// 3: [`batch_within`](super::batch_within)); None, 0 or more than `batch`: `batch`.
+    pub training_batch: Option<u32>,
     /// At most this many instances (one per CPU); None: as many as there are CPUs.
     pub max_instances: Option<u32>,
 }
