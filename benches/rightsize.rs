@@ -494,6 +494,7 @@ fn run(
                 use_history && history.largest_per_gpu(job.owner, job.category).is_some();
             let settings = TunerSettings {
                 from_history,
+                gpus: job.curve.gpus,
                 ..settings_of(start, limits)
             };
             let outcome = simulate(job, search, settings, &mut rng);

@@ -85,6 +85,7 @@ impl Rightsize {
                 .owner_history
                 .largest_per_gpu(job.owner_uid, job.spec.category)
                 .is_some(),
+            gpus,
             ..TunerSettings::new(start, limits)
         };
         Some(Tuning {

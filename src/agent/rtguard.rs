@@ -302,6 +302,7 @@ mod tests {
             window: Duration::from_secs(1),
             tolerance: 5,
             from_history: false,
+            gpus: 0,
         };
         let fresh = tuning(Tuner::new(settings(4), Duration::ZERO));
         // Right-sizing on, not settled: held where the node senses GPUs, not where it cannot.

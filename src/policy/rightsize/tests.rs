@@ -989,9 +989,33 @@ fn settings_without_from_history_load() {
     let s = settings(4, 1, 8, 1);
     let mut json = serde_json::to_value(&s).unwrap();
     json.as_object_mut().unwrap().remove("from_history");
+    json.as_object_mut().unwrap().remove("gpus");
     let back: TunerSettings = serde_json::from_value(json).unwrap();
     assert_eq!(back, s);
     assert!(!back.from_history);
+    assert_eq!(back.gpus, 0);
+}
+
+/// From the owner's history (§V-B-1: knees within 2 cores per GPU of the owner's typical one)
+/// the first probe is 2 cores per GPU below the start when the GPUs are known; else the
+/// shorter step from the start alone.
+#[test]
+fn a_history_start_first_steps_two_cores_per_gpu() {
+    let first_probe = |gpus| {
+        let s = TunerSettings {
+            gpus,
+            ..from_history(24, 4, 96, 1)
+        };
+        let mut t = Tuner::new(s, Duration::ZERO);
+        feed(&mut t, 0, 90, |_| 80.0, false)
+            .into_iter()
+            .find_map(|a| match a {
+                TunerAction::Resize(n) => Some(n),
+                _ => None,
+            })
+    };
+    assert_eq!(first_probe(4), Some(16));
+    assert_eq!(first_probe(0), Some(21));
 }
 
 #[test]

@@ -9,6 +9,8 @@ use super::fit;
 use super::noise::WindowStats;
 use super::types::{Decision, HoldReason, Probe, TunerAction, TunerSettings};
 
+mod disk;
+
 /// Time a job is left alone after it starts before the first window: SODA §VI-H notes that a
 /// training job's launch and context preparation "may take more than 3 minutes".
 pub const DEFAULT_WARMUP: Duration = Duration::from_secs(180);
@@ -47,7 +49,8 @@ const LEVEL_ELASTICITY: f64 = 0.7;
 /// history ([`TunerSettings::from_history`], §V-B-1: the largest count the owner's similar jobs
 /// settled on) usually sits at or just above the knee, and the search tries a smaller count
 /// first, as §V-B-2 has it; if utilization does not drop it keeps shrinking until it drops,
-/// with steps that double (galloping: `max(tolerance + 1, start / 8)`, then twice that, ...).
+/// with steps that double (galloping: `max(tolerance + 1, start / 8)`, and at least 2 cores per
+/// GPU when [`TunerSettings::gpus`] is known, then twice that, ...).
 /// Any other start (a category default, the requested count) is a guess that more often starves
 /// the job than not (§III-B: most jobs ask for 1 or 2 cores), and the search tries a larger
 /// count first. A step up is sized from the utilization measured (see `Tuner::level_step`):
@@ -666,8 +669,15 @@ impl Tuner {
     /// parallel fraction of 0.85 or more up to a few cores per GPU). Without this, a small
     /// step in a noisy window would show no significant change and a starved job would be
     /// taken to have enough.
+    ///
+    /// From the owner's history the first step is at least 2 cores per GPU: §V-B-1's owner has
+    /// knees within 2 cores per GPU of the typical one, and the start (the largest settled on)
+    /// usually lies above it; a shorter step there mostly finds the curve still flat.
     fn gallop(&mut self, reference: u32) -> Step {
-        let first = (self.settings.start / 8).max(self.settings.tolerance.saturating_add(1));
+        let prior = u32::from(self.settings.from_history).saturating_mul(self.settings.gpus);
+        let first = (self.settings.start / 8)
+            .max(self.settings.tolerance.saturating_add(1))
+            .max(prior.saturating_mul(2));
         let visible = self.visible(reference);
         let len = first.max(self.search.stride.saturating_mul(2)).max(visible);
         self.search.stride = len;
@@ -748,57 +758,5 @@ impl Tuner {
 
     pub fn settings(&self) -> &TunerSettings {
         &self.settings
-    }
-
-    /// Whether the two tuners would be written the same to the state file: everything but the
-    /// current window's samples, which are kept in memory only. The caller persists a tuner
-    /// when this turns false (a window began or was judged, a probe, a throttle, settling),
-    /// not at every sample.
-    pub fn same_on_disk(&self, other: &Tuner) -> bool {
-        // Destructured in full, so a field added later must be decided on here.
-        let Tuner {
-            settings,
-            cores,
-            phase,
-            search,
-            measured,
-            history,
-        } = self;
-        *settings == other.settings
-            && *cores == other.cores
-            && phase.same_on_disk(&other.phase)
-            && *search == other.search
-            && *measured == other.measured
-            && *history == other.history
-    }
-}
-
-impl Phase {
-    /// Equal but for a window's samples (see [`Tuner::same_on_disk`]).
-    fn same_on_disk(&self, other: &Phase) -> bool {
-        match (self, other) {
-            (
-                Phase::Measuring {
-                    cores,
-                    purpose,
-                    started,
-                    samples: _,
-                    extended,
-                },
-                Phase::Measuring {
-                    cores: other_cores,
-                    purpose: other_purpose,
-                    started: other_started,
-                    samples: _,
-                    extended: other_extended,
-                },
-            ) => {
-                cores == other_cores
-                    && purpose == other_purpose
-                    && started == other_started
-                    && extended == other_extended
-            }
-            _ => self == other,
-        }
     }
 }

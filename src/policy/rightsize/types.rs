@@ -30,6 +30,10 @@ pub struct TunerSettings {
     /// false.
     #[serde(default)]
     pub from_history: bool,
+    /// The job's GPUs (0: not known). A start from the owner's history is first stepped from
+    /// by 2 cores per GPU (see `Tuner::gallop`). Absent from older state files: 0.
+    #[serde(default)]
+    pub gpus: u32,
 }
 
 impl TunerSettings {
@@ -43,6 +47,7 @@ impl TunerSettings {
             window: DEFAULT_WINDOW,
             tolerance: DEFAULT_TOLERANCE,
             from_history: false,
+            gpus: 0,
         }
     }
 
