@@ -20,7 +20,8 @@ pub use start::{
     category_default_per_gpu, default_floor, start_cores, CoreLimits, OwnerHistory, OwnerRecord,
     StartHints,
 };
-pub use tuner::{
-    Tuner, DEFAULT_TOLERANCE, DEFAULT_WARMUP, DEFAULT_WINDOW, MAX_EXTENSIONS, MIN_WINDOW_SAMPLES,
+pub use tuner::{Tuner, MAX_EXTENSIONS, MIN_WINDOW_SAMPLES};
+pub use types::{
+    Decision, HoldReason, Probe, TunerAction, TunerSettings, DEFAULT_TOLERANCE, DEFAULT_WARMUP,
+    DEFAULT_WINDOW,
 };
-pub use types::{Decision, HoldReason, Probe, TunerAction, TunerSettings};

@@ -11,15 +11,6 @@ use super::types::{Decision, HoldReason, Probe, TunerAction, TunerSettings};
 
 mod disk;
 
-/// Time a job is left alone after it starts before the first window: SODA §VI-H notes that a
-/// training job's launch and context preparation "may take more than 3 minutes".
-pub const DEFAULT_WARMUP: Duration = Duration::from_secs(180);
-/// One measurement window: SODA §VI-H profiles each core count for 60 s (20 to 170 training
-/// iterations of the Table I models).
-pub const DEFAULT_WINDOW: Duration = Duration::from_secs(60);
-/// Cores of error accepted around the best-fit count: the search stops once it has narrowed the
-/// count down to `tolerance + 1` candidates and keeps the largest (the one known to be enough).
-pub const DEFAULT_TOLERANCE: u32 = 1;
 /// Fewest utilization samples a window needs before it is judged; below that its noise cannot
 /// be estimated. A window that ends with fewer stays open until it has them; a window measured
 /// on `n` times, until it has `n + 1` times as many.
