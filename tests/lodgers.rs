@@ -22,6 +22,25 @@ fn running_pids(job: &serde_json::Value) -> Vec<u32> {
         .collect()
 }
 
+/// Registers an offline job of the bundled worker with `model_mib` of weights (and at most
+/// `max_batch`); its id.
+fn register_offline(d: &Daemon, max_batch: Option<u32>, model_mib: u32) -> String {
+    let (batch, model) = (max_batch.map(|b| b.to_string()), model_mib.to_string());
+    let mut args = vec!["register", "offline"];
+    if let Some(b) = &batch {
+        args.extend(["--max-batch", b.as_str()]);
+    }
+    let worker = worker();
+    args.extend([
+        "--",
+        worker.as_str(),
+        "--quiet",
+        "--model-mib",
+        model.as_str(),
+    ]);
+    d.ctl_json(&args)["id"].as_str().expect("id").to_string()
+}
+
 #[test]
 fn online_never_on_training_cpus_offline_shares_them_and_nothing_is_left_behind() {
     if !need_root("lodgers_end_to_end") {
@@ -37,18 +56,7 @@ fn online_never_on_training_cpus_offline_shares_them_and_nothing_is_left_behind(
     let per_cpu = online_set().len();
 
     // Offline: single-thread instances on every CPU, the training CPU included, SCHED_OTHER.
-    let off = d.ctl_json(&[
-        "register",
-        "offline",
-        "--max-batch",
-        "2",
-        "--",
-        &worker(),
-        "--quiet",
-        "--model-mib",
-        "1",
-    ]);
-    let off_id = off["id"].as_str().expect("id").to_string();
+    let off_id = register_offline(&d, Some(2), 1);
     let mut job = serde_json::Value::Null;
     wait_until(WAIT, "one offline instance per CPU running", || {
         job = d.job(&off_id);
@@ -262,16 +270,7 @@ fn an_exclusive_training_jobs_cores_host_no_lodger() {
     assert_eq!(d.job(&train)["exclusive"], true);
     assert!(d.ctl_ok(&["show", &train]).contains("Exclusive: yes"));
     let lent = online_set().difference(&training_cpus);
-    let off = d.ctl_json(&[
-        "register",
-        "offline",
-        "--",
-        &worker(),
-        "--quiet",
-        "--model-mib",
-        "1",
-    ]);
-    let off_id = off["id"].as_str().expect("id").to_string();
+    let off_id = register_offline(&d, None, 1);
     let mut job = serde_json::Value::Null;
     wait_until(WAIT, "one offline instance per lent CPU", || {
         job = d.job(&off_id);
@@ -313,16 +312,7 @@ fn lent_cpu_time_matches_the_instances_own_on_the_training_core() {
     let w = Workload::train(1);
     let train = d.register_pid(w.pid(), 1);
     let training_cpus = d.job(&train)["cpus"].as_str().expect("cpus").to_string();
-    let off = d.ctl_json(&[
-        "register",
-        "offline",
-        "--",
-        &worker(),
-        "--quiet",
-        "--model-mib",
-        "1",
-    ]);
-    let off_id = off["id"].as_str().expect("id").to_string();
+    let off_id = register_offline(&d, None, 1);
     // The instance on the training job's CPU.
     let mut lodger_pid = 0;
     wait_until(WAIT, "an offline instance on the training CPU", || {
@@ -391,18 +381,7 @@ fn offline_batches_on_the_training_core_are_cut_to_the_bound_once() {
     let w = Workload::train(1);
     let train = d.register_pid(w.pid(), 1);
     let training_cpus = d.job(&train)["cpus"].as_str().expect("cpus").to_string();
-    let off = d.ctl_json(&[
-        "register",
-        "offline",
-        "--max-batch",
-        "64",
-        "--",
-        &worker(),
-        "--quiet",
-        "--model-mib",
-        "4",
-    ]);
-    let off_id = off["id"].as_str().expect("id").to_string();
+    let off_id = register_offline(&d, Some(64), 4);
     let mut job = serde_json::Value::Null;
     let on_training = |job: &serde_json::Value, yes: bool| -> Vec<serde_json::Value> {
         instances(job)

@@ -1,9 +1,9 @@
 //! The RT guard: keeps SCHED_RR training jobs under the kernel's RT limit. Each tick it measures
 //! every running training job's CPU time per CPU of its cpuset (its processes' CPU-time clocks:
 //! one syscall a process) and, every [`DETAIL_PERIOD`] while it uses at least 1 % of them or
-//! every tick while the job is close to the limit, its threads' run-queue wait (a schedstat file a thread: the costly part at 1,000
-//! threads, issue 21) (`sense::rtlimit`), records them on the job (`lodgerctl show`, metrics),
-//! and when a job stays
+//! every tick while the job is close to the limit, its threads' run-queue wait (a schedstat file
+//! a thread: the costly part at 1,000 threads, issue 21) (`sense::rtlimit`), records them on the
+//! job (`lodgerctl show`, metrics), and when a job stays
 //! within `training.rt_headroom_percent` of the limit for [`GROW_AFTER`] measurements (each over
 //! at least [`RATE_WINDOW`]) it grows the job
 //! by one core if the plan can place it, or says once that it cannot. Touches /proc (read) and
@@ -28,7 +28,7 @@ use super::TickCx;
 use crate::job::{JobId, JobState, Role, RtStanding};
 use crate::policy;
 use crate::sense::rtlimit::{self, CpuClock, CpuSample, ThreadTimes};
-use crate::store::Tuning;
+use crate::store::{StoredJob, Tuning};
 
 /// Measurements in a row near the limit before the job is grown (one is noisy).
 pub const GROW_AFTER: u32 = 3;
@@ -98,23 +98,19 @@ impl RtGuard {
                 limit
             }
         };
+        let guarded = |s: &StoredJob| {
+            s.job.spec.kind.role() == Role::Training && s.job.state == JobState::Running
+        };
         let running: Vec<JobId> = cx
             .state
             .jobs
             .values()
-            .filter(|s| {
-                s.job.spec.kind.role() == Role::Training
-                    && s.job.state == JobState::Running
-                    && !s.job.pids.is_empty()
-            })
+            .filter(|s| guarded(s) && !s.job.pids.is_empty())
             .map(|s| s.job.id.clone())
             .collect();
         let jobs = &cx.state.jobs;
-        self.watches.retain(|id, _| {
-            jobs.get(id).is_some_and(|s| {
-                s.job.spec.kind.role() == Role::Training && s.job.state == JobState::Running
-            })
-        });
+        self.watches
+            .retain(|id, _| jobs.get(id).is_some_and(&guarded));
         let mut changed = false;
         for id in running {
             let Some(stored) = cx.state.jobs.get_mut(&id) else {
@@ -134,14 +130,8 @@ impl RtGuard {
             let sensed = cx.observations.jobs.get(&id).and_then(|m| m.cpu_percent);
             if let Some(sensed) = sensed.filter(|p| *p / 100.0 < DETAIL_MIN_SHARE * cpus as f64) {
                 self.watches.remove(&id);
-                let extra = stored.job.rt.as_ref().map_or(0, |r| r.extra_cores);
-                stored.job.rt = Some(RtStanding {
-                    share_percent: sensed / cpus.max(1) as f64,
-                    limit_percent: limit.map(|l| l * 100.0),
-                    runq_wait_ms_per_s: 0.0,
-                    near_limit: false,
-                    extra_cores: extra,
-                });
+                let share = sensed / 100.0 / cpus.max(1) as f64;
+                record_standing(stored, share, limit, 0.0, false);
                 continue;
             }
             let cur = rtlimit::cpu_sample(self.clock, cx.proc_root, &stored.job.pids);
@@ -179,14 +169,7 @@ impl RtGuard {
             if !near {
                 watch.told = false;
             }
-            let extra = stored.job.rt.as_ref().map_or(0, |r| r.extra_cores);
-            stored.job.rt = Some(RtStanding {
-                share_percent: share * 100.0,
-                limit_percent: limit.map(|l| l * 100.0),
-                runq_wait_ms_per_s: watch.runq_wait_ms_per_s,
-                near_limit: near,
-                extra_cores: extra,
-            });
+            record_standing(stored, share, limit, watch.runq_wait_ms_per_s, near);
             // Right-sizing can search only where the node senses GPUs at all.
             let figures = !cx.observations.sources.gpu.starts_with("unavailable");
             if holds_for_rightsizing(stored.tuning.as_ref(), rightsize_enforce, figures) {
@@ -208,6 +191,7 @@ impl RtGuard {
             // At most doubling what the job asked for: a job that keeps every core it gets
             // busy is not held back by the RT limit but by its own demand.
             let cap = stored.job.spec.cores.max(1);
+            let extra = stored.job.rt.as_ref().map_or(0, |r| r.extra_cores);
             if extra < cap && try_grow(cx, &id, rightsize_enforce) {
                 info!(
                     job = %id,
@@ -230,6 +214,25 @@ impl RtGuard {
         }
         changed
     }
+}
+
+/// Shows the job's standing against the RT limit (`share` and `limit` as shares of a CPU),
+/// keeping the cores the guard already added.
+fn record_standing(
+    stored: &mut StoredJob,
+    share: f64,
+    limit: Option<f64>,
+    runq_wait_ms_per_s: f64,
+    near_limit: bool,
+) {
+    let extra_cores = stored.job.rt.as_ref().map_or(0, |r| r.extra_cores);
+    stored.job.rt = Some(RtStanding {
+        share_percent: share * 100.0,
+        limit_percent: limit.map(|l| l * 100.0),
+        runq_wait_ms_per_s,
+        near_limit,
+        extra_cores,
+    });
 }
 
 /// Whether the guard leaves the job to the right-sizer: right-sizing resizes, has not settled
