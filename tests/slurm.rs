@@ -216,15 +216,35 @@ fn a_slurm_training_job_is_pinned_inside_slurms_cpuset_and_released_by_the_epilo
     let mut cg = SlurmCgroup::create(&root, slurm_id, &both);
     let mut w = Workload::train(3);
     cg.attach(w.pid());
-    // Bound before exec (not by taskset after it), so lodgerd never sees it unbound.
+    // In the step and bound before exec (not by taskset after it), so lodgerd never sees it
+    // unbound; in that order, as slurmstepd does (task/cgroup, then task/affinity): before
+    // Linux 6.2, joining a cpuset cgroup resets a task's affinity to the cgroup's CPUs.
     let mut bound = {
+        use std::os::unix::ffi::OsStrExt;
         use std::os::unix::process::CommandExt;
+        let procs = std::ffi::CString::new(
+            cgroup_path(&cg.step)
+                .join("cgroup.procs")
+                .as_os_str()
+                .as_bytes(),
+        )
+        .expect("a path without NUL");
         let mut cmd = Command::new("sleep");
         cmd.arg("600");
-        // SAFETY: the closure only calls sched_setaffinity on a cpu_set_t it owns, which is
-        // async-signal-safe; nothing allocates between fork and exec.
+        // SAFETY: the closure only calls open, write and close on a path built before the
+        // fork ("0" moves the writer itself), then sched_setaffinity on a cpu_set_t it owns:
+        // all async-signal-safe; nothing allocates between fork and exec.
         unsafe {
             cmd.pre_exec(move || {
+                let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                if fd < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                let wrote = libc::write(fd, b"0".as_ptr().cast(), 1);
+                libc::close(fd);
+                if wrote != 1 {
+                    return Err(std::io::Error::last_os_error());
+                }
                 let mut set: libc::cpu_set_t = std::mem::zeroed();
                 libc::CPU_SET(b as usize, &mut set);
                 if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
@@ -235,7 +255,7 @@ fn a_slurm_training_job_is_pinned_inside_slurms_cpuset_and_released_by_the_epilo
         }
         cmd.spawn().expect("bound sleep")
     };
-    cg.attach(bound.id());
+    cg.pids.push(bound.id());
     // Slurm's step daemon lives in the job's cgroups too (v2: step_<n>/slurm): not the job's.
     let stepd_dir = tempfile::tempdir().expect("tempdir");
     let stepd_bin = stepd_dir.path().join("slurmstepd");

@@ -742,9 +742,12 @@ fn lodgerd_shapes_while_a_multi_node_training_job_runs_and_cleans_up() {
     // The training flow's process becomes a multi-node training job.
     let t = register_multi_node(&d, training.pid());
     let t_id = t["id"].as_str().expect("id").to_string();
-    common::wait_until(common::WAIT, "lodgerd to shape lt0a", || {
-        network_status(&d).starts_with("shaping")
-    });
+    common::wait_until_explained(
+        common::WAIT,
+        "lodgerd to shape lt0a",
+        || network_status(&d).starts_with("shaping"),
+        || format!("network: {}\n{}", network_status(&d), d.log()),
+    );
     assert!(
         network_status(&d).starts_with(&format!(
             "shaping lt0a ({LINK_MBIT} Mbit/s): training 75%, CPU jobs 25% (ceil 25%)"
@@ -966,9 +969,12 @@ fn lodgerd_moves_cpu_jobs_to_the_slower_network_while_multi_node_training_runs()
     training.go();
     let t = register_multi_node(&d, training.pid());
     let t_id = t["id"].as_str().expect("id").to_string();
-    common::wait_until(common::WAIT, "lodgerd to route CPU jobs", || {
-        network_status(&d).starts_with("routing")
-    });
+    common::wait_until_explained(
+        common::WAIT,
+        "lodgerd to route CPU jobs",
+        || network_status(&d).starts_with("routing"),
+        || format!("network: {}\n{}", network_status(&d), d.log()),
+    );
     assert_eq!(
         network_status(&d),
         "routing CPU jobs' IPv4 traffic via lt2a (the slower network)"

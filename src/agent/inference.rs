@@ -11,7 +11,6 @@ use super::layout::SearchRun;
 use super::shared_batch;
 use super::{Event, TickCx};
 use crate::cpuset::CpuSet;
-use crate::enforce::instances::unit::{PARENT_SLICE, SLICE};
 use crate::enforce::instances::{Identity, InstanceSpec, InstanceState, InstanceStats, Instances};
 use crate::enforce::network::node::{procs_of, CpuJob};
 use crate::job::{InstanceView, JobId, JobKind, JobState, Target};
@@ -95,7 +94,7 @@ impl Inference {
             if let Some(name) = &st.unit {
                 // A transient unit's cgroup (v2, from the hierarchy's root): network shaping
                 // matches the slice that holds them all.
-                entry.cgroups.push(format!("{PARENT_SLICE}/{SLICE}/{name}"));
+                entry.cgroups.push(self.runner.unit_cgroup(name));
             }
             entry.pids.extend(st.pid);
         }

@@ -73,6 +73,25 @@ pub fn wait_until(timeout: Duration, what: &str, mut cond: impl FnMut() -> bool)
     panic!("timed out after {timeout:?} waiting for {what}");
 }
 
+/// [`wait_until`], and on a time-out the panic also says what `explain` finds then (a status,
+/// the daemon's log).
+pub fn wait_until_explained(
+    timeout: Duration,
+    what: &str,
+    cond: impl FnMut() -> bool,
+    explain: impl FnOnce() -> String,
+) {
+    let waited = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        wait_until(timeout, what, cond)
+    }));
+    if waited.is_err() {
+        panic!(
+            "timed out after {timeout:?} waiting for {what}\n{}",
+            explain()
+        );
+    }
+}
+
 pub const WAIT: Duration = Duration::from_secs(20);
 
 /// Waits for a bundled workload's `ready` line on its piped stdout, then keeps draining that pipe
@@ -634,6 +653,13 @@ pub struct Workload {
 impl Workload {
     pub fn train(workers: u32) -> Workload {
         Self::train_with(workers, &[])
+    }
+
+    /// One loader thread whose batches cost 3 ms of CPU per 20-ms GPU step: far below the RT
+    /// limit even on a slow (emulated) host, where near it the RT guard would grow the job by
+    /// a core (tests/rt_guard.rs) and move the CPUs a test watches.
+    pub fn light() -> Workload {
+        Self::train_with(1, &["--batch-cpu-ms", "3"])
     }
 
     /// The emulator with more arguments (e.g. `--publish-dir DIR`).

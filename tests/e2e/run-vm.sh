@@ -49,6 +49,10 @@
 #                       default 900)
 #   LODGER_E2E_ONLY     --cargo-tests: only the test binaries whose label (`tests/spine.rs`,
 #                       `unittests src/lib.rs`) matches this regular expression
+#   LODGER_E2E_CRASH_CYCLES  --cargo-tests: tests/crash.rs's kill cycles in the guest
+#                       (default 15; 50 on the host)
+#   LODGER_E2E_NOCAPTURE=1  --cargo-tests: the tests' own output as they run, not only a
+#                       failed test's (RUST_TEST_NOCAPTURE in the guest)
 #   LODGER_FIXTURES, LODGER_REQUIRE_PRIVILEGED, LODGER_REQUIRE_HARDWARE: passed to the guest's
 #                       cargo tests (the fixtures directory is mounted at the same path)
 #
@@ -301,6 +305,13 @@ echo "$repo" >"$run/share/repo"
 {
     echo "export LODGER_FIXTURES=$fixtures"
     echo "export LODGER_E2E_TEST_TIMEOUT=${LODGER_E2E_TEST_TIMEOUT:-900}"
+    # tests/crash.rs: 50 kill cycles on the host, 15 here (under emulation each takes about
+    # 7 s; the host's run is the thorough one).
+    echo "export LODGER_CRASH_CYCLES=${LODGER_E2E_CRASH_CYCLES:-15}"
+    # tests/dbus_policy.rs: 10,000 refused registrations on the host, 1,000 here (about 40 ms
+    # each under emulation).
+    echo "export LODGER_REFUSED_CALLS=1000"
+    [ "${LODGER_E2E_NOCAPTURE:-}" != 1 ] || echo "export RUST_TEST_NOCAPTURE=1"
     for var in LODGER_REQUIRE_PRIVILEGED LODGER_REQUIRE_HARDWARE; do
         [ -z "${!var:-}" ] || echo "export $var=${!var}"
     done

@@ -229,7 +229,7 @@ impl Instances {
                 out.removed_cgroups.push(h.lodgers.clone());
             }
             // Instance units an earlier lodgerd started, none adopted: their slices go.
-            unit::stop_slices();
+            unit::stop_slices(&h.slices);
         }
         if !out.killed.is_empty() || !out.removed_cgroups.is_empty() {
             warn!(
@@ -250,6 +250,7 @@ impl super::host::Host {
         let me = std::process::id();
         let root = self.settings.proc_root.clone();
         let mut unit_env: BTreeMap<String, Option<Vec<String>>> = BTreeMap::new();
+        let instances_slice = format!("/{}/", self.slices.instances);
         let mut found = Vec::new();
         for pid in procfs::list_pids(&root)? {
             if pid == me {
@@ -263,7 +264,7 @@ impl super::host::Host {
             let unit = fs::read_to_string(dir.join("cgroup")).ok().and_then(|t| {
                 t.lines().find_map(|l| {
                     let path = l.strip_prefix("0::")?;
-                    let (_, rest) = path.split_once(&format!("/{}/", unit::SLICE))?;
+                    let (_, rest) = path.split_once(&instances_slice)?;
                     Some(rest.split('/').next()?.to_string())
                 })
             });

@@ -44,6 +44,8 @@ pub(super) struct Host {
     pub(super) pending_removal: Vec<String>,
     /// Where instances' memory limits go.
     pub(super) memory: super::memory::MemoryPlacement,
+    /// The slices of the instance units, where systemd starts them.
+    pub(super) slices: super::unit::Slices,
     pub(super) buf: Vec<u8>,
 }
 

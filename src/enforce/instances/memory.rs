@@ -45,20 +45,18 @@ pub enum MemoryPlacement {
 }
 
 impl MemoryPlacement {
-    /// From the node: systemd as PID 1 (`units`), the cgroup version, the instances' CPU
-    /// placement and whether `<parent>` (at `parent_dir`, v2) has the memory controller.
+    /// From the node: systemd as PID 1 (`units`: the slices its instance units run in), the
+    /// cgroup version, the instances' CPU placement and whether `<parent>` (at `parent_dir`,
+    /// v2) has the memory controller.
     pub fn choose(
         cgroup_root: &Path,
         version: CgroupVersion,
         placement: PinMethod,
         parent_dir: &Path,
-        units: bool,
+        units: Option<&unit::Slices>,
     ) -> MemoryPlacement {
-        if units {
-            let slice = cgroup_root
-                .join(unit::PARENT_SLICE)
-                .join(unit::SLICE)
-                .join(MEMORY_EVENTS);
+        if let Some(slices) = units {
+            let slice = cgroup_root.join(slices.cgroup()).join(MEMORY_EVENTS);
             let events = (version == CgroupVersion::V2).then_some(slice);
             return MemoryPlacement::Units { events };
         }
@@ -284,7 +282,7 @@ mod tests {
         let parent = root.join("lodger");
         fs::create_dir_all(&parent).unwrap();
         // v1 without a memory hierarchy, then with one.
-        let p = MemoryPlacement::choose(root, CgroupVersion::V1, PinMethod::Cgroup, &parent, false);
+        let p = MemoryPlacement::choose(root, CgroupVersion::V1, PinMethod::Cgroup, &parent, None);
         assert!(matches!(p, MemoryPlacement::Off(_)), "{p:?}");
         fs::create_dir_all(root.join("memory")).unwrap();
         fs::write(
@@ -293,7 +291,7 @@ mod tests {
         )
         .unwrap();
         let p =
-            MemoryPlacement::choose(root, CgroupVersion::V1, PinMethod::Affinity, &parent, false);
+            MemoryPlacement::choose(root, CgroupVersion::V1, PinMethod::Affinity, &parent, None);
         assert_eq!(
             p,
             MemoryPlacement::V1 {
@@ -302,27 +300,38 @@ mod tests {
         );
         // v2: only where memory is delegated to lodger's cgroup.
         fs::write(parent.join(CGROUP_CONTROLLERS), "cpuset cpu\n").unwrap();
-        let p = MemoryPlacement::choose(root, CgroupVersion::V2, PinMethod::Cgroup, &parent, false);
+        let p = MemoryPlacement::choose(root, CgroupVersion::V2, PinMethod::Cgroup, &parent, None);
         assert!(
             matches!(&p, MemoryPlacement::Off(why) if why.contains("not delegated")),
             "{p:?}"
         );
         fs::write(parent.join(CGROUP_CONTROLLERS), "cpuset cpu memory\n").unwrap();
-        let p = MemoryPlacement::choose(root, CgroupVersion::V2, PinMethod::Cgroup, &parent, false);
+        let p = MemoryPlacement::choose(root, CgroupVersion::V2, PinMethod::Cgroup, &parent, None);
         assert_eq!(p, MemoryPlacement::V2);
         let p =
-            MemoryPlacement::choose(root, CgroupVersion::V2, PinMethod::Affinity, &parent, false);
+            MemoryPlacement::choose(root, CgroupVersion::V2, PinMethod::Affinity, &parent, None);
         assert!(matches!(p, MemoryPlacement::Off(_)), "{p:?}");
         // Units: the slice's events on v2, none on v1.
-        let p =
-            MemoryPlacement::choose(root, CgroupVersion::V2, PinMethod::Affinity, &parent, true);
+        let p = MemoryPlacement::choose(
+            root,
+            CgroupVersion::V2,
+            PinMethod::Affinity,
+            &parent,
+            Some(&unit::Slices::of_parent("lodger")),
+        );
         assert_eq!(
             p,
             MemoryPlacement::Units {
                 events: Some(root.join("lodger.slice/lodger-instances.slice/memory.events"))
             }
         );
-        let p = MemoryPlacement::choose(root, CgroupVersion::V1, PinMethod::Cgroup, &parent, true);
+        let p = MemoryPlacement::choose(
+            root,
+            CgroupVersion::V1,
+            PinMethod::Cgroup,
+            &parent,
+            Some(&unit::Slices::of_parent("lodger")),
+        );
         assert_eq!(p, MemoryPlacement::Units { events: None });
     }
 }

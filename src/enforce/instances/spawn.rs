@@ -264,6 +264,7 @@ impl Host {
             description: format!("lodger inference instance {key}"),
             instance: key.to_string(),
             job: spec.job.to_string(),
+            slice: self.slices.instances.clone(),
             user: creds.user.clone(),
             gid,
             groups: groups.to_vec(),
@@ -276,6 +277,7 @@ impl Host {
             stop_grace: self.settings.stop_grace,
             memory_max: self.memory_limit(spec.memory_max),
             memory_high_percent: self.settings.memory_high_percent,
+            netns: unit::own_netns(),
         };
         slot.memory_max = unit_spec.memory_max;
         let (report_read, report_write) = self.report_channel(&key)?;

@@ -123,7 +123,7 @@ impl Instances {
         self.host.retry_removals();
         if self.slots.is_empty() {
             self.host.remove_lodgers(&mut out.errors);
-            super::unit::stop_slices();
+            super::unit::stop_slices(&self.host.slices);
         }
         out
     }
@@ -152,7 +152,7 @@ impl Drop for Instances {
         let running = self.slots.iter().filter(|s| s.run.is_some()).count();
         if running == 0 && self.slots.is_empty() {
             // Instance units that ran and were stopped earlier leave their slices behind.
-            super::unit::stop_slices_if_connected();
+            super::unit::stop_slices_if_connected(&self.host.slices);
             return;
         }
         if running > 0 {
@@ -184,7 +184,7 @@ impl Drop for Instances {
         }
         self.host.remove_lodgers(&mut errors);
         // Also when an instance unit ran and its slots were removed earlier.
-        super::unit::stop_slices_if_connected();
+        super::unit::stop_slices_if_connected(&self.host.slices);
         for e in errors {
             warn!("while killing instances: {e}");
         }

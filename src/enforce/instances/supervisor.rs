@@ -65,8 +65,10 @@ impl Run {
         }
         if let Some((name, pidfd)) = &self.unit {
             // Not our child: its pidfd turns readable when it exits. systemd reaps it and
-            // kills what it left in the unit's cgroup.
-            return exited(pidfd).then(|| format!("exited (unit {name})"));
+            // kills what it left in the unit's cgroup; how it ended is systemd's to tell (the
+            // unit is collected once failed, its journal stays).
+            return exited(pidfd)
+                .then(|| format!("exited (unit {name}; how: journalctl -u {name})"));
         }
         if let Some(pidfd) = &self.adopted {
             // Started by an earlier lodgerd: init reaps it. What it left in its process group
@@ -237,7 +239,18 @@ impl Instances {
             CgroupVersion::V1 => cpusets.read("/", CpusetFile::Cpus)?,
             CgroupVersion::V2 => cpusets.effective_cpus("/")?,
         };
+        let systemd = super::unit::systemd().is_some();
         let (placement, why) = match (settings.placement, version) {
+            // Every instance is a transient unit (see `spawn`), in a cgroup systemd makes.
+            (InstancePlacement::Cgroup, _) if systemd => (
+                PinMethod::Affinity,
+                "systemd is PID 1: each instance is a transient unit pinned by CPUAffinity; the \
+                 configured cgroup placement does not apply",
+            ),
+            (_, _) if systemd => (
+                PinMethod::Affinity,
+                "systemd is PID 1: each instance is a transient unit pinned by CPUAffinity",
+            ),
             (InstancePlacement::Cgroup, _) => (PinMethod::Cgroup, "configured"),
             (InstancePlacement::Affinity, _) => (PinMethod::Affinity, "configured"),
             (InstancePlacement::Auto, CgroupVersion::V1) => (PinMethod::Cgroup, "cgroup v1"),
@@ -262,18 +275,18 @@ impl Instances {
             }
         };
         let lodgers = child_of(&parent, LODGERS_CGROUP);
-        let systemd = super::unit::systemd().is_some();
         let mut settings = settings;
         if settings.start_cgroup.is_none() {
             settings.start_cgroup =
                 own_subtree(version, placement, systemd, &cpusets.dir(&lodgers));
         }
+        let slices = super::unit::Slices::of_parent(&parent);
         let memory = super::memory::MemoryPlacement::choose(
             &settings.cgroup_root,
             version,
             placement,
             &cpusets.dir(&parent),
-            systemd,
+            systemd.then_some(&slices),
         );
         info!(
             "inference instances are placed by {} ({why}){}",
@@ -297,6 +310,7 @@ impl Instances {
                 created_parent: false,
                 pending_removal: Vec::new(),
                 memory,
+                slices,
                 buf: vec![0; 64 * 1024],
                 settings,
             },
@@ -327,6 +341,12 @@ impl Instances {
 
     pub fn settings(&self) -> &InstanceSettings {
         &self.host.settings
+    }
+
+    /// The cgroup (v2, from the hierarchy's root) of the instance unit named in
+    /// [`InstanceStats::unit`].
+    pub fn unit_cgroup(&self, unit: &str) -> String {
+        format!("{}/{unit}", self.host.slices.cgroup().display())
     }
 
     /// Affinity placement: instances started from now on join the cgroup2 directory `dir`
@@ -566,7 +586,7 @@ impl Instances {
             // The last instance is gone (a drain, the last job unregistered): lodger's instance
             // cgroups and slices go with it, as lodgerd no longer removes them when it stops.
             self.host.remove_lodgers(&mut out.errors);
-            super::unit::stop_slices_if_connected();
+            super::unit::stop_slices_if_connected(&self.host.slices);
         }
         out
     }

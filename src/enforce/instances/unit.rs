@@ -14,10 +14,47 @@ use zbus::zvariant::{Fd, OwnedObjectPath, OwnedValue, Value};
 
 use crate::cpuset::CpuSet;
 
-/// The slice every instance unit runs in.
-pub const SLICE: &str = "lodger-instances.slice";
-/// Its parent, which systemd creates with it (a `-` in a slice's name nests it).
-pub const PARENT_SLICE: &str = "lodger.slice";
+/// The slices of one lodgerd's instance units, named after its cgroup parent (`[cgroup]
+/// parent`, escaped as `systemd-escape` escapes a unit name): `<parent>.slice` and in it
+/// `<parent>-instances.slice` (a `-` in a slice's name nests it), which every instance unit
+/// runs in. With the default parent, `lodger.slice` and `lodger-instances.slice`. lodgerds
+/// with different parents (the tests' daemons, run side by side) never stop each other's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Slices {
+    pub outer: String,
+    pub instances: String,
+}
+
+impl Slices {
+    pub fn of_parent(parent: &str) -> Slices {
+        let name = escape(parent.trim_matches('/'));
+        Slices {
+            outer: format!("{name}.slice"),
+            instances: format!("{name}-instances.slice"),
+        }
+    }
+
+    /// The instances' slice's cgroup, relative to the cgroup2 root.
+    pub fn cgroup(&self) -> std::path::PathBuf {
+        Path::new(&self.outer).join(&self.instances)
+    }
+}
+
+/// `text` as one component of a unit name (`systemd-escape`, unit names in `systemd.unit(5)`):
+/// ASCII letters, digits, `:`, `_` and `.` (not leading) stay; `/` becomes `-`; every other
+/// byte, `-` included, becomes `\xNN`.
+pub fn escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for (i, b) in text.bytes().enumerate() {
+        match b {
+            b'/' => out.push('-'),
+            b'.' if i > 0 => out.push('.'),
+            b if b.is_ascii_alphanumeric() || b == b':' || b == b'_' => out.push(char::from(b)),
+            b => out.push_str(&format!("\\x{b:02x}")),
+        }
+    }
+    out
+}
 const DEST: &str = "org.freedesktop.systemd1";
 /// The system bus's well-known socket (the D-Bus specification's default).
 const SYSTEM_BUS: &str = "unix:path=/var/run/dbus/system_bus_socket";
@@ -55,6 +92,8 @@ pub struct UnitSpec {
     /// The instance key, for the journal field.
     pub instance: String,
     pub job: String,
+    /// The slice it runs in ([`Slices::instances`]).
+    pub slice: String,
     pub user: String,
     pub gid: u32,
     pub groups: Vec<u32>,
@@ -71,6 +110,20 @@ pub struct UnitSpec {
     /// `MemoryMax=` in bytes, with `MemoryHigh=` at `memory_high_percent` of it.
     pub memory_max: Option<u64>,
     pub memory_high_percent: u8,
+    /// `NetworkNamespacePath=`: lodgerd's own network namespace when it is not PID 1's
+    /// (lodgerd run in one, as the network tests do), so that an instance reaches what lodgerd
+    /// reaches, as a forked one would. `None` on a host daemon.
+    pub netns: Option<String>,
+}
+
+/// `/proc/<lodgerd>/ns/net` when lodgerd's network namespace is not PID 1's (see
+/// [`UnitSpec::netns`]); `None` when they are the same or either cannot be read.
+pub fn own_netns() -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let mine = std::fs::metadata("/proc/self/ns/net").ok()?;
+    let init = std::fs::metadata("/proc/1/ns/net").ok()?;
+    ((mine.dev(), mine.ino()) != (init.dev(), init.ino()))
+        .then(|| format!("/proc/{}/ns/net", std::process::id()))
 }
 
 /// A property value as `StartTransientUnit` takes it.
@@ -124,7 +177,7 @@ pub fn properties(spec: &UnitSpec) -> Vec<(&'static str, Prop)> {
     let mut props = vec![
         ("Description", s(&spec.description)),
         ("Type", s("exec")),
-        ("Slice", s(SLICE)),
+        ("Slice", s(&spec.slice)),
         ("User", s(&spec.user)),
         ("Group", Prop::Str(spec.gid.to_string())),
         (
@@ -161,6 +214,9 @@ pub fn properties(spec: &UnitSpec) -> Vec<(&'static str, Prop)> {
             Prop::Str(format!("lodger-{}", spec.job)),
         ),
     ];
+    if let Some(path) = &spec.netns {
+        props.push(("NetworkNamespacePath", s(path)));
+    }
     if let Some(max) = spec.memory_max {
         props.push(("MemoryMax", Prop::U64(max)));
         props.push((
@@ -301,7 +357,10 @@ impl Systemd {
         })
     }
 
-    /// Starts the unit (mode `fail`) and waits until it has a main process: its pid.
+    /// Starts the unit and waits until it has a main process: its pid. Mode `replace`: a stop
+    /// of lodger's slices still queued (the last instance went a moment ago, see
+    /// [`stop_slices`]) gives way to the start instead of refusing it
+    /// (`TransactionIsDestructive`).
     pub fn start(
         &self,
         spec: &UnitSpec,
@@ -319,7 +378,7 @@ impl Systemd {
                 MANAGER,
                 PATH,
                 "StartTransientUnit",
-                &(spec.name.as_str(), "fail", body, aux),
+                &(spec.name.as_str(), "replace", body, aux),
             )
             .map_err(|e| format!("systemd refused to start {}: {e}", spec.name))?;
         let deadline = Instant::now() + START_WAIT;
@@ -385,21 +444,21 @@ impl Systemd {
 /// Stops lodger's slices (every instance unit in them, SIGTERM then SIGKILL after their grace):
 /// at lodgerd's start (what an earlier one left) and when no instance is left, so no cgroup of
 /// lodger's outlives it. Slices that were never started are not an error.
-pub fn stop_slices() {
-    stop_slices_of(systemd());
+pub fn stop_slices(slices: &Slices) {
+    stop_slices_of(systemd(), slices);
 }
 
-fn stop_slices_of(systemd: Option<&Systemd>) {
+fn stop_slices_of(systemd: Option<&Systemd>, slices: &Slices) {
     if let Some(systemd) = systemd {
-        for slice in [SLICE, PARENT_SLICE] {
+        for slice in [&slices.instances, &slices.outer] {
             let _ = systemd.stop(slice);
         }
     }
 }
 
 /// [`stop_slices`], only if this process has talked to systemd (when its supervisor goes away).
-pub fn stop_slices_if_connected() {
-    stop_slices_of(connected());
+pub fn stop_slices_if_connected(slices: &Slices) {
+    stop_slices_of(connected(), slices);
 }
 
 #[cfg(test)]
@@ -412,6 +471,7 @@ mod tests {
             description: "lodger instance job-0".into(),
             instance: "job-0".into(),
             job: "job".into(),
+            slice: Slices::of_parent("lodger").instances,
             user: "alice".into(),
             gid: 1001,
             groups: vec![1001, 27],
@@ -424,6 +484,7 @@ mod tests {
             stop_grace: Duration::from_secs(10),
             memory_max: Some(1 << 30),
             memory_high_percent: 90,
+            netns: None,
         }
     }
 
@@ -433,6 +494,27 @@ mod tests {
             .filter(|(k, _)| *k == key)
             .map(|(_, p)| p)
             .collect()
+    }
+
+    /// The default parent gives the slices docs/security.md names; another parent, slices of
+    /// its own, outside `lodger.slice` (a `-` would nest them in it), escaped as systemd does.
+    #[test]
+    fn slices_are_named_after_the_cgroup_parent() {
+        let default = Slices::of_parent("lodger");
+        assert_eq!(default.outer, "lodger.slice");
+        assert_eq!(default.instances, "lodger-instances.slice");
+        assert_eq!(
+            default.cgroup(),
+            Path::new("lodger.slice/lodger-instances.slice")
+        );
+        let test = Slices::of_parent("/lodger-test-70-1/");
+        assert_eq!(test.outer, "lodger\\x2dtest\\x2d70\\x2d1.slice");
+        assert_eq!(
+            test.instances,
+            "lodger\\x2dtest\\x2d70\\x2d1-instances.slice"
+        );
+        assert_eq!(escape("a/b c.d"), "a-b\\x20c.d");
+        assert_eq!(escape(".x"), "\\x2ex");
     }
 
     #[test]
@@ -445,7 +527,7 @@ mod tests {
         };
         assert_eq!(str_of("User"), "alice");
         assert_eq!(str_of("Group"), "1001");
-        assert_eq!(str_of("Slice"), SLICE);
+        assert_eq!(str_of("Slice"), "lodger-instances.slice");
         assert_eq!(str_of("WorkingDirectory"), "/home/alice");
         assert_eq!(str_of("CollectMode"), "inactive-or-failed");
         assert_eq!(str_of("StandardOutput"), "journal");
@@ -543,9 +625,11 @@ mod tests {
             ("TimeoutStopUSec", "t"),
             ("LogExtraFields", "aay"),
             ("SyslogIdentifier", "s"),
+            ("NetworkNamespacePath", "s"),
         ];
         let mut spec = spec();
         spec.output = UnitOutput::Descriptor;
+        spec.netns = Some("/proc/70/ns/net".into());
         let (read, write) = crate::enforce::instances::spawn::report_pipe().unwrap();
         for (name, prop) in properties(&spec) {
             let value = to_value(&prop, write.as_fd(), Some(read.as_fd()));

@@ -198,15 +198,25 @@ impl NftSteering {
     }
 }
 
+/// A cgroup path nft takes inside a quoted string: relative, no empty, `.` or `..` component,
+/// printable ASCII without `"` or `;`, and a backslash only in systemd's `\xNN` escapes (the
+/// slices of lodgerds whose cgroup parent has a `-`, see `unit::Slices`), which nft reads as
+/// they are.
 pub(crate) fn check_cgroup_path(path: &str) -> Result<(), TcError> {
+    let bytes = path.as_bytes();
+    let escape_at = |i: usize| {
+        bytes.get(i + 1) == Some(&b'x')
+            && bytes.get(i + 2).is_some_and(u8::is_ascii_hexdigit)
+            && bytes.get(i + 3).is_some_and(u8::is_ascii_hexdigit)
+    };
     let ok = !path.is_empty()
         && !path.starts_with('/')
         && path
             .split('/')
             .all(|p| !p.is_empty() && p != "." && p != "..")
-        && path
-            .bytes()
-            .all(|b| b.is_ascii_graphic() && b != b'"' && b != b'\\' && b != b';');
+        && bytes.iter().enumerate().all(|(i, &b)| {
+            b.is_ascii_graphic() && b != b'"' && b != b';' && (b != b'\\' || escape_at(i))
+        });
     if ok {
         Ok(())
     } else {

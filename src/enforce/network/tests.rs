@@ -546,3 +546,23 @@ fn net_cls_group_on_a_plain_tree() {
     fs::remove_dir(&group_dir).expect("rmdir");
     assert!(!group.remove().expect("gone"));
 }
+
+/// Cgroup paths go into nft's quoted strings: systemd's `\xNN` escapes (the instance slices of
+/// a lodgerd whose cgroup parent has a `-`) pass, any other backslash, a quote, a `;`, an
+/// absolute or climbing path does not.
+#[test]
+fn nft_takes_systemd_escaped_cgroup_paths_and_nothing_that_breaks_its_quoting() {
+    use super::check_cgroup_path;
+    for ok in [
+        "lodger/lodgers",
+        "lodger.slice/lodger-instances.slice/lodger-j1-0-70-0.service",
+        "lodger\\x2dtest\\x2d70\\x2d1.slice/lodger\\x2dtest\\x2d70\\x2d1-instances.slice",
+    ] {
+        assert!(check_cgroup_path(ok).is_ok(), "{ok}");
+    }
+    for bad in [
+        "", "/lodger", "a/../b", "a//b", "a\\b", "a\\x2", "a\\xzz", "a\\", "a\"b", "a;b", "a b",
+    ] {
+        assert!(check_cgroup_path(bad).is_err(), "{bad}");
+    }
+}
