@@ -352,7 +352,10 @@ fn lent_cpu_time_matches_the_instances_own_on_the_training_core() {
     );
     assert!(
         (dl - dn).abs() <= 0.03 * dn + 0.02,
-        "lent {dl:.2} against {dn:.2}"
+        "lent {dl:.2} against {dn:.2}\n{:#}\n{:#}\n{}",
+        d.job(&train),
+        d.job(&off_id),
+        d.log()
     );
     let shown = d.ctl_ok(&["show", &train]);
     assert!(shown.contains("CPU-s to lodgers"), "{shown}");
