@@ -379,12 +379,14 @@ fn offline_batches_on_the_training_core_are_cut_to_the_bound_once() {
     }
     let bus = PrivateBus::start();
     let dir = tempfile::tempdir().expect("tempdir");
-    // A 1 ms bound: a batch of 64 with 4 MiB of weights takes several ms of CPU.
+    // A 1 ms bound: a batch of 64 with 1 MiB of weights takes several ms of CPU (under
+    // emulation seconds: each instance's probe window must hold a batch for the cut to be
+    // measured).
     let d = lodgers_daemon(&bus, dir.path(), "training_core_batch_ms = 1\n");
     let w = Workload::light();
     let train = d.register_pid(w.pid(), 1);
     let training_cpus = d.job(&train)["cpus"].as_str().expect("cpus").to_string();
-    let off_id = register_offline(&d, Some(64), 4);
+    let off_id = register_offline(&d, Some(64), 1);
     let mut job = serde_json::Value::Null;
     let on_training = |job: &serde_json::Value, yes: bool| -> Vec<serde_json::Value> {
         instances(job)
