@@ -635,7 +635,7 @@ fn members_change_only_what_they_own() {
     }
     // Where systemd is PID 1 the instance is a transient unit, and systemd adds what it gives
     // every process it starts (systemd.exec(5), "Environment Variables in Spawned Processes").
-    let by_systemd: &[&str] = if std::path::Path::new("/run/systemd/system").is_dir() {
+    let by_systemd: &[&str] = if common::instances_are_units() {
         &[
             "INVOCATION_ID",
             "SYSTEMD_EXEC_PID",

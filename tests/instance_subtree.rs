@@ -72,7 +72,7 @@ fn an_affinity_placed_instance_runs_in_lodgers_subtree_and_outlives_lodgerd() {
         lodger::privileged::not_applicable(TEST, "this host has no cgroup2 mount");
         return;
     };
-    if std::path::Path::new("/run/systemd/system").is_dir() {
+    if instances_are_units() {
         // Its counterpart there: tests/instances.rs, whose instances are then units.
         lodger::privileged::not_applicable(
             TEST,

@@ -104,20 +104,15 @@ fn cgroup_dir(cgroup: &str) -> PathBuf {
 /// test's parent, which does not exist yet).
 fn cgroup_placement() -> InstancePlacement {
     match host_cgroup() {
-        HostCgroup::V2 if !units() => InstancePlacement::Cgroup,
+        HostCgroup::V2 if !instances_are_units() => InstancePlacement::Cgroup,
         _ => InstancePlacement::Auto,
     }
 }
 
-/// systemd is PID 1: every instance is a transient unit of its own, pinned by affinity in a
-/// cgroup systemd makes (the supervisor's placement is then affinity, whatever was asked).
-fn units() -> bool {
-    std::path::Path::new("/run/systemd/system").is_dir()
-}
-
-/// The placement [`cgroup_placement`] gets.
+/// The placement [`cgroup_placement`] gets: affinity where every instance is a transient unit
+/// of its own, pinned by affinity in a cgroup systemd makes, whatever was asked.
 fn cgroup_pin() -> PinMethod {
-    if units() {
+    if instances_are_units() {
         PinMethod::Affinity
     } else {
         PinMethod::Cgroup
@@ -128,7 +123,7 @@ fn cgroup_pin() -> PinMethod {
 /// (its instances are units: the VM suite and the daemon tests check those): not applicable
 /// there, saying so.
 fn cgroups_of_lodgers_own(test: &str) -> bool {
-    if units() {
+    if instances_are_units() {
         lodger::privileged::not_applicable(
             test,
             "systemd is PID 1: instances are its transient units, in cgroups systemd makes",
@@ -142,7 +137,7 @@ fn cgroups_of_lodgers_own(test: &str) -> bool {
 /// placement; where systemd is PID 1, its transient unit's, in lodger's instances' slice.
 fn assert_own_cgroup(f: &mut Fixture, pid: u32, key: &str) {
     let cg = cpuset_cgroup_of(pid);
-    if units() {
+    if instances_are_units() {
         let stats = f.inst().stats();
         let unit = stats
             .iter()
@@ -317,7 +312,7 @@ fn instances_run_on_their_cpus_with_their_threads_and_report() {
     for (index, cpus, threads) in [(0, "0", 1u32), (1, "1", 2)] {
         let st = stat_of(&stats, "j1", index);
         let pid = pid_of(&stats, "j1", index);
-        if units() {
+        if instances_are_units() {
             assert_eq!(st.cgroup, None);
             assert_own_cgroup(&mut f, pid, &format!("j1-{index}"));
         } else {
@@ -468,9 +463,13 @@ fn a_changed_spec_restarts_only_that_instance() {
         vec!["j4-1"]
     );
     assert!(out.started.is_empty() && out.moved.is_empty());
+    // Until its environment reads: a unit's main process is a shell until it execs the worker,
+    // and /proc/PID/environ reads empty during the exec.
     let stats = f.poll_until("j4-1 to restart", |s| {
         let i = stat_of(s, "j4", 1);
-        i.state == InstanceState::Running && i.pid.is_some_and(|p| p != p1)
+        i.state == InstanceState::Running
+            && i.pid
+                .is_some_and(|p| p != p1 && environ_var(p, "LODGER_BATCH").is_some())
     });
     let new1 = pid_of(&stats, "j4", 1);
     assert_eq!(environ_var(new1, "LODGER_BATCH").as_deref(), Some("4"));
@@ -490,7 +489,7 @@ fn a_changed_spec_restarts_only_that_instance() {
     let stats = f.inst().stats();
     assert_eq!(pid_of(&stats, "j4", 0), p0);
     assert_eq!(cpus_allowed(p0, p0).as_deref(), Some("1"));
-    if !units() {
+    if !instances_are_units() {
         let cg = format!("{}/j4-0", f.lodgers());
         let cg_cpus = std::fs::read_to_string(cgroup_dir(&cg).join("cpuset.cpus")).expect("cpus");
         assert_eq!(cg_cpus.trim(), "1");
@@ -525,7 +524,7 @@ fn a_changed_spec_restarts_only_that_instance() {
     // others stay.
     let j4_1 = format!("{}/j4-1", f.lodgers());
     assert_own_cgroup(&mut f, new1, "j4-1");
-    assert_eq!(cgroup_dir(&j4_1).is_dir(), !units());
+    assert_eq!(cgroup_dir(&j4_1).is_dir(), !instances_are_units());
     desired.remove(1);
     let out = f.inst().reconcile(&desired).expect("reconcile");
     assert_eq!(out.stopping.len(), 1);

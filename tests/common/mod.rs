@@ -94,6 +94,12 @@ pub fn wait_until_explained(
 
 pub const WAIT: Duration = Duration::from_secs(20);
 
+/// Whether lodgerd starts inference instances as systemd transient units on this host (systemd
+/// is PID 1 and its bus answers): lodgerd's own test, so the tests branch as it does.
+pub fn instances_are_units() -> bool {
+    lodger::enforce::instances::unit::systemd().is_some()
+}
+
 /// Waits for a bundled workload's `ready` line on its piped stdout, then keeps draining that pipe
 /// on a thread so the workload never blocks on a full pipe. Panics (naming `what`) when the
 /// workload exits first.

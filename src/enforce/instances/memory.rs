@@ -312,26 +312,17 @@ mod tests {
             MemoryPlacement::choose(root, CgroupVersion::V2, PinMethod::Affinity, &parent, None);
         assert!(matches!(p, MemoryPlacement::Off(_)), "{p:?}");
         // Units: the slice's events on v2, none on v1.
-        let p = MemoryPlacement::choose(
-            root,
-            CgroupVersion::V2,
-            PinMethod::Affinity,
-            &parent,
-            Some(&unit::Slices::of_parent("lodger")),
-        );
+        let slices = unit::Slices::of_parent("lodger");
+        let units = Some(&slices);
+        let p =
+            MemoryPlacement::choose(root, CgroupVersion::V2, PinMethod::Affinity, &parent, units);
         assert_eq!(
             p,
             MemoryPlacement::Units {
                 events: Some(root.join("lodger.slice/lodger-instances.slice/memory.events"))
             }
         );
-        let p = MemoryPlacement::choose(
-            root,
-            CgroupVersion::V1,
-            PinMethod::Cgroup,
-            &parent,
-            Some(&unit::Slices::of_parent("lodger")),
-        );
+        let p = MemoryPlacement::choose(root, CgroupVersion::V1, PinMethod::Cgroup, &parent, units);
         assert_eq!(p, MemoryPlacement::Units { events: None });
     }
 }
