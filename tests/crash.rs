@@ -226,8 +226,11 @@ fn lodgerd_killed_at_random_moments_loses_orphans_and_restarts_nothing() {
         HEARTBEAT_MS as f64 / 1000.0
     );
     // An anchor training job for the whole run: offline instances always have its core, so the
-    // sentinel is never planned away when online jobs take the leftover cores.
-    let anchor = Workload::train(1);
+    // sentinel is never planned away when online jobs take the leftover cores. Training jobs
+    // here are light ones: under emulation the default workload runs its SCHED_RR threads near
+    // the RT limit, and while lodgerd is down (no RT guard) three of them left the restarted
+    // lodgerd 5 % of the VM's CPUs; its start took over 20 s.
+    let anchor = Workload::light();
     let anchor_id = d.register_pid(anchor.pid(), 1);
     // The sentinel: a report-writing instance that runs the whole time.
     let sentinel = d.ctl_json(&[
@@ -282,7 +285,7 @@ fn lodgerd_killed_at_random_moments_loses_orphans_and_restarts_nothing() {
         for _ in 0..rng.int(1, 4) {
             match rng.int(0, 5) {
                 0 | 1 if workloads.len() < 3 => {
-                    let w = Workload::train(1);
+                    let w = Workload::light();
                     // Half of them multi-node: lodgerd shapes the link while one is registered.
                     let out = register_training(&d, w.pid(), rng.chance(0.5));
                     if let Some(id) = answered_id(&out) {
@@ -510,7 +513,7 @@ fn lodgerd_killed_at_random_moments_loses_orphans_and_restarts_nothing() {
                 d.ctl_ok(&["unregister", id]);
             }
         }
-        let w = Workload::train(1);
+        let w = Workload::light();
         let out = register_training(&d, w.pid(), true);
         let Some(id) = answered_id(&out) else {
             panic!(

@@ -337,21 +337,37 @@ impl Daemon {
         let bus = self.bus_address.clone();
         let child = self.child.as_mut().expect("child");
         let log = self.log.clone();
-        wait_until(WAIT, "lodgerd to own org.lodger1", || {
+        let deadline = Instant::now() + WAIT;
+        loop {
             if let Ok(Some(status)) = child.try_wait() {
                 panic!(
                     "lodgerd exited early ({status}):\n{}",
                     std::fs::read_to_string(&log).unwrap_or_default()
                 );
             }
-            Command::new("busctl")
+            let owned = Command::new("busctl")
                 .args(["--address", &bus, "status", "org.lodger1"])
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .status()
-                .map(|s| s.success())
-                .unwrap_or(false)
-        });
+                .is_ok_and(|s| s.success());
+            if owned {
+                return;
+            }
+            if Instant::now() >= deadline {
+                // The log's end: what the new lodgerd was doing instead of serving.
+                let text = std::fs::read_to_string(&log).unwrap_or_default();
+                let tail: Vec<&str> = text.lines().rev().take(80).collect();
+                let tail: Vec<&str> = tail.into_iter().rev().collect();
+                panic!(
+                    "timed out after {WAIT:?} waiting for lodgerd (pid {}) to own \
+                     org.lodger1; the end of its log:\n{}",
+                    child.id(),
+                    tail.join("\n")
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     pub fn restart(&mut self) {

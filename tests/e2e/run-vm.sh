@@ -8,6 +8,7 @@
 #   sudo tests/e2e/run-vm.sh                the whole test
 #   sudo tests/e2e/run-vm.sh --cargo-tests  instead, every root cargo test in the VM (below)
 #   sudo tests/e2e/run-vm.sh --image-only   only build (or find) the cached guest image
+#                                           (`--image-only --kubernetes`: the Debian 13 one)
 #   sudo tests/e2e/run-vm.sh --kubernetes   instead, lodger as an NRI plugin of a real containerd
 #                                           (tests/e2e/kube.sh; a Debian 13 guest, below)
 #
@@ -62,9 +63,15 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 repo=$(pwd)
 mode=${1:-packaged}
+image_only=0
+if [ "$mode" = --image-only ]; then
+    # The image of the mode named next (`--image-only --kubernetes`: the Debian 13 one).
+    image_only=1
+    mode=${2:-packaged}
+fi
 case $mode in
-packaged | --cargo-tests | --image-only | --kubernetes) ;;
-*) echo "usage: $0 [--cargo-tests | --image-only | --kubernetes]" >&2; exit 2 ;;
+packaged | --cargo-tests | --kubernetes) ;;
+*) echo "usage: $0 [--cargo-tests | --kubernetes | --image-only [--kubernetes]]" >&2; exit 2 ;;
 esac
 
 if [ "$mode" = --kubernetes ]; then suite=${LODGER_E2E_KUBE_SUITE:-trixie}; else
@@ -240,7 +247,7 @@ else
     say "guest image built in $(elapsed "$t") s"
     image_state=cold
 fi
-if [ "$mode" = --image-only ]; then
+if [ "$image_only" = 1 ]; then
     ls -l "$base"
     exit 0
 fi

@@ -268,8 +268,9 @@ impl super::host::Host {
                     Some(rest.split('/').next()?.to_string())
                 })
             });
-            // Its environment; for a process of one of lodger's units that lodgerd's sandbox may
-            // not read, what systemd gave the unit.
+            // Its environment; for a process of one of lodger's units without the mark, what
+            // systemd gave the unit: lodgerd's sandbox may not read the process's own, or systemd
+            // has forked it and not yet executed the wrapper (it still holds PID 1's).
             let environ = fs::read(dir.join("environ")).unwrap_or_default();
             let mut vars: Vec<String> = environ
                 .split(|&b| b == 0)
@@ -277,7 +278,7 @@ impl super::host::Host {
                 .filter(|v| !v.is_empty())
                 .map(str::to_string)
                 .collect();
-            if vars.is_empty() {
+            if !vars.contains(&mark) {
                 if let (Some(name), Some(systemd)) = (&unit, unit::systemd()) {
                     vars = unit_env
                         .entry(name.clone())

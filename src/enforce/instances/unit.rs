@@ -367,6 +367,7 @@ impl Systemd {
         report: &OwnedFd,
         output: Option<&OwnedFd>,
     ) -> Result<u32, String> {
+        self.wait_for_slice_jobs(&spec.slice);
         let props = properties(spec);
         let body: Vec<(&str, Value<'_>)> = props
             .iter()
@@ -386,12 +387,19 @@ impl Systemd {
             let unit: OwnedObjectPath = self
                 .call(MANAGER, PATH, "GetUnit", &(spec.name.as_str(),))
                 .map_err(|e| format!("{} is gone at start: {e}", spec.name))?;
-            let pid = self.property(&unit, "org.freedesktop.systemd1.Service", "MainPID");
-            if let Some(pid) = pid.and_then(|v| u32::try_from(v).ok()).filter(|&p| p != 0) {
-                return Ok(pid);
-            }
-            let state = self.property(&unit, "org.freedesktop.systemd1.Unit", "ActiveState");
-            if let Some(state) = state.and_then(|v| String::try_from(v).ok()) {
+            // `Type=exec`: the unit is activating until the wrapper has been executed. systemd
+            // names the main pid as soon as it has forked, while that process still carries
+            // PID 1's environment (not yet lodger's marks, which a restarted lodgerd adopts by):
+            // the pid is handed on only once the exec is done.
+            let state = self
+                .property(&unit, "org.freedesktop.systemd1.Unit", "ActiveState")
+                .and_then(|v| String::try_from(v).ok())
+                .unwrap_or_default();
+            if state != "activating" {
+                let pid = self.property(&unit, "org.freedesktop.systemd1.Service", "MainPID");
+                if let Some(pid) = pid.and_then(|v| u32::try_from(v).ok()).filter(|&p| p != 0) {
+                    return Ok(pid);
+                }
                 if state == "failed" || state == "inactive" {
                     return Err(format!(
                         "{} did not start ({state}; `journalctl -u {}` says why)",
@@ -406,6 +414,34 @@ impl Systemd {
                 ));
             }
             std::thread::sleep(STEP);
+        }
+    }
+
+    /// Waits (at most [`START_WAIT`]) until neither `instances_slice` nor the slice it is in
+    /// has a job pending: a stop of lodger's slices issued when the last instance went
+    /// ([`stop_slices`]) is finished before a new unit is started in them. Started while that
+    /// stop was still running, the new unit was stopped with the slice (seen in the VM suite:
+    /// a restarted instance that "did not start (inactive)").
+    fn wait_for_slice_jobs(&self, instances_slice: &str) {
+        let outer = instances_slice
+            .strip_suffix("-instances.slice")
+            .map(|p| format!("{p}.slice"));
+        let deadline = Instant::now() + START_WAIT;
+        for slice in std::iter::once(instances_slice).chain(outer.as_deref()) {
+            // Not loaded: nothing pending.
+            let Ok(unit) = self.call::<_, OwnedObjectPath>(MANAGER, PATH, "GetUnit", &(slice,))
+            else {
+                continue;
+            };
+            while Instant::now() < deadline {
+                let job = self
+                    .property(&unit, "org.freedesktop.systemd1.Unit", "Job")
+                    .and_then(|v| <(u32, OwnedObjectPath)>::try_from(v).ok());
+                match job {
+                    Some((id, _)) if id != 0 => std::thread::sleep(STEP),
+                    _ => break,
+                }
+            }
         }
     }
 
