@@ -168,12 +168,15 @@ fn slowed_training_halves_the_offline_hogs_beside_it_until_it_is_calm_again() {
     let mut d = daemon(&bus, dir.path(), &gpu_dir, reserved);
     let signals = ThrottledSignals::subscribe(&bus);
 
-    // Training: one loader with 12 ms of CPU per 20 ms emulated GPU step, on one core.
+    // Training: one loader with 6 ms of CPU per 20 ms emulated GPU step, on one core: 30 %,
+    // which the antagonist's 80 % below still starves. (With 12 ms, under emulation in the VM
+    // suite the job measured over 90 % of its CPU and the RT guard grew it to both job CPUs, so
+    // the antagonist on one of them no longer slowed it.)
     let w = Workload::train_with(
         1,
         &[
             "--batch-cpu-ms",
-            "12",
+            "6",
             "--publish-dir",
             gpu_dir.to_str().expect("utf-8"),
         ],
@@ -203,6 +206,21 @@ fn slowed_training_halves_the_offline_hogs_beside_it_until_it_is_calm_again() {
         &train,
         Duration::from_millis(SENSE_MS * BASELINE_TICKS * 3 / 2),
     );
+    // Alone, the loader (30 % of a CPU) keeps the emulated GPU busy most of the time (about 90 %
+    // here). Where it cannot (29 % measured under emulation in the VM suite, vCPUs oversubscribed
+    // by their host), training's progress is set by the machine, not by its CPU share, and the
+    // drop the antagonist causes below cannot be told from that noise.
+    if alone < 60.0 {
+        lodger::privileged::skip_hardware(
+            "contention_halves_offline_hogs",
+            &format!(
+                "training alone kept its emulated GPU {alone:.1} % busy (about 90 % on a machine \
+                 that runs it at speed): this machine's CPUs do not run it at speed \
+                 (oversubscribed or emulated vCPUs)"
+            ),
+        );
+        return;
+    }
 
     // The hogs, as an offline job: one single-thread instance per CPU, training's included
     // (where SCHED_RR pre-empts it). membw_hog does not report; the runner does not need it to.
