@@ -98,7 +98,7 @@ fn registration_latency(others: usize, light: bool) {
     );
     let sleepers: Vec<Sleeper> = (0..others).map(|_| Sleeper::start(10)).collect();
     let w = if light {
-        Workload::train_with(14, &["--batch-cpu-ms", "2", "--gpu-step-ms", "100"])
+        Workload::train_with(14, LIGHT)
     } else {
         Workload::train(14)
     };

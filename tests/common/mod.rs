@@ -337,36 +337,30 @@ impl Daemon {
         let bus = self.bus_address.clone();
         let child = self.child.as_mut().expect("child");
         let log = self.log.clone();
-        let deadline = Instant::now() + WAIT;
-        loop {
-            if let Ok(Some(status)) = child.try_wait() {
-                panic!(
-                    "lodgerd exited early ({status}):\n{}",
-                    std::fs::read_to_string(&log).unwrap_or_default()
-                );
-            }
-            let owned = Command::new("busctl")
-                .args(["--address", &bus, "status", "org.lodger1"])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success());
-            if owned {
-                return;
-            }
-            if Instant::now() >= deadline {
-                // The log's end: what the new lodgerd was doing instead of serving.
-                let text = std::fs::read_to_string(&log).unwrap_or_default();
-                let tail: Vec<&str> = text.lines().rev().take(80).collect();
-                let tail: Vec<&str> = tail.into_iter().rev().collect();
-                panic!(
-                    "timed out after {WAIT:?} waiting for lodgerd (pid {}) to own \
-                     org.lodger1; the end of its log:\n{}",
-                    child.id(),
-                    tail.join("\n")
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        let mut exited = None;
+        wait_until_explained(
+            WAIT,
+            "lodgerd to own org.lodger1",
+            || {
+                if let Ok(Some(status)) = child.try_wait() {
+                    exited = Some(status);
+                    return true;
+                }
+                Command::new("busctl")
+                    .args(["--address", &bus, "status", "org.lodger1"])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .status()
+                    .is_ok_and(|s| s.success())
+            },
+            // What the new lodgerd was doing instead of serving.
+            || std::fs::read_to_string(&log).unwrap_or_default(),
+        );
+        if let Some(status) = exited {
+            panic!(
+                "lodgerd exited early ({status}):\n{}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
         }
     }
 
@@ -667,6 +661,10 @@ pub fn two_job_cpus(test: &str) -> Option<(&'static str, [u32; 2])> {
     Some((reserved, [two[0], two[1]]))
 }
 
+/// The emulator's arguments for a light loader: 2 ms of CPU per 100-ms GPU step
+/// ([`Workload::light`]).
+pub const LIGHT: &[&str] = &["--batch-cpu-ms", "2", "--gpu-step-ms", "100"];
+
 /// A running training emulator with `workers` preprocessing threads.
 pub struct Workload {
     pub child: Child,
@@ -682,7 +680,7 @@ impl Workload {
     /// workload measures 90-95 % of its CPU, and the RT guard then grows the job by a core
     /// (tests/rt_guard.rs), moving the CPUs a test watches.
     pub fn light() -> Workload {
-        Self::train_with(1, &["--batch-cpu-ms", "2", "--gpu-step-ms", "100"])
+        Self::train_with(1, LIGHT)
     }
 
     /// The emulator with more arguments (e.g. `--publish-dir DIR`); a 20-ms GPU step unless

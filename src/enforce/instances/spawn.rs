@@ -264,7 +264,7 @@ impl Host {
             description: format!("lodger inference instance {key}"),
             instance: key.to_string(),
             job: spec.job.to_string(),
-            slice: self.slices.instances.clone(),
+            slices: self.slices.clone(),
             user: creds.user.clone(),
             gid,
             groups: groups.to_vec(),

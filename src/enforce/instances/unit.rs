@@ -92,8 +92,8 @@ pub struct UnitSpec {
     /// The instance key, for the journal field.
     pub instance: String,
     pub job: String,
-    /// The slice it runs in ([`Slices::instances`]).
-    pub slice: String,
+    /// lodger's slices: it runs in [`Slices::instances`].
+    pub slices: Slices,
     pub user: String,
     pub gid: u32,
     pub groups: Vec<u32>,
@@ -177,7 +177,7 @@ pub fn properties(spec: &UnitSpec) -> Vec<(&'static str, Prop)> {
     let mut props = vec![
         ("Description", s(&spec.description)),
         ("Type", s("exec")),
-        ("Slice", s(&spec.slice)),
+        ("Slice", s(&spec.slices.instances)),
         ("User", s(&spec.user)),
         ("Group", Prop::Str(spec.gid.to_string())),
         (
@@ -367,7 +367,7 @@ impl Systemd {
         report: &OwnedFd,
         output: Option<&OwnedFd>,
     ) -> Result<u32, String> {
-        self.wait_for_slice_jobs(&spec.slice);
+        self.wait_for_slice_jobs(&spec.slices);
         let props = properties(spec);
         let body: Vec<(&str, Value<'_>)> = props
             .iter()
@@ -417,19 +417,17 @@ impl Systemd {
         }
     }
 
-    /// Waits (at most [`START_WAIT`]) until neither `instances_slice` nor the slice it is in
-    /// has a job pending: a stop of lodger's slices issued when the last instance went
-    /// ([`stop_slices`]) is finished before a new unit is started in them. Started while that
-    /// stop was still running, the new unit was stopped with the slice (seen in the VM suite:
-    /// a restarted instance that "did not start (inactive)").
-    fn wait_for_slice_jobs(&self, instances_slice: &str) {
-        let outer = instances_slice
-            .strip_suffix("-instances.slice")
-            .map(|p| format!("{p}.slice"));
+    /// Waits (at most [`START_WAIT`]) until neither of lodger's slices has a job pending: a
+    /// stop of them issued when the last instance went ([`stop_slices`]) is finished before a
+    /// new unit is started in them. Started while that stop was still running, the new unit was
+    /// stopped with the slice (seen in the VM suite: a restarted instance that "did not start
+    /// (inactive)").
+    fn wait_for_slice_jobs(&self, slices: &Slices) {
         let deadline = Instant::now() + START_WAIT;
-        for slice in std::iter::once(instances_slice).chain(outer.as_deref()) {
+        for slice in [&slices.instances, &slices.outer] {
             // Not loaded: nothing pending.
-            let Ok(unit) = self.call::<_, OwnedObjectPath>(MANAGER, PATH, "GetUnit", &(slice,))
+            let Ok(unit) =
+                self.call::<_, OwnedObjectPath>(MANAGER, PATH, "GetUnit", &(slice.as_str(),))
             else {
                 continue;
             };
@@ -507,7 +505,7 @@ mod tests {
             description: "lodger instance job-0".into(),
             instance: "job-0".into(),
             job: "job".into(),
-            slice: Slices::of_parent("lodger").instances,
+            slices: Slices::of_parent("lodger"),
             user: "alice".into(),
             gid: 1001,
             groups: vec![1001, 27],
