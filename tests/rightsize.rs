@@ -30,6 +30,11 @@ fn daemon(
     )
 }
 
+/// The shrink test's training load: 4 ms of CPU per 40-ms GPU step, a tenth of a core on this
+/// host. At 4 ms per 20-ms step the VM suite's emulated guest measured 66 % of each of two CPUs
+/// and rightly kept both.
+const SHRINK_LOAD: &[&str] = &["--batch-cpu-ms", "4", "--gpu-step-ms", "40"];
+
 const TUNING: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// The two job CPUs as a cpulist.
@@ -62,23 +67,23 @@ fn a_job_with_too_many_cores_is_shrunk_and_the_core_is_lent_to_inference() {
     let gpu_dir = dir.path().join("gpu");
     let d = daemon(&bus, dir.path(), &gpu_dir, reserved);
     // Light CPU side: one loader easily keeps the emulated GPU busy on one core.
-    let w = Workload::train_with(
-        1,
-        &[
-            "--batch-cpu-ms",
-            "4",
-            "--publish-dir",
-            gpu_dir.to_str().expect("utf-8"),
-        ],
-    );
+    let mut args = SHRINK_LOAD.to_vec();
+    args.extend(["--publish-dir", gpu_dir.to_str().expect("utf-8")]);
+    let w = Workload::train_with(1, &args);
     let id = d.register_pid(w.pid(), 2);
     assert_eq!(d.job(&id)["cpus"], both(two).as_str());
     let job = settled(&d, &id);
-    assert_eq!(
-        job["cpus"].as_str().map(|c| cpus(c).len()),
-        Some(1),
-        "{job}"
-    );
+    if job["cpus"].as_str().map(|c| cpus(c).len()) != Some(1) {
+        // Shrinking is right only where one core really keeps the GPU as busy: if it does not
+        // for the same workload without lodger (checked now, the job gone), this machine is too
+        // slow for the test's premise; if it does, lodger failed.
+        drop(w);
+        if let Err(why) = one_core_suffices(1, SHRINK_LOAD, two) {
+            lodger::privileged::skip_hardware("rightsize_shrinks", &why);
+            return;
+        }
+        panic!("one core keeps this load's GPU as busy as two here, yet the job settled on CPUs {}: {job}", job["cpus"]);
+    }
     let probes = job["tuning"].as_array().map(|a| a.len()).unwrap_or(0);
     assert!((2..=6).contains(&probes), "windows: {job}");
     let cpus = job["cpus"].as_str().expect("cpus").to_string();
