@@ -216,9 +216,11 @@ fn a_slurm_training_job_is_pinned_inside_slurms_cpuset_and_released_by_the_epilo
     let mut cg = SlurmCgroup::create(&root, slurm_id, &both);
     let mut w = Workload::train(3);
     cg.attach(w.pid());
-    // In the step and bound before exec (not by taskset after it), so lodgerd never sees it
-    // unbound; in that order, as slurmstepd does (task/cgroup, then task/affinity): before
-    // Linux 6.2, joining a cpuset cgroup resets a task's affinity to the cgroup's CPUs.
+    // In the step and bound before exec (not by taskset after it), in that order, as
+    // slurmstepd does (task/cgroup, then task/affinity): before Linux 6.2, joining a cpuset
+    // cgroup resets a task's affinity to the cgroup's CPUs. Until its exec the child is named
+    // slurmstepd, as a task slurmstepd forked is, so a tick between the join and the binding
+    // leaves it alone (lodger skips Slurm's daemons) rather than take it for an unbound task.
     let mut bound = {
         use std::os::unix::ffi::OsStrExt;
         use std::os::unix::process::CommandExt;
@@ -231,11 +233,14 @@ fn a_slurm_training_job_is_pinned_inside_slurms_cpuset_and_released_by_the_epilo
         .expect("a path without NUL");
         let mut cmd = Command::new("sleep");
         cmd.arg("600");
-        // SAFETY: the closure only calls open, write and close on a path built before the
-        // fork ("0" moves the writer itself), then sched_setaffinity on a cpu_set_t it owns:
-        // all async-signal-safe; nothing allocates between fork and exec.
+        // SAFETY: the closure only calls prctl with a static name, open, write and close on a
+        // path built before the fork ("0" moves the writer itself), then sched_setaffinity on a
+        // cpu_set_t it owns: all async-signal-safe; nothing allocates between fork and exec.
         unsafe {
             cmd.pre_exec(move || {
+                if libc::prctl(libc::PR_SET_NAME, c"slurmstepd".as_ptr()) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
                 let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
                 if fd < 0 {
                     return Err(std::io::Error::last_os_error());
