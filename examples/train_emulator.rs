@@ -337,6 +337,11 @@ struct Progress {
     total_iter: Duration,
     total_gpu: Duration,
     window: VecDeque<Step>,
+    /// The GPU step under way (its start and length), counted as busy for as long as it has
+    /// run: without it a reading taken mid-step counted the step as idle, so the busy figure
+    /// swung by up to one step per window with the phase of the reading (3 % between two
+    /// right-sizing windows at 100-ms steps, which a right-sizer rightly takes for a loss).
+    current: Option<(Instant, Duration)>,
 }
 
 impl Progress {
@@ -347,10 +352,12 @@ impl Progress {
             total_iter: Duration::ZERO,
             total_gpu: Duration::ZERO,
             window: VecDeque::new(),
+            current: None,
         }
     }
 
     fn record(&mut self, step: Step) {
+        self.current = None;
         self.iterations += 1;
         self.total_iter += step.iter;
         self.total_gpu += step.gpu;
@@ -369,8 +376,9 @@ impl Progress {
     }
 
     /// (iterations per second, mean iteration ms, GPU busy fraction) over the last window.
-    /// The window's wall time runs from the start of its first iteration to `now`, so a
-    /// dispatcher stalled on data right now shows up as falling GPU busy.
+    /// The window's wall time runs from the start of its first iteration to `now`, and the GPU
+    /// step under way counts for as long as it has run, so a dispatcher stalled on data right
+    /// now shows up as falling GPU busy.
     fn recent(&mut self, now: Instant) -> (f64, f64, f64) {
         self.prune(now);
         let Some(first) = self.window.front() else {
@@ -382,7 +390,10 @@ impl Progress {
         }
         let count = self.window.len() as f64;
         let iter: Duration = self.window.iter().map(|s| s.iter).sum();
-        let gpu: Duration = self.window.iter().map(|s| s.gpu).sum();
+        let under_way = self.current.map_or(Duration::ZERO, |(since, step)| {
+            now.saturating_duration_since(since).min(step)
+        });
+        let gpu: Duration = self.window.iter().map(|s| s.gpu).sum::<Duration>() + under_way;
         (
             count / span,
             iter.as_secs_f64() * 1e3 / count,
@@ -494,6 +505,7 @@ impl Dispatch {
             consumed += host.work(self.dispatch_work);
             // The GPU step. The GPU is busy for exactly this long; any lateness in waking up
             // afterwards is CPU-side delay, during which a real GPU would sit idle.
+            lock(&self.progress).current = Some((Instant::now(), self.gpu_step));
             if !gpu_wait(self.gpu_step) {
                 // Stopped mid-step: the iteration did not finish.
                 break;

@@ -1025,14 +1025,9 @@ pub fn second_core_speeds_up(workers: u32, args: &[&str], cpus: [u32; 2]) -> Res
         Ok(())
     } else {
         Err(format!(
-            "a second CPU barely speeds the emulator up here (without lodger: GPU busy \
-             {:.1} % on CPU {}, {:.1} % on CPUs {} and {}, under 1.35x): this machine's CPUs do \
-             not run independently (an emulated guest's vCPUs sharing fewer host CPUs)",
-            100.0 * one,
-            cpus[0],
-            100.0 * two,
-            cpus[0],
-            cpus[1]
+            "a second CPU barely speeds the emulator up here ({}, under 1.35x): this machine's \
+             CPUs do not run independently (an emulated guest's vCPUs sharing fewer host CPUs)",
+            busy_figures(one, two, cpus)
         ))
     }
 }
@@ -1047,14 +1042,21 @@ pub fn one_core_suffices(workers: u32, args: &[&str], cpus: [u32; 2]) -> Result<
         Ok(())
     } else {
         Err(format!(
-            "one CPU is too slow for the emulator's light load here (without lodger: GPU busy \
-             {:.1} % on CPU {}, {:.1} % on CPUs {} and {}, more than 5 % apart): a second core \
-             is rightly kept on this machine",
-            100.0 * one,
-            cpus[0],
-            100.0 * two,
-            cpus[0],
-            cpus[1]
+            "one CPU is too slow for the emulator's light load here ({}, more than 5 % apart): \
+             a second core is rightly kept on this machine",
+            busy_figures(one, two, cpus)
         ))
     }
+}
+
+/// `busy_on_one_and_two`'s figures in words, for a premise check's reason.
+fn busy_figures(one: f64, two: f64, cpus: [u32; 2]) -> String {
+    format!(
+        "without lodger: GPU busy {:.1} % on CPU {}, {:.1} % on CPUs {} and {}",
+        100.0 * one,
+        cpus[0],
+        100.0 * two,
+        cpus[0],
+        cpus[1]
+    )
 }
