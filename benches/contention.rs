@@ -120,7 +120,7 @@ impl Drop for Proc {
 struct Bench {
     dir: tempfile::TempDir,
     seq: u32,
-    work_units: u32,
+    work_units: f64,
     window: Duration,
 }
 

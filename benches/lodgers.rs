@@ -131,7 +131,7 @@ struct Bench {
     dir: tempfile::TempDir,
     seq: u32,
     /// `--work-per-batch` for the emulator, calibrated once.
-    work_units: u32,
+    work_units: f64,
     window: Duration,
     rounds: u32,
 }

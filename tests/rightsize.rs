@@ -36,9 +36,10 @@ fn daemon(
 /// the moment its GPU step ends, and one core keeps the GPU exactly as busy as two. A lighter
 /// loader (2 ms per step) is taken for a latency thread at the dispatch thread's priority; on
 /// one core the dispatch thread then waits behind its batches now and then, and measured 0.5 %
-/// less GPU busy than on two, which lodger (tolerance 0) rightly called starved. In the VM
-/// suite's emulated guest one unit of the emulator's work takes 18-28 ms, so the load is far
-/// heavier there: the baseline check below tells that apart.
+/// less GPU busy than on two, which lodger (tolerance 0) rightly called starved. The emulator
+/// calibrates its work to the row (1/64 of a unit), so the load costs 12 ms per batch in the VM
+/// suite's emulated guest too, where one whole unit takes 18-28 ms; a machine whose CPUs were
+/// too slow for it while lodger measured is told apart by the baseline check below.
 const SHRINK_LOAD: &[&str] = &["--batch-cpu-ms", "12"];
 
 /// The emulated GPU's busy share (%) below which the shrink test's two-core baseline shows the
@@ -102,8 +103,7 @@ fn a_job_with_too_many_cores_is_shrunk_and_the_core_is_lent_to_inference() {
                     "the shrink test's load kept its emulated GPU only {baseline:.1} % busy on \
                      two cores while lodger measured them (about 94 % where the CPUs run it at \
                      speed, {SHRINK_BASELINE_MIN_PERCENT} % needed): this machine's CPUs were \
-                     too slow for the test's premise then (an emulated guest, where one unit of \
-                     the emulator's work takes about 20 ms); windows: {}",
+                     too slow for the test's premise then; windows: {}",
                     job["tuning"]
                 ),
             );

@@ -71,9 +71,9 @@ pub fn load_average() -> String {
         .unwrap_or_default()
 }
 
-/// `--work-per-batch` that costs `batch_cpu_ms` of CPU on `cpu` with the emulator's `extra`
-/// options (the emulator's own calibration, one iteration).
-pub fn calibrate(cpu: &str, batch_cpu_ms: u64, extra: &[&str]) -> u32 {
+/// `--work-per-batch` (units, to the row) that costs `batch_cpu_ms` of CPU on `cpu` with the
+/// emulator's `extra` options (the emulator's own calibration, one iteration).
+pub fn calibrate(cpu: &str, batch_cpu_ms: u64, extra: &[&str]) -> f64 {
     let out = Command::new("taskset")
         .args(["-c", cpu])
         .arg(crate::common::example("train_emulator"))

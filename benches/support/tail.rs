@@ -207,7 +207,7 @@ fn stall_sampler(pid: u32, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<(u3
 }
 
 /// The training emulator with `units` of work per batch, on `cpus` (None: anywhere), RR or not.
-fn train(b: &mut Bench, units: u32, cpus: Option<&str>, rr: bool) -> Proc {
+fn train(b: &mut Bench, units: f64, cpus: Option<&str>, rr: bool) -> Proc {
     let report = b.path("tail-train.jsonl");
     let mut child = command(&example("train_emulator"), cpus, rr)
         .args(["--workers", "1", "--gpu-step-ms", &TAIL_GPU_MS.to_string()])
@@ -310,7 +310,7 @@ fn wait_enforced(d: &Daemon, id: &str) -> String {
     d.job(id)["cpus"].as_str().unwrap_or("").to_string()
 }
 
-fn one(b: &mut Bench, bus: &PrivateBus, arr: Arr, units: u32, window: Duration) -> Window {
+fn one(b: &mut Bench, bus: &PrivateBus, arr: Arr, units: f64, window: Duration) -> Window {
     match arr {
         Arr::AloneOther | Arr::AloneRr => {
             let t = train(b, units, Some(TRAIN_CPU), arr == Arr::AloneRr);

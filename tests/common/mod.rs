@@ -1034,8 +1034,7 @@ pub fn second_core_speeds_up(workers: u32, args: &[&str], cpus: [u32; 2]) -> Res
 
 /// Whether one core keeps the emulator as busy as two here now (`busy_on_one_and_two`): `Err`
 /// with the figures when one CPU leaves it more than 5 % less busy, as where the CPUs are too
-/// slow for the workload (in an emulated guest one unit of the emulator's work takes 13-20
-/// times as long as on this host): there a second core is rightly kept.
+/// slow for the workload: there a second core is rightly kept.
 pub fn one_core_suffices(workers: u32, args: &[&str], cpus: [u32; 2]) -> Result<(), String> {
     let (one, two) = busy_on_one_and_two(workers, args, cpus);
     if one >= 0.95 * two && one > 0.0 {

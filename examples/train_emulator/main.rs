@@ -32,7 +32,7 @@
 //!   {"pid":4242,"gpu":0,"busy":0.981,"iters_per_s":48.7,"updated_unix_ms":1764000000123}
 //!
 //! Build with `--release` for numbers worth comparing; a debug build does ~10x more CPU work
-//! per unit.
+//! per unit. The work itself, and its calibration, are in `work.rs`.
 
 use std::collections::VecDeque;
 use std::fs::File;
@@ -47,18 +47,14 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use lodger::rng::Rng;
 use lodger::sense::gpu::{
     remove_emulated_record, write_emulated_record, EmulatedGpuRecord, EMULATED_GPU_DIR_ENV,
 };
 use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
 
-/// Side of the square "image" one unit of work processes.
-const IMAGE_SIDE: usize = 64;
-/// With `--loader-mib`: bytes of a sample one unit augments and shrinks to one pixel of its
-/// image (four cache lines), so a sample is 1 MiB: a decoded 600x600 RGB picture, roughly.
-const BYTES_PER_PIXEL: usize = 256;
-const SAMPLE_BYTES: usize = IMAGE_SIDE * IMAGE_SIDE * BYTES_PER_PIXEL;
+mod work;
+use work::{Preprocessor, Work};
+
 const MIB: usize = 1 << 20;
 /// The window `gpu_busy` and the per-second summary are computed over.
 const WINDOW: Duration = Duration::from_secs(1);
@@ -76,15 +72,21 @@ struct Args {
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=1024))]
     workers: u32,
     /// CPU work per batch, in units; one unit generates, normalizes and convolves one 64x64
-    /// image. Default: calibrated at start so a batch costs --batch-cpu-ms of CPU time.
-    #[arg(long, value_name = "UNITS", value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
-    work_per_batch: Option<u32>,
+    /// image, a row at a time, so fractions down to one row (1/64) count. Default: calibrated
+    /// at start so a batch costs --batch-cpu-ms of CPU time.
+    #[arg(long, value_name = "UNITS", value_parser = work::parse_batch_units)]
+    work_per_batch: Option<Work>,
     /// CPU time per batch to calibrate to when --work-per-batch is not given, in milliseconds.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=60_000))]
     batch_cpu_ms: u64,
     /// Host-side work of the dispatch thread per step (kernel launches), in the same units.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(0..=100_000))]
-    dispatch_work: u32,
+    /// Default: calibrated at start so a step costs --dispatch-cpu-us of CPU time.
+    #[arg(long, value_name = "UNITS", value_parser = work::parse_dispatch_units)]
+    dispatch_work: Option<Work>,
+    /// CPU time of the dispatch thread per step to calibrate to when --dispatch-work is not
+    /// given, in microseconds (to the nearest row of work, so possibly none on a slow machine).
+    #[arg(long, default_value_t = 150, value_parser = clap::value_parser!(u64).range(0..=60_000_000))]
+    dispatch_cpu_us: u64,
     /// Duration of the emulated GPU step, in milliseconds.
     #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(0..=600_000))]
     gpu_step_ms: u64,
@@ -195,126 +197,6 @@ fn install_signal_handlers() -> nix::Result<()> {
         sigaction(Signal::SIGUSR2, &usr2)?;
     }
     Ok(())
-}
-
-/// With `--loader-mib`: a loader's samples in memory, which it decodes and augments in place.
-struct SampleRing {
-    bytes: Vec<u8>,
-    /// Where the next sample starts.
-    next: usize,
-}
-
-impl SampleRing {
-    fn new(bytes: usize, rng: &mut Rng) -> Self {
-        // Written once here, so every page is real memory before the first batch.
-        let mut bytes = vec![0u8; bytes.max(SAMPLE_BYTES)];
-        for chunk in bytes.chunks_mut(8) {
-            let random = rng.next_u64().to_le_bytes();
-            chunk.copy_from_slice(&random[..chunk.len()]);
-        }
-        Self { bytes, next: 0 }
-    }
-
-    /// Augments the next sample in place (a brightness jitter: every byte is read and written
-    /// back) and shrinks it into `image`, one pixel per 256 bytes. The sample comes through the
-    /// memory system in both directions, sequentially (the prefetchers help, as they do for a
-    /// real loader), and dominates the unit's cost.
-    fn augment_next(&mut self, jitter: u8, image: &mut [u8]) {
-        if self.next + SAMPLE_BYTES > self.bytes.len() {
-            self.next = 0;
-        }
-        let sample = &mut self.bytes[self.next..self.next + SAMPLE_BYTES];
-        self.next += SAMPLE_BYTES;
-        for (pixel, block) in image
-            .iter_mut()
-            .zip(sample.chunks_exact_mut(BYTES_PER_PIXEL))
-        {
-            let mut sum = 0u8;
-            for b in block.iter_mut() {
-                *b = b.wrapping_add(jitter);
-                sum = sum.wrapping_add(*b);
-            }
-            *pixel = sum;
-        }
-    }
-}
-
-/// One loader's buffers, reused across batches as a real loader reuses its pinned buffers.
-struct Preprocessor {
-    rng: Rng,
-    samples: Option<SampleRing>,
-    raw: Vec<u8>,
-    normalized: Vec<f32>,
-    convolved: Vec<f32>,
-}
-
-impl Preprocessor {
-    /// `sample_bytes`: the size of its sample ring (`--loader-mib`), if it has one.
-    fn new(seed: u64, sample_bytes: Option<usize>) -> Self {
-        let pixels = IMAGE_SIDE * IMAGE_SIDE;
-        let mut rng = Rng::scrambled(seed);
-        Self {
-            samples: sample_bytes.map(|bytes| SampleRing::new(bytes, &mut rng)),
-            rng,
-            raw: vec![0; pixels],
-            normalized: vec![0.0; pixels],
-            convolved: vec![0.0; pixels],
-        }
-    }
-
-    /// Decodes (here: generates, or augments and shrinks from the sample ring) the next raw
-    /// image.
-    fn decode(&mut self) {
-        match &mut self.samples {
-            Some(ring) => {
-                let jitter = self.rng.next_u64().to_le_bytes()[0];
-                ring.augment_next(jitter, &mut self.raw);
-            }
-            None => {
-                for chunk in self.raw.chunks_mut(8) {
-                    let bytes = self.rng.next_u64().to_le_bytes();
-                    chunk.copy_from_slice(&bytes[..chunk.len()]);
-                }
-            }
-        }
-    }
-
-    /// One unit: decode an image, normalize it, convolve it with a 3x3 kernel, and reduce it to
-    /// a checksum the consumer uses.
-    fn unit(&mut self) -> f32 {
-        self.decode();
-        // ImageNet-style normalization: (x / 255 - mean) / std.
-        const MEAN: f32 = 0.449;
-        const STD: f32 = 0.226;
-        for (out, &byte) in self.normalized.iter_mut().zip(&self.raw) {
-            *out = (f32::from(byte) / 255.0 - MEAN) / STD;
-        }
-        // A sharpening kernel over the interior.
-        const KERNEL: [[f32; 3]; 3] = [[0.0, -1.0, 0.0], [-1.0, 5.0, -1.0], [0.0, -1.0, 0.0]];
-        let n = IMAGE_SIDE;
-        let mut sum = 0.0f32;
-        for y in 1..n - 1 {
-            for x in 1..n - 1 {
-                let mut acc = 0.0f32;
-                for (ky, row) in KERNEL.iter().enumerate() {
-                    let base = (y + ky - 1) * n + x - 1;
-                    for (kx, &k) in row.iter().enumerate() {
-                        acc += k * self.normalized[base + kx];
-                    }
-                }
-                // ReLU, as the first layer of a network would apply.
-                let v = acc.max(0.0);
-                self.convolved[y * n + x] = v;
-                sum += v;
-            }
-        }
-        black_box(&self.convolved);
-        sum / (n * n) as f32
-    }
-
-    fn work(&mut self, units: u32) -> f32 {
-        (0..units).map(|_| self.unit()).sum()
-    }
 }
 
 /// A preprocessed batch, handed from a loader to the dispatch thread.
@@ -451,7 +333,7 @@ fn escape_placement() {
 
 fn spawn_loader(
     id: usize,
-    units: u32,
+    work: Work,
     escape: bool,
     sample_bytes: Option<usize>,
     tx: SyncSender<Batch>,
@@ -467,7 +349,7 @@ fn spawn_loader(
             let mut pre = Preprocessor::new(u64::try_from(id).unwrap_or(0) + 1, sample_bytes);
             running.fetch_add(1, Ordering::SeqCst);
             while !STOP.load(Ordering::Relaxed) {
-                let checksum = pre.work(units);
+                let checksum = pre.work(work);
                 // Blocks while the queue is full; fails once the dispatch thread is gone.
                 if tx.send(Batch { checksum }).is_err() {
                     break;
@@ -479,7 +361,7 @@ fn spawn_loader(
 struct Dispatch {
     rx: Receiver<Batch>,
     gpu_step: Duration,
-    dispatch_work: u32,
+    dispatch_work: Work,
     iterations: u64,
     report: Option<(PathBuf, BufWriter<File>)>,
     progress: Arc<Mutex<Progress>>,
@@ -566,46 +448,6 @@ fn gpu_wait(step: Duration) -> bool {
     }
 }
 
-/// CPU time this thread has used. Calibration measures CPU time, not wall time, so that a
-/// busy node at start does not change how much work a unit is taken to be.
-fn thread_cpu_time() -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec for the duration of the call.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    if rc != 0 {
-        return Duration::ZERO;
-    }
-    let secs = u64::try_from(ts.tv_sec).unwrap_or(0);
-    let nanos = u32::try_from(ts.tv_nsec).unwrap_or(0);
-    Duration::new(secs, nanos)
-}
-
-/// Units of work that cost about `target` of CPU time on this machine and build.
-fn calibrate(target: Duration, sample_bytes: Option<usize>) -> (u32, Duration) {
-    let mut pre = Preprocessor::new(u64::MAX, sample_bytes);
-    let budget = Duration::from_millis(50);
-    let start = thread_cpu_time();
-    let wall = Instant::now();
-    let mut units: u32 = 0;
-    // Wall-clock guard: if the CPU clock is unavailable (reads zero), stop anyway.
-    while (thread_cpu_time() - start < budget && wall.elapsed() < 4 * budget) || units < 3 {
-        black_box(pre.unit());
-        units += 1;
-    }
-    let spent = (thread_cpu_time() - start).max(wall.elapsed().min(budget / 10));
-    let per_unit = spent / units;
-    let wanted = target.as_nanos() / per_unit.as_nanos().max(1);
-    (
-        u32::try_from(wanted)
-            .unwrap_or(u32::MAX)
-            .clamp(1, 1_000_000),
-        per_unit,
-    )
-}
-
 fn wait_for(running: &AtomicUsize, want: usize) -> bool {
     let deadline = Instant::now() + Duration::from_secs(10);
     while running.load(Ordering::SeqCst) < want {
@@ -649,16 +491,34 @@ fn run(args: &Args) -> Result<(), String> {
         None => None,
     };
     let work_per_batch = match args.work_per_batch {
-        Some(units) => units,
+        Some(work) => work,
         None => {
-            let target = Duration::from_millis(args.batch_cpu_ms);
-            let (units, per_unit) = calibrate(target, sample_bytes);
+            let per_row = work::row_cost(sample_bytes);
+            let work = work::work_for(Duration::from_millis(args.batch_cpu_ms), per_row, 1);
             println!(
-                "calibrated work_per_batch={units} ({:.1} us per unit, ~{} ms CPU per batch)",
-                per_unit.as_secs_f64() * 1e6,
+                "calibrated work_per_batch={} ({} rows; {:.1} us per row, ~{} ms CPU per batch)",
+                work.units(),
+                work.rows,
+                per_row.as_secs_f64() * 1e6,
                 args.batch_cpu_ms
             );
-            units
+            work
+        }
+    };
+    // The dispatcher's host-side work stays in the caches (no sample ring).
+    let dispatch_work = match args.dispatch_work {
+        Some(work) => work,
+        None => {
+            let per_row = work::row_cost(None);
+            let work = work::work_for(Duration::from_micros(args.dispatch_cpu_us), per_row, 0);
+            println!(
+                "calibrated dispatch_work={} ({} rows; {:.1} us per row, ~{} us CPU per step)",
+                work.units(),
+                work.rows,
+                per_row.as_secs_f64() * 1e6,
+                args.dispatch_cpu_us
+            );
+            work
         }
     };
 
@@ -687,7 +547,7 @@ fn run(args: &Args) -> Result<(), String> {
     let dispatch = Dispatch {
         rx,
         gpu_step: Duration::from_millis(args.gpu_step_ms),
-        dispatch_work: args.dispatch_work,
+        dispatch_work,
         iterations: args.iterations,
         report,
         progress: progress.clone(),
