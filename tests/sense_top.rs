@@ -440,18 +440,21 @@ fn per_job_network_of_a_job_in_its_own_namespace() {
         "nud",
         "permanent"
     ]));
-    // The job: UDP datagrams to that neighbour (sent all the same).
-    let mut job = std::process::Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            &ns,
-            "bash",
-            "-c",
-            "while true; do echo lodger-lodger-lodger > /dev/udp/10.79.0.2/9; sleep 0.01; done",
-        ])
-        .spawn()
-        .expect("spawn the job");
+    // The job: UDP datagrams to that neighbour (sent all the same). Killed when the test ends,
+    // however it ends.
+    let mut job = Workload::adopt(
+        std::process::Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &ns,
+                "bash",
+                "-c",
+                "while true; do echo lodger-lodger-lodger > /dev/udp/10.79.0.2/9; sleep 0.01; done",
+            ])
+            .spawn()
+            .expect("spawn the job"),
+    );
     let host_job = Workload::train(1);
 
     let bus = PrivateBus::start();
@@ -465,7 +468,7 @@ fn per_job_network_of_a_job_in_its_own_namespace() {
             ..DaemonOptions::default()
         },
     );
-    let id = d.register_pid(job.id(), 1);
+    let id = d.register_pid(job.pid(), 1);
     let host_id = d.register_pid(host_job.pid(), 1);
     let deadline = std::time::Instant::now() + WAIT;
     let (own, host) = loop {
@@ -490,8 +493,7 @@ fn per_job_network_of_a_job_in_its_own_namespace() {
         );
         std::thread::sleep(std::time::Duration::from_millis(200));
     };
-    let _ = job.kill();
-    let _ = job.wait();
+    job.kill();
     // Each datagram is at least 42 bytes on the wire and the job sends tens per second.
     let tx = own["net_tx_bytes_per_s"].as_f64().unwrap_or(0.0);
     assert!(tx > 100.0, "{own}");

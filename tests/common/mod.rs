@@ -703,6 +703,12 @@ impl Workload {
         Workload { child }
     }
 
+    /// A process the test spawned itself, killed and reaped when dropped like any workload (a
+    /// failed assertion included), so that a failing test leaves nothing running.
+    pub fn adopt(child: std::process::Child) -> Workload {
+        Workload { child }
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
