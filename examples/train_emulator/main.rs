@@ -490,37 +490,21 @@ fn run(args: &Args) -> Result<(), String> {
         ),
         None => None,
     };
-    let work_per_batch = match args.work_per_batch {
-        Some(work) => work,
-        None => {
-            let per_row = work::row_cost(sample_bytes);
-            let work = work::work_for(Duration::from_millis(args.batch_cpu_ms), per_row, 1);
-            println!(
-                "calibrated work_per_batch={} ({} rows; {:.1} us per row, ~{} ms CPU per batch)",
-                work.units(),
-                work.rows,
-                per_row.as_secs_f64() * 1e6,
-                args.batch_cpu_ms
-            );
-            work
-        }
-    };
-    // The dispatcher's host-side work stays in the caches (no sample ring).
-    let dispatch_work = match args.dispatch_work {
-        Some(work) => work,
-        None => {
-            let per_row = work::row_cost(None);
-            let work = work::work_for(Duration::from_micros(args.dispatch_cpu_us), per_row, 0);
-            println!(
-                "calibrated dispatch_work={} ({} rows; {:.1} us per row, ~{} us CPU per step)",
-                work.units(),
-                work.rows,
-                per_row.as_secs_f64() * 1e6,
-                args.dispatch_cpu_us
-            );
-            work
-        }
-    };
+    let work_per_batch = work::given_or_calibrated(
+        args.work_per_batch,
+        "work_per_batch",
+        Duration::from_millis(args.batch_cpu_ms),
+        sample_bytes,
+        1,
+    );
+    // The dispatcher's host-side work stays in the caches (no sample ring), and may be none.
+    let dispatch_work = work::given_or_calibrated(
+        args.dispatch_work,
+        "dispatch_work",
+        Duration::from_micros(args.dispatch_cpu_us),
+        None,
+        0,
+    );
 
     let queue_depth = usize::try_from(args.queue_depth).map_err(|e| e.to_string())?;
     let (tx, rx) = mpsc::sync_channel::<Batch>(queue_depth);

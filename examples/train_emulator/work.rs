@@ -254,6 +254,31 @@ pub fn work_for(target: Duration, per_row: Duration, min_rows: u64) -> Work {
     }
 }
 
+/// `given`, or else the work that costs about `target` of CPU here (at least `min_rows`),
+/// measured now and said on stdout as `calibrated NAME=UNITS (...)` (the benches read
+/// `work_per_batch=` back).
+pub fn given_or_calibrated(
+    given: Option<Work>,
+    name: &str,
+    target: Duration,
+    sample_bytes: Option<usize>,
+    min_rows: u64,
+) -> Work {
+    if let Some(work) = given {
+        return work;
+    }
+    let per_row = row_cost(sample_bytes);
+    let work = work_for(target, per_row, min_rows);
+    println!(
+        "calibrated {name}={} ({} rows; {:.1} us per row, ~{} us of CPU)",
+        work.units(),
+        work.rows,
+        per_row.as_secs_f64() * 1e6,
+        target.as_micros()
+    );
+    work
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
