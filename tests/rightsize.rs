@@ -44,7 +44,8 @@ const SHRINK_LOAD: &[&str] = &["--batch-cpu-ms", "12"];
 
 /// The emulated GPU's busy share (%) below which the shrink test's two-core baseline shows the
 /// CPUs too slow, while it ran, for its premise (one core keeps the GPU busy): on a machine
-/// that runs this load at speed it is about 94 % (the dispatch thread's own work, a debug build).
+/// that runs this load at speed it is about 97 % (here, `--workers 1`, a debug build; the rest is
+/// the dispatch thread's own work and its wake-ups).
 const SHRINK_BASELINE_MIN_PERCENT: f64 = 90.0;
 
 const TUNING: std::time::Duration = std::time::Duration::from_secs(120);
@@ -101,7 +102,7 @@ fn a_job_with_too_many_cores_is_shrunk_and_the_core_is_lent_to_inference() {
                 "rightsize_shrinks",
                 &format!(
                     "the shrink test's load kept its emulated GPU only {baseline:.1} % busy on \
-                     two cores while lodger measured them (about 94 % where the CPUs run it at \
+                     two cores while lodger measured them (about 97 % where the CPUs run it at \
                      speed, {SHRINK_BASELINE_MIN_PERCENT} % needed): this machine's CPUs were \
                      too slow for the test's premise then; windows: {}",
                     job["tuning"]
