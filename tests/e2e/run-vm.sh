@@ -328,7 +328,10 @@ smp_args=(-smp 4 -m 2048)
 shape="4 vCPUs: one socket, 4 cores, one NUMA node"
 elif [ "$mode" = --kubernetes ]; then
 say "building the package and the training emulator"
-deb=$(scripts/package | head -n 1)
+# All of its output read, then the first line: `| head -n 1` could exit before the second
+# line is written, and under pipefail the SIGPIPE ended this script (exit 141; a CI run here).
+packages=$(scripts/package)
+deb=$(head -n 1 <<<"$packages")
 cargo build --release --locked --quiet --example train_emulator
 run="$target/e2e-kube-run"
 rm -rf "$run"
