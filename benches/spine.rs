@@ -4,13 +4,17 @@
 //!    for each, the time until `RegisterJob` returns and until every thread is seen SCHED_RR on
 //!    its cpuset (read from /proc by this process), p50/p99, beside 200 `GetStatus` round trips
 //!    and lodgerd's own phases (its debug log); then the same with 50 jobs registered, on the
-//!    64-CPU fixture under `--sim` (this machine cannot place 50 training jobs).
+//!    64-CPU fixture under `--sim` (this machine cannot place 50 training jobs). The bus daemon
+//!    and the caller run on the reserved CPU, as a node's system services do (`Housekeeping`);
+//!    one more run leaves them anywhere, for comparison.
 //! 2. Enforcement cost per tick, real kernel: 50 jobs of 4 threads, 10 of 50 and 10 of 200, held
 //!    by one `Enforcer`, with every thread listed every tick (the baseline) and with the kernel's
 //!    process events (issue 21), in the same run.
 //! 3. lodgerd idle over 60 s: CPU time and RSS with 50 registered jobs (simulated enforcement on
 //!    the 64-CPU fixture topology, since this 2-CPU machine cannot host 50 placements) against the
 //!    same lodgerd with no job.
+//!
+//! `LODGER_BENCH_ONLY=registration|enforcement|idle` runs one part.
 #[path = "../tests/common/mod.rs"]
 mod common;
 #[path = "support/sleeper.rs"]
@@ -75,7 +79,7 @@ fn p50_p99(xs: &mut [Duration]) -> (f64, f64) {
 /// all) instead of the emulator's default 10 ms per 20-ms step; the default keeps both of this
 /// machine's CPUs busy enough that the bus and lodgerd wait behind its loaders now and then,
 /// which the `GetStatus` baseline shows too.
-fn registration_latency(others: usize, light: bool) {
+fn registration_latency(others: usize, light: bool, housekeeping: bool) {
     let bus = PrivateBus::start();
     let dir = tempfile::tempdir().expect("tempdir");
     let sim = others > 0;
@@ -105,6 +109,8 @@ fn registration_latency(others: usize, light: bool) {
     let pid = w.pid();
     let threads = tids(pid).len();
     let (rt, proxy) = bus.manager();
+    // After the workload started, so its threads keep every CPU.
+    let _confined = housekeeping.then(|| Housekeeping::confine(&[bus.pid()]));
     let spec = |pid: u32| {
         let mut spec: HashMap<&str, Value<'_>> = HashMap::new();
         spec.insert("kind", Value::from("training"));
@@ -155,7 +161,12 @@ fn registration_latency(others: usize, light: bool) {
     } else {
         "the emulator's default load"
     };
-    println!("registration of a {threads}-thread process ({load}), 200 runs, {shape}:");
+    let placed = if housekeeping {
+        "bus daemon and caller on the reserved CPU 0"
+    } else {
+        "bus daemon and caller on any CPU"
+    };
+    println!("registration of a {threads}-thread process ({load}), 200 runs, {shape}, {placed}:");
     println!("  GetStatus round trip p50 {s50:.2} ms p99 {s99:.2} ms (the baseline)");
     print!("  RegisterJob returned p50 {r50:.2} ms p99 {r99:.2} ms ({:.1}x GetStatus's p99; targets p99 <= 5 ms: {}, <= 10x: {})",
         r99 / s99,
@@ -168,23 +179,48 @@ fn registration_latency(others: usize, light: bool) {
         let (a50, a99) = p50_p99(&mut to_all_rr);
         println!("; every thread RR on its cpuset p50 {a50:.2} ms p99 {a99:.2} ms");
     }
-    // lodgerd's own phases: `registration timing: plan A us, pending B us, enforce C us, state D us`.
-    let mut phases: [Vec<Duration>; 4] = Default::default();
-    for line in d.log().lines() {
-        let Some(rest) = line.split("registration timing: ").nth(1) else {
+    // lodgerd's own phases: `registration timing: plan A us, pending B us, enforce C us, commit D us`,
+    // and the D-Bus method around them: `register call timing: check A us, agent B us, export C us`.
+    let log = d.log();
+    let inside = phase_figures(
+        &log,
+        "registration timing: ",
+        &[
+            "plan",
+            "intent file",
+            "enforcement",
+            "commit to the intent file",
+        ],
+    );
+    println!("  inside lodgerd: {inside}");
+    let call = phase_figures(
+        &log,
+        "register call timing: ",
+        &["caller check", "agent", "object export"],
+    );
+    println!("  the D-Bus method: {call}");
+    let command = phase_figures(&log, "register command timing: ", &["queued", "handled"]);
+    println!("  the agent's command: {command}");
+    drop(d);
+}
+
+/// p50 and p99 of each phase of lodgerd's debug lines `<marker>name A us, name B us, ...`.
+fn phase_figures(log: &str, marker: &str, names: &[&str]) -> String {
+    let mut phases: Vec<Vec<Duration>> = vec![Vec::new(); names.len()];
+    for line in log.lines() {
+        let Some(rest) = line.split(marker).nth(1) else {
             continue;
         };
         let nums: Vec<u64> = rest
             .split(',')
             .filter_map(|p| p.split_whitespace().nth(1)?.parse().ok())
             .collect();
-        if nums.len() == 4 {
+        if nums.len() == names.len() {
             for (v, n) in phases.iter_mut().zip(nums) {
                 v.push(Duration::from_micros(n));
             }
         }
     }
-    let names = ["plan", "intent file", "enforcement", "state file"];
     let parts: Vec<String> = names
         .iter()
         .zip(phases.iter_mut())
@@ -194,8 +230,47 @@ fn registration_latency(others: usize, light: bool) {
             format!("{n} p50 {a:.2} p99 {b:.2} ms")
         })
         .collect();
-    println!("  inside lodgerd: {}", parts.join(", "));
-    drop(d);
+    parts.join(", ")
+}
+
+/// The bus daemon and every thread of this process on CPU 0, lodgerd's reserved CPU here, as a
+/// node keeps its system services on its housekeeping CPUs (`reserved_cpus`); put back as they
+/// were when dropped. Without it, a training job made SCHED_RR on CPU 1 with the emulator's
+/// default load (about 0.95 of CPU 1 at real-time priority) holds off whichever of the bus
+/// daemon and the caller the scheduler left there, until the load balancer moves it.
+struct Housekeeping {
+    before: Vec<(nix::unistd::Pid, nix::sched::CpuSet)>,
+}
+
+impl Housekeeping {
+    fn confine(pids: &[u32]) -> Housekeeping {
+        use nix::sched::{sched_getaffinity, sched_setaffinity, CpuSet};
+        use nix::unistd::Pid;
+        let own = std::fs::read_dir("/proc/self/task")
+            .expect("own tasks")
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok());
+        let all: Vec<Pid> = own
+            .chain(pids.iter().filter_map(|p| i32::try_from(*p).ok()))
+            .map(Pid::from_raw)
+            .collect();
+        let mut zero = CpuSet::new();
+        zero.set(0).expect("CPU 0");
+        let mut before = Vec::new();
+        for pid in all {
+            let was = sched_getaffinity(pid).expect("affinity");
+            sched_setaffinity(pid, &zero).expect("pin to CPU 0");
+            before.push((pid, was));
+        }
+        Housekeeping { before }
+    }
+}
+
+impl Drop for Housekeeping {
+    fn drop(&mut self) {
+        for (pid, was) in &self.before {
+            let _ = nix::sched::sched_setaffinity(*pid, was);
+        }
+    }
 }
 
 fn thread_cpu_time() -> Duration {
@@ -329,10 +404,21 @@ fn main() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(60);
-    for light in [false, true] {
-        registration_latency(0, light);
-        registration_latency(50, light);
+    // LODGER_BENCH_ONLY: one part (registration, enforcement or idle); all three by default.
+    let only = std::env::var("LODGER_BENCH_ONLY").unwrap_or_default();
+    let part = |name: &str| only.is_empty() || only == name;
+    if part("registration") {
+        for light in [false, true] {
+            registration_latency(0, light, true);
+            registration_latency(50, light, true);
+        }
+        // The comparison: the bus daemon and the caller left anywhere.
+        registration_latency(0, false, false);
     }
-    steady_enforcement_cost();
-    lodgerd_idle(seconds);
+    if part("enforcement") {
+        steady_enforcement_cost();
+    }
+    if part("idle") {
+        lodgerd_idle(seconds);
+    }
 }

@@ -159,6 +159,8 @@ pub(super) enum Command {
         /// The uid the job is registered for; None: the caller's.
         owner: Option<u32>,
         caller: Caller,
+        /// When the call was sent, for the timing in the debug log (issue 21).
+        sent: std::time::Instant,
         reply: oneshot::Sender<Result<Job, AgentError>>,
     },
     Unregister {
@@ -215,6 +217,7 @@ impl AgentHandle {
             spec: Box::new(spec),
             owner,
             caller,
+            sent: std::time::Instant::now(),
             reply,
         })
         .await

@@ -5,7 +5,7 @@
 
 use std::time::Instant;
 
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use super::{trust, Agent, AgentError, Caller, Event};
 use crate::clock::now_secs;
@@ -259,17 +259,72 @@ impl Agent {
         Ok(())
     }
 
+    /// Adds an enforced training job and the plan it is placed in, and records it in the
+    /// pending file ([`Store::commit_pending`]) rather than the state file, which
+    /// [`Agent::save_answered`] writes once the caller has its answer. Nothing changes when the
+    /// pending file cannot be written: the job and plan are taken back and the error returned.
+    fn admit_committed(
+        &mut self,
+        stored: StoredJob,
+        placement: crate::policy::Placement,
+        plan: Plan,
+    ) -> Result<(), AgentError> {
+        let pending = Pending {
+            id: stored.job.id.clone(),
+            target: stored.job.spec.target.clone(),
+            placement,
+            job: Some(Box::new(stored)),
+        };
+        self.store.commit_pending(&pending)?;
+        let Pending { id, job, .. } = pending;
+        if let Some(stored) = job {
+            self.state.next_seq += 1;
+            self.state.plan = plan;
+            self.state.jobs.insert(id, *stored);
+        }
+        Ok(())
+    }
+
+    /// Saves the state file if the pending file holds an answered registration (see
+    /// [`Pending`]). After the answer the caller does not wait for it; a failure is logged
+    /// there and retried here by the next mutating call, which refuses while the job cannot be
+    /// recorded, and by every tick.
+    pub(super) fn save_answered(&mut self) -> Result<(), AgentError> {
+        if self.store.committed() {
+            self.store.save(&self.state)?;
+        }
+        Ok(())
+    }
+
     /// A training registration a killed lodgerd left between touching the node and recording
-    /// the job ([`Pending`]): its processes are taken over once more (to learn what is there)
-    /// and released, so no thread stays real-time and no process in lodger's cgroup without a
-    /// job. Processes it had moved go back to the hierarchy's root, whose cgroup it did not get
-    /// to record. Run at start, before the first tick.
+    /// the job ([`Pending`]). Answered (the file holds the job): the job is recorded from it, as
+    /// the caller was told. Not answered: its processes are taken over once more (to learn what
+    /// is there) and released, so no thread stays real-time and no process in lodger's cgroup
+    /// without a job; processes it had moved go back to the hierarchy's root, whose cgroup it did
+    /// not get to record. Run at start, before the first tick (which re-adopts a recorded job as
+    /// any other in the state file).
     pub(super) fn undo_interrupted_registration(&mut self) {
         let Some(p) = self.store.take_pending() else {
             return;
         };
         if self.state.jobs.contains_key(&p.id) {
             // Recorded after all: the state file has it.
+            return;
+        }
+        if let Some(stored) = p.job {
+            let seq = p.id.seq();
+            self.state.next_seq = self.state.next_seq.max(seq + 1);
+            // Where it was placed: the first tick keeps a placement it can.
+            self.state.plan.training.insert(p.id.clone(), p.placement);
+            self.state.jobs.insert(p.id.clone(), *stored);
+            if let Err(e) = self.store.save(&self.state) {
+                warn!("{e}");
+            }
+            info!(
+                job = %p.id,
+                "the registration of {} was answered before lodgerd's end and is recorded now",
+                p.id
+            );
             return;
         }
         let mut record = JobRecord::default();
@@ -283,7 +338,7 @@ impl Agent {
         if seq >= self.state.next_seq {
             self.state.next_seq = seq + 1;
             if let Err(e) = self.store.save(&self.state) {
-                tracing::warn!("{e}");
+                warn!("{e}");
             }
         }
         tracing::warn!(
@@ -294,8 +349,20 @@ impl Agent {
         );
     }
 
-    /// Registers `spec` for `owner_uid` (already authorized).
-    pub(super) fn register(
+    /// Registers `spec` for `owner_uid` (already authorized) and saves the state file.
+    #[cfg(test)]
+    pub(super) fn register(&mut self, spec: JobSpec, owner_uid: u32) -> Result<Job, AgentError> {
+        let job = self.register_unsaved(spec, owner_uid)?;
+        if let Err(e) = self.save_answered() {
+            warn!("{e}");
+        }
+        Ok(job)
+    }
+
+    /// Registers `spec` for `owner_uid` (already authorized). A training job may be recorded
+    /// only in the pending file on return, so the caller can be answered first:
+    /// [`Agent::save_answered`] then writes the state file.
+    pub(super) fn register_unsaved(
         &mut self,
         mut spec: JobSpec,
         owner_uid: u32,
@@ -330,11 +397,14 @@ impl Agent {
         })?;
 
         let t_plan = t0.elapsed();
-        // Undone at the next start if lodgerd dies before the state file lists the job.
+        // The pending file may still hold the last registration, if its save failed.
+        self.save_answered()?;
+        // Undone at the next start if lodgerd dies before the job is committed below.
         self.store.write_pending(&Pending {
             id: id.clone(),
             target: spec.target.clone(),
             placement: placement.clone(),
+            job: None,
         })?;
         let t_pending = t0.elapsed();
         let mut record = JobRecord::default();
@@ -387,16 +457,17 @@ impl Agent {
             tuning,
         };
         let t_enforce = t0.elapsed();
-        let admitted = self.admit(stored, Some(plan));
-        if admitted.is_err() {
+        // Recorded in the pending file, not yet the state file: the caller's answer does not
+        // wait for the state file's write (see `Pending`; `save_answered` follows the answer).
+        if let Err(e) = self.admit_committed(stored, placement, plan) {
             self.training
                 .release_quietly(&id, &job.spec.target, &record);
+            self.store.clear_pending();
+            return Err(e);
         }
-        self.store.clear_pending();
-        admitted?;
         let us = |d: std::time::Duration| d.as_micros();
         debug!(
-            "registration timing: plan {} us, pending {} us, enforce {} us, state {} us",
+            "registration timing: plan {} us, pending {} us, enforce {} us, commit {} us",
             us(t_plan),
             us(t_pending - t_plan),
             us(t_enforce - t_pending),
@@ -453,6 +524,8 @@ impl Agent {
     /// stopped, and its cores freed.
     pub(super) fn unregister(&mut self, id: &str) -> Result<(), AgentError> {
         let jid = self.find(id)?.job.id.clone();
+        // An answered registration's record is superseded by a saved state first.
+        self.save_answered()?;
         let Some(stored) = self.state.jobs.remove(&jid) else {
             return Err(AgentError::NotFound(id.to_string()));
         };

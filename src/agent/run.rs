@@ -89,14 +89,16 @@ impl Agent {
                 spec,
                 owner,
                 caller,
+                sent,
                 reply,
             } => {
+                let started = Instant::now();
                 let asked = describe(&spec, owner);
                 let result = self
                     .authorize(&caller, &Change::Register { owner, spec: &spec })
                     .and_then(|owner_uid| {
                         let spec = self.within_caps(&caller, owner_uid, *spec)?;
-                        self.register(spec, owner_uid)
+                        self.register_unsaved(spec, owner_uid)
                     });
                 audit(
                     &caller,
@@ -108,6 +110,16 @@ impl Agent {
                 );
                 self.publish();
                 let _ = reply.send(result);
+                let answered = started.elapsed();
+                // After the answer (see `store::Pending`).
+                if let Err(e) = self.save_answered() {
+                    warn!("{e}");
+                }
+                tracing::debug!(
+                    "register command timing: queued {} us, handled {} us",
+                    started.saturating_duration_since(sent).as_micros(),
+                    answered.as_micros(),
+                );
             }
             Command::Unregister { id, caller, reply } => {
                 let result = self
@@ -278,6 +290,8 @@ impl Agent {
             self.emit(event);
         }
         self.take_observations();
+        // An answered registration whose save failed is saved now (see `save_answered`).
+        dirty |= self.store.committed();
         if dirty {
             self.send_jobs_to_sensor();
             self.state.plan = policy::decide(

@@ -714,6 +714,7 @@ fn a_registration_interrupted_by_a_crash_is_undone_at_the_next_start() {
                 cpus: CpuSet::parse("1").unwrap(),
                 mems: CpuSet::parse("0").unwrap(),
             },
+            job: None,
         })
         .unwrap();
     let mut agent = rig.agent();
@@ -732,4 +733,66 @@ fn a_registration_interrupted_by_a_crash_is_undone_at_the_next_start() {
     );
     // A completed registration leaves no pending file behind.
     assert!(!rig.dir.path().join(crate::store::PENDING_FILE).exists());
+}
+
+/// Issue 21: a training registration is answered once the pending file holds the job, before
+/// the state file is saved. lodgerd killed in between: the next start records the job from the
+/// pending file, as the caller was told, keeps its placement and leaves it enforced.
+#[test]
+fn a_registration_answered_before_its_save_is_recorded_at_the_next_start() {
+    let rig = Rig::new();
+    rig.spawn(100);
+    let mut agent = rig.agent();
+    let job = agent.register_unsaved(spec(vec![100], 1), 0).unwrap();
+    let pending = rig.dir.path().join(crate::store::PENDING_FILE);
+    assert!(pending.exists(), "the answered job is in the pending file");
+    let on_disk = Store::new(rig.dir.path()).load().unwrap();
+    let listed = match on_disk {
+        crate::store::Loaded::Found(s) => s.jobs.contains_key(&job.id),
+        _ => false,
+    };
+    assert!(!listed, "the state file is not written before the answer");
+    // Killed before `save_answered`: nothing of the agent runs again.
+    std::mem::forget(agent);
+    let agent = rig.agent();
+    let jobs = agent.jobs();
+    let again = jobs.get(&job.id).expect("the answered job is recorded");
+    assert_eq!(again.cpus, job.cpus, "its placement is kept");
+    assert!(!pending.exists(), "the pending file is superseded");
+    {
+        let node = rig.node.lock().unwrap();
+        assert!(
+            !node.released.contains(&job.id),
+            "released: {:?}",
+            node.released
+        );
+        assert!(node.applied.contains_key(&job.id), "not enforced");
+    }
+    let mut agent = agent;
+    rig.spawn(101);
+    let next = agent.register(spec(vec![101], 1), 0).unwrap();
+    assert_eq!(
+        next.id.as_str(),
+        "j2",
+        "the recorded job's id is not reused"
+    );
+}
+
+/// The state file is saved after the answer: once it is, it lists the job and no pending file
+/// is left.
+#[test]
+fn the_answered_registration_is_saved_after_the_answer() {
+    let rig = Rig::new();
+    rig.spawn(100);
+    let mut agent = rig.agent();
+    let job = agent.register_unsaved(spec(vec![100], 1), 0).unwrap();
+    agent.save_answered().unwrap();
+    let pending = rig.dir.path().join(crate::store::PENDING_FILE);
+    assert!(!pending.exists(), "superseded by the saved state file");
+    let text = std::fs::read_to_string(rig.dir.path().join(crate::store::STATE_FILE)).unwrap();
+    let saved = crate::store::parse(&text).unwrap().state;
+    assert!(
+        saved.jobs.contains_key(&job.id),
+        "the state file lists the job"
+    );
 }

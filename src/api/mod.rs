@@ -6,6 +6,7 @@
 pub mod error;
 pub mod metrics;
 pub mod nri;
+mod peers;
 pub mod proxy;
 pub mod spec;
 
@@ -22,6 +23,7 @@ use zbus::{interface, Connection};
 use crate::agent::{AgentHandle, Caller, Event};
 use crate::job::JobId;
 pub use error::ApiError;
+use peers::Peers;
 use spec::SchedLabels;
 
 pub const BUS_NAME: &str = "org.lodger1";
@@ -78,27 +80,37 @@ impl Authority {
     }
 
     /// Asks the bus daemon who the sender is (`GetConnectionCredentials`: never anything in the
-    /// message) and whether that user is root or in the configured group. The pid and its
-    /// command name describe the caller in the audit record; they never decide. A refusal here
-    /// is audited here, since the call never reaches the agent.
+    /// message; once per connection, see [`Peers`]) and whether that user is root or in the
+    /// configured group. The pid and its command name describe the caller in the audit record;
+    /// they never decide. A refusal here is audited here, since the call never reaches the agent.
     async fn check(
         &self,
         conn: &Connection,
+        peers: &Peers,
         hdr: &Header<'_>,
         action: &str,
     ) -> Result<Caller, ApiError> {
         let sender = hdr
             .sender()
             .ok_or_else(|| ApiError::AccessDenied("the call has no sender".into()))?;
-        let dbus = zbus::fdo::DBusProxy::new(conn).await?;
-        let creds = dbus
-            .get_connection_credentials(sender.clone().into())
-            .await
-            .map_err(|e| ApiError::AccessDenied(format!("cannot tell who the caller is: {e}")))?;
-        let uid = creds.unix_user_id().ok_or_else(|| {
-            ApiError::AccessDenied("the bus did not say which user the caller is".into())
-        })?;
-        let pid = creds.process_id();
+        let (uid, pid) = match peers.get(sender.as_str()) {
+            Some(known) => known,
+            None => {
+                let dbus = zbus::fdo::DBusProxy::new(conn).await?;
+                let creds = dbus
+                    .get_connection_credentials(sender.clone().into())
+                    .await
+                    .map_err(|e| {
+                        ApiError::AccessDenied(format!("cannot tell who the caller is: {e}"))
+                    })?;
+                let uid = creds.unix_user_id().ok_or_else(|| {
+                    ApiError::AccessDenied("the bus did not say which user the caller is".into())
+                })?;
+                let pid = creds.process_id();
+                peers.insert(sender.as_str(), (uid, pid));
+                (uid, pid)
+            }
+        };
         let caller = Caller {
             uid,
             pid,
@@ -168,6 +180,7 @@ fn user_in_group(uid: u32, group: &str) -> bool {
 pub struct Manager {
     agent: AgentHandle,
     auth: Authority,
+    peers: Peers,
     sched: SchedLabels,
 }
 
@@ -180,14 +193,24 @@ impl Manager {
         #[zbus(connection)] conn: &Connection,
         spec: HashMap<String, OwnedValue>,
     ) -> Result<(String, OwnedObjectPath), ApiError> {
-        let caller = self.auth.check(conn, &hdr, "register").await?;
+        // Where the call's time goes (issue 21), for the spine benchmark and the debug log.
+        let t0 = std::time::Instant::now();
+        let caller = self.auth.check(conn, &self.peers, &hdr, "register").await?;
+        let t_check = t0.elapsed();
         let parsed = spec::owner_from_dict(&spec)
             .and_then(|owner| Ok((owner, spec::spec_from_dict(&spec)?)))
             .map_err(ApiError::InvalidSpec);
         let (owner, spec) = parsed.inspect_err(|e| audit_refused(&caller, "register", e))?;
         let job = self.agent.register(spec, owner, caller).await?;
+        let t_agent = t0.elapsed();
         let path = job_path(&job.id);
         add_job_object(conn, &self.agent, &job.id, &self.sched).await;
+        debug!(
+            "register call timing: check {} us, agent {} us, export {} us",
+            t_check.as_micros(),
+            (t_agent - t_check).as_micros(),
+            (t0.elapsed() - t_agent).as_micros(),
+        );
         Ok((job.id.to_string(), path))
     }
 
@@ -199,7 +222,10 @@ impl Manager {
         #[zbus(connection)] conn: &Connection,
         id: String,
     ) -> Result<(), ApiError> {
-        let caller = self.auth.check(conn, &hdr, "unregister").await?;
+        let caller = self
+            .auth
+            .check(conn, &self.peers, &hdr, "unregister")
+            .await?;
         Ok(self.agent.unregister(&id, caller).await?)
     }
 
@@ -475,6 +501,7 @@ pub async fn serve(
     let manager = Manager {
         agent: agent.clone(),
         auth,
+        peers: Peers::default(),
         sched: sched.clone(),
     };
     let builder = match bus {

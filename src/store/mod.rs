@@ -41,16 +41,24 @@ pub const SYNC_EVERY: std::time::Duration = std::time::Duration::from_millis(500
 pub const PENDING_FILE: &str = "registering.json";
 
 /// A training registration between its first change to the node and the state file that records
-/// it: written before lodger touches the job's processes, removed once the state file lists the
-/// job. A lodgerd killed in between leaves it, and the next one undoes what the registration may
-/// have done (its threads back to SCHED_OTHER, out of lodger's cgroup) rather than leave threads
-/// real-time that no job owns; the caller, who got no answer, registers again. Not fsynced: it
-/// guards against lodgerd dying, and a crash of the node ends the job's processes too.
+/// it: written before lodger touches the job's processes, removed once a saved state file
+/// supersedes it. A lodgerd killed before the registration is answered leaves it without `job`,
+/// and the next one undoes what the registration may have done (its threads back to
+/// SCHED_OTHER, out of lodger's cgroup) rather than leave threads real-time that no job owns; the
+/// caller, who got no answer, registers again. Once the job is enforced the file is rewritten
+/// with the job as it will be recorded (`job`, [`Store::commit_pending`]) and the caller is
+/// answered before the state file is saved (issue 21: the state file's write was the largest
+/// part of a registration's path): a lodgerd killed between the answer and the save leaves it
+/// with `job`, and the next one records the job from it. Not fsynced: it guards against lodgerd
+/// dying, and a crash of the node ends the job's processes too.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Pending {
     pub id: JobId,
     pub target: crate::job::Target,
     pub placement: crate::policy::Placement,
+    /// The job as answered (its plan is the next tick's to redo).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job: Option<Box<StoredJob>>,
 }
 /// Bumped when the file's shape changes; a file of an older version is migrated step by step
 /// (`migrate`), a newer one is set aside, not read.
@@ -268,6 +276,9 @@ pub struct Store {
     /// The thread that makes written files durable (started at the first write); a request
     /// waiting in the channel already covers any later write.
     syncer: Option<mpsc::SyncSender<()>>,
+    /// The pending file holds an answered registration ([`Store::commit_pending`]) that no
+    /// saved state file covers yet.
+    committed: bool,
 }
 
 impl Store {
@@ -277,6 +288,7 @@ impl Store {
             on_disk: None,
             writes: 0,
             syncer: None,
+            committed: false,
         }
     }
 
@@ -396,8 +408,6 @@ impl Store {
         })
     }
 
-    /// Replaces the state file atomically: a crash leaves either the old or the new file whole.
-    /// Returns whether it wrote: a state encoded as the file already holds it writes nothing.
     /// Records the registration about to touch the node (see [`Pending`]).
     pub fn write_pending(&self, pending: &Pending) -> Result<(), StoreError> {
         self.ensure_dir()?;
@@ -412,14 +422,29 @@ impl Store {
         fs::rename(&tmp, &path).map_err(werr)
     }
 
+    /// Records an answered registration until the next saved state file covers it (see
+    /// [`Pending`]): `pending.job` is the job as the caller is told it is registered.
+    pub fn commit_pending(&mut self, pending: &Pending) -> Result<(), StoreError> {
+        self.write_pending(pending)?;
+        self.committed = true;
+        Ok(())
+    }
+
+    /// The pending file holds an answered registration no saved state file covers yet: the
+    /// next [`Store::save`] must succeed before another registration may write its own.
+    pub fn committed(&self) -> bool {
+        self.committed
+    }
+
     /// The registration is recorded in the state file, or abandoned and undone.
-    pub fn clear_pending(&self) {
+    pub fn clear_pending(&mut self) {
         let _ = fs::remove_file(self.dir.join(PENDING_FILE));
+        self.committed = false;
     }
 
     /// The registration a killed lodgerd left under way, if any (an unreadable file counts as
     /// none, and is removed).
-    pub fn take_pending(&self) -> Option<Pending> {
+    pub fn take_pending(&mut self) -> Option<Pending> {
         let path = self.dir.join(PENDING_FILE);
         let bytes = fs::read(&path).ok()?;
         let pending = serde_json::from_slice(&bytes).ok();
@@ -427,7 +452,20 @@ impl Store {
         pending
     }
 
+    /// Replaces the state file atomically: a crash leaves either the old or the new file whole.
+    /// Returns whether it wrote: a state encoded as the file already holds it writes nothing.
+    /// Either way the file now says what `state` does, so an answered registration's pending
+    /// file ([`Store::commit_pending`]) is superseded and removed: the job is in the file, or
+    /// was unregistered since.
     pub fn save(&mut self, state: &State) -> Result<bool, StoreError> {
+        let wrote = self.write_state(state)?;
+        if self.committed {
+            self.clear_pending();
+        }
+        Ok(wrote)
+    }
+
+    fn write_state(&mut self, state: &State) -> Result<bool, StoreError> {
         // Compact: at 50 jobs the pretty form was about twice the bytes to encode and write on
         // every registration's path (`jq . state.json` reads it).
         let bytes = serde_json::to_vec(state)?;

@@ -186,3 +186,55 @@ fn a_file_that_is_not_utf8_is_set_aside() {
         other => panic!("{other:?}"),
     }
 }
+
+/// An answered registration's pending file (issue 21) is read back with its job, and any
+/// later save (a write, or a state the file already holds) supersedes and removes it.
+#[test]
+fn a_committed_pending_file_is_kept_until_a_save() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = Store::new(dir.path());
+    let state = State::default();
+    assert!(store.save(&state).unwrap());
+    let pending = Pending {
+        id: JobId::from_seq(1),
+        target: crate::job::Target::Pids(vec![100]),
+        placement: crate::policy::Placement {
+            cpus: crate::cpuset::CpuSet::parse("1").unwrap(),
+            mems: crate::cpuset::CpuSet::parse("0").unwrap(),
+        },
+        job: None,
+    };
+    store.write_pending(&pending).unwrap();
+    assert!(
+        !store.committed(),
+        "an intent is not an answered registration"
+    );
+    assert!(!store.save(&state).unwrap());
+    assert!(
+        dir.path().join(PENDING_FILE).exists(),
+        "a save does not remove an unanswered intent"
+    );
+    let answered = Pending {
+        job: Some(Box::new(
+            parse(include_str!("testdata/state-v1.json"))
+                .unwrap()
+                .state
+                .jobs
+                .into_values()
+                .next()
+                .expect("a job in the v1 file"),
+        )),
+        ..pending
+    };
+    store.commit_pending(&answered).unwrap();
+    assert!(store.committed());
+    let read = Store::new(dir.path())
+        .take_pending()
+        .expect("the pending file");
+    assert_eq!(read, answered, "read back with its job");
+    store.commit_pending(&answered).unwrap();
+    // The state the file already holds: nothing written, the record superseded all the same.
+    assert!(!store.save(&state).unwrap());
+    assert!(!store.committed());
+    assert!(!dir.path().join(PENDING_FILE).exists());
+}

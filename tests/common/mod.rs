@@ -130,6 +130,11 @@ pub struct PrivateBus {
 }
 
 impl PrivateBus {
+    /// The bus daemon's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// A blocking client of lodgerd's manager on this bus: its own runtime and the proxy.
     pub fn manager(
         &self,
