@@ -20,7 +20,8 @@
 //! jobs need the instance runner, which `--sim` does not start (it would spawn real instances
 //! on CPUs this machine does not have): their per-tick planning cost is in the layout
 //! benchmark, not here. `LODGER_BENCH_IDLE_SECONDS` (default 30) sets the idle window,
-//! `LODGER_BENCH_TICK_SECONDS` (default 4) each per-tick window.
+//! `LODGER_BENCH_TICK_SECONDS` (default 4) each per-tick window, `LODGER_BENCH_ONLY=idle` runs only
+//! item 3.
 #[path = "../tests/common/mod.rs"]
 mod common;
 #[path = "support/sleeper.rs"]
@@ -240,6 +241,45 @@ fn main() {
     let big = fixtures.join("server-2s-192cpu-8gpu");
     let unpacked = tempfile::tempdir().expect("tempdir");
 
+    // LODGER_BENCH_ONLY=idle: only the idle figure (about 75 s).
+    if std::env::var("LODGER_BENCH_ONLY").map_or(true, |v| v != "idle") {
+        ticks(&big, &fixtures, unpacked.path(), window);
+    }
+    println!(
+        "lodgerd idle over {} s at the default 1-s interval, 192 CPUs:",
+        idle.as_secs()
+    );
+    let mut base = (0.0, 0);
+    for jobs in [0usize, 100] {
+        let node = Node::start(&big, jobs, 1000);
+        std::thread::sleep(Duration::from_secs(2));
+        let (_, all) = tasks(node.daemon.pid());
+        let c0: u64 = all.iter().map(|t| run_ns(t)).sum();
+        let t0 = Instant::now();
+        std::thread::sleep(idle);
+        let (_, all) = tasks(node.daemon.pid());
+        let c1: u64 = all.iter().map(|t| run_ns(t)).sum();
+        let pct = (c1.saturating_sub(c0)) as f64 / t0.elapsed().as_nanos() as f64 * 100.0;
+        let rss = rss_kib(node.daemon.pid());
+        if jobs == 0 {
+            base = (pct, rss);
+            println!("  0 jobs (baseline): {pct:.3}% of one CPU, RSS {rss} KiB");
+        } else {
+            let mib = rss as f64 / 1024.0;
+            println!(
+                "  100 jobs, 1000 threads: {pct:.3}% of one CPU (target {IDLE_TARGET_PCT}%: {}; {:.1}x the baseline), RSS {mib:.1} MiB (target {RSS_TARGET_MIB} MiB: {}; {:.2}x the baseline)",
+                met(pct <= IDLE_TARGET_PCT),
+                pct / base.0.max(1e-6),
+                met(mib <= RSS_TARGET_MIB),
+                rss as f64 / base.1.max(1) as f64
+            );
+        }
+    }
+}
+
+/// Items 1 and 2: one tick's CPU time at 12-100 jobs on `big`, the growth fitted to them, and
+/// the same at 100 jobs on the 64-CPU fixture and the recorded 144-CPU tree.
+fn ticks(big: &Path, fixtures: &Path, unpacked: &Path, window: Duration) {
     println!("agent tick at scale (lodgerd --sim, {THREADS_PER_JOB} sleeping threads per job, 50-ms ticks, {} s windows)", window.as_secs());
     let mut growth = Vec::new();
     let mut at_100 = (0.0, 0.0);
@@ -253,7 +293,7 @@ fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(50);
     for &jobs in sizes {
-        let node = Node::start(&big, jobs, profile_ms);
+        let node = Node::start(big, jobs, profile_ms);
         if std::env::var_os("LODGER_BENCH_PROFILE").is_some() {
             // For a profiler: lodgerd at the largest size, ticking every LODGER_BENCH_PROFILE
             // ms (50 if not a number), for 30 s.
@@ -284,7 +324,7 @@ fn main() {
         met(at_100.1 <= TICK_TARGET_MS)
     );
     let mut shapes = vec![("64 CPUs, 8 GPUs", fixtures.join("server-2s-64cpu-8gpu"))];
-    match recorded_144(unpacked.path()) {
+    match recorded_144(unpacked) {
         Ok(p) => shapes.push(("144 CPUs (recorded)", p)),
         Err(why) => println!("  SKIP 144-CPU recorded tree: {why}"),
     }
@@ -295,36 +335,5 @@ fn main() {
             "  {name}, 100 jobs ({} training, {} batch), 1000 threads: agent {agent:.3} ms/tick, lodgerd {whole:.3} ms/tick ({n} ticks)",
             node.training, node.batch
         );
-    }
-
-    println!(
-        "lodgerd idle over {} s at the default 1-s interval, 192 CPUs:",
-        idle.as_secs()
-    );
-    let mut base = (0.0, 0);
-    for jobs in [0usize, 100] {
-        let node = Node::start(&big, jobs, 1000);
-        std::thread::sleep(Duration::from_secs(2));
-        let (_, all) = tasks(node.daemon.pid());
-        let c0: u64 = all.iter().map(|t| run_ns(t)).sum();
-        let t0 = Instant::now();
-        std::thread::sleep(idle);
-        let (_, all) = tasks(node.daemon.pid());
-        let c1: u64 = all.iter().map(|t| run_ns(t)).sum();
-        let pct = (c1.saturating_sub(c0)) as f64 / t0.elapsed().as_nanos() as f64 * 100.0;
-        let rss = rss_kib(node.daemon.pid());
-        if jobs == 0 {
-            base = (pct, rss);
-            println!("  0 jobs (baseline): {pct:.3}% of one CPU, RSS {rss} KiB");
-        } else {
-            let mib = rss as f64 / 1024.0;
-            println!(
-                "  100 jobs, 1000 threads: {pct:.3}% of one CPU (target {IDLE_TARGET_PCT}%: {}; {:.1}x the baseline), RSS {mib:.1} MiB (target {RSS_TARGET_MIB} MiB: {}; {:.2}x the baseline)",
-                met(pct <= IDLE_TARGET_PCT),
-                pct / base.0.max(1e-6),
-                met(mib <= RSS_TARGET_MIB),
-                rss as f64 / base.1.max(1) as f64
-            );
-        }
     }
 }

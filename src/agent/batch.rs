@@ -6,10 +6,8 @@
 //! CPUs the inference plan gives them. Touches enforcement (through [`Enforce`]) and the jobs
 //! lent by the tick.
 
-use super::training::{
-    reap, record_outcome, release_quietly, same_but_thread_counts, Enforce, Gone,
-};
-use super::{Event, TickCx};
+use super::training::{reap, record_outcome, release_quietly, Enforce, Enforced, Gone};
+use super::TickCx;
 use crate::cpuset::CpuSet;
 use crate::enforce::network::node::CpuJob;
 use crate::job::{JobId, JobKind, JobState, Target};
@@ -17,7 +15,6 @@ use crate::policy::batch::{self, BatchJobView};
 use crate::policy::contention::Throttles;
 use crate::policy::inference::{training_cpus, InferencePlan};
 use crate::policy::Placement;
-use crate::store::StoredJob;
 
 /// Keeps batch jobs on the leftover cores, in their class.
 pub(super) struct Batch {
@@ -76,7 +73,7 @@ impl Batch {
             let Some(stored) = cx.state.jobs.get_mut(&id) else {
                 continue;
             };
-            let before = stored.clone();
+            let before = Enforced::of(stored);
             match (waiting, plan.get(&id)) {
                 (Some(Ok(why)), _) => {
                     stored.job.state = JobState::Pending;
@@ -102,7 +99,7 @@ impl Batch {
                 }
                 (None, None) => {}
             }
-            dirty |= settle(stored, &before, &mut cx.events);
+            dirty |= before.settle(stored, &mut cx.events);
         }
         // Inference containers (docs/kubernetes.md): the pod is the instance, on the CPUs the
         // inference plan gives it, in the class of the jobs lodger did not start.
@@ -121,7 +118,7 @@ impl Batch {
             let Some(stored) = cx.state.jobs.get_mut(&id) else {
                 continue;
             };
-            let before = stored.clone();
+            let before = Enforced::of(stored);
             if let Some(p) = placed {
                 stored.job.cpus = p.cpus.clone();
                 stored.job.mems = p.mems.clone();
@@ -138,7 +135,7 @@ impl Batch {
                     shortfall.unwrap_or_else(|| "no CPU is free for it".into())
                 ));
             }
-            dirty |= settle(stored, &before, &mut cx.events);
+            dirty |= before.settle(stored, &mut cx.events);
         }
         (dirty, gone)
     }
@@ -205,15 +202,4 @@ fn container_placement(plan: &InferencePlan, id: &JobId) -> Option<Placement> {
         .values()
         .fold(CpuSet::new(), |acc, i| acc.union(&i.mems));
     (!cpus.is_empty()).then_some(Placement { cpus, mems })
-}
-
-/// Whether what changed on a job this pass is worth a write, raising its state change.
-fn settle(stored: &StoredJob, before: &StoredJob, events: &mut Vec<Event>) -> bool {
-    if stored == before {
-        return false;
-    }
-    if stored.job.state != before.job.state {
-        events.push(Event::JobChanged(stored.job.id.clone(), stored.job.state));
-    }
-    !same_but_thread_counts(stored, before)
 }

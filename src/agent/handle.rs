@@ -147,7 +147,10 @@ impl NodeStatus {
 /// Everything the read-only views (`lodgerctl top`, Prometheus) show, taken at one instant.
 #[derive(Debug, Clone)]
 pub struct Snapshot {
-    pub jobs: Vec<Job>,
+    /// Shared between snapshots while no job changes: a tick that changed nothing shown
+    /// publishes the same list rather than a copy of every job (issue 21: the copy was an
+    /// eighth of an idle 100-job tick).
+    pub jobs: Arc<Vec<Job>>,
     /// Shared with the agent and the sensor: a tick publishes without copying every job's figures.
     pub observations: Arc<Observations>,
     pub status: NodeStatus,
@@ -239,7 +242,7 @@ impl AgentHandle {
     // need not care where the answer comes from.
 
     pub async fn list(&self) -> Result<Vec<Job>, AgentError> {
-        Ok(self.published.current().jobs.clone())
+        Ok(self.published.current().jobs.to_vec())
     }
 
     pub async fn get(&self, id: &str) -> Result<Job, AgentError> {
@@ -268,7 +271,7 @@ impl AgentHandle {
         status.sample_ages = obs.ages.clone();
         status.sensed_ms = obs.unix_ms;
         Ok(Arc::new(Snapshot {
-            jobs: snap.jobs.clone(),
+            jobs: Arc::clone(&snap.jobs),
             observations: obs,
             status,
         }))

@@ -195,6 +195,8 @@ impl TickCx<'_> {
 }
 
 pub struct Agent {
+    /// The tick's plan while its training jobs stay the same (`policy::SteadyPlan`).
+    steady_plan: crate::policy::SteadyPlan,
     settings: AgentSettings,
     topology: Topology,
     reserved: CpuSet,
@@ -332,6 +334,7 @@ impl AgentBuilder {
             None => (None, self.mba),
         };
         let mut agent = Agent {
+            steady_plan: crate::policy::SteadyPlan::default(),
             rightsize: Rightsize::new(self.settings.rightsize.clone()),
             contention,
             idle_mba,
@@ -354,7 +357,7 @@ impl AgentBuilder {
             observations: Arc::default(),
             sensor: self.sensor,
             published: Published::new(Snapshot {
-                jobs: Vec::new(),
+                jobs: Arc::default(),
                 observations: Arc::default(),
                 status: NodeStatus::default(),
             }),

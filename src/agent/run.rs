@@ -2,7 +2,7 @@
 //! only orchestrates the controllers, in a fixed order), status and shutdown.
 
 use std::sync::atomic::Ordering;
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc};
 use std::thread;
 use std::time::Instant;
 
@@ -148,18 +148,27 @@ impl Agent {
         }
     }
 
-    /// Everything the read-only calls show, as of now.
-    pub(super) fn snapshot(&self) -> Snapshot {
-        Snapshot {
-            jobs: self.state.jobs.values().map(|s| s.job.clone()).collect(),
-            observations: std::sync::Arc::clone(&self.observations),
-            status: self.status(),
-        }
-    }
-
-    /// Replaces what the read-only calls answer from (see `published`).
+    /// Replaces what the read-only calls answer from (see `published`). The job list is the
+    /// last one published when every job is as it shows (comparing costs no allocation;
+    /// copying every job did).
     pub(super) fn publish(&self) {
-        self.published.publish(self.snapshot());
+        let last = self.published.current();
+        let same = last.jobs.len() == self.state.jobs.len()
+            && last
+                .jobs
+                .iter()
+                .zip(self.state.jobs.values())
+                .all(|(shown, stored)| *shown == stored.job);
+        let jobs = if same {
+            Arc::clone(&last.jobs)
+        } else {
+            Arc::new(self.state.jobs.values().map(|s| s.job.clone()).collect())
+        };
+        self.published.publish(Snapshot {
+            jobs,
+            observations: Arc::clone(&self.observations),
+            status: self.status(),
+        });
     }
 
     pub(super) fn status(&self) -> NodeStatus {
@@ -241,14 +250,16 @@ impl Agent {
             }
             None => Throttles::default(),
         };
-        let plan = policy::decide(
+        let mut dirty = tuned || grown || throttled;
+        if let Some(plan) = self.steady_plan.decide(
             cx.topology,
             cx.reserved,
-            &training::views(cx.state, rightsize_enforce, cx.slurm),
+            training::views(cx.state, rightsize_enforce, cx.slurm),
             &cx.state.plan,
-        );
-        let mut dirty = tuned || grown || throttled || plan != cx.state.plan;
-        cx.state.plan = plan;
+        ) {
+            dirty |= plan != cx.state.plan;
+            cx.state.plan = plan;
+        }
         let (changed, gone) = self.training.tick(&mut cx);
         dirty |= changed;
         dirty |= self.rightsize.adopt_slurm(&mut cx);

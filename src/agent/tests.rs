@@ -796,3 +796,32 @@ fn the_answered_registration_is_saved_after_the_answer() {
         "the state file lists the job"
     );
 }
+
+/// Issue 21: a tick that changes no job publishes the job list it published before (shared,
+/// not copied); a change is published at once.
+#[test]
+fn a_tick_that_changes_no_job_shares_the_published_list() {
+    let rig = Rig::new();
+    rig.spawn(100);
+    let mut agent = rig.agent();
+    let id = agent.register(spec(vec![100], 1), 0).unwrap().id;
+    agent.tick();
+    let before = agent.published.current();
+    agent.tick();
+    let after = agent.published.current();
+    assert!(
+        std::sync::Arc::ptr_eq(&before.jobs, &after.jobs),
+        "an unchanged list is shared"
+    );
+    assert_eq!(after.jobs.len(), 1);
+    assert!(
+        after.status.ticks > before.status.ticks,
+        "the status is new"
+    );
+    agent.unregister(id.as_str()).unwrap();
+    agent.publish();
+    assert!(
+        agent.published.current().jobs.is_empty(),
+        "a change is shown"
+    );
+}

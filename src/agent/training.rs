@@ -6,6 +6,7 @@ use tracing::{debug, info, warn};
 
 use super::slurm::SlurmSeen;
 use super::{Event, TickCx};
+use crate::cpuset::CpuSet;
 use crate::enforce::{EnforceError, JobRecord, Outcome, SlurmCgroup};
 use crate::job::{JobId, JobState, Role, SlurmJob, Target};
 use crate::policy::{Placement, TrainingJobView};
@@ -161,7 +162,7 @@ impl Training {
             if stored.job.spec.kind.is_lodger() {
                 continue;
             }
-            let before = stored.clone();
+            let before = Enforced::of(stored);
             if let Some(why) = cx.slurm.waiting(&id) {
                 // Registered by the prolog before the job's cgroup exists (docs/slurm.md).
                 match why {
@@ -171,7 +172,7 @@ impl Training {
                     }
                     Err(why) => gone.push((id.clone(), why)),
                 }
-                dirty |= *stored != before;
+                dirty |= before.settle(stored, &mut changed);
                 continue;
             }
             let result = match &placement {
@@ -200,14 +201,7 @@ impl Training {
             if let Some(why) = record_outcome(stored, &id, result, placement.is_some()) {
                 gone.push((id.clone(), why));
             }
-            if *stored != before {
-                // Thread counts are this pass's figures (`lodgerctl show`), measured again next
-                // pass: a change in them alone is not worth a write.
-                dirty |= !same_but_thread_counts(stored, &before);
-                if stored.job.state != before.job.state {
-                    changed.push(Event::JobChanged(id.clone(), stored.job.state));
-                }
-            }
+            dirty |= before.settle(stored, &mut changed);
         }
         cx.events.extend(changed);
         (dirty, gone)
@@ -293,10 +287,44 @@ pub(super) fn record_outcome(
     }
 }
 
-/// `a` and `b` are equal but for their jobs' thread counts.
-pub(super) fn same_but_thread_counts(a: &StoredJob, b: &StoredJob) -> bool {
-    let mut a = a.clone();
-    a.job.threads = b.job.threads;
-    a.job.rr_threads = b.job.rr_threads;
-    a == *b
+/// What one pass of enforcement may change in a job (its state and error, placement,
+/// processes and undo record), taken before the pass and compared after it. Cheaper than a copy
+/// of the whole job (its spec, right-sizing and inference records): those copies were a tenth
+/// of an idle 100-job tick (issue 21). Thread counts are left out: they are this pass's figures
+/// (`lodgerctl show`), measured again next pass, and a change in them alone is not worth a write.
+pub(super) struct Enforced {
+    state: JobState,
+    last_error: Option<String>,
+    cpus: CpuSet,
+    mems: CpuSet,
+    pids: Vec<u32>,
+    record: JobRecord,
+}
+
+impl Enforced {
+    pub(super) fn of(s: &StoredJob) -> Self {
+        Self {
+            state: s.job.state,
+            last_error: s.job.last_error.clone(),
+            cpus: s.job.cpus.clone(),
+            mems: s.job.mems.clone(),
+            pids: s.job.pids.clone(),
+            record: s.record.clone(),
+        }
+    }
+
+    /// Whether the pass changed what the state file holds of the job; a change of its state is
+    /// also an event.
+    pub(super) fn settle(&self, after: &StoredJob, events: &mut Vec<Event>) -> bool {
+        let job = &after.job;
+        if job.state != self.state {
+            events.push(Event::JobChanged(job.id.clone(), job.state));
+        }
+        job.state != self.state
+            || job.last_error != self.last_error
+            || job.cpus != self.cpus
+            || job.mems != self.mems
+            || job.pids != self.pids
+            || after.record != self.record
+    }
 }

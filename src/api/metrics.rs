@@ -470,7 +470,7 @@ mod tests {
                 .insert(source.into(), crate::sense::SourceAge { age_s, stale });
         }
         let snap = Snapshot {
-            jobs: Vec::new(),
+            jobs: std::sync::Arc::default(),
             observations: std::sync::Arc::new(observations),
             status: crate::agent::NodeStatus::default(),
         };
@@ -540,7 +540,7 @@ mod tests {
         }))
         .expect("offline job");
         let snap = Snapshot {
-            jobs: vec![job, offline],
+            jobs: std::sync::Arc::new(vec![job, offline]),
             observations: std::sync::Arc::default(),
             status: crate::agent::NodeStatus::default(),
         };

@@ -1327,8 +1327,10 @@ fn process_events_decide_which_applies_sweep() {
         assert_eq!(!fixed, events, "events {events}: swept = {fixed}");
         assert_eq!(quiet.changed, !events);
         assert_eq!(quiet.threads, first.threads);
-        // A new thread is a fork in the job: the next apply sweeps everything.
+        // A new thread is a fork in the job: the next tick's apply sweeps everything (events
+        // are drained at most once per quiet::DRAIN_EVERY, once per tick).
         let fresh = w.new_thread();
+        std::thread::sleep(crate::enforce::quiet::DRAIN_EVERY);
         let out = e
             .apply(&job(30), &target, &cpus, &CpuSet::new(), &mut record)
             .expect("apply");
