@@ -276,6 +276,7 @@ impl Agent {
             job: Some(Box::new(stored)),
         };
         self.store.commit_pending(&pending)?;
+        // Moved in above to be written without a copy, and out again here: always `Some`.
         let Pending { id, job, .. } = pending;
         if let Some(stored) = job {
             self.state.next_seq += 1;
@@ -311,14 +312,22 @@ impl Agent {
             // Recorded after all: the state file has it.
             return;
         }
-        if let Some(stored) = p.job {
+        if let Some(stored) = &p.job {
             let seq = p.id.seq();
             self.state.next_seq = self.state.next_seq.max(seq + 1);
             // Where it was placed: the first tick keeps a placement it can.
-            self.state.plan.training.insert(p.id.clone(), p.placement);
-            self.state.jobs.insert(p.id.clone(), *stored);
+            self.state
+                .plan
+                .training
+                .insert(p.id.clone(), p.placement.clone());
+            self.state.jobs.insert(p.id.clone(), (**stored).clone());
             if let Err(e) = self.store.save(&self.state) {
                 warn!("{e}");
+                // Taken from disk above: written back until a save covers it (every tick
+                // retries), so another end of lodgerd before then loses nothing either.
+                if let Err(e) = self.store.commit_pending(&p) {
+                    warn!("{e}");
+                }
             }
             info!(
                 job = %p.id,

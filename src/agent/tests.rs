@@ -778,6 +778,36 @@ fn a_registration_answered_before_its_save_is_recorded_at_the_next_start() {
     );
 }
 
+/// The answered record survives a start whose save fails: it is written back, and the first
+/// tick that can save removes it.
+#[test]
+fn an_answered_record_is_kept_until_a_save_succeeds() {
+    let rig = Rig::new();
+    rig.spawn(100);
+    let mut agent = rig.agent();
+    let job = agent.register_unsaved(spec(vec![100], 1), 0).unwrap();
+    std::mem::forget(agent);
+    // The state file's temporary name taken by a directory: every save fails, even as root.
+    let blocker = rig
+        .dir
+        .path()
+        .join(format!(".{}.tmp", crate::store::STATE_FILE));
+    std::fs::create_dir(&blocker).unwrap();
+    let mut agent = rig.agent();
+    assert!(agent.jobs().contains_key(&job.id), "recorded in memory");
+    let pending = rig.dir.path().join(crate::store::PENDING_FILE);
+    assert!(pending.exists(), "written back while no save succeeds");
+    std::fs::remove_dir(&blocker).unwrap();
+    agent.tick();
+    assert!(!pending.exists(), "superseded by the tick's save");
+    let text = std::fs::read_to_string(rig.dir.path().join(crate::store::STATE_FILE)).unwrap();
+    let saved = crate::store::parse(&text).unwrap().state;
+    assert!(
+        saved.jobs.contains_key(&job.id),
+        "the state file lists the job"
+    );
+}
+
 /// The state file is saved after the answer: once it is, it lists the job and no pending file
 /// is left.
 #[test]
