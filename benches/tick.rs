@@ -21,7 +21,8 @@
 //! on CPUs this machine does not have): their per-tick planning cost is in the layout
 //! benchmark, not here. `LODGER_BENCH_IDLE_SECONDS` (default 30) sets the idle window,
 //! `LODGER_BENCH_TICK_SECONDS` (default 4) each per-tick window, `LODGER_BENCH_ONLY=idle` runs only
-//! item 3.
+//! item 3. `LODGER_BENCH_PROFILE=<ms>` holds one lodgerd ticking every `<ms>` for 30 s for a
+//! profiler, with `LODGER_BENCH_PROFILE_JOBS` jobs (default 100; 0 for the baseline).
 #[path = "../tests/common/mod.rs"]
 mod common;
 #[path = "support/sleeper.rs"]
@@ -283,8 +284,13 @@ fn ticks(big: &Path, fixtures: &Path, unpacked: &Path, window: Duration) {
     println!("agent tick at scale (lodgerd --sim, {THREADS_PER_JOB} sleeping threads per job, 50-ms ticks, {} s windows)", window.as_secs());
     let mut growth = Vec::new();
     let mut at_100 = (0.0, 0.0);
+    let profile_jobs: usize = std::env::var("LODGER_BENCH_PROFILE_JOBS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100);
+    let profile_sizes = [profile_jobs];
     let sizes: &[usize] = if std::env::var_os("LODGER_BENCH_PROFILE").is_some() {
-        &[100]
+        &profile_sizes
     } else {
         &[12, 25, 50, 100]
     };

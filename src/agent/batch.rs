@@ -6,7 +6,7 @@
 //! CPUs the inference plan gives them. Touches enforcement (through [`Enforce`]) and the jobs
 //! lent by the tick.
 
-use super::training::{reap, record_outcome, release_quietly, Enforce, Enforced, Gone};
+use super::training::{at_rest, reap, record_outcome, release_quietly, Enforce, Enforced, Gone};
 use super::TickCx;
 use crate::cpuset::CpuSet;
 use crate::enforce::network::node::CpuJob;
@@ -73,6 +73,13 @@ impl Batch {
             let Some(stored) = cx.state.jobs.get_mut(&id) else {
                 continue;
             };
+            if let (None, Some(Ok(p))) = (&waiting, plan.get(&id)) {
+                if stored.record.memory_max == stored.job.spec.memory_max
+                    && at_rest(&mut *self.enforcer, &id, stored, p)
+                {
+                    continue;
+                }
+            }
             let before = Enforced::of(stored);
             match (waiting, plan.get(&id)) {
                 (Some(Ok(why)), _) => {

@@ -22,9 +22,41 @@ pub(super) struct FakeNode {
     pub(super) alive: BTreeSet<u32>,
     pub(super) applied: BTreeMap<JobId, CpuSet>,
     pub(super) released: Vec<JobId>,
-    fail_next_apply: Option<EnforceError>,
+    pub(super) fail_next_apply: Option<EnforceError>,
     /// Slurm jobs' cgroups that exist, by Slurm job id.
     pub(super) slurm: BTreeMap<u64, SlurmCgroup>,
+    /// Plays `enforce::quiet`: a job applied at the same CPUs with the same live pids since is
+    /// settled (`Enforce::settled`).
+    pub(super) quiet: bool,
+    /// Calls of `apply`.
+    pub(super) applies: u32,
+    /// The live pids each job's last apply found.
+    found: BTreeMap<JobId, Vec<u32>>,
+}
+
+impl FakeNode {
+    fn live(&self, target: &Target) -> Vec<u32> {
+        match target {
+            Target::Pids(p) => p
+                .iter()
+                .copied()
+                .filter(|p| self.alive.contains(p))
+                .collect(),
+            Target::Cgroup(_) | Target::Container(_) | Target::Instances => vec![1],
+            Target::Slurm(j) if self.slurm.contains_key(&j.job_id) => vec![1],
+            Target::Slurm(_) => Vec::new(),
+        }
+    }
+
+    fn outcome(pids: Vec<u32>) -> Outcome {
+        Outcome {
+            alive: !pids.is_empty(),
+            threads: u32::try_from(pids.len()).unwrap(),
+            rr_threads: u32::try_from(pids.len()).unwrap(),
+            pids,
+            ..Outcome::default()
+        }
+    }
 }
 
 pub(super) struct FakeEnforcer(pub(super) Arc<Mutex<FakeNode>>);
@@ -47,27 +79,30 @@ impl Enforce for FakeEnforcer {
                 });
             }
         }
+        node.applies += 1;
         if let Some(e) = node.fail_next_apply.take() {
             return Err(e);
         }
-        let pids: Vec<u32> = match target {
-            Target::Pids(p) => p
-                .iter()
-                .copied()
-                .filter(|p| node.alive.contains(p))
-                .collect(),
-            Target::Cgroup(_) | Target::Container(_) | Target::Instances => vec![1],
-            Target::Slurm(j) if node.slurm.contains_key(&j.job_id) => vec![1],
-            Target::Slurm(_) => Vec::new(),
-        };
+        let pids = node.live(target);
         node.applied.insert(id.clone(), placement.cpus.clone());
-        Ok(Outcome {
-            alive: !pids.is_empty(),
-            threads: u32::try_from(pids.len()).unwrap(),
-            rr_threads: u32::try_from(pids.len()).unwrap(),
-            pids,
-            ..Outcome::default()
-        })
+        node.found.insert(id.clone(), pids.clone());
+        Ok(FakeNode::outcome(pids))
+    }
+
+    fn settled(
+        &mut self,
+        id: &JobId,
+        target: &Target,
+        placement: &Placement,
+        _record: &JobRecord,
+        shows: &dyn Fn(&Outcome) -> bool,
+    ) -> bool {
+        let node = self.0.lock().unwrap();
+        let pids = node.live(target);
+        node.quiet
+            && node.applied.get(id) == Some(&placement.cpus)
+            && node.found.get(id) == Some(&pids)
+            && shows(&FakeNode::outcome(pids))
     }
 
     fn release(

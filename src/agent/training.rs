@@ -23,6 +23,18 @@ pub trait Enforce: Send {
         placement: &Placement,
         record: &mut JobRecord,
     ) -> Result<Outcome, EnforceError>;
+    /// Whether an `apply` now would change nothing and find an outcome of which `shows` is
+    /// true (`enforce::quiet`), so the caller may leave the job as it is. False when unsure.
+    fn settled(
+        &mut self,
+        _id: &JobId,
+        _target: &Target,
+        _placement: &Placement,
+        _record: &JobRecord,
+        _shows: &dyn Fn(&Outcome) -> bool,
+    ) -> bool {
+        false
+    }
     /// Undoes everything `apply` did for the job, for whatever still exists.
     fn release(
         &mut self,
@@ -60,6 +72,25 @@ impl Enforce for crate::enforce::Enforcer {
         crate::enforce::Enforcer::release(self, id, target, record)
     }
 
+    fn settled(
+        &mut self,
+        id: &JobId,
+        target: &Target,
+        placement: &Placement,
+        record: &JobRecord,
+        shows: &dyn Fn(&Outcome) -> bool,
+    ) -> bool {
+        crate::enforce::Enforcer::settled(
+            self,
+            id,
+            target,
+            &placement.cpus,
+            &placement.mems,
+            record,
+            shows,
+        )
+    }
+
     fn describe(&self) -> String {
         self.mode().to_string()
     }
@@ -82,6 +113,24 @@ impl Enforce for crate::enforce::sim::SimulatedEnforcer {
         _record: &mut JobRecord,
     ) -> Result<Outcome, EnforceError> {
         self.observe_job(id, target, &placement.cpus, &placement.mems)
+    }
+
+    fn settled(
+        &mut self,
+        id: &JobId,
+        target: &Target,
+        placement: &Placement,
+        _record: &JobRecord,
+        shows: &dyn Fn(&Outcome) -> bool,
+    ) -> bool {
+        crate::enforce::sim::SimulatedEnforcer::settled(
+            self,
+            id,
+            target,
+            &placement.cpus,
+            &placement.mems,
+            shows,
+        )
     }
 
     fn release(
@@ -134,6 +183,30 @@ pub(super) fn views(
         .collect()
 }
 
+/// Whether the job is where `placement` puts it, shows what enforcement found at its last
+/// sweep, and nothing happened to it since (`Enforce::settled`): an apply would change nothing
+/// in it. The steady tick's path: no copy of the job to compare, no copy of the outcome
+/// (issue 21).
+pub(super) fn at_rest(
+    enforcer: &mut dyn Enforce,
+    id: &JobId,
+    stored: &StoredJob,
+    placement: &Placement,
+) -> bool {
+    let job = &stored.job;
+    job.cpus == placement.cpus
+        && job.mems == placement.mems
+        && job.state == JobState::Running
+        && job.last_error.is_none()
+        && enforcer.settled(id, &job.spec.target, placement, &stored.record, &|o| {
+            o.alive
+                && o.waiting.is_none()
+                && o.pids == job.pids
+                && o.threads == job.threads
+                && o.rr_threads == job.rr_threads
+        })
+}
+
 /// Jobs whose processes are gone, with why; reaped at the end of the tick.
 pub(super) type Gone = Vec<(JobId, String)>;
 
@@ -155,15 +228,21 @@ impl Training {
         let mut gone = Vec::new();
         let mut changed = Vec::new();
         for id in ids {
-            let placement = cx.state.plan.training.get(&id).cloned();
+            let placement = cx.state.plan.training.get(&id);
             let Some(stored) = cx.state.jobs.get_mut(&id) else {
                 continue;
             };
             if stored.job.spec.kind.is_lodger() {
                 continue;
             }
+            let waiting = cx.slurm.waiting(&id);
+            if waiting.is_none()
+                && placement.is_some_and(|p| at_rest(&mut *self.enforcer, &id, stored, p))
+            {
+                continue;
+            }
             let before = Enforced::of(stored);
-            if let Some(why) = cx.slurm.waiting(&id) {
+            if let Some(why) = waiting {
                 // Registered by the prolog before the job's cgroup exists (docs/slurm.md).
                 match why {
                     Ok(why) => {
@@ -175,7 +254,7 @@ impl Training {
                 dirty |= before.settle(stored, &mut changed);
                 continue;
             }
-            let result = match &placement {
+            let result = match placement {
                 Some(p) => {
                     stored.job.cpus = p.cpus.clone();
                     stored.job.mems = p.mems.clone();

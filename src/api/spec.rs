@@ -589,7 +589,7 @@ pub fn job_metrics_to_dict(m: &JobMetrics) -> HashMap<String, Value<'static>> {
         d.insert("membw_unavailable".into(), Value::from(why.clone()));
     }
     if let Some(why) = &m.net_unavailable {
-        d.insert("net_unavailable".into(), Value::from(why.clone()));
+        d.insert("net_unavailable".into(), Value::from(why.to_string()));
     }
     d
 }

@@ -157,7 +157,8 @@ impl Quiet {
         }
     }
 
-    /// The job's last outcome, when it may be skipped now (see the module doc).
+    /// The job's last outcome, when it may be skipped now (see the module doc): a copy, marked
+    /// unchanged and without the warnings that sweep gave.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn skip(
         &mut self,
@@ -169,6 +170,26 @@ impl Quiet {
         buf: &mut Vec<u32>,
         now: Instant,
     ) -> Option<Outcome> {
+        self.settled(id, target, asked, cgroups, roles, buf, now)
+            .map(|o| Outcome {
+                changed: false,
+                warnings: Vec::new(),
+                ..o.clone()
+            })
+    }
+
+    /// [`Self::skip`] without the copy: the job's last outcome, when it may be skipped now.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn settled(
+        &mut self,
+        id: &JobId,
+        target: &Target,
+        asked: &Asked<'_>,
+        cgroups: Option<&dyn CpusetHierarchy>,
+        roles: Option<&mut ThreadRoles>,
+        buf: &mut Vec<u32>,
+        now: Instant,
+    ) -> Option<&Outcome> {
         self.drain(now);
         self.events.as_ref()?;
         let swept = self.swept.get_mut(id)?;
@@ -221,11 +242,7 @@ impl Quiet {
                 }
             }
         }
-        Some(Outcome {
-            changed: false,
-            warnings: Vec::new(),
-            ..swept.outcome.clone()
-        })
+        Some(&swept.outcome)
     }
 
     /// Records a full sweep that succeeded. `at`: when it began (events read after it count).

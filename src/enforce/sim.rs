@@ -60,6 +60,34 @@ impl SimulatedEnforcer {
         Ok(out)
     }
 
+    /// Whether [`Self::observe_job`] now would be skipped with an outcome of which `shows` is
+    /// true (as `Enforcer::settled`).
+    pub fn settled(
+        &mut self,
+        id: &JobId,
+        target: &Target,
+        cpus: &CpuSet,
+        mems: &CpuSet,
+        shows: &dyn Fn(&Outcome) -> bool,
+    ) -> bool {
+        let asked = Asked {
+            cpus,
+            mems,
+            memory_max: None,
+        };
+        self.quiet
+            .settled(
+                id,
+                target,
+                &asked,
+                None,
+                None,
+                &mut Vec::new(),
+                Instant::now(),
+            )
+            .is_some_and(shows)
+    }
+
     /// Forgets what was observed of the job.
     pub fn forget(&mut self, id: &JobId) {
         self.quiet.forget(id);

@@ -50,8 +50,9 @@ pub struct JobMetrics {
     pub net_rx_bytes_per_s: Option<f64>,
     pub net_tx_bytes_per_s: Option<f64>,
     /// Why the job's traffic is not attributed (it shares the host's network namespace).
+    /// Shared: the same words for every such job, every pass.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub net_unavailable: Option<String>,
+    pub net_unavailable: Option<std::sync::Arc<str>>,
     /// PSI `some` of the job's own cgroup's `memory.pressure` over the last pass (cgroup v2,
     /// jobs with a cgroup): percent of time some of its tasks were stalled on memory.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -126,7 +126,7 @@ struct Tracked {
     /// Its own network namespace's counters at the last pass.
     netns: Option<net::NetnsSample>,
     /// Why its traffic cannot be attributed, which process told and when ([`NETNS_RECHECK`]).
-    net_verdict: Option<(u32, Instant, String)>,
+    net_verdict: Option<(u32, Instant, std::sync::Arc<str>)>,
     /// Its cgroup's memory pressure at the last pass (cgroup v2).
     memory_pressure: Option<PressureSample>,
 }
@@ -165,6 +165,17 @@ impl Sampler {
     /// are neither opened nor read.
     pub fn open_only(settings: SamplerSettings, kind: SourceKind) -> Sampler {
         Self::open_for(settings, Some(kind))
+    }
+
+    /// A worker's sampler whose one source could not be opened: its passes say why and nothing
+    /// else, whatever the jobs (`sources::Source::constant`). CPU and network are always read.
+    pub fn constant(&self) -> bool {
+        match self.only {
+            Some(SourceKind::Perf) => self.perf.is_err(),
+            Some(SourceKind::Gpu) => self.gpu.is_err(),
+            Some(SourceKind::Membw) => self.membw.is_err(),
+            Some(SourceKind::Cpu | SourceKind::Net) | None => false,
+        }
     }
 
     fn reads(&self, kind: SourceKind) -> bool {
@@ -559,6 +570,7 @@ impl Sampler {
                     t.netns = Some(sample);
                 }
                 net::JobNet::NotAttributable { pid, why } => {
+                    let why: std::sync::Arc<str> = why.into();
                     jobs.entry(t.job.id.clone()).or_default().net_unavailable = Some(why.clone());
                     t.net_verdict = Some((pid, now, why));
                     t.netns = None;

@@ -131,6 +131,13 @@ pub trait Source: Send {
     fn set_jobs(&mut self, jobs: Vec<SensedJob>);
     /// One pass; only this source's figures are read from it.
     fn sample(&mut self) -> Observations;
+    /// Whether every pass from now on would be the last one: a source that could not be opened
+    /// (no PMU, no NVML, no resctrl) says why and measures nothing, whatever the jobs. Its
+    /// worker then samples no more and its pass never goes stale: three such workers waking
+    /// every interval were a quarter of an idle lodgerd's CPU on a host without them (issue 21).
+    fn constant(&self) -> bool {
+        false
+    }
 }
 
 impl Source for Sampler {
@@ -139,6 +146,9 @@ impl Source for Sampler {
     }
     fn sample(&mut self) -> Observations {
         self.pass()
+    }
+    fn constant(&self) -> bool {
+        Sampler::constant(self)
     }
 }
 
@@ -156,7 +166,17 @@ struct Out {
 
 /// A worker's newest pass and when it ended; shared, so that the merge takes it without copying
 /// every job's figures (issue 21: a copy per source and job every interval).
-type Latest = Arc<Mutex<Option<(Instant, Arc<Observations>)>>>;
+type Latest = Arc<Mutex<Option<Pass>>>;
+
+/// A worker's pass as the coordinator takes it.
+#[derive(Clone)]
+struct Pass {
+    /// When it ended.
+    at: Instant,
+    obs: Arc<Observations>,
+    /// The source's last pass ([`Source::constant`]): never stale.
+    constant: bool,
+}
 
 struct Worker {
     kind: SourceKind,
@@ -238,7 +258,8 @@ pub fn spawn_sources(
     ))
 }
 
-/// A worker: a pass every interval, the newest handed over; ends when the coordinator goes.
+/// A worker: a pass every interval, the newest handed over; ends when the coordinator goes. A
+/// [constant](Source::constant) source's worker only waits for the end, taking the jobs.
 fn work(open: OpenSource, jobs: mpsc::Receiver<Vec<SensedJob>>, latest: &Latest, pace: &Pace) {
     let mut source = open();
     let mut next = Instant::now();
@@ -246,8 +267,19 @@ fn work(open: OpenSource, jobs: mpsc::Receiver<Vec<SensedJob>>, latest: &Latest,
         let now = Instant::now();
         if now >= next {
             let obs = source.sample();
+            let constant = source.constant();
             if let Ok(mut l) = latest.lock() {
-                *l = Some((Instant::now(), Arc::new(obs)));
+                *l = Some(Pass {
+                    at: Instant::now(),
+                    obs: Arc::new(obs),
+                    constant,
+                });
+            }
+            if constant {
+                while let Ok(j) = jobs.recv() {
+                    source.set_jobs(j);
+                }
+                return;
             }
             next = Instant::now() + pace.interval();
             continue;
@@ -324,7 +356,8 @@ fn merge(workers: &mut [Worker], started: Instant, stale_after: Duration) -> Obs
     for w in workers.iter_mut() {
         let latest = w.latest.lock().ok().and_then(|l| l.clone());
         let age = match &latest {
-            Some((at, _)) => now.saturating_duration_since(*at),
+            Some(p) if p.constant => Duration::ZERO,
+            Some(p) => now.saturating_duration_since(p.at),
             None => now.saturating_duration_since(started),
         };
         let stale = age > stale_after;
@@ -345,10 +378,10 @@ fn merge(workers: &mut [Worker], started: Instant, stale_after: Duration) -> Obs
             _ => {}
         }
         w.stale = stale;
-        if let Some((_, pass)) = &latest {
-            w.last_status = w.kind.status(pass).to_string();
+        if let Some(pass) = &latest {
+            w.last_status = w.kind.status(&pass.obs).to_string();
             if !stale {
-                w.kind.merge(&mut obs, pass);
+                w.kind.merge(&mut obs, &pass.obs);
             }
         }
         if latest.is_none() && !stale {

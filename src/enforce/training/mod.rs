@@ -197,6 +197,39 @@ impl Enforcer {
         self.scratch.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Whether an [`Self::apply`] now would be skipped (nothing the job depends on changed since
+    /// its last sweep, `enforce::quiet`) with an outcome of which `shows` is true: the caller
+    /// then has nothing to do for the job. Writes nothing.
+    pub fn settled(
+        &self,
+        id: &JobId,
+        target: &Target,
+        cpus: &CpuSet,
+        mems: &CpuSet,
+        record: &JobRecord,
+        shows: &dyn Fn(&Outcome) -> bool,
+    ) -> bool {
+        let mut guard = self.scratch();
+        let s = &mut *guard;
+        let asked = quiet::Asked {
+            cpus,
+            mems,
+            memory_max: record.memory_max,
+        };
+        let roles = matches!(self.settings.class, TrainingClass::Rr { roles: true });
+        s.quiet
+            .settled(
+                id,
+                target,
+                &asked,
+                Some(&*self.cpusets),
+                roles.then_some(&mut s.roles),
+                &mut s.in_cgroup,
+                std::time::Instant::now(),
+            )
+            .is_some_and(shows)
+    }
+
     /// Makes the job's processes run on `cpus` (and memory nodes `mems`; empty = leave) with every
     /// thread SCHED_RR. Idempotent: with nothing new, it writes nothing and reports
     /// `changed = false`. `record` is updated before each change it describes, so it stays valid

@@ -154,6 +154,26 @@ fn without_resctrl_job_bandwidth_is_unavailable_and_nothing_is_written() {
     assert!(!root.join("mon_groups").exists(), "nothing made");
 }
 
+/// A worker's sampler whose source is missing measures nothing more, ever (its worker stops
+/// sampling); CPU and network are always read, as is a source that opened.
+#[test]
+fn a_worker_whose_source_is_missing_is_constant() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let root = tmp.path().join("resctrl");
+    copy_tree(&fixture("none"), &root);
+    let only = |kind| Sampler::open_only(settings(tmp.path(), root.clone()), kind);
+    for kind in [SourceKind::Perf, SourceKind::Gpu, SourceKind::Membw] {
+        assert!(only(kind).constant(), "{kind:?}");
+    }
+    for kind in [SourceKind::Cpu, SourceKind::Net] {
+        assert!(!only(kind).constant(), "{kind:?}");
+    }
+    assert!(!Sampler::open(settings(tmp.path(), root.clone())).constant());
+    let intel = tmp.path().join("intel");
+    copy_tree(&fixture("intel-mba-mbm"), &intel);
+    assert!(!Sampler::open_only(settings(tmp.path(), intel), SourceKind::Membw).constant());
+}
+
 fn psi(total_us: u64) -> String {
     format!(
         "some avg10=0.00 avg60=0.00 avg300=0.00 total={total_us}\n\

@@ -135,3 +135,80 @@ fn a_source_that_blocks_goes_stale_with_its_age_and_the_others_keep_their_cadenc
     drop(link);
     join.join().expect("coordinator");
 }
+
+/// A source that could not be opened: counts its passes and the job lists it was given.
+struct Unavailable {
+    passes: std::sync::Arc<std::sync::atomic::AtomicU32>,
+    jobs: mpsc::Sender<usize>,
+}
+
+impl Source for Unavailable {
+    fn set_jobs(&mut self, jobs: Vec<SensedJob>) {
+        let _ = self.jobs.send(jobs.len());
+    }
+    fn sample(&mut self) -> Observations {
+        self.passes
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let mut obs = Observations::default();
+        obs.sources.perf = "unavailable: no PMU".into();
+        obs
+    }
+    fn constant(&self) -> bool {
+        true
+    }
+}
+
+#[test]
+fn a_source_that_cannot_measure_is_sampled_once_and_never_goes_stale() {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    let passes = std::sync::Arc::new(AtomicU32::new(0));
+    let (jobs_tx, jobs_rx) = mpsc::channel();
+    let counted = passes.clone();
+    let sources: Vec<(SourceKind, OpenSource)> = vec![
+        (
+            SourceKind::Cpu,
+            Box::new(|| Box::new(Counting(0.0)) as Box<dyn Source>),
+        ),
+        (
+            SourceKind::Perf,
+            Box::new(move || {
+                Box::new(Unavailable {
+                    passes: counted,
+                    jobs: jobs_tx,
+                }) as Box<dyn Source>
+            }),
+        ),
+    ];
+    // A deadline far shorter than the merges below span: a source sampled once would be stale
+    // after it, were it not constant.
+    let interval = Duration::from_millis(10);
+    let deadline = Duration::from_millis(30);
+    let (link, join) = spawn_sources(sources, Pace::new(interval, deadline)).expect("spawn");
+    let next = || link.observations.recv_timeout(HANG_GUARD).expect("a pass");
+    let first = next();
+    let mut last = next();
+    while last.unix_ms < first.unix_ms + 200 {
+        last = next();
+    }
+    for o in [&first, &last] {
+        assert!(!o.is_stale("perf"), "{:?}", o.ages);
+        assert_eq!(o.sources.perf, "unavailable: no PMU");
+        assert_eq!(o.ages["perf"].age_s, 0.0);
+    }
+    let count = |o: &Observations| o.node.cpu_percent.expect("cpu figure");
+    assert!(count(&last) > count(&first), "the CPU source kept sampling");
+    assert_eq!(passes.load(Ordering::SeqCst), 1, "sampled once");
+    // It still takes the jobs (a source keeps no figures for them, but is told).
+    link.jobs
+        .send(vec![SensedJob {
+            id: crate::job::JobId::from_seq(1),
+            pids: vec![1],
+            cgroup: None,
+            gpus: Vec::new(),
+        }])
+        .expect("send jobs");
+    assert_eq!(jobs_rx.recv_timeout(HANG_GUARD), Ok(1));
+    assert_eq!(passes.load(Ordering::SeqCst), 1, "taking jobs is no pass");
+    drop(link);
+    join.join().expect("coordinator");
+}
