@@ -11,7 +11,7 @@ use super::TickCx;
 use crate::cpuset::CpuSet;
 use crate::enforce::network::node::CpuJob;
 use crate::job::{JobId, JobKind, JobState, Target};
-use crate::policy::batch::{self, BatchJobView};
+use crate::policy::batch::{self, BatchJobView, BatchPlan};
 use crate::policy::contention::Throttles;
 use crate::policy::inference::{training_cpus, InferencePlan};
 use crate::policy::Placement;
@@ -19,11 +19,18 @@ use crate::policy::Placement;
 /// Keeps batch jobs on the leftover cores, in their class.
 pub(super) struct Batch {
     pub(super) enforcer: Box<dyn Enforce>,
+    /// The last placement and what it was made from: `batch::place` is pure, so a tick with the
+    /// same leftover cores and jobs takes it as it is (issue 21: placing 40 jobs on 192 CPUs
+    /// every idle tick).
+    placed: Option<(CpuSet, Vec<BatchJobView>, BatchPlan)>,
 }
 
 impl Batch {
     pub(super) fn new(enforcer: Box<dyn Enforce>) -> Self {
-        Self { enforcer }
+        Self {
+            enforcer,
+            placed: None,
+        }
     }
 
     /// The cores batch jobs may use: the node's lendable ones, minus training's and online
@@ -58,7 +65,17 @@ impl Batch {
                 }
             })
             .collect();
-        let plan = batch::place(cx.topology, &leftover, &views);
+        let same = self
+            .placed
+            .as_ref()
+            .is_some_and(|(l, v, _)| *l == leftover && *v == views);
+        if !same {
+            let plan = batch::place(cx.topology, &leftover, &views);
+            self.placed = Some((leftover, views, plan));
+        }
+        let Some((_, _, plan)) = &self.placed else {
+            return (false, Vec::new());
+        };
         let ids: Vec<JobId> = cx
             .state
             .jobs

@@ -2,6 +2,8 @@
 //! sample; its state lives in `StoredJob::tuning` and the owners' history in `State`. Touches
 //! only the jobs and observations lent by the tick.
 
+use std::fmt::{self, Write as _};
+
 use tracing::{debug, info};
 
 use super::{RightsizeSettings, TickCx};
@@ -17,11 +19,39 @@ use crate::topology::Topology;
 
 pub(super) struct Rightsize {
     settings: RightsizeSettings,
+    /// A job's right-sizing in words, built here before it is compared with the job's.
+    text: String,
+}
+
+/// Whether `text` reads as `value` displays, without building the string.
+fn displays_as(text: &str, value: &impl fmt::Display) -> bool {
+    struct Match<'a> {
+        rest: &'a str,
+        same: bool,
+    }
+    impl fmt::Write for Match<'_> {
+        fn write_str(&mut self, s: &str) -> fmt::Result {
+            match self.rest.strip_prefix(s) {
+                Some(rest) if self.same => self.rest = rest,
+                _ => self.same = false,
+            }
+            Ok(())
+        }
+    }
+    let mut m = Match {
+        rest: text,
+        same: true,
+    };
+    let _ = write!(m, "{value}");
+    m.same && m.rest.is_empty()
 }
 
 impl Rightsize {
     pub(super) fn new(settings: RightsizeSettings) -> Self {
-        Self { settings }
+        Self {
+            settings,
+            text: String::new(),
+        }
     }
 
     /// None: off. Some(true): resize; Some(false): advise only.
@@ -200,53 +230,82 @@ impl Rightsize {
                 }
             }
             let cores = tuning.tuner.cores();
-            stored.job.rightsize = Some(match (tuning.tuner.settled(), action, enforce) {
-                (Some(n), _, true) => format!(
-                    "settled at {n} cores after {} probes",
-                    tuning.tuner.probes()
-                ),
-                (Some(n), _, false) => format!(
-                    "advise: {n} cores (settled after {} probes; not applied)",
-                    tuning.tuner.probes()
+            // Written into a kept buffer and copied only when the words change: a string and a
+            // probe list built for every training job every tick were a tenth of an idle tick
+            // (issue 21).
+            let text = &mut self.text;
+            text.clear();
+            let probes = tuning.tuner.probes();
+            let _ = match (tuning.tuner.settled(), action, enforce) {
+                (Some(n), _, true) => write!(text, "settled at {n} cores after {probes} probes"),
+                (Some(n), _, false) => write!(
+                    text,
+                    "advise: {n} cores (settled after {probes} probes; not applied)"
                 ),
                 (None, TunerAction::Hold(why), _) if obs.sources.gpu.starts_with("unavailable") => {
-                    format!(
+                    write!(
+                        text,
                         "not tuned, at {cores} cores: no GPU utilization can be attributed to \
                          this job (GPU sensing {}); {why}",
                         obs.sources.gpu
                     )
                 }
                 (None, TunerAction::Hold(why), _) => {
-                    format!("at {cores} cores, not measuring: {why}")
+                    write!(text, "at {cores} cores, not measuring: {why}")
                 }
                 (None, _, true) => match tuning.tuner.extended() {
-                    0 => format!(
-                        "tuning: at {cores} cores, {} probes so far",
-                        tuning.tuner.probes()
-                    ),
-                    n => format!(
-                        "tuning: at {cores} cores, {} probes so far; window measured on \
-                         ({n} of at most {MAX_EXTENSIONS}): too noisy to judge, or near the knee",
-                        tuning.tuner.probes()
+                    0 => write!(text, "tuning: at {cores} cores, {probes} probes so far"),
+                    n => write!(
+                        text,
+                        "tuning: at {cores} cores, {probes} probes so far; window measured on \
+                         ({n} of at most {MAX_EXTENSIONS}): too noisy to judge, or near the knee"
                     ),
                 },
-                (None, _, false) => format!("advise: tuning, would run {cores} cores"),
-            });
-            stored.job.tuning = tuning
-                .tuner
-                .history()
-                .iter()
-                .map(|p| TuningView {
-                    cores: p.cores,
-                    gpu_percent: p.mean_util,
-                    noise: p.noise,
-                    decision: p.decision.to_string(),
-                })
-                .collect();
+                (None, _, false) => write!(text, "advise: tuning, would run {cores} cores"),
+            };
+            if stored.job.rightsize.as_deref() != Some(text.as_str()) {
+                stored.job.rightsize = Some(text.clone());
+            }
+            let history = tuning.tuner.history();
+            let shown = stored.job.tuning.len() == history.len()
+                && stored.job.tuning.iter().zip(history).all(|(v, p)| {
+                    v.cores == p.cores
+                        && v.gpu_percent == p.mean_util
+                        && v.noise == p.noise
+                        && displays_as(&v.decision, &p.decision)
+                });
+            if !shown {
+                stored.job.tuning = history
+                    .iter()
+                    .map(|p| TuningView {
+                        cores: p.cores,
+                        gpu_percent: p.mean_util,
+                        noise: p.noise,
+                        decision: p.decision.to_string(),
+                    })
+                    .collect();
+            }
             // Samples within a window and their times stay in memory: only a decision (a
             // window begun or judged, a probe, settling) is worth a write.
             changed |= !tuning.same_on_disk(&before);
         }
         changed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::displays_as;
+
+    #[test]
+    fn displays_as_compares_without_building_the_text() {
+        assert!(displays_as("42 cores", &format_args!("{} cores", 42)));
+        assert!(!displays_as("42 cores", &format_args!("{} cores", 4)));
+        assert!(!displays_as("4 cores", &format_args!("{} cores", 42)));
+        assert!(!displays_as(
+            "42 cores and more",
+            &format_args!("{} cores", 42)
+        ));
+        assert!(displays_as("", &""));
     }
 }
