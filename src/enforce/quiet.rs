@@ -157,28 +157,8 @@ impl Quiet {
         }
     }
 
-    /// The job's last outcome, when it may be skipped now (see the module doc): a copy, marked
-    /// unchanged and without the warnings that sweep gave.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn skip(
-        &mut self,
-        id: &JobId,
-        target: &Target,
-        asked: &Asked<'_>,
-        cgroups: Option<&dyn CpusetHierarchy>,
-        roles: Option<&mut ThreadRoles>,
-        buf: &mut Vec<u32>,
-        now: Instant,
-    ) -> Option<Outcome> {
-        self.settled(id, target, asked, cgroups, roles, buf, now)
-            .map(|o| Outcome {
-                changed: false,
-                warnings: Vec::new(),
-                ..o.clone()
-            })
-    }
-
-    /// [`Self::skip`] without the copy: the job's last outcome, when it may be skipped now.
+    /// The job's last outcome, when it may be skipped now (see the module doc); an apply reports
+    /// it [`Outcome::again`].
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn settled(
         &mut self,

@@ -46,11 +46,11 @@ impl SimulatedEnforcer {
             memory_max: None,
         };
         let mut buf = Vec::new();
-        if let Some(out) = self
+        if let Some(last) = self
             .quiet
-            .skip(id, target, &asked, None, None, &mut buf, now)
+            .settled(id, target, &asked, None, None, &mut buf, now)
         {
-            return Ok(out);
+            return Ok(last.again());
         }
         let out = self.observe(target)?;
         if out.alive {

@@ -91,6 +91,18 @@ pub struct Outcome {
     pub bound: u32,
 }
 
+impl Outcome {
+    /// This outcome as an apply skipped by `enforce::quiet` reports it again: nothing written,
+    /// and no warning said twice.
+    pub fn again(&self) -> Outcome {
+        Outcome {
+            changed: false,
+            warnings: Vec::new(),
+            ..self.clone()
+        }
+    }
+}
+
 /// Buffers kept between applies, so the steady path does not allocate per process or thread.
 #[derive(Debug)]
 struct Scratch {
@@ -210,24 +222,38 @@ impl Enforcer {
         shows: &dyn Fn(&Outcome) -> bool,
     ) -> bool {
         let mut guard = self.scratch();
-        let s = &mut *guard;
+        let now = std::time::Instant::now();
+        self.quiet_outcome(&mut guard, id, target, cpus, mems, record, now)
+            .is_some_and(shows)
+    }
+
+    /// The job's last outcome when `enforce::quiet` lets an apply skip it now.
+    #[allow(clippy::too_many_arguments)]
+    fn quiet_outcome<'s>(
+        &self,
+        s: &'s mut Scratch,
+        id: &JobId,
+        target: &Target,
+        cpus: &CpuSet,
+        mems: &CpuSet,
+        record: &JobRecord,
+        now: std::time::Instant,
+    ) -> Option<&'s Outcome> {
         let asked = quiet::Asked {
             cpus,
             mems,
             memory_max: record.memory_max,
         };
         let roles = matches!(self.settings.class, TrainingClass::Rr { roles: true });
-        s.quiet
-            .settled(
-                id,
-                target,
-                &asked,
-                Some(&*self.cpusets),
-                roles.then_some(&mut s.roles),
-                &mut s.in_cgroup,
-                std::time::Instant::now(),
-            )
-            .is_some_and(shows)
+        s.quiet.settled(
+            id,
+            target,
+            &asked,
+            Some(&*self.cpusets),
+            roles.then_some(&mut s.roles),
+            &mut s.in_cgroup,
+            now,
+        )
     }
 
     /// Makes the job's processes run on `cpus` (and memory nodes `mems`; empty = leave) with every
@@ -249,23 +275,14 @@ impl Enforcer {
         let mut guard = self.scratch();
         let s = &mut *guard;
         let now = std::time::Instant::now();
+        if let Some(last) = self.quiet_outcome(s, id, target, cpus, mems, record, now) {
+            return Ok(last.again());
+        }
         let asked = quiet::Asked {
             cpus,
             mems,
             memory_max: record.memory_max,
         };
-        let roles = matches!(self.settings.class, TrainingClass::Rr { roles: true });
-        if let Some(out) = s.quiet.skip(
-            id,
-            target,
-            &asked,
-            Some(&*self.cpusets),
-            roles.then_some(&mut s.roles),
-            &mut s.in_cgroup,
-            now,
-        ) {
-            return Ok(out);
-        }
         let mut out = Outcome::default();
         let JobRecord {
             cgroup: cgroup_rec,
