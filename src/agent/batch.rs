@@ -65,17 +65,14 @@ impl Batch {
                 }
             })
             .collect();
-        let same = self
-            .placed
-            .as_ref()
-            .is_some_and(|(l, v, _)| *l == leftover && *v == views);
-        if !same {
-            let plan = batch::place(cx.topology, &leftover, &views);
-            self.placed = Some((leftover, views, plan));
-        }
-        let Some((_, _, plan)) = &self.placed else {
-            return (false, Vec::new());
+        let placed = match self.placed.take() {
+            Some(last) if last.0 == leftover && last.1 == views => last,
+            _ => {
+                let plan = batch::place(cx.topology, &leftover, &views);
+                (leftover, views, plan)
+            }
         };
+        let plan = &self.placed.insert(placed).2;
         let ids: Vec<JobId> = cx
             .state
             .jobs

@@ -402,7 +402,6 @@ impl Sampler {
     /// One pass over every source.
     pub fn pass(&mut self) -> Observations {
         let mut node = NodeMetrics::default();
-        let mut jobs: BTreeMap<JobId, JobMetrics> = BTreeMap::new();
 
         // CPU, node and per job.
         let cpu = self.reads(SourceKind::Cpu);
@@ -435,10 +434,7 @@ impl Sampler {
         // Built in the jobs' order and collected at once, not inserted one by one.
         let mut per_job = Vec::with_capacity(if cpu { self.jobs.len() } else { 0 });
         for t in self.jobs.values_mut().filter(|_| cpu) {
-            per_job.push((t.job.id.clone(), JobMetrics::default()));
-            let Some((_, m)) = per_job.last_mut() else {
-                continue;
-            };
+            let mut m = JobMetrics::default();
             if let Ok(sample) = self.cpu.processes(&t.job.pids) {
                 if let Some(r) = t
                     .cpu
@@ -455,12 +451,9 @@ impl Sampler {
                     m.memory_pressure_percent = stall_percent(&mut t.memory_pressure, p);
                 }
             }
+            per_job.push((t.job.id.clone(), m));
         }
-        if jobs.is_empty() {
-            jobs = per_job.into_iter().collect();
-        } else {
-            jobs.extend(per_job);
-        }
+        let mut jobs: BTreeMap<JobId, JobMetrics> = per_job.into_iter().collect();
 
         // perf.
         if let Ok(p) = &mut self.perf {
