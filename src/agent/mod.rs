@@ -143,6 +143,8 @@ pub struct RightsizeSettings {
     pub window: Duration,
     pub shrink: bool,
     pub tolerance: u32,
+    /// `rightsize.min_change_percent`: see `TunerSettings::min_change`.
+    pub min_change: f64,
 }
 
 impl Default for RightsizeSettings {
@@ -153,6 +155,7 @@ impl Default for RightsizeSettings {
             window: Duration::from_secs(60),
             shrink: true,
             tolerance: 1,
+            min_change: 0.0,
         }
     }
 }

@@ -111,6 +111,7 @@ impl Rightsize {
             warmup: rs.warmup,
             window: rs.window,
             tolerance: rs.tolerance,
+            min_change: rs.min_change,
             from_history: state
                 .owner_history
                 .largest_per_gpu(job.owner_uid, job.spec.category)

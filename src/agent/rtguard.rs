@@ -304,6 +304,7 @@ mod tests {
             warmup: Duration::ZERO,
             window: Duration::from_secs(1),
             tolerance: 5,
+            min_change: 0.0,
             from_history: false,
             gpus: 0,
         };

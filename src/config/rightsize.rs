@@ -8,7 +8,7 @@ use super::value::{in_range, named_enum, one_of};
 use super::{ConfigError, Cx};
 
 /// `[rightsize]`: SODA §V-B, the core count of training jobs from their GPU utilization.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct RightsizeConfig {
     pub mode: RightsizeMode,
     /// Left alone after registration before the first measurement window, in seconds.
@@ -19,6 +19,9 @@ pub struct RightsizeConfig {
     pub shrink: bool,
     /// Cores of error accepted: tuning stops once the best count is known within this many.
     pub tolerance_cores: u32,
+    /// The smallest difference in GPU utilization (percentage points) that counts as a change,
+    /// however clearly the noise allows a smaller one: below it, fewer cores are enough.
+    pub min_change_percent: f64,
 }
 
 impl Default for RightsizeConfig {
@@ -29,6 +32,7 @@ impl Default for RightsizeConfig {
             window_seconds: 60,
             shrink: true,
             tolerance_cores: 1,
+            min_change_percent: 0.0,
         }
     }
 }
@@ -52,6 +56,7 @@ pub(super) struct RawRightsize {
     window_seconds: Option<Spanned<i64>>,
     shrink: Option<Spanned<bool>>,
     tolerance_cores: Option<Spanned<i64>>,
+    min_change_percent: Option<Spanned<f64>>,
 }
 
 impl Cx<'_> {
@@ -83,6 +88,20 @@ impl Cx<'_> {
                 raw.tolerance_cores,
                 d.tolerance_cores,
                 |v| in_range(v, &(0..=64)),
+            )?,
+            min_change_percent: self.field(
+                "rightsize.min_change_percent",
+                raw.min_change_percent,
+                d.min_change_percent,
+                |v| {
+                    if v.is_finite() && (0.0..=50.0).contains(&v) {
+                        Ok(v)
+                    } else {
+                        Err(format!(
+                            "must be percentage points of GPU utilization from 0 to 50 (got {v})"
+                        ))
+                    }
+                },
             )?,
         })
     }

@@ -350,6 +350,14 @@ fn bad_input_names_file_line_and_key() {
             "/etc/lodger/lodger.toml:2: sense.gpu: must be one of auto, nvml, emulated, off (got \"cuda\")",
         ),
         (
+            "[rightsize]\nmin_change_percent = 60\n",
+            "/etc/lodger/lodger.toml:2: rightsize.min_change_percent: must be percentage points of GPU utilization from 0 to 50 (got 60)",
+        ),
+        (
+            "[rightsize]\nmin_change_percent = -0.5\n",
+            "/etc/lodger/lodger.toml:2: rightsize.min_change_percent: must be percentage points of GPU utilization from 0 to 50 (got -0.5)",
+        ),
+        (
             "[metrics]\nlisten = \"localhost\"\n",
             "/etc/lodger/lodger.toml:2: metrics.listen: must be empty (off) or an address and port such as \"127.0.0.1:9464\" (got \"localhost\")",
         ),

@@ -162,6 +162,7 @@ pub(super) fn agent_settings(config: &Config) -> AgentSettings {
             window: Duration::from_secs(config.rightsize.window_seconds),
             shrink: config.rightsize.shrink,
             tolerance: config.rightsize.tolerance_cores,
+            min_change: config.rightsize.min_change_percent,
         },
         contention: match config.contention.mode {
             config::RightsizeMode::Off => None,

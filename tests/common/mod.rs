@@ -1044,16 +1044,22 @@ pub fn second_core_speeds_up(workers: u32, args: &[&str], cpus: [u32; 2]) -> Res
 }
 
 /// Whether one core keeps the emulator as busy as two here now (`busy_on_one_and_two`): `Err`
-/// with the figures when one CPU leaves it more than 5 % less busy, as where the CPUs are too
-/// slow for the workload: there a second core is rightly kept.
-pub fn one_core_suffices(workers: u32, args: &[&str], cpus: [u32; 2]) -> Result<(), String> {
+/// with the figures when one CPU leaves it more than `points` percentage points less busy (the
+/// smallest change the daemon under test counts, `rightsize.min_change_percent`), as where the
+/// CPUs are too slow for the workload: there a second core is rightly kept.
+pub fn one_core_suffices(
+    workers: u32,
+    args: &[&str],
+    cpus: [u32; 2],
+    points: f64,
+) -> Result<(), String> {
     let (one, two) = busy_on_one_and_two(workers, args, cpus);
-    if one >= 0.95 * two && one > 0.0 {
+    if 100.0 * (two - one) <= points && one > 0.0 {
         Ok(())
     } else {
         Err(format!(
-            "one CPU is too slow for the emulator's light load here ({}, more than 5 % apart): \
-             a second core is rightly kept on this machine",
+            "one CPU is too slow for the emulator's light load here ({}, more than {points} \
+             points apart): a second core is rightly kept on this machine",
             busy_figures(one, two, cpus)
         ))
     }

@@ -15,7 +15,8 @@
 //! split). A split with no window below the knee, or none on the plateau, is plausible too when
 //! it fits: the knee is then not bounded on that side, and the tuner goes on stepping. The knee
 //! the targets ask for (issue 21) is the fewest cores whose utilization is within the measured
-//! noise of the best: [`KNEE_BAND_Z`] standard errors of one window's mean below the plateau.
+//! noise of the best: [`KNEE_BAND_Z`] standard errors of one window's mean below the plateau,
+//! or the settings' `min_change` (percentage points) where that is wider.
 
 use super::noise::WindowStats;
 use super::start::CoreLimits;
@@ -102,8 +103,9 @@ pub(super) fn settle_count(
     history: &[Probe],
     limits: CoreLimits,
     tolerance: u32,
+    min_change: f64,
 ) -> Option<u32> {
-    let (lo, hi) = counts(measured, limits)?;
+    let (lo, hi) = counts(measured, limits, min_change)?;
     let fewest = measured.iter().map(|w| w.cores).min()?;
     let starved = |p: &Probe| p.cores == hi && matches!(p.decision, Decision::Starved { .. });
     (hi - lo <= tolerance && hi >= fewest && !history.iter().any(starved)).then_some(hi)
@@ -116,6 +118,7 @@ pub(super) fn measure_on(
     current: &WindowStats,
     limits: CoreLimits,
     tolerance: u32,
+    min_change: f64,
 ) -> bool {
     let mut all: Vec<WindowStats> = measured
         .iter()
@@ -124,7 +127,8 @@ pub(super) fn measure_on(
         .collect();
     all.push(*current);
     let (ws, se1) = pooled(&all);
-    let Some(edge) = edge(&ws, KNEE_BAND_Z * se1) else {
+    let band = (KNEE_BAND_Z * se1).max(min_change);
+    let Some(edge) = edge(&ws, band) else {
         return false;
     };
     let Some(w) = ws.iter().find(|w| w.cores == current.cores) else {
@@ -136,7 +140,7 @@ pub(super) fn measure_on(
         return false;
     }
     if edge.plateau.is_finite() {
-        let level = edge.plateau - KNEE_BAND_Z * se1;
+        let level = edge.plateau - band;
         if (w.mean - level).abs() < MEASURE_ON_Z * w.se {
             return true;
         }
@@ -155,10 +159,11 @@ pub(super) fn measure_on(
         && current.cores <= hi.saturating_add(1)
 }
 
-/// The knee's interval in counts, `lo..=hi`, from the windows measured.
-fn counts(measured: &[WindowStats], limits: CoreLimits) -> Option<(u32, u32)> {
+/// The knee's interval in counts, `lo..=hi`, from the windows measured, the band of the
+/// plateau at least `min_change`.
+fn counts(measured: &[WindowStats], limits: CoreLimits, min_change: f64) -> Option<(u32, u32)> {
     let (ws, se1) = pooled(measured);
-    to_counts(edge(&ws, KNEE_BAND_Z * se1)?, limits)
+    to_counts(edge(&ws, (KNEE_BAND_Z * se1).max(min_change))?, limits)
 }
 
 fn to_counts(edge: Edge, limits: CoreLimits) -> Option<(u32, u32)> {
@@ -402,7 +407,7 @@ mod tests {
                 floor: 1,
                 max: 4 * k,
             };
-            let n = settle_count(&ws, &[], limits, 1).expect("narrow enough to settle");
+            let n = settle_count(&ws, &[], limits, 1, 0.0).expect("narrow enough to settle");
             assert!(
                 f64::from(n) >= want && f64::from(n) <= want + 1.0,
                 "{gpus} GPUs, knee {k}: settles on {n}, want {want} or one more"
@@ -417,7 +422,7 @@ mod tests {
         let e = edge(&ws, KNEE_BAND_Z * 0.3).expect("a fit");
         assert_eq!(e.lo, None, "{e:?}");
         let limits = CoreLimits { floor: 1, max: 24 };
-        assert_eq!(settle_count(&ws, &[], limits, 1), None);
+        assert_eq!(settle_count(&ws, &[], limits, 1, 0.0), None);
     }
 
     #[test]
@@ -427,7 +432,7 @@ mod tests {
         let e = edge(&ws, KNEE_BAND_Z * 0.2).expect("a fit");
         assert_eq!(e.hi, None, "{e:?}");
         let limits = CoreLimits { floor: 1, max: 24 };
-        assert_eq!(settle_count(&ws, &[], limits, 1), None);
+        assert_eq!(settle_count(&ws, &[], limits, 1, 0.0), None);
     }
 
     #[test]
@@ -450,7 +455,13 @@ mod tests {
             se,
             df: 9.0,
         };
-        assert!(measure_on(&ws, &at(plateau - KNEE_BAND_Z * se), limits, 1));
-        assert!(!measure_on(&ws, &at(plateau - 20.0), limits, 1));
+        assert!(measure_on(
+            &ws,
+            &at(plateau - KNEE_BAND_Z * se),
+            limits,
+            1,
+            0.0
+        ));
+        assert!(!measure_on(&ws, &at(plateau - 20.0), limits, 1, 0.0));
     }
 }

@@ -684,6 +684,52 @@ fn a_window_too_noisy_to_judge_is_measured_on() {
     assert_eq!(t.extended(), 0);
 }
 
+/// The figures of a CI run of the shrink test (tests/rightsize.rs): two cores 98.7 % busy,
+/// one 98.0 %, each steady within a few tenths. The noise clears 0.7 points, so at
+/// `min_change` 0 one core is starved and the job keeps two; with `min_change` 2 the drop is
+/// too small to count, and one core is enough, said with the floor as the threshold.
+#[test]
+fn a_change_below_min_change_does_not_count() {
+    let settle = |min_change: f64| {
+        let s = TunerSettings {
+            warmup: Duration::from_secs(2),
+            window: Duration::from_secs(6),
+            tolerance: 0,
+            min_change,
+            ..TunerSettings::new(2, CoreLimits { floor: 1, max: 2 })
+        };
+        let mut t = Tuner::new(s, Duration::ZERO);
+        t.step(Duration::from_secs(2), &[], false);
+        let mut now = 2;
+        let mut last = TunerAction::Wait;
+        while !matches!(last, TunerAction::Settle(_)) && now < 200 {
+            now += 1;
+            let at = if t.cores() == 2 { 98.7 } else { 98.0 };
+            let wobble = [0.2, -0.1, 0.0, -0.2, 0.1, 0.0][now as usize % 6];
+            last = t.step(Duration::from_secs(now), &[at + wobble], false);
+        }
+        (last, t.history().to_vec())
+    };
+    let (strict, history) = settle(0.0);
+    assert_eq!(strict, TunerAction::Settle(2), "{}", describe(&history));
+    assert!(
+        matches!(
+            history.last().map(|p| p.decision),
+            Some(Decision::Starved { than: 2, .. })
+        ),
+        "{}",
+        describe(&history)
+    );
+    let (floored, history) = settle(2.0);
+    assert_eq!(floored, TunerAction::Settle(1), "{}", describe(&history));
+    assert_eq!(
+        history.last().map(|p| p.decision.to_string()).as_deref(),
+        Some("enough: within 2.00 of 2"),
+        "{}",
+        describe(&history)
+    );
+}
+
 /// A noisy window that does not lean toward a change is not measured on as undecided: that
 /// is for evidence that points one way without clearing the noise, not for every noisy
 /// window. (The fitted curve may still ask for more samples of a plateau measured once, see

@@ -277,7 +277,13 @@ impl Tuner {
                 let (limits, tolerance) = (self.settings.limits(), self.settings.tolerance);
                 if (times < UNDECIDED_EXTENSIONS && self.undecided(&stats, purpose))
                     || (times < MAX_EXTENSIONS
-                        && fit::measure_on(&self.measured, &stats, limits, tolerance))
+                        && fit::measure_on(
+                            &self.measured,
+                            &stats,
+                            limits,
+                            tolerance,
+                            self.settings.min_change,
+                        ))
                 {
                     if let Phase::Measuring { extended, .. } = &mut self.phase {
                         *extended += 1;
@@ -461,8 +467,14 @@ impl Tuner {
     /// [`Decision`]). The noise of a job's utilization is much the same at every count, so a
     /// window's standard error is taken as at least what all the windows measured so far say
     /// it is for its number of samples: one window's estimate, from ten batches, can be low by
-    /// chance, and a comparison with that window would then see changes in noise.
+    /// chance, and a comparison with that window would then see changes in noise. Never below
+    /// the settings' `min_change`.
     fn change_threshold(&self, a: &WindowStats, b: &WindowStats) -> f64 {
+        self.noise_threshold(a, b).max(self.settings.min_change)
+    }
+
+    /// `change_threshold` from the noise alone.
+    fn noise_threshold(&self, a: &WindowStats, b: &WindowStats) -> f64 {
         let (mut weighted, mut df) = (0.0, 0.0);
         let new = [a, b].into_iter().filter(|w| !self.measured.contains(w));
         for w in self.measured.iter().chain(new) {
@@ -494,7 +506,13 @@ impl Tuner {
         // The curve fitted to every window (SODA §IV-B-1) may already place the knee within the
         // tolerance: then no more probes.
         let (limits, tolerance) = (self.settings.limits(), self.settings.tolerance);
-        if let Some(n) = fit::settle_count(&self.measured, &self.history, limits, tolerance) {
+        if let Some(n) = fit::settle_count(
+            &self.measured,
+            &self.history,
+            limits,
+            tolerance,
+            self.settings.min_change,
+        ) {
             self.search.hi = n;
             return self.settle(n);
         }

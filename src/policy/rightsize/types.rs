@@ -19,7 +19,7 @@ pub const DEFAULT_WINDOW: Duration = Duration::from_secs(60);
 pub const DEFAULT_TOLERANCE: u32 = 1;
 
 /// How a [`Tuner`] searches.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TunerSettings {
     /// The count the job runs at from the start ([`start_cores`]).
     pub start: u32,
@@ -33,6 +33,12 @@ pub struct TunerSettings {
     pub window: Duration,
     /// Cores of error accepted ([`DEFAULT_TOLERANCE`]).
     pub tolerance: u32,
+    /// The smallest difference in utilization (percentage points) that counts as a change,
+    /// however small the noise: a floor under every noise threshold and under the fit's band
+    /// of the plateau. 0 (the default): any difference the noise shows counts, SODA §V-B's
+    /// "the fewest cores at the maximum". Absent from older state files: 0.
+    #[serde(default)]
+    pub min_change: f64,
     /// `start` is the owner's history (SODA §V-B-1: the largest count the owner's earlier jobs
     /// of the category settled on), not a category default or the requested count: the search
     /// then tries fewer cores first, else more (see [`Tuner`]). Absent from older state files:
@@ -55,6 +61,7 @@ impl TunerSettings {
             warmup: DEFAULT_WARMUP,
             window: DEFAULT_WINDOW,
             tolerance: DEFAULT_TOLERANCE,
+            min_change: 0.0,
             from_history: false,
             gpus: 0,
         }
