@@ -348,6 +348,8 @@ fn idle_sensing_passes_with_a_right_sized_job_write_nothing() {
         builder.settings.rightsize = rightsize(warmup, window);
         let mut agent = builder.start().unwrap();
         let job = agent.register(spec(vec![100], 4), 0).unwrap();
+        let tuner = &agent.state.jobs[&job.id].tuning.as_ref().unwrap().tuner;
+        assert_eq!(tuner.settings().min_change, 0.0, "the default");
         // The first pass may begin the baseline window: a decision.
         pass(&mut agent, &job.id, 1);
         let writes = agent.store.writes();
@@ -367,9 +369,18 @@ fn idle_sensing_passes_with_a_right_sized_job_write_nothing() {
     let rig = Rig::new();
     rig.spawn(100);
     let mut builder = rig.builder();
-    builder.settings.rightsize = rightsize(Duration::ZERO, Duration::ZERO);
+    builder.settings.rightsize = RightsizeSettings {
+        min_change: 1.5,
+        ..rightsize(Duration::ZERO, Duration::ZERO)
+    };
     let mut agent = builder.start().unwrap();
     let job = agent.register(spec(vec![100], 4), 0).unwrap();
+    let tuner = &agent.state.jobs[&job.id].tuning.as_ref().unwrap().tuner;
+    assert_eq!(
+        tuner.settings().min_change,
+        1.5,
+        "rightsize.min_change_percent"
+    );
     let registered = agent.store.writes();
     let mut ms = 1;
     let settled = |agent: &Agent| {

@@ -600,9 +600,11 @@ mod tests {
     fn modes_map_as_documented() {
         let mut c = Config::default();
         c.rightsize.mode = config::RightsizeMode::Advise;
+        c.rightsize.min_change_percent = 1.5;
         c.contention.mode = config::RightsizeMode::Advise;
         let agent = agent_settings(&c);
         assert_eq!(agent.rightsize.enforce, Some(false));
+        assert_eq!(agent.rightsize.min_change, 1.5);
         let contention = agent.contention.expect("advise keeps contention on");
         assert_eq!(contention.mode, ContentionMode::Advise);
         c.rightsize.mode = config::RightsizeMode::Off;
