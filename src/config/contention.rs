@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 use toml::Spanned;
 
-use super::value::{in_range, one_of};
+use super::value::{in_range, one_of, within};
 use super::{ConfigError, Cx, RightsizeMode};
 
 /// `[contention]`: SODA §V-E, throttling CPU jobs that slow training.
@@ -83,13 +83,7 @@ impl Cx<'_> {
                 "contention.memory_pressure_percent",
                 raw.memory_pressure_percent,
                 d.memory_pressure_percent,
-                |v| {
-                    if v.is_finite() && (0.0..=100.0).contains(&v) {
-                        Ok(v)
-                    } else {
-                        Err(format!("must be a percent from 0 (off) to 100 (got {v})"))
-                    }
-                },
+                |v| within(v, 0.0..=100.0, "a percent (0: off)"),
             )?,
         })
     }

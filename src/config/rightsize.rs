@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 use toml::Spanned;
 
-use super::value::{in_range, named_enum, one_of};
+use super::value::{in_range, named_enum, one_of, within};
 use super::{ConfigError, Cx};
 
 /// `[rightsize]`: SODA §V-B, the core count of training jobs from their GPU utilization.
@@ -93,15 +93,7 @@ impl Cx<'_> {
                 "rightsize.min_change_percent",
                 raw.min_change_percent,
                 d.min_change_percent,
-                |v| {
-                    if v.is_finite() && (0.0..=50.0).contains(&v) {
-                        Ok(v)
-                    } else {
-                        Err(format!(
-                            "must be percentage points of GPU utilization from 0 to 50 (got {v})"
-                        ))
-                    }
-                },
+                |v| within(v, 0.0..=50.0, "percentage points of GPU utilization"),
             )?,
         })
     }

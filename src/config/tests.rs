@@ -354,6 +354,10 @@ fn bad_input_names_file_line_and_key() {
             "/etc/lodger/lodger.toml:2: rightsize.min_change_percent: must be percentage points of GPU utilization from 0 to 50 (got 60)",
         ),
         (
+            "[contention]\nmemory_pressure_percent = 120\n",
+            "/etc/lodger/lodger.toml:2: contention.memory_pressure_percent: must be a percent (0: off) from 0 to 100 (got 120)",
+        ),
+        (
             "[rightsize]\nmin_change_percent = -0.5\n",
             "/etc/lodger/lodger.toml:2: rightsize.min_change_percent: must be percentage points of GPU utilization from 0 to 50 (got -0.5)",
         ),

@@ -41,6 +41,20 @@ macro_rules! named_enum {
 }
 pub(super) use named_enum;
 
+/// `value` when it is a finite number within `range`, else why not: "must be {what} from
+/// {start} to {end} (got {value})".
+pub(super) fn within(value: f64, range: RangeInclusive<f64>, what: &str) -> Result<f64, String> {
+    if value.is_finite() && range.contains(&value) {
+        Ok(value)
+    } else {
+        Err(format!(
+            "must be {what} from {} to {} (got {value})",
+            range.start(),
+            range.end()
+        ))
+    }
+}
+
 pub(super) fn in_range<T: TryFrom<i64>>(
     value: i64,
     range: &RangeInclusive<i64>,
