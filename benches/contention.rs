@@ -169,13 +169,6 @@ impl Bench {
     }
 }
 
-fn mean(xs: &[f64]) -> f64 {
-    if xs.is_empty() {
-        return f64::NAN;
-    }
-    xs.iter().sum::<f64>() / xs.len() as f64
-}
-
 /// Mean iteration time (ms) of the emulator's report lines.
 fn iter_ms(lines: &[String]) -> f64 {
     mean(
@@ -248,24 +241,6 @@ fn window(procs: &[&Proc], extra: &[u32], length: Duration) -> Window {
         others,
         seconds,
     }
-}
-
-/// Busy and idle clock ticks of each CPU, from /proc/stat.
-fn cpu_ticks() -> Vec<(u64, u64)> {
-    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
-    stat.lines()
-        .filter(|l| l.starts_with("cpu") && !l.starts_with("cpu "))
-        .map(|l| {
-            let v: Vec<u64> = l
-                .split_whitespace()
-                .skip(1)
-                .filter_map(|x| x.parse().ok())
-                .collect();
-            let idle = v.get(3).copied().unwrap_or(0) + v.get(4).copied().unwrap_or(0);
-            let busy: u64 = v.iter().take(8).sum::<u64>() - idle;
-            (busy, idle)
-        })
-        .collect()
 }
 
 /// CPUs' worth used by `pids` and by everything else over a span.

@@ -88,3 +88,30 @@ pub fn calibrate(cpu: &str, batch_cpu_ms: u64, extra: &[&str]) -> f64 {
         .and_then(|v| v.parse().ok())
         .expect("calibrated work_per_batch= in the emulator's output")
 }
+
+/// The mean of `xs`; NaN for none.
+pub fn mean(xs: &[f64]) -> f64 {
+    if xs.is_empty() {
+        return f64::NAN;
+    }
+    xs.iter().sum::<f64>() / xs.len() as f64
+}
+
+/// Busy and idle clock ticks of each CPU, from /proc/stat.
+pub fn cpu_ticks() -> Vec<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    stat.lines()
+        .filter(|l| l.starts_with("cpu") && !l.starts_with("cpu "))
+        .map(|l| {
+            let v: Vec<u64> = l
+                .split_whitespace()
+                .skip(1)
+                .filter_map(|x| x.parse().ok())
+                .collect();
+            // user nice system idle iowait irq softirq steal
+            let idle = v.get(3).copied().unwrap_or(0) + v.get(4).copied().unwrap_or(0);
+            let busy: u64 = v.iter().take(8).sum::<u64>() - idle;
+            (busy, idle)
+        })
+        .collect()
+}
