@@ -29,6 +29,10 @@ struct JobCounters {
     fds: usize,
 }
 
+/// Times a thread's group is opened again after EINVAL before it counts as refused (see
+/// `try_attach`).
+const EINVAL_TRIES: u32 = 10;
+
 /// Why opening a group stopped.
 enum OpenFailure {
     /// The thread exited between listing and opening (or the CPU is offline).
@@ -331,14 +335,20 @@ impl PerfCounters {
                     // EINVAL can be a race, not a refusal: the kernel swaps the perf contexts of
                     // threads whose inherited contexts are clones when it switches between them,
                     // so a member can find its leader in another thread's context. Such a group
-                    // is opened again, a few times; a real refusal stays one.
+                    // is opened again, after a millisecond's pause from the fourth try on (a
+                    // loaded emulated guest failed three quick tries in a row); a real refusal
+                    // stays one.
                     let mut tries = 0;
                     let opened = loop {
                         match self.open_group(&events, Some(tid), None, target) {
                             Err(OpenFailure::Fatal(PerfError::Open { source, .. }))
-                                if source.raw_os_error() == Some(libc::EINVAL) && tries < 3 =>
+                                if source.raw_os_error() == Some(libc::EINVAL)
+                                    && tries < EINVAL_TRIES =>
                             {
-                                tries += 1
+                                tries += 1;
+                                if tries >= 3 {
+                                    std::thread::sleep(Duration::from_millis(1));
+                                }
                             }
                             other => break other,
                         }
