@@ -115,3 +115,73 @@ pub fn cpu_ticks() -> Vec<(u64, u64)> {
         })
         .collect()
 }
+
+/// Raises the CPU weight of this session's autogroup (the benchmark, its workloads, lodgerd and
+/// lodgerd's instances: one session) against the other tenants of a shared machine, and puts it
+/// back when dropped. Every arrangement runs in the same group, so this changes what other
+/// sessions take from the measurements, not how the arrangements compare; SCHED_RR is not
+/// affected by nice at all. `LODGER_BENCH_AUTOGROUP_NICE` (default -20; `off` leaves it alone).
+/// Used by the lodgers and contention benchmarks.
+pub struct AutogroupNice {
+    old: Option<i32>,
+}
+
+impl AutogroupNice {
+    const PATH: &'static str = "/proc/self/autogroup";
+
+    fn current() -> Option<i32> {
+        // "/autogroup-26 nice 0"
+        std::fs::read_to_string(Self::PATH)
+            .ok()?
+            .split_whitespace()
+            .last()?
+            .parse()
+            .ok()
+    }
+
+    pub fn raise() -> (AutogroupNice, String) {
+        let wanted = std::env::var("LODGER_BENCH_AUTOGROUP_NICE").unwrap_or_else(|_| "-20".into());
+        if wanted.trim() == "off" {
+            return (
+                AutogroupNice { old: None },
+                "autogroup nice left alone".into(),
+            );
+        }
+        let Ok(nice) = wanted.trim().parse::<i32>() else {
+            panic!("LODGER_BENCH_AUTOGROUP_NICE={wanted}: a nice value (-20..19) or off");
+        };
+        let enabled = std::fs::read_to_string("/proc/sys/kernel/sched_autogroup_enabled")
+            .is_ok_and(|v| v.trim() == "1");
+        let Some(old) = Self::current() else {
+            return (
+                AutogroupNice { old: None },
+                "no autogroups on this kernel".into(),
+            );
+        };
+        if let Err(e) = std::fs::write(Self::PATH, nice.to_string()) {
+            return (
+                AutogroupNice { old: None },
+                format!("cannot set autogroup nice ({e})"),
+            );
+        }
+        (
+            AutogroupNice { old: Some(old) },
+            format!(
+                "session autogroup nice {old} -> {nice}{}",
+                if enabled {
+                    ""
+                } else {
+                    " (kernel.sched_autogroup_enabled is 0: no effect)"
+                }
+            ),
+        )
+    }
+}
+
+impl Drop for AutogroupNice {
+    fn drop(&mut self) {
+        if let Some(old) = self.old {
+            let _ = std::fs::write(Self::PATH, old.to_string());
+        }
+    }
+}
