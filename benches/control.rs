@@ -118,18 +118,7 @@ fn main() {
             ..DaemonOptions::default()
         },
     );
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    let proxy = rt.block_on(async {
-        let conn = zbus::connection::Builder::address(bus.address.as_str())
-            .expect("address")
-            .build()
-            .await
-            .expect("connect");
-        ManagerProxy::new(&conn).await.expect("proxy")
-    });
+    let (rt, proxy) = bus.manager();
 
     // An offline job whose instances ignore SIGTERM (and so do their children).
     let command: Vec<&str> = vec!["/bin/sh", "-c", "trap '' TERM; sleep 300 & wait"];

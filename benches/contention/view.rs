@@ -32,18 +32,7 @@ pub(super) fn u64_of(d: &HashMap<String, OwnedValue>, key: &str) -> Option<u64> 
 
 impl View {
     pub(super) fn connect(bus: &PrivateBus) -> View {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        let proxy = rt.block_on(async {
-            let conn = zbus::connection::Builder::address(bus.address.as_str())
-                .expect("address")
-                .build()
-                .await
-                .expect("connect");
-            ManagerProxy::new(&conn).await.expect("proxy")
-        });
+        let (rt, proxy) = bus.manager();
         View { rt, proxy }
     }
 
