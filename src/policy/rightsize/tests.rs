@@ -687,10 +687,12 @@ fn a_window_too_noisy_to_judge_is_measured_on() {
 /// The figures of a CI run of the shrink test (tests/rightsize.rs): two cores 98.7 % busy,
 /// one 98.0 %, each steady within a few tenths. The noise clears 0.7 points, so at
 /// `min_change` 0 one core is starved and the job keeps two; with `min_change` 2 the drop is
-/// too small to count, and one core is enough, said with the floor as the threshold.
+/// too small to count, and one core is enough, said with the floor as the threshold. A drop of
+/// 1.4 points, clearly below the floor, is judged after one window: more samples could not
+/// carry it over 2, so it is not measured on as undecided.
 #[test]
 fn a_change_below_min_change_does_not_count() {
-    let settle = |min_change: f64| {
+    let settle_at = |min_change: f64, one_core: f64| {
         let s = TunerSettings {
             warmup: Duration::from_secs(2),
             window: Duration::from_secs(6),
@@ -704,12 +706,13 @@ fn a_change_below_min_change_does_not_count() {
         let mut last = TunerAction::Wait;
         while !matches!(last, TunerAction::Settle(_)) && now < 200 {
             now += 1;
-            let at = if t.cores() == 2 { 98.7 } else { 98.0 };
+            let at = if t.cores() == 2 { 98.7 } else { one_core };
             let wobble = [0.2, -0.1, 0.0, -0.2, 0.1, 0.0][now as usize % 6];
             last = t.step(Duration::from_secs(now), &[at + wobble], false);
         }
         (last, t.history().to_vec())
     };
+    let settle = |min_change| settle_at(min_change, 98.0);
     let (strict, history) = settle(0.0);
     assert_eq!(strict, TunerAction::Settle(2), "{}", describe(&history));
     assert!(
@@ -726,6 +729,14 @@ fn a_change_below_min_change_does_not_count() {
         history.last().map(|p| p.decision.to_string()).as_deref(),
         Some("enough: within 2.00 of 2"),
         "{}",
+        describe(&history)
+    );
+    let (floored, history) = settle_at(2.0, 97.3);
+    assert_eq!(floored, TunerAction::Settle(1), "{}", describe(&history));
+    assert_eq!(
+        history.last().map(|p| p.samples),
+        Some(6),
+        "one window, not measured on: {}",
         describe(&history)
     );
 }

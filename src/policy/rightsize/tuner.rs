@@ -338,8 +338,8 @@ impl Tuner {
     }
 
     /// Whether a window that ended is too noisy to judge yet: it points toward a starved job
-    /// (utilization lower at fewer cores by more than half the noise threshold) without clearing
-    /// the threshold. Judged now, it would read "no change" where the evidence leans the other
+    /// (utilization lower at fewer cores by more than the threshold less half the noise
+    /// threshold) without clearing the threshold. Judged now, it would read "no change" where the evidence leans the other
     /// way; measured on, its noise shrinks (sequential testing). A baseline, or a window the
     /// evidence does not lean either way on, is not measured on for this (the fit may still
     /// want it: `fit::measure_on`). (Asking also that the step be too short to show a starved
@@ -356,9 +356,12 @@ impl Tuner {
                 None => return false,
             },
         };
+        // Within half the noise threshold below the threshold: more samples may carry it over.
+        // Without a `min_change` floor that is the half-threshold above; with one, a rise
+        // further below the floor stays below it however many samples are taken.
         let threshold = self.change_threshold(&fewer, &more);
         let rise = more.mean - fewer.mean;
-        rise > threshold / 2.0 && rise <= threshold
+        rise > threshold - self.noise_threshold(&fewer, &more) / 2.0 && rise <= threshold
     }
 
     /// Records the window and moves the bracket.
