@@ -51,6 +51,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
+use common::contention::{CALM_TICKS, PRESSURE_TICKS, SENSE_MS};
 use common::*;
 use lodger::api::proxy::ManagerProxy;
 use support::*;
@@ -64,9 +65,6 @@ const LOADER_MIB: u64 = 256;
 const HOG_MIB: u64 = 1024;
 const TRAIN_CPU: &str = "1";
 const OTHER_CPU: &str = "0";
-const SENSE_MS: u64 = 200;
-const PRESSURE_TICKS: u32 = 3;
-const CALM_TICKS: u32 = 10;
 const ANTAGONIST_RT: i32 = 11;
 const ANTAGONIST_BUSY_PERCENT: u32 = 80;
 const WARMUP: Duration = Duration::from_secs(1);

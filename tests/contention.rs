@@ -18,12 +18,9 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::contention::{PRESSURE_TICKS, SENSE_MS};
 use common::*;
 
-/// Sensing passes (contention ticks) are this far apart.
-const SENSE_MS: u64 = 200;
-const PRESSURE_TICKS: u32 = 3;
-const CALM_TICKS: u32 = 10;
 /// The eliminator's default: passes of a training job alone that make its stable level.
 const BASELINE_TICKS: u64 = 10;
 /// Training's RT priority (the default `training.rt_priority`) and the antagonist's, above it.
@@ -40,23 +37,9 @@ fn daemon(
     gpu_dir: &std::path::Path,
     reserved: &'static str,
 ) -> Daemon {
-    Daemon::start(
-        bus,
-        dir,
-        DaemonOptions {
-            // Two CPUs for jobs whatever the host has (the others reserved): the offline job gets
-            // one instance per CPU, two to halve.
-            reserved,
-            interval_ms: 100,
-            extra: format!(
-                "[sense]\ninterval_ms = {SENSE_MS}\ngpu = \"emulated\"\nemulated_gpu_dir = \"{}\"\n\n\
-                 [contention]\nmode = \"enforce\"\npressure_ticks = {PRESSURE_TICKS}\n\
-                 calm_ticks = {CALM_TICKS}\n\n[inference]\nstop_grace_seconds = 1\n",
-                gpu_dir.display()
-            ),
-            ..DaemonOptions::default()
-        },
-    )
+    // Two CPUs for jobs whatever the host has (the others reserved): the offline job gets one
+    // instance per CPU, two to halve.
+    common::contention::daemon(bus, dir, gpu_dir, reserved)
 }
 
 /// The offline job's running instances and its throttle line, if any.
@@ -380,7 +363,7 @@ fn slowed_training_halves_the_offline_hogs_beside_it_until_it_is_calm_again() {
         d.log()
     );
 
-    // The antagonist leaves: after CALM_TICKS calm passes the core comes back.
+    // The antagonist leaves: after `calm_ticks` (common::contention::CALM_TICKS) calm passes the core comes back.
     drop(antagonist);
     wait_until(REACT, "the hog job back on two instances", || {
         let (running, throttle, _) = hog_state(&d, &hog);

@@ -57,21 +57,7 @@ impl View {
 }
 
 pub(super) fn lodgerd(bus: &PrivateBus, dir: &Path, gpu_dir: &Path) -> Daemon {
-    Daemon::start(
-        bus,
-        dir,
-        DaemonOptions {
-            reserved: "",
-            interval_ms: 100,
-            extra: format!(
-                "[sense]\ninterval_ms = {SENSE_MS}\ngpu = \"emulated\"\nemulated_gpu_dir = \"{}\"\n\n\
-                 [contention]\nmode = \"enforce\"\npressure_ticks = {PRESSURE_TICKS}\n\
-                 calm_ticks = {CALM_TICKS}\n\n[inference]\nstop_grace_seconds = 1\n",
-                gpu_dir.display()
-            ),
-            ..DaemonOptions::default()
-        },
-    )
+    common::contention::daemon(bus, dir, gpu_dir, "")
 }
 
 pub(super) fn running_instances(job: &serde_json::Value) -> Vec<serde_json::Value> {

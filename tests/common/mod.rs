@@ -2,6 +2,7 @@
 //! state directory and cgroup parent, `lodgerctl` runs, and the bundled workloads.
 #![allow(dead_code)]
 
+pub mod contention;
 pub mod netcls;
 
 use std::io::{BufRead, BufReader, Read};
