@@ -530,6 +530,8 @@ fn tc_shapes_training_and_cpu_job_traffic_75_25() {
         }
         eprintln!("{TEST}: unshaped, not yet contended: {before}");
         let next = receiver.measure(WINDOW);
+        // Each window said, not only the most contended kept: a failure shows all three.
+        eprintln!("{TEST}: unshaped, the next window: {next}");
         if next.training_share() < before.training_share() {
             before = next;
         }
