@@ -213,6 +213,8 @@ impl Drop for Namespaces {
 struct Receiver {
     training: Arc<AtomicU64>,
     cpu_job: Arc<AtomicU64>,
+    /// Connections accepted on the training port and on the CPU job's.
+    accepted: [Arc<AtomicU64>; 2],
     stop: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
 }
@@ -221,11 +223,16 @@ impl Receiver {
     fn start(ns: &str) -> Receiver {
         let training = Arc::new(AtomicU64::new(0));
         let cpu_job = Arc::new(AtomicU64::new(0));
+        let accepted = [Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0))];
         let stop = Arc::new(AtomicBool::new(false));
         let mut threads = Vec::new();
-        for (port, counter) in [(TRAINING_PORT, &training), (CPU_JOB_PORT, &cpu_job)] {
+        for (port, counter, accepted) in [
+            (TRAINING_PORT, &training, &accepted[0]),
+            (CPU_JOB_PORT, &cpu_job, &accepted[1]),
+        ] {
             let (ready_tx, ready_rx) = mpsc::channel();
             let counter = Arc::clone(counter);
+            let accepted = Arc::clone(accepted);
             let stop = Arc::clone(&stop);
             let netns = File::open(Path::new("/run/netns").join(ns)).expect("open netns");
             threads.push(std::thread::spawn(move || {
@@ -238,6 +245,7 @@ impl Receiver {
                 while !stop.load(Ordering::Relaxed) {
                     match listener.accept() {
                         Ok((conn, _)) => {
+                            accepted.fetch_add(1, Ordering::Relaxed);
                             let counter = Arc::clone(&counter);
                             let stop = Arc::clone(&stop);
                             readers.push(std::thread::spawn(move || drain(conn, &counter, &stop)));
@@ -259,9 +267,29 @@ impl Receiver {
         Receiver {
             training,
             cpu_job,
+            accepted,
             stop,
             threads,
         }
+    }
+
+    /// Waits until the peer has accepted `training` connections on the training port and
+    /// `cpu_job` on the CPU job's (at most 20 s: a SYN dropped by a full wire is sent again
+    /// after 1, 3, 7 s); returns how long that took.
+    fn connected(&self, training: u64, cpu_job: u64) -> Duration {
+        let start = Instant::now();
+        let count = |i: usize| self.accepted[i].load(Ordering::Relaxed);
+        while count(0) < training || count(1) < cpu_job {
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "the peer accepted {} of {training} training and {} of {cpu_job} CPU job \
+                 connections in 20 s",
+                count(0),
+                count(1)
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        start.elapsed()
     }
 
     fn counts(&self) -> (u64, u64) {
@@ -515,8 +543,17 @@ fn tc_shapes_training_and_cpu_job_traffic_75_25() {
         .add_process(cpu_job.pid())
         .expect("CPU job into net_cls");
     assert_eq!(group.procs().expect("procs"), [cpu_job.pid()]);
+    // Training connects first and the CPU job once training's connection is up, every run:
+    // under the wire's tail-drop queue the flows that join last take the larger share for
+    // seconds, so the order decides whether the wire is contended before shaping. Started
+    // together, the two could connect in either order on a loaded machine: a host run measured
+    // training at 70-73 % in three windows running, which no shaping could show anything on,
+    // and the CPU job connecting first here gave training 63-73 % in two runs of three.
     training.go();
+    let took = receiver.connected(1, 0);
     cpu_job.go();
+    let took = took + receiver.connected(1, 4);
+    eprintln!("{TEST}: all five connections accepted in {took:?}");
 
     std::thread::sleep(WARMUP);
     // Four connections take most of the wire once TCP has settled, which on a loaded machine
