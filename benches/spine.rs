@@ -9,7 +9,9 @@
 //!    one more run leaves them anywhere, for comparison.
 //! 2. Enforcement cost per tick, real kernel: 50 jobs of 4 threads, 10 of 50 and 10 of 200, held
 //!    by one `Enforcer`, with every thread listed every tick (the baseline) and with the kernel's
-//!    process events (issue 21), in the same run.
+//!    process events (issue 21), in the same run; then, with events, 12 ticks 1 s apart (every
+//!    job's safety-net sweep falls in one of them): their mean and the worst tick, beside the
+//!    baseline's tick, which is what a tick sweeping every job at once costs.
 //! 3. lodgerd idle over 60 s: CPU time and RSS with 50 registered jobs (simulated enforcement on
 //!    the 64-CPU fixture topology, since this 2-CPU machine cannot host 50 placements) against the
 //!    same lodgerd with no job.
@@ -283,10 +285,20 @@ fn thread_cpu_time() -> Duration {
     Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
+/// CPU time of enforcement ticks over real jobs.
+struct TickCost {
+    /// One tick, back to back (no safety-net sweep falls due).
+    steady: Duration,
+    /// With process events: ticks a second apart for a safety-net period and a bit, so every
+    /// job's sweep falls in one of them; their mean and the worst.
+    paced: Option<(Duration, Duration)>,
+}
+
 /// CPU time of one enforcement tick over `jobs` real jobs of `threads` sleeping threads each,
 /// all on CPU 1: with every thread listed every tick (`events: false`, the way before issue
-/// 21), or with the kernel's process events: the steady figure (nothing happened to the jobs).
-fn enforcement_tick(jobs: usize, threads: usize, events: bool) -> Duration {
+/// 21), or with the kernel's process events: the steady figure (nothing happened to the jobs),
+/// and ticks at the default 1-s interval, the safety net's sweeps included.
+fn enforcement_tick(jobs: usize, threads: usize, events: bool) -> TickCost {
     let parent = unique("lodger-bench");
     let enforcer = Enforcer::new(EnforceSettings {
         parent: parent.clone(),
@@ -330,11 +342,25 @@ fn enforcement_tick(jobs: usize, threads: usize, events: bool) -> Duration {
         }
     }
     let steady = (thread_cpu_time() - c0) / ticks;
+    let paced = events.then(|| {
+        let mut costs = Vec::new();
+        let start = Instant::now();
+        while start.elapsed() < FULL_SWEEP_EVERY + Duration::from_secs(2) {
+            std::thread::sleep(Duration::from_secs(1));
+            let c0 = thread_cpu_time();
+            for (id, t, r) in held.iter_mut() {
+                enforcer.apply(id, t, &cpus, &mems, r).expect("apply");
+            }
+            costs.push(thread_cpu_time() - c0);
+        }
+        let mean = costs.iter().sum::<Duration>() / costs.len().max(1) as u32;
+        (mean, costs.iter().copied().max().unwrap_or_default())
+    });
     for (id, t, r) in &held {
         enforcer.release(id, t, r).expect("release");
     }
     enforcer.tidy();
-    steady
+    TickCost { steady, paced }
 }
 
 fn steady_enforcement_cost() {
@@ -342,8 +368,9 @@ fn steady_enforcement_cost() {
         "enforcement tick, real kernel (cgroup pinning, SCHED_RR, sleeping threads on CPU 1):"
     );
     for (jobs, threads) in [(50usize, 4usize), (10, 50), (10, 200)] {
-        let full = enforcement_tick(jobs, threads, false);
-        let steady = enforcement_tick(jobs, threads, true);
+        let full = enforcement_tick(jobs, threads, false).steady;
+        let with_events = enforcement_tick(jobs, threads, true);
+        let steady = with_events.steady;
         let every = FULL_SWEEP_EVERY.as_secs_f64();
         // At a 1-s tick, one tick in `every` is a full sweep.
         let amortized = steady.as_secs_f64() + full.as_secs_f64() / every;
@@ -356,6 +383,18 @@ fn steady_enforcement_cost() {
             full.as_secs_f64() * 1e6 / (jobs * threads) as f64,
             amortized * 1e6 / (jobs * threads) as f64,
         );
+        if let Some((mean, worst)) = with_events.paced {
+            // Jobs swept at once were swept together every period after, one tick costing
+            // about the baseline's; each now falls due in its own slot (quiet::SWEEP_SLOTS).
+            println!(
+                "    ticks 1 s apart over {:.0} s: mean {:.1} us/tick, worst {:.1} us (a tick sweeping every job: the baseline's {:.1} us; worst / baseline {:.2})",
+                every + 2.0,
+                mean.as_secs_f64() * 1e6,
+                worst.as_secs_f64() * 1e6,
+                full.as_secs_f64() * 1e6,
+                worst.as_secs_f64() / full.as_secs_f64()
+            );
+        }
     }
 }
 

@@ -18,8 +18,14 @@
 //!   (one clock read a process); only when they used at least `roles::WORKER_ABOVE` of a CPU
 //!   since the last tick could a latency thread have, and then each latency thread's schedstat
 //!   is read;
-//! - its last full sweep is [`FULL_SWEEP_EVERY`] old: what no event reports (an owner who set
-//!   a thread back to SCHED_OTHER, changed its affinity) is put right within that.
+//! - its safety-net sweep is due: what no event reports (an owner who set a thread back to
+//!   SCHED_OTHER, changed its affinity) is put right within [`FULL_SWEEP_EVERY`]. Each job has
+//!   one of [`SWEEP_SLOTS`] slots of that period ([`next_sweep`]), the least used when it was
+//!   first swept, and is due at its slot's first instant after its last sweep. Jobs swept
+//!   together (lodgerd starting, events lost, many registered at once) were otherwise swept
+//!   together every period after: one tick listing every thread of every job while commands
+//!   wait (12-18 ms for 10 jobs of 200 threads, `scripts/bench-spine`), where a tick now lists a
+//!   tenth of them.
 //!
 //! Slurm jobs are always swept: their processes are found in cgroups lodger does not own and
 //! pinned by affinity (`slurm_jobs`).
@@ -44,6 +50,9 @@ pub const FULL_SWEEP_EVERY: Duration = Duration::from_secs(10);
 pub const ROLES_SETTLE: Duration = Duration::from_secs(5);
 /// The events are drained at most this often (see `Quiet::drain`).
 pub const DRAIN_EVERY: Duration = Duration::from_millis(5);
+/// How many parts of [`FULL_SWEEP_EVERY`] the jobs' safety-net sweeps are spread over: one a
+/// tick at the default 1-s interval.
+pub const SWEEP_SLOTS: u32 = 10;
 
 /// What a job's last full sweep found and depended on.
 #[derive(Debug)]
@@ -53,6 +62,8 @@ struct Swept {
     memory_max: Option<u64>,
     outcome: Outcome,
     at: Instant,
+    /// When the safety net sweeps the job again: its slot's next instant after `at`.
+    due: Instant,
     /// When the job was first swept at this placement.
     since: Instant,
     /// Threads in the latency role, `(pid, tid)`.
@@ -74,6 +85,11 @@ pub(crate) struct Quiet {
     /// When the events were last drained.
     drained: Option<Instant>,
     swept: HashMap<JobId, Swept>,
+    /// Each job's sweep slot (see the module doc), kept while its sweeps are forgotten for lost
+    /// events, dropped with [`Quiet::forget`].
+    slots: HashMap<JobId, u32>,
+    /// Where the slots are counted from.
+    epoch: Instant,
 }
 
 /// The placement an apply was asked for.
@@ -106,6 +122,8 @@ impl Quiet {
             pruned: None,
             drained: None,
             swept: HashMap::new(),
+            slots: HashMap::new(),
+            epoch: Instant::now(),
         }
     }
 
@@ -176,7 +194,7 @@ impl Quiet {
         if swept.cpus != *asked.cpus
             || swept.mems != *asked.mems
             || swept.memory_max != asked.memory_max
-            || now.saturating_duration_since(swept.at) >= FULL_SWEEP_EVERY
+            || now >= swept.due
         {
             return None;
         }
@@ -258,6 +276,14 @@ impl Quiet {
             Some(s) if s.cpus == *asked.cpus && s.mems == *asked.mems => s.since,
             _ => at,
         };
+        let slot = match self.slots.get(id) {
+            Some(slot) => *slot,
+            None => {
+                let slot = least_used(self.slots.values());
+                self.slots.insert(id.clone(), slot);
+                slot
+            }
+        };
         self.swept.insert(
             id.clone(),
             Swept {
@@ -266,6 +292,7 @@ impl Quiet {
                 memory_max: asked.memory_max,
                 outcome: outcome.clone(),
                 at,
+                due: next_sweep(self.epoch, slot, at),
                 since,
                 latency,
                 procs,
@@ -276,7 +303,39 @@ impl Quiet {
 
     pub(crate) fn forget(&mut self, id: &JobId) {
         self.swept.remove(id);
+        self.slots.remove(id);
     }
+}
+
+/// The slot fewest jobs have (the lowest of those), for a job swept for the first time.
+fn least_used<'a>(taken: impl Iterator<Item = &'a u32>) -> u32 {
+    let mut count = [0usize; SWEEP_SLOTS as usize];
+    for &slot in taken {
+        if let Some(c) = count.get_mut(slot as usize) {
+            *c += 1;
+        }
+    }
+    (0..SWEEP_SLOTS)
+        .min_by_key(|&s| count[s as usize])
+        .unwrap_or(0)
+}
+
+/// When a job in `slot` that was swept at `at` is next due: the first instant after `at` that
+/// is `slot` parts of [`FULL_SWEEP_EVERY`] past a whole number of periods since `epoch`. Never
+/// later than one period after `at`, so the safety net's bound holds; jobs swept at the same
+/// instant fall due in their own slots.
+pub(crate) fn next_sweep(epoch: Instant, slot: u32, at: Instant) -> Instant {
+    let period = FULL_SWEEP_EVERY.as_nanos();
+    let offset = period / u128::from(SWEEP_SLOTS) * u128::from(slot % SWEEP_SLOTS);
+    let since = at.saturating_duration_since(epoch).as_nanos();
+    // The slot's instants are epoch + offset + k·period; the first one after `at`.
+    let k = since.saturating_sub(offset) / period + 1;
+    let mut due = offset + k * period;
+    if due > since + period {
+        due -= period;
+    }
+    let ahead = u64::try_from(due - since).unwrap_or(u64::MAX);
+    at + Duration::from_nanos(ahead)
 }
 
 /// The cgroup whose processes make a cgroup job (normalized), `None` for other targets.
@@ -287,4 +346,56 @@ fn cgroup_of(target: &Target) -> Option<String> {
         _ => return None,
     };
     crate::sys::cgroupfs::normalize(path).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Wherever a sweep falls, the next is in the job's slot and at most one period later; a
+    /// job swept in its slot is next swept exactly one period later.
+    #[test]
+    fn a_sweep_is_due_in_its_slot_within_one_period() {
+        let epoch = Instant::now();
+        let width = FULL_SWEEP_EVERY / SWEEP_SLOTS;
+        for slot in 0..SWEEP_SLOTS {
+            for ms in [0u64, 1, 999, 1000, 4321, 9999, 10_000, 10_001, 123_456] {
+                let at = epoch + Duration::from_millis(ms);
+                let due = next_sweep(epoch, slot, at);
+                assert!(due > at, "slot {slot}, swept at {ms} ms: due before it");
+                assert!(
+                    due <= at + FULL_SWEEP_EVERY,
+                    "slot {slot}, swept at {ms} ms: due {:?} after",
+                    due - at
+                );
+                let phase = due.duration_since(epoch).as_nanos() % FULL_SWEEP_EVERY.as_nanos();
+                assert_eq!(phase, (width * slot).as_nanos(), "slot {slot}, {ms} ms");
+                assert_eq!(next_sweep(epoch, slot, due), due + FULL_SWEEP_EVERY);
+            }
+        }
+    }
+
+    /// A hundred jobs swept at the same instant (lodgerd starting) take the slots in turn, and
+    /// fall due a tenth at a time, each within one period.
+    #[test]
+    fn jobs_swept_together_fall_due_apart() {
+        let epoch = Instant::now();
+        let at = epoch + Duration::from_millis(2500);
+        let mut slots = Vec::new();
+        for _ in 0..100 {
+            let slot = least_used(slots.iter());
+            slots.push(slot);
+        }
+        let width = FULL_SWEEP_EVERY / SWEEP_SLOTS;
+        let mut per_window = [0usize; SWEEP_SLOTS as usize];
+        for &slot in &slots {
+            let ahead = next_sweep(epoch, slot, at) - at;
+            assert!(ahead <= FULL_SWEEP_EVERY);
+            per_window[(ahead.as_nanos() / width.as_nanos()) as usize % SWEEP_SLOTS as usize] += 1;
+        }
+        assert_eq!(per_window, [10; SWEEP_SLOTS as usize], "{slots:?}");
+        // One leaves: the next job takes its slot.
+        slots.remove(37);
+        assert_eq!(least_used(slots.iter()), 37 % SWEEP_SLOTS);
+    }
 }

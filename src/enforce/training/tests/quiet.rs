@@ -1,0 +1,141 @@
+//! The kernel's process events deciding which applies sweep a job (issue 21, `enforce::quiet`),
+//! on real processes: a hand change waits for the safety net, a fork does not, and jobs placed
+//! together are swept by the safety net apart.
+
+use super::*;
+
+/// Issue 21: with the kernel's process events, an apply skips a job nothing happened to (a
+/// change no event reports, here a thread set back to SCHED_OTHER by hand, waits for the next
+/// full sweep), and a fork in the job is caught by the very next apply, which sweeps it all.
+/// Without events every apply sweeps: the same hand change is undone at once.
+#[test]
+fn process_events_decide_which_applies_sweep() {
+    const TEST: &str = "process_events_decide_which_applies_sweep";
+    if !need_root(TEST) {
+        return;
+    }
+    for events in [true, false] {
+        let e = enforcer(EnforceSettings {
+            parent: unique("quiet"),
+            pid_jobs: PidPinning::Affinity,
+            rt_priority: 7,
+            // Thread roles sweep every tick for a while after placement (quiet::ROLES_SETTLE).
+            class: TrainingClass::Rr { roles: false },
+            process_events: events,
+            ..EnforceSettings::default()
+        });
+        assert_eq!(e.event_driven(), events, "process events unavailable");
+        let mut w = Workload::start(3);
+        let target = Target::Pids(vec![w.pid]);
+        let mut record = JobRecord::default();
+        let cpus = set("0");
+        let first = e
+            .apply(&job(30), &target, &cpus, &CpuSet::new(), &mut record)
+            .expect("apply");
+        assert!(first.changed);
+        assert_threads(&[w.pid], Some(7), "0");
+        // Behind lodger's back: no process event says so.
+        let victim = tids(w.pid)[1];
+        sched::revert_rr(victim).expect("set a thread back by hand");
+        let quiet = e
+            .apply(&job(30), &target, &cpus, &CpuSet::new(), &mut record)
+            .expect("apply");
+        let fixed = sched::policy_of(victim).expect("policy").0 == libc::SCHED_RR;
+        assert_eq!(!fixed, events, "events {events}: swept = {fixed}");
+        assert_eq!(quiet.changed, !events);
+        assert_eq!(quiet.threads, first.threads);
+        // A new thread is a fork in the job: the next tick's apply sweeps everything (events
+        // are drained at most once per quiet::DRAIN_EVERY, once per tick).
+        let fresh = w.new_thread();
+        std::thread::sleep(crate::enforce::quiet::DRAIN_EVERY);
+        let out = e
+            .apply(&job(30), &target, &cpus, &CpuSet::new(), &mut record)
+            .expect("apply");
+        assert!(out.changed);
+        assert_eq!(out.threads, first.threads + 1);
+        assert!(tids(w.pid).contains(&fresh));
+        assert_threads(&[w.pid], Some(7), "0");
+        e.release(&job(30), &target, &record).expect("release");
+        assert_threads(&[w.pid], None, &unpinned());
+    }
+}
+
+/// Jobs placed in the same tick are not swept together by the safety net for ever after: each
+/// falls due in its own slot (`quiet::SWEEP_SLOTS` per `quiet::FULL_SWEEP_EVERY`), and every one
+/// is still swept within that period. Seen through a thread each job has set back to SCHED_OTHER
+/// by hand (no process event says so): the apply that sweeps the job puts it right.
+#[test]
+fn the_safety_net_sweeps_jobs_placed_together_apart() {
+    use crate::enforce::quiet::{FULL_SWEEP_EVERY, SWEEP_SLOTS};
+    const TEST: &str = "the_safety_net_sweeps_jobs_placed_together_apart";
+    if !need_root(TEST) {
+        return;
+    }
+    let e = enforcer(EnforceSettings {
+        parent: unique("slots"),
+        pid_jobs: PidPinning::Affinity,
+        rt_priority: 7,
+        class: TrainingClass::Rr { roles: false },
+        process_events: true,
+        ..EnforceSettings::default()
+    });
+    assert!(e.event_driven(), "process events unavailable");
+    let jobs = SWEEP_SLOTS as u64;
+    let mut held: Vec<(JobId, Target, JobRecord, Workload, u32)> = (0..jobs)
+        .map(|i| {
+            let w = Workload::start(1);
+            let victim = tids(w.pid)[1];
+            (
+                job(40 + i),
+                Target::Pids(vec![w.pid]),
+                JobRecord::default(),
+                w,
+                victim,
+            )
+        })
+        .collect();
+    let cpus = set("0");
+    for (id, target, record, _, _) in held.iter_mut() {
+        assert!(
+            e.apply(id, target, &cpus, &CpuSet::new(), record)
+                .expect("apply")
+                .changed
+        );
+    }
+    // Ticks a second apart for a period and a bit: which jobs each tick swept.
+    let tick = FULL_SWEEP_EVERY / SWEEP_SLOTS;
+    let start = Instant::now();
+    let mut swept_at: Vec<Vec<u64>> = Vec::new();
+    while start.elapsed() < FULL_SWEEP_EVERY + 2 * tick {
+        std::thread::sleep(tick);
+        let mut swept = Vec::new();
+        for (id, target, record, _, victim) in held.iter_mut() {
+            if sched::policy_of(*victim).expect("policy").0 == libc::SCHED_RR {
+                sched::revert_rr(*victim).expect("set a thread back by hand");
+            }
+            e.apply(id, target, &cpus, &CpuSet::new(), record)
+                .expect("apply");
+            if sched::policy_of(*victim).expect("policy").0 == libc::SCHED_RR {
+                swept.push(id.seq());
+            }
+        }
+        swept_at.push(swept);
+    }
+    eprintln!("{TEST}: jobs swept, tick by tick: {swept_at:?}");
+    for (id, ..) in &held {
+        assert!(
+            swept_at.iter().any(|s| s.contains(&id.seq())),
+            "job {id} not swept within {FULL_SWEEP_EVERY:?}: {swept_at:?}"
+        );
+    }
+    // One job a tick when the ticks keep time; a late tick may take two or three slots.
+    let most = swept_at.iter().map(Vec::len).max().unwrap_or(0);
+    assert!(
+        most <= 4,
+        "{most} of {jobs} jobs swept in one tick: {swept_at:?}"
+    );
+    for (id, target, record, _, _) in &held {
+        e.release(id, target, record).expect("release");
+    }
+    held.clear();
+}
