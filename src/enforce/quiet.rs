@@ -276,6 +276,18 @@ impl Quiet {
             Some(s) if s.cpus == *asked.cpus && s.mems == *asked.mems => s.since,
             _ => at,
         };
+        // The processes' CPU time as the sweep found them, for the next tick's check that no
+        // latency thread started computing (see `settled`): without it, that tick read every
+        // latency thread's schedstat again right after the sweep had (issue 21: half the cost
+        // of a tick sweeping one job of 50 idle threads, `scripts/bench-spine`).
+        let cpu = (!latency.is_empty()).then(|| {
+            let cpu = outcome
+                .pids
+                .iter()
+                .filter_map(|&p| crate::sys::procfs::process_cpu_ns(p))
+                .fold(0u64, u64::saturating_add);
+            (cpu, at)
+        });
         let slot = match self.slots.get(id) {
             Some(slot) => *slot,
             None => {
@@ -296,7 +308,7 @@ impl Quiet {
                 since,
                 latency,
                 procs,
-                cpu: None,
+                cpu,
             },
         );
     }
