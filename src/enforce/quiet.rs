@@ -41,6 +41,7 @@ use crate::cpuset::CpuSet;
 use crate::enforce::cpusets::CpusetHierarchy;
 use crate::job::{JobId, Target};
 use crate::sys::procevents::ProcEvents;
+use crate::sys::procfs::processes_cpu_ns;
 
 /// The safety net: every job is swept in full at least this often.
 pub const FULL_SWEEP_EVERY: Duration = Duration::from_secs(10);
@@ -218,12 +219,7 @@ impl Quiet {
                 return None;
             }
             if !swept.latency.is_empty() {
-                let cpu = swept
-                    .outcome
-                    .pids
-                    .iter()
-                    .filter_map(|&p| crate::sys::procfs::process_cpu_ns(p))
-                    .fold(0u64, u64::saturating_add);
+                let cpu = processes_cpu_ns(&swept.outcome.pids);
                 // Below WORKER_ABOVE of one CPU in all, no thread of the job can have used more.
                 let calm = swept.cpu.is_some_and(|(before, at)| {
                     let wall = now.saturating_duration_since(at).as_nanos() as f64;
@@ -280,14 +276,7 @@ impl Quiet {
         // latency thread started computing (see `settled`): without it, that tick read every
         // latency thread's schedstat again right after the sweep had (issue 21: half the cost
         // of a tick sweeping one job of 50 idle threads, `scripts/bench-spine`).
-        let cpu = (!latency.is_empty()).then(|| {
-            let cpu = outcome
-                .pids
-                .iter()
-                .filter_map(|&p| crate::sys::procfs::process_cpu_ns(p))
-                .fold(0u64, u64::saturating_add);
-            (cpu, at)
-        });
+        let cpu = (!latency.is_empty()).then(|| (processes_cpu_ns(&outcome.pids), at));
         let slot = match self.slots.get(id) {
             Some(slot) => *slot,
             None => {
@@ -340,13 +329,13 @@ pub(crate) fn next_sweep(epoch: Instant, slot: u32, at: Instant) -> Instant {
     let period = FULL_SWEEP_EVERY.as_nanos();
     let offset = period / u128::from(SWEEP_SLOTS) * u128::from(slot % SWEEP_SLOTS);
     let since = at.saturating_duration_since(epoch).as_nanos();
-    // The slot's instants are epoch + offset + k·period; the first one after `at`.
-    let k = since.saturating_sub(offset) / period + 1;
-    let mut due = offset + k * period;
-    if due > since + period {
-        due -= period;
-    }
-    let ahead = u64::try_from(due - since).unwrap_or(u64::MAX);
+    // The slot's instants are epoch + offset + k·period, k ≥ 0; the first one after `at`.
+    let k = if since < offset {
+        0
+    } else {
+        (since - offset) / period + 1
+    };
+    let ahead = u64::try_from(offset + k * period - since).unwrap_or(u64::MAX);
     at + Duration::from_nanos(ahead)
 }
 

@@ -76,6 +76,14 @@ pub fn process_cpu_ns(pid: u32) -> Option<u64> {
     Some(secs.saturating_mul(1_000_000_000).saturating_add(nanos))
 }
 
+/// The CPU time of `pids` together, from their clocks ([`process_cpu_ns`]); a process gone
+/// counts nothing.
+pub fn processes_cpu_ns(pids: &[u32]) -> u64 {
+    pids.iter()
+        .filter_map(|&p| process_cpu_ns(p))
+        .fold(0u64, u64::saturating_add)
+}
+
 pub fn is_gone(e: &io::Error) -> bool {
     e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH)
 }

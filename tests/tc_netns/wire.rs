@@ -14,6 +14,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::common::netcls::{net_cls_cgroups, NetClsMount};
+use super::common::wait_until_explained;
 use lodger::enforce::network::NetClsGroup;
 use lodger::privileged::skip;
 
@@ -259,16 +260,12 @@ impl Receiver {
     pub(crate) fn connected(&self, training: u64, cpu_job: u64) -> Duration {
         let start = Instant::now();
         let count = |i: usize| self.accepted[i].load(Ordering::Relaxed);
-        while count(0) < training || count(1) < cpu_job {
-            assert!(
-                start.elapsed() < Duration::from_secs(20),
-                "the peer accepted {} of {training} training and {} of {cpu_job} CPU job \
-                 connections in 20 s",
-                count(0),
-                count(1)
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        wait_until_explained(
+            Duration::from_secs(20),
+            &format!("{training} training and {cpu_job} CPU job connections"),
+            || count(0) >= training && count(1) >= cpu_job,
+            || format!("the peer accepted {} and {}", count(0), count(1)),
+        );
         start.elapsed()
     }
 

@@ -4,6 +4,22 @@
 
 use super::*;
 
+/// An enforcer pinning pid jobs by affinity at RT priority 7, with or without process events
+/// (asserted available when asked for), without thread roles: they sweep every tick for a while
+/// after placement (`quiet::ROLES_SETTLE`).
+fn pinned_by_affinity(tag: &str, events: bool) -> Enforcer {
+    let e = enforcer(EnforceSettings {
+        parent: unique(tag),
+        pid_jobs: PidPinning::Affinity,
+        rt_priority: 7,
+        class: TrainingClass::Rr { roles: false },
+        process_events: events,
+        ..EnforceSettings::default()
+    });
+    assert_eq!(e.event_driven(), events, "process events unavailable");
+    e
+}
+
 /// Issue 21: with the kernel's process events, an apply skips a job nothing happened to (a
 /// change no event reports, here a thread set back to SCHED_OTHER by hand, waits for the next
 /// full sweep), and a fork in the job is caught by the very next apply, which sweeps it all.
@@ -15,16 +31,7 @@ fn process_events_decide_which_applies_sweep() {
         return;
     }
     for events in [true, false] {
-        let e = enforcer(EnforceSettings {
-            parent: unique("quiet"),
-            pid_jobs: PidPinning::Affinity,
-            rt_priority: 7,
-            // Thread roles sweep every tick for a while after placement (quiet::ROLES_SETTLE).
-            class: TrainingClass::Rr { roles: false },
-            process_events: events,
-            ..EnforceSettings::default()
-        });
-        assert_eq!(e.event_driven(), events, "process events unavailable");
+        let e = pinned_by_affinity("quiet", events);
         let mut w = Workload::start(3);
         let target = Target::Pids(vec![w.pid]);
         let mut record = JobRecord::default();
@@ -71,15 +78,7 @@ fn the_safety_net_sweeps_jobs_placed_together_apart() {
     if !need_root(TEST) {
         return;
     }
-    let e = enforcer(EnforceSettings {
-        parent: unique("slots"),
-        pid_jobs: PidPinning::Affinity,
-        rt_priority: 7,
-        class: TrainingClass::Rr { roles: false },
-        process_events: true,
-        ..EnforceSettings::default()
-    });
-    assert!(e.event_driven(), "process events unavailable");
+    let e = pinned_by_affinity("slots", true);
     let jobs = SWEEP_SLOTS as u64;
     let mut held: Vec<(JobId, Target, JobRecord, Workload, u32)> = (0..jobs)
         .map(|i| {
