@@ -89,6 +89,18 @@ fn sweep_stale_job_groups(root: &std::path::Path) {
 /// process that moves to a namespace of its own is measured from the next look.
 const NETNS_RECHECK: Duration = Duration::from_secs(30);
 
+/// A job whose processes used less than this (percent of one CPU) between their last two reads
+/// is idle: its CPU time is read every [`IDLE_READ_EVERY`] passes only, and the passes between
+/// carry its last figure. 100 idle jobs' process clocks every pass were most of the CPU worker's
+/// cost and a third of an idle lodgerd's (issue 21: the kernel sums every thread of each
+/// process). The price: a job that wakes is seen up to `IDLE_READ_EVERY - 1` passes later, by
+/// `lodgerctl status` and by the RT guard, which does not read an idle job's threads
+/// (`agent::rtguard`, whose idle share, 1 % of each CPU, is never below this). A job whose
+/// processes change is read at the next pass.
+pub const IDLE_PERCENT: f64 = 1.0;
+/// See [`IDLE_PERCENT`].
+pub const IDLE_READ_EVERY: u32 = 3;
+
 const ANOTHER_WORKER: &str = "read by another sensing worker";
 
 /// Where GPU utilization comes from (`sense.gpu`).
@@ -120,6 +132,9 @@ pub struct SamplerSettings {
 struct Tracked {
     job: SensedJob,
     cpu: Option<JobCpuSample>,
+    /// Its figure from the last read of its processes' CPU time, and the passes since that read
+    /// carried it (see [`IDLE_PERCENT`]); `None` until a rate, or after its processes changed.
+    cpu_figure: Option<(f64, u32)>,
     perf: Option<PerfSample>,
     /// The pids the perf counters were opened on (inherit follows their children).
     perf_pids: Vec<u32>,
@@ -372,12 +387,16 @@ impl Sampler {
             let entry = self.jobs.entry(job.id.clone()).or_insert_with(|| Tracked {
                 job: job.clone(),
                 cpu: None,
+                cpu_figure: None,
                 perf: None,
                 perf_pids: Vec::new(),
                 netns: None,
                 net_verdict: None,
                 memory_pressure: None,
             });
+            if entry.job.pids != job.pids {
+                entry.cpu_figure = None;
+            }
             entry.job = job;
             // Counters opened with inherit follow children and new threads; reopen only when
             // every process they were opened on is gone (or none was yet).
@@ -435,15 +454,26 @@ impl Sampler {
         let mut per_job = Vec::with_capacity(if cpu { self.jobs.len() } else { 0 });
         for t in self.jobs.values_mut().filter(|_| cpu) {
             let mut m = JobMetrics::default();
-            if let Ok(sample) = self.cpu.processes(&t.job.pids) {
-                if let Some(r) = t
-                    .cpu
-                    .as_ref()
-                    .and_then(|prev| JobCpuRate::between(prev, &sample))
+            match &mut t.cpu_figure {
+                Some((percent, carried))
+                    if *percent < IDLE_PERCENT && *carried + 1 < IDLE_READ_EVERY =>
                 {
-                    m.cpu_percent = Some(r.cores * 100.0);
+                    *carried += 1;
+                    m.cpu_percent = Some(*percent);
                 }
-                t.cpu = Some(sample);
+                _ => {
+                    if let Ok(sample) = self.cpu.processes(&t.job.pids) {
+                        if let Some(r) = t
+                            .cpu
+                            .as_ref()
+                            .and_then(|prev| JobCpuRate::between(prev, &sample))
+                        {
+                            m.cpu_percent = Some(r.cores * 100.0);
+                        }
+                        t.cpu = Some(sample);
+                    }
+                    t.cpu_figure = m.cpu_percent.map(|p| (p, 0));
+                }
             }
             // A job with a cgroup of its own on v2: its memory stalls, not the node's.
             if let (Some(reader), Some(cg)) = (self.cgroups.as_mut(), t.job.cgroup.as_deref()) {

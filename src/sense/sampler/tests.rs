@@ -256,3 +256,70 @@ fn memory_pressure_of_the_node_and_of_a_jobs_cgroup() {
     let obs = sampler.pass();
     assert_eq!(obs.jobs[&JobId::from_seq(1)].memory_pressure_percent, None);
 }
+
+/// Issue 21: an idle job's processes' CPU time is read every `IDLE_READ_EVERY` passes, the
+/// passes between carrying its idle figure; a job that wakes is seen at the next read, a busy
+/// job is read every pass, and a job whose processes change is read at once.
+#[test]
+fn an_idle_jobs_cpu_time_is_read_every_few_passes_and_a_busy_ones_every_pass() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let proc = tmp.path().join("proc");
+    for pid in [100, 101] {
+        fs::create_dir_all(proc.join(pid.to_string())).expect("proc pid");
+    }
+    fs::write(proc.join("stat"), "cpu  1 0 1 100 0 0 0 0 0 0\n").expect("stat");
+    // utime `ticks`, stime 0, start time 555.
+    let ticks = |pid: u32, ticks: u64| {
+        fs::write(
+            proc.join(format!("{pid}/stat")),
+            format!("{pid} (w) S 1 {pid} {pid} 0 -1 0 0 0 0 0 {ticks} 0 0 0 20 0 1 0 555 0 0\n"),
+        )
+        .expect("pid stat");
+    };
+    ticks(100, 100);
+    ticks(101, 100);
+    let mut sampler = Sampler::open(settings(tmp.path(), tmp.path().join("resctrl")));
+    let id = JobId::from_seq(1);
+    sampler.set_jobs(vec![sensed(1, &[100])]);
+    let pass = |sampler: &mut Sampler| {
+        std::thread::sleep(Duration::from_millis(20));
+        sampler.pass().jobs[&id].cpu_percent
+    };
+    assert_eq!(pass(&mut sampler), None, "one read: no rate");
+    assert_eq!(pass(&mut sampler), Some(0.0), "idle");
+    // It wakes: a tenth of a second of CPU time each pass from now on.
+    let mut used = 100;
+    let mut seen = Vec::new();
+    for _ in 0..IDLE_READ_EVERY + 1 {
+        used += 10;
+        ticks(100, used);
+        seen.push(pass(&mut sampler).expect("a figure every pass"));
+    }
+    const {
+        assert!(
+            IDLE_READ_EVERY > 1,
+            "idle jobs are read less often than busy ones"
+        )
+    };
+    let carried = (IDLE_READ_EVERY - 1) as usize;
+    assert!(
+        seen[..carried].iter().all(|p| *p == 0.0),
+        "the idle figure is carried until the next read: {seen:?}"
+    );
+    assert!(
+        seen[carried..].iter().all(|p| *p >= IDLE_PERCENT),
+        "seen at the next read, and read every pass while busy: {seen:?}"
+    );
+
+    // Idle again (read, being busy), then its processes change: read at the next pass, not
+    // carried.
+    assert_eq!(pass(&mut sampler), Some(0.0), "idle again");
+    sampler.set_jobs(vec![sensed(1, &[100, 101])]);
+    used += 10;
+    ticks(100, used);
+    let after = pass(&mut sampler).expect("a figure");
+    assert!(
+        after >= IDLE_PERCENT,
+        "read after its processes changed: {after}"
+    );
+}
