@@ -2,8 +2,9 @@
 //! changed since their last full sweep. Learns of forks, execs and exits from the kernel's
 //! process events (`sys::procevents`) instead of listing every job's threads every tick; keeps
 //! a slow full sweep ([`FULL_SWEEP_EVERY`]) as the safety net. Touches the events socket, the
-//! job cgroups' `cgroup.procs` (through the hierarchy it is handed) and, with thread roles, the
-//! latency threads' schedstat (through `roles`).
+//! job cgroups' `cgroup.procs` (through the hierarchy it is handed), the processes'
+//! `/proc/PID/task` (listed or counted, [`Quiet::threads`]) and, with thread roles, the latency
+//! threads' schedstat (through `roles`).
 //!
 //! A job is swept in full when any of these holds, and skipped otherwise (its last outcome
 //! stands):
@@ -29,6 +30,12 @@
 //!
 //! Slurm jobs are always swept: their processes are found in cgroups lodger does not own and
 //! pinned by affinity (`slurm_jobs`).
+//!
+//! A sweep need not list a process's threads again ([`Quiet::threads`]): the last listing
+//! stands while no event touched the process since (a new thread is a fork, which is
+//! reported) and the kernel counts as many threads as it listed (a thread's end is not
+//! reported, but lowers the count). Listing `/proc/PID/task` was most of the safety net's
+//! cost (issue 21: 40 % of an idle 100-job lodgerd's agent thread); the count is one `stat`.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -41,7 +48,7 @@ use crate::cpuset::CpuSet;
 use crate::enforce::cpusets::CpusetHierarchy;
 use crate::job::{JobId, Target};
 use crate::sys::procevents::ProcEvents;
-use crate::sys::procfs::processes_cpu_ns;
+use crate::sys::procfs::{processes_cpu_ns, ProcError, ProcReader};
 
 /// The safety net: every job is swept in full at least this often.
 pub const FULL_SWEEP_EVERY: Duration = Duration::from_secs(10);
@@ -91,6 +98,11 @@ pub(crate) struct Quiet {
     slots: HashMap<JobId, u32>,
     /// Where the slots are counted from.
     epoch: Instant,
+    /// Each process's threads as last listed, and when (see [`Quiet::threads`]).
+    listed: HashMap<u32, (Vec<u32>, Instant)>,
+    /// Listings made, for the tests.
+    #[cfg_attr(not(test), allow(dead_code))]
+    listings: u64,
 }
 
 /// The placement an apply was asked for.
@@ -125,6 +137,8 @@ impl Quiet {
             swept: HashMap::new(),
             slots: HashMap::new(),
             epoch: Instant::now(),
+            listed: HashMap::new(),
+            listings: 0,
         }
     }
 
@@ -156,12 +170,14 @@ impl Quiet {
             Ok(d) if d.lost => {
                 debug!("process events were lost: every job is swept");
                 self.swept.clear();
+                self.listed.clear();
             }
             Ok(_) => {}
             Err(e) => {
                 info!("process events failed ({e}): every job's threads are listed every tick from now on");
                 self.events = None;
                 self.swept.clear();
+                self.listed.clear();
             }
         }
         // No job's last sweep is older than FULL_SWEEP_EVERY: older entries can go. At most
@@ -174,6 +190,59 @@ impl Quiet {
             self.touched
                 .retain(|_, at| now.saturating_duration_since(*at) <= FULL_SWEEP_EVERY);
         }
+        // Every job's processes are listed or counted at least once a period: a listing older
+        // than two is of a process no job has any more.
+        if self.listed.len() > 64 && due {
+            self.pruned = Some(now);
+            self.listed
+                .retain(|_, (_, at)| now.saturating_duration_since(*at) <= 2 * FULL_SWEEP_EVERY);
+        }
+    }
+
+    /// `pid`'s threads into `tids` (cleared first) for a sweep that began at `now`: its last
+    /// listing when no process event touched it since and `/proc/PID/task` still counts as
+    /// many threads, else listed again (see the module doc). Without events, always listed.
+    /// `Ok(false)`: the process is gone.
+    pub(crate) fn threads(
+        &mut self,
+        reader: &mut ProcReader,
+        pid: u32,
+        tids: &mut Vec<u32>,
+        now: Instant,
+    ) -> Result<bool, ProcError> {
+        tids.clear();
+        self.drain(now);
+        if self.events.is_some() {
+            if let Some((known, at)) = self.listed.get_mut(&pid) {
+                let untouched = self.touched.get(&pid).map_or(true, |t| *t <= *at);
+                if untouched {
+                    match reader.thread_count(pid)? {
+                        None => return Ok(false),
+                        Some(n) if n == known.len() as u64 => {
+                            tids.extend_from_slice(known);
+                            *at = now;
+                            return Ok(true);
+                        }
+                        Some(_) => {}
+                    }
+                }
+            }
+        }
+        self.listings += 1;
+        if !reader.threads(pid, tids)? {
+            self.listed.remove(&pid);
+            return Ok(false);
+        }
+        if self.events.is_some() {
+            self.listed.insert(pid, (tids.clone(), now));
+        }
+        Ok(true)
+    }
+
+    /// How many times [`Quiet::threads`] listed a process's threads.
+    #[cfg(test)]
+    pub(crate) fn listings(&self) -> u64 {
+        self.listings
     }
 
     /// The job's last outcome, when it may be skipped now (see the module doc); an apply reports

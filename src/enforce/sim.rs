@@ -99,9 +99,12 @@ impl SimulatedEnforcer {
         let mut out = Outcome::default();
         match target {
             Target::Pids(pids) => {
+                let now = Instant::now();
                 for &pid in pids {
-                    self.tids.clear();
-                    if self.reader.threads(pid, &mut self.tids)? {
+                    if self
+                        .quiet
+                        .threads(&mut self.reader, pid, &mut self.tids, now)?
+                    {
                         out.pids.push(pid);
                         out.threads += u32::try_from(self.tids.len()).unwrap_or(u32::MAX);
                     }

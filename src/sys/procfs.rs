@@ -157,6 +157,23 @@ impl ProcReader {
         Ok(true)
     }
 
+    /// How many threads `pid` has, from the link count of `/proc/PID/task` (the kernel counts
+    /// each thread as a link of that directory, beside `.` and `..`): one `stat`, where listing
+    /// the directory makes an entry for every thread (issue 21). `None`: the process is gone.
+    pub fn thread_count(&mut self, pid: u32) -> Result<Option<u64>, ProcError> {
+        use std::os::unix::fs::MetadataExt;
+        let pid_s = pid.to_string();
+        self.set_path(&[&pid_s, "task"]);
+        match fs::metadata(&self.path) {
+            Ok(m) => Ok(Some(m.nlink().saturating_sub(2))),
+            Err(e) if is_gone(&e) => Ok(None),
+            Err(source) => Err(ProcError::Read {
+                path: self.path.clone(),
+                source,
+            }),
+        }
+    }
+
     /// The thread ids of each of `pids`, appended to `tids` (for moving whole processes into a
     /// resctrl group, which moves single threads). Returns the pids that are gone or list no
     /// thread.

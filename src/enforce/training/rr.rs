@@ -29,8 +29,7 @@ impl Enforcer {
         s.roles.begin(now);
         let lodger = matches!(self.settings.class, TrainingClass::Lodger { .. });
         for &pid in pids {
-            s.tids.clear();
-            match s.reader.threads(pid, &mut s.tids) {
+            match s.quiet.threads(&mut s.reader, pid, &mut s.tids, now) {
                 Ok(true) => {}
                 Ok(false) => continue,
                 Err(e) => {

@@ -79,6 +79,7 @@ for _ in range(int(sys.argv[1])):
     threading.Thread(target=idle, daemon=True).start()
 print("ready", flush=True)
 kids = []
+briefs = []
 for line in sys.stdin:
     cmd = line.strip()
     if cmd == "thread":
@@ -95,6 +96,23 @@ for line in sys.stdin:
     elif cmd == "spawn":
         kids.append(subprocess.Popen(["sleep", "3600"]))
         print(kids[-1].pid, flush=True)
+    elif cmd == "end":
+        # The oldest thread started by "brief" ends (its exit is no process event).
+        t = briefs.pop(0)
+        t[1].set()
+        t[0].join()
+        print(t[2], flush=True)
+    elif cmd == "brief":
+        box, ev, go = [], threading.Event(), threading.Event()
+        def brief():
+            box.append(threading.get_native_id())
+            ev.set()
+            go.wait()
+        t = threading.Thread(target=brief, daemon=True)
+        t.start()
+        ev.wait()
+        briefs.append((t, go, box[0]))
+        print(box[0], flush=True)
 "#;
 
 impl Workload {
@@ -136,6 +154,16 @@ impl Workload {
 
     fn new_thread(&mut self) -> u32 {
         self.ask("thread")
+    }
+
+    /// A thread that ends when told ([`Workload::end_thread`]).
+    fn brief_thread(&mut self) -> u32 {
+        self.ask("brief")
+    }
+
+    /// Ends the oldest brief thread; its tid.
+    fn end_thread(&mut self) -> u32 {
+        self.ask("end")
     }
 
     fn spawn_child(&mut self) -> u32 {

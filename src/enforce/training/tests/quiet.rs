@@ -138,3 +138,77 @@ fn the_safety_net_sweeps_jobs_placed_together_apart() {
     }
     held.clear();
 }
+
+/// A sweep lists a process's threads only when something may have changed them (issue 21,
+/// `quiet::Quiet::threads`): the last listing stands while no process event touched the
+/// process and `/proc/PID/task` counts as many threads; a new thread (a fork event), a
+/// thread's end (no event, but one thread fewer) and both at once (as many threads, but an
+/// event) each bring a new listing with the right threads. Without events, every sweep lists.
+#[test]
+fn a_sweep_lists_threads_again_only_when_they_may_have_changed() {
+    use crate::enforce::quiet::{Quiet, DRAIN_EVERY};
+    use crate::sys::procfs::ProcReader;
+    const TEST: &str = "a_sweep_lists_threads_again_only_when_they_may_have_changed";
+    if !need_root(TEST) {
+        return;
+    }
+    let mut w = Workload::start(3);
+    let pid = w.pid;
+    let mut reader = ProcReader::new(std::path::Path::new("/proc"));
+    let mut buf = Vec::new();
+    let mut sorted = |q: &mut Quiet, buf: &mut Vec<u32>| {
+        std::thread::sleep(DRAIN_EVERY);
+        assert!(q
+            .threads(&mut reader, pid, buf, std::time::Instant::now())
+            .expect("threads"));
+        buf.sort_unstable();
+        buf.clone()
+    };
+    let listed = |pid: u32| {
+        let mut t = tids(pid);
+        t.sort_unstable();
+        t
+    };
+    let mut q = Quiet::new(true);
+    assert!(q.enabled(), "process events unavailable");
+    assert_eq!(sorted(&mut q, &mut buf), listed(pid));
+    assert_eq!(q.listings(), 1);
+    // Nothing happened: the listing stands.
+    assert_eq!(sorted(&mut q, &mut buf), listed(pid));
+    assert_eq!(q.listings(), 1, "listed again with nothing changed");
+    // A new thread: a fork event, listed again.
+    let brief = w.brief_thread();
+    let now = sorted(&mut q, &mut buf);
+    assert_eq!(q.listings(), 2, "a new thread is not listed");
+    assert!(now.contains(&brief));
+    assert_eq!(now, listed(pid));
+    assert_eq!(sorted(&mut q, &mut buf), now);
+    assert_eq!(q.listings(), 2);
+    // It ends: no event, but one thread fewer.
+    assert_eq!(w.end_thread(), brief);
+    let after = sorted(&mut q, &mut buf);
+    assert_eq!(q.listings(), 3, "an ended thread is still listed");
+    assert!(!after.contains(&brief));
+    assert_eq!(after, listed(pid));
+    // One thread starts and another ends: as many threads as listed, but a fork event.
+    let old = w.brief_thread();
+    sorted(&mut q, &mut buf);
+    assert_eq!(q.listings(), 4);
+    let new = w.brief_thread();
+    assert_eq!(w.end_thread(), old);
+    let swapped = sorted(&mut q, &mut buf);
+    assert_eq!(
+        q.listings(),
+        5,
+        "a thread replaced by another is not listed"
+    );
+    assert!(swapped.contains(&new) && !swapped.contains(&old));
+    assert_eq!(swapped, listed(pid));
+
+    // Without process events every sweep lists.
+    let mut q = Quiet::new(false);
+    for n in 1..=3 {
+        assert_eq!(sorted(&mut q, &mut buf), listed(pid));
+        assert_eq!(q.listings(), n);
+    }
+}
