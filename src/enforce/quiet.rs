@@ -101,7 +101,7 @@ pub(crate) struct Quiet {
     /// Each process's threads as last listed, and when (see [`Quiet::threads`]).
     listed: HashMap<u32, (Vec<u32>, Instant)>,
     /// Listings made, for the tests.
-    #[cfg_attr(not(test), allow(dead_code))]
+    #[cfg(test)]
     listings: u64,
 }
 
@@ -138,6 +138,7 @@ impl Quiet {
             slots: HashMap::new(),
             epoch: Instant::now(),
             listed: HashMap::new(),
+            #[cfg(test)]
             listings: 0,
         }
     }
@@ -228,7 +229,10 @@ impl Quiet {
                 }
             }
         }
-        self.listings += 1;
+        #[cfg(test)]
+        {
+            self.listings += 1;
+        }
         if !reader.threads(pid, tids)? {
             self.listed.remove(&pid);
             return Ok(false);
