@@ -320,27 +320,32 @@ fn perf_processes(grouping: Grouping, rows: &mut Vec<Row>, running: bool) {
 }
 
 fn cpu_readers(cgroup_root: &Path, rows: &mut Vec<Row>) {
+    // The node's files through descriptors kept open (lodgerd), and opened at every read (before
+    // issue 21), measured alternately.
     let mut r = CpuReader::new(Path::new("/proc"));
-    let tick = per_tick(|| {
-        std::hint::black_box(r.stat().expect("/proc/stat"));
-    });
-    rows.push(Row {
-        what: "/proc/stat (node, per CPU)".into(),
-        jobs: 0,
-        groups: 1,
-        fds: 1,
-        tick,
-    });
-    let tick = per_tick(|| {
-        std::hint::black_box(r.pressure().expect("psi"));
-    });
-    rows.push(Row {
-        what: "/proc/pressure/cpu".into(),
-        jobs: 0,
-        groups: 1,
-        fds: 1,
-        tick,
-    });
+    let mut opened = CpuReader::new(Path::new("/proc")).without_kept_files();
+    for (reader, how) in [(&mut r, "kept open"), (&mut opened, "opened every read")] {
+        let tick = per_tick(|| {
+            std::hint::black_box(reader.stat().expect("/proc/stat"));
+        });
+        rows.push(Row {
+            what: format!("/proc/stat (node, per CPU), {how}"),
+            jobs: 0,
+            groups: 1,
+            fds: 1,
+            tick,
+        });
+        let tick = per_tick(|| {
+            std::hint::black_box(reader.pressure().expect("psi"));
+        });
+        rows.push(Row {
+            what: format!("/proc/pressure/cpu, {how}"),
+            jobs: 0,
+            groups: 1,
+            fds: 1,
+            tick,
+        });
+    }
     // Per-job CPU time as the sampler reads it (the processes' CPU-time clocks, the stat file
     // for start times only) beside the stat file alone (before issue 21), same processes.
     let mut stat_only = CpuReader::new(Path::new("/proc")).without_clocks();

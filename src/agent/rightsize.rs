@@ -193,7 +193,11 @@ impl Rightsize {
             let Some(tuning) = &mut stored.tuning else {
                 continue;
             };
-            let before = tuning.clone();
+            // A copy to tell whether the step changed what is written, only where it may have.
+            let was_settled = tuning.tuner.settled();
+            let before = (!tuning.tuner.step_keeps_disk(now, throttled)
+                || (was_settled.is_some() && !tuning.recorded))
+                .then(|| tuning.clone());
             let mut samples = Vec::new();
             if obs.unix_ms > tuning.last_sample_ms {
                 if let Some(gpu) = obs.jobs.get(&stored.job.id).and_then(|m| m.gpu_percent) {
@@ -226,7 +230,7 @@ impl Rightsize {
                 }
             }
             if let TunerAction::Resize(n) = action {
-                if Some(n) != before.tuner.settled() {
+                if Some(n) != was_settled {
                     debug!(job = %stored.job.id, cores = n, "right-sizing probe");
                 }
             }
@@ -288,7 +292,7 @@ impl Rightsize {
             }
             // Samples within a window and their times stay in memory: only a decision (a
             // window begun or judged, a probe, settling) is worth a write.
-            changed |= !tuning.same_on_disk(&before);
+            changed |= before.is_some_and(|b| !tuning.same_on_disk(&b));
         }
         changed
     }

@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::sys::cgroupfs::CgroupVersion;
+use crate::sys::procfs::KeptFile;
 
 pub mod clocks;
 
@@ -482,7 +483,14 @@ pub struct CpuReader {
     ns_per_tick: u64,
     /// The real `/proc` only: processes' CPU time from their clocks.
     clocks: Option<clocks::ProcessClocks>,
+    /// The real `/proc` only: `/proc/stat` and the PSI files, kept open between passes
+    /// (`KeptFile`), by [`NODE_FILES`]. A fixture tree's files are opened every read, as a test
+    /// may replace one between reads.
+    kept: Option<Vec<KeptFile>>,
 }
+
+/// The node-wide files read every pass, in [`CpuReader::kept`]'s order.
+const NODE_FILES: [&str; 3] = [PROC_STAT, PROC_PRESSURE_CPU, PROC_PRESSURE_MEMORY];
 
 impl CpuReader {
     /// Clock ticks per second from `sysconf(_SC_CLK_TCK)` (USER_HZ: 100 on every mainstream
@@ -498,6 +506,12 @@ impl CpuReader {
             buf: Vec::with_capacity(4096),
             ns_per_tick: 1_000_000_000 / ticks_per_second.max(1),
             clocks: (proc_root == Path::new("/proc")).then(clocks::ProcessClocks::new),
+            kept: (proc_root == Path::new("/proc")).then(|| {
+                NODE_FILES
+                    .iter()
+                    .map(|f| KeptFile::new(proc_root.join(f)))
+                    .collect()
+            }),
         }
     }
 
@@ -505,6 +519,13 @@ impl CpuReader {
     /// benchmark's baseline for [`clocks`]).
     pub fn without_clocks(mut self) -> Self {
         self.clocks = None;
+        self
+    }
+
+    /// Opens `/proc/stat` and the PSI files at every read even on the real `/proc` (the
+    /// benchmark's baseline for `KeptFile`).
+    pub fn without_kept_files(mut self) -> Self {
+        self.kept = None;
         self
     }
 
@@ -519,7 +540,7 @@ impl CpuReader {
     /// `/proc/stat`.
     pub fn stat(&mut self) -> Result<StatSample, CpuError> {
         self.set_path(&[PROC_STAT]);
-        read_into(&self.path, &mut self.buf, |_| false)?;
+        self.read_node(PROC_STAT, |_| false)?;
         let at = Instant::now();
         let text = text_of(&self.path, &self.buf)?;
         parse_proc_stat(text, at).map_err(|value| CpuError::Parse {
@@ -538,9 +559,29 @@ impl CpuReader {
         self.psi(PROC_PRESSURE_MEMORY)
     }
 
+    /// A node-wide file into `buf`, through its kept descriptor on the real `/proc`; `self.path`
+    /// must name it. As [`read_into`].
+    fn read_node(&mut self, file: &str, absent: fn(&io::Error) -> bool) -> Result<bool, CpuError> {
+        let kept = self
+            .kept
+            .as_mut()
+            .and_then(|k| Some(&mut k[NODE_FILES.iter().position(|f| *f == file)?]));
+        let Some(kept) = kept else {
+            return read_into(&self.path, &mut self.buf, absent);
+        };
+        match kept.read_into(&mut self.buf) {
+            Ok(()) => Ok(true),
+            Err(e) if absent(&e) => Ok(false),
+            Err(source) => Err(CpuError::Read {
+                path: self.path.clone(),
+                source,
+            }),
+        }
+    }
+
     fn psi(&mut self, file: &str) -> Result<Option<PressureSample>, CpuError> {
         self.set_path(&[file]);
-        if !read_into(&self.path, &mut self.buf, is_absent)? {
+        if !self.read_node(file, is_absent)? {
             return Ok(None);
         }
         parse_psi_file(&self.path, &self.buf, Instant::now()).map(Some)

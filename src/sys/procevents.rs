@@ -30,6 +30,10 @@ const PROC_EVENT_EXEC: u32 = 0x0000_0002;
 const PROC_EVENT_EXIT: u32 = 0x8000_0000;
 /// `SO_ATTACH_FILTER` (`asm-generic/socket.h`; the libc crate defines it only for Android).
 const SO_ATTACH_FILTER: libc::c_int = 26;
+/// Datagrams read by one `recvmmsg`, and the room for each: an event is 16 + 20 + 40 bytes
+/// (`nlmsghdr`, `cn_msg`, `proc_event`); a longer datagram is truncated and its event skipped.
+const BATCH: usize = 64;
+const DATAGRAM: usize = 256;
 /// Asked for (root may exceed `net.core.rmem_max`): about a thousand events between two reads.
 const RECV_BUFFER: libc::c_int = 1 << 20;
 
@@ -111,23 +115,44 @@ impl ProcEvents {
         }
         Ok(ProcEvents {
             fd,
-            buf: vec![0; 8192],
+            buf: vec![0; BATCH * DATAGRAM],
         })
     }
 
     /// Reads every pending event and calls `touched(tgid)` for each process one touched: both
     /// sides of a fork (a new thread's process, a new process and its parent), an exec, a
     /// process's exit. Never blocks.
+    ///
+    /// Up to [`BATCH`] datagrams a syscall (`recvmmsg`): every process event on the node that
+    /// passes the filter is one datagram, and on a node running builds or short-lived jobs a
+    /// `recv` each was most of an idle lodgerd's agent thread (issue 21).
     pub fn drain(&mut self, mut touched: impl FnMut(u32)) -> io::Result<Drained> {
         let mut out = Drained::default();
         loop {
-            // SAFETY: `buf` is valid for writes of its length.
+            // SAFETY: all-zero is a valid `iovec` and `mmsghdr` (null pointers, zero lengths);
+            // each is pointed at its own part of `buf` below.
+            let mut iov: [libc::iovec; BATCH] = unsafe { std::mem::zeroed() };
+            // SAFETY: as above.
+            let mut msgs: [libc::mmsghdr; BATCH] = unsafe { std::mem::zeroed() };
+            for (part, (v, m)) in self
+                .buf
+                .chunks_exact_mut(DATAGRAM)
+                .zip(iov.iter_mut().zip(msgs.iter_mut()))
+            {
+                v.iov_base = part.as_mut_ptr().cast();
+                v.iov_len = part.len();
+                m.msg_hdr.msg_iov = v;
+                m.msg_hdr.msg_iovlen = 1;
+            }
+            // SAFETY: `msgs` holds BATCH headers, each with one iovec over its own DATAGRAM
+            // bytes of `buf`, all alive for the call; no timeout.
             let n = unsafe {
-                libc::recv(
+                libc::recvmmsg(
                     self.fd.as_raw_fd(),
-                    self.buf.as_mut_ptr().cast(),
-                    self.buf.len(),
+                    msgs.as_mut_ptr(),
+                    BATCH as libc::c_uint,
                     libc::MSG_DONTWAIT,
+                    std::ptr::null_mut(),
                 )
             };
             if n < 0 {
@@ -143,8 +168,19 @@ impl ProcEvents {
                     _ => return Err(e),
                 }
             }
-            let len = usize::try_from(n).unwrap_or(0).min(self.buf.len());
-            out.events += parse(&self.buf[..len], &mut touched);
+            let received = usize::try_from(n).unwrap_or(0).min(BATCH);
+            for (m, part) in msgs
+                .iter()
+                .zip(self.buf.chunks_exact(DATAGRAM))
+                .take(received)
+            {
+                let len = usize::try_from(m.msg_len).unwrap_or(0).min(DATAGRAM);
+                out.events += parse(&part[..len], &mut touched);
+            }
+            if received < BATCH {
+                // Fewer than asked: the queue is empty (the next call would say EAGAIN).
+                return Ok(out);
+            }
         }
     }
 }
@@ -384,5 +420,34 @@ mod tests {
             .drain(|tgid| seen |= tgid == pid)
             .expect("drain events");
         assert!(seen, "no event for child {pid}");
+    }
+
+    /// As root: one drain reads far more events than one `recvmmsg` batch holds (each child is
+    /// a fork, an exec and an exit), and loses none of them.
+    #[test]
+    fn one_drain_reads_every_batch_of_events() {
+        const TEST: &str = "one_drain_reads_every_batch_of_events";
+        if !crate::privileged::need_root(TEST) {
+            return;
+        }
+        let mut events = ProcEvents::open().expect("subscribe to process events");
+        let mut children = std::collections::HashSet::new();
+        for _ in 0..3 * BATCH {
+            let mut child = std::process::Command::new("true")
+                .spawn()
+                .expect("spawn true");
+            children.insert(child.id());
+            child.wait().expect("wait");
+        }
+        let mut seen = std::collections::HashSet::new();
+        let drained = events
+            .drain(|tgid| {
+                seen.insert(tgid);
+            })
+            .expect("drain events");
+        assert!(!drained.lost, "events were lost");
+        assert!(drained.events >= 3 * 3 * BATCH as u64, "{drained:?}");
+        let missed: Vec<_> = children.difference(&seen).collect();
+        assert!(missed.is_empty(), "no event for children {missed:?}");
     }
 }

@@ -1,7 +1,8 @@
 //! Finding a job's processes and threads in /proc: start times (to tell a process from a later one
 //! that reused its pid), the parent links that give a process's descendants, and the thread ids
-//! under `/proc/PID/task`; and a process's CPU time from its CPU-time clock. Reads the proc root
-//! it is given and those clocks, nothing else.
+//! under `/proc/PID/task`; a process's CPU time from its CPU-time clock; and node-wide files read
+//! every pass through one descriptor kept open ([`KeptFile`]). Reads the proc root it is given
+//! and those clocks, nothing else.
 //!
 //! Hand-written rather than through the procfs crate on this path: it runs every tick for every
 //! process of every job and needs three fields of `stat`; the crate parses all fifty-odd fields
@@ -10,6 +11,7 @@
 
 use std::fs::{self, File};
 use std::io::{self, Read};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 /// Default mount point of procfs.
@@ -205,6 +207,69 @@ impl ProcReader {
     }
 }
 
+/// A file the kernel generates anew at each read from its start (`/proc/stat`, the PSI files),
+/// kept open and read again with `pread` at offset 0 rather than opened every pass. Opening
+/// `/proc/stat` walks the path and allocates a buffer sized for every possible CPU, and closing
+/// frees it: that was half of an idle lodgerd's CPU sensing (issue 21), more than generating the
+/// text. seq_file restarts a read at offset 0 from the first record, as `top` relies on.
+///
+/// A read that fails drops the descriptor, so the next read opens the path again: a file that
+/// was replaced or unmounted is found anew, and one that is gone reports the open's error.
+#[derive(Debug)]
+pub struct KeptFile {
+    path: PathBuf,
+    file: Option<File>,
+}
+
+impl KeptFile {
+    pub fn new(path: PathBuf) -> Self {
+        Self { path, file: None }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The whole file into `buf` (replacing what it held): through the kept descriptor, or
+    /// opened again when there is none or reading through it failed. The error is the open's or
+    /// the read's.
+    pub fn read_into(&mut self, buf: &mut Vec<u8>) -> io::Result<()> {
+        if let Some(file) = &self.file {
+            if read_from_start(file, buf).is_ok() {
+                return Ok(());
+            }
+            self.file = None;
+        }
+        let file = File::open(&self.path)?;
+        read_from_start(&file, buf)?;
+        self.file = Some(file);
+        Ok(())
+    }
+}
+
+/// Reads `file` from offset 0 to its end into `buf`, growing it as needed.
+fn read_from_start(file: &File, buf: &mut Vec<u8>) -> io::Result<()> {
+    let mut len = 0;
+    buf.clear();
+    loop {
+        if buf.len() - len < 1024 {
+            buf.resize((buf.len() * 2).max(4096), 0);
+        }
+        let offset = u64::try_from(len).unwrap_or(u64::MAX);
+        match file.read_at(&mut buf[len..], offset) {
+            Ok(0) => break,
+            Ok(n) => len += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                buf.clear();
+                return Err(e);
+            }
+        }
+    }
+    buf.truncate(len);
+    Ok(())
+}
+
 /// The pid of every process under the proc root (its numeric entries), in directory order.
 /// Entries that vanish while being listed are left out.
 pub fn list_pids(proc_root: &Path) -> Result<Vec<u32>, ProcError> {
@@ -292,6 +357,73 @@ mod tests {
         let gone = root.path().join("nope");
         let err = list_pids(&gone).expect_err("missing root");
         assert!(err.to_string().contains("nope"), "{err}");
+    }
+
+    #[test]
+    fn a_kept_file_reads_its_whole_content_again_and_reopens_after_a_replacement() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("stat");
+        // Longer than one read's first buffer, so the loop reads it in parts.
+        let long: String = (0..2000).map(|i| format!("cpu{i} 1 2 3\n")).collect();
+        fs::write(&path, &long).expect("write");
+        let mut kept = KeptFile::new(path.clone());
+        let mut buf = b"stale".to_vec();
+        kept.read_into(&mut buf).expect("first read");
+        assert_eq!(buf, long.as_bytes());
+        // Rewritten in place: the kept descriptor sees the new, shorter content.
+        fs::write(&path, "cpu 9\n").expect("rewrite");
+        kept.read_into(&mut buf).expect("second read");
+        assert_eq!(buf, b"cpu 9\n");
+        // A read that fails (a directory opens but does not read) keeps no descriptor, so the
+        // next read opens the path again and finds what is there now.
+        let odd = dir.path().join("odd");
+        fs::create_dir(&odd).expect("mkdir");
+        let mut kept = KeptFile::new(odd.clone());
+        assert!(kept.read_into(&mut buf).is_err());
+        assert!(kept.file.is_none() && buf.is_empty());
+        fs::remove_dir(&odd).expect("rmdir");
+        fs::write(&odd, "some 1\n").expect("write");
+        kept.read_into(&mut buf).expect("reopened");
+        assert_eq!(buf, b"some 1\n");
+        // Gone: the open's error.
+        let mut gone = KeptFile::new(dir.path().join("nope"));
+        let err = gone.read_into(&mut buf).expect_err("absent");
+        assert_eq!(err.kind(), io::ErrorKind::NotFound);
+        assert_eq!(gone.path(), dir.path().join("nope"));
+    }
+
+    #[test]
+    fn a_kept_proc_stat_is_generated_anew_at_each_read() {
+        // The real /proc: reading the same descriptor again from offset 0 must give the
+        // counters as they are now, not the first read's text.
+        let mut kept = KeptFile::new(PathBuf::from("/proc/stat"));
+        let mut first = Vec::new();
+        kept.read_into(&mut first).expect("/proc/stat");
+        let total = |text: &[u8]| -> u64 {
+            let text = std::str::from_utf8(text).expect("utf-8");
+            let line = text.lines().next().expect("cpu line");
+            line.split_whitespace()
+                .skip(1)
+                .filter_map(|v| v.parse::<u64>().ok())
+                .sum()
+        };
+        let before = total(&first);
+        assert!(before > 0, "{}", String::from_utf8_lossy(&first));
+        // Burn this thread's CPU until the node's jiffies move (USER_HZ is at most 1000).
+        let mut again = Vec::new();
+        let start = std::time::Instant::now();
+        loop {
+            kept.read_into(&mut again).expect("/proc/stat again");
+            if total(&again) > before || start.elapsed() > std::time::Duration::from_secs(10) {
+                break;
+            }
+            std::hint::black_box((0..10_000u64).sum::<u64>());
+        }
+        assert!(
+            total(&again) > before,
+            "the counters never moved through the kept descriptor"
+        );
+        assert!(kept.file.is_some(), "the descriptor was not kept");
     }
 
     #[test]

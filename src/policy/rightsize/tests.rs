@@ -107,7 +107,15 @@ fn run(curve: &Curve, settings: TunerSettings, seed: u64, throttled: &dyn Fn(u64
             curve.rho * noise + (1.0 - curve.rho * curve.rho).sqrt() * curve.sigma * rng.normal();
         let sample = (curve.util(before) + noise).clamp(0.0, 100.0).round();
         let throttle = throttled(t.as_secs());
+        // A step said to keep what is written must keep it (the agent then keeps no copy).
+        let kept = tuner.step_keeps_disk(t, throttle).then(|| tuner.clone());
         let action = tuner.step(t, &[sample], throttle);
+        if let Some(kept) = kept {
+            assert!(
+                tuner.same_on_disk(&kept),
+                "a step said to keep the state file changed it at {t:?}: {kept:?} -> {tuner:?}"
+            );
+        }
         let after = tuner.cores();
         assert!(
             (settings.floor..=settings.max).contains(&after),
@@ -946,13 +954,20 @@ fn only_decisions_change_a_tuner_on_disk() {
     let util = |c: u32| 90.0 * f64::from(c.min(5)) / 5.0;
     let mut t = Tuner::new(settings(9, 1, 16, 0), Duration::ZERO);
     let mut changes = Vec::new();
+    let mut unsure = Vec::new();
     for s in 1..=300u64 {
         let before = t.clone();
+        if !t.step_keeps_disk(Duration::from_secs(s), false) {
+            unsure.push(s);
+        }
         feed(&mut t, s - 1, 1, util, false);
         if !t.same_on_disk(&before) {
             changes.push(s);
         }
     }
+    // `step_keeps_disk` is false exactly where a step changed what is written: a copy is kept
+    // only for the steps that need one.
+    assert_eq!(unsure, changes);
     // The warm-up ends at 30 (the baseline window starts), the baseline is judged at 90
     // and each probe's window a minute later: nothing in between.
     assert_eq!(
