@@ -264,7 +264,10 @@ fn a_slurm_training_job_is_pinned_inside_slurms_cpuset_and_released_by_the_epilo
     // Slurm's step daemon lives in the job's cgroups too (v2: step_<n>/slurm): not the job's.
     let stepd_dir = tempfile::tempdir().expect("tempdir");
     let stepd_bin = stepd_dir.path().join("slurmstepd");
-    std::fs::copy("/bin/sleep", &stepd_bin).expect("copy sleep");
+    // A symlink, not a copy: exec names the process after the link (comm "slurmstepd"), and a
+    // copy just written could be held open for writing by a child another test forked
+    // meanwhile, failing the exec with ETXTBSY (seen once in the VM suite).
+    std::os::unix::fs::symlink("/bin/sleep", &stepd_bin).expect("link sleep");
     let mut stepd = Command::new(&stepd_bin)
         .arg("600")
         .spawn()
