@@ -52,7 +52,12 @@ pub fn unique(prefix: &str) -> String {
 
 pub fn bin(name: &str) -> PathBuf {
     match name {
-        "lodgerd" => PathBuf::from(env!("CARGO_BIN_EXE_lodgerd")),
+        // LODGER_TEST_LODGERD: another build of lodgerd, for an A/B benchmark run beside
+        // this one (two lodgerds measured at the same time see the same machine).
+        "lodgerd" => std::env::var_os("LODGER_TEST_LODGERD").map_or_else(
+            || PathBuf::from(env!("CARGO_BIN_EXE_lodgerd")),
+            PathBuf::from,
+        ),
         "lodgerctl" => PathBuf::from(env!("CARGO_BIN_EXE_lodgerctl")),
         _ => panic!("unknown binary {name}"),
     }
