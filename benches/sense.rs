@@ -325,26 +325,22 @@ fn cpu_readers(cgroup_root: &Path, rows: &mut Vec<Row>) {
     let mut r = CpuReader::new(Path::new("/proc"));
     let mut opened = CpuReader::new(Path::new("/proc")).without_kept_files();
     for (reader, how) in [(&mut r, "kept open"), (&mut opened, "opened every read")] {
-        let tick = per_tick(|| {
-            std::hint::black_box(reader.stat().expect("/proc/stat"));
-        });
-        rows.push(Row {
-            what: format!("/proc/stat (node, per CPU), {how}"),
-            jobs: 0,
-            groups: 1,
-            fds: 1,
-            tick,
-        });
-        let tick = per_tick(|| {
-            std::hint::black_box(reader.pressure().expect("psi"));
-        });
-        rows.push(Row {
-            what: format!("/proc/pressure/cpu, {how}"),
-            jobs: 0,
-            groups: 1,
-            fds: 1,
-            tick,
-        });
+        for file in ["/proc/stat (node, per CPU)", "/proc/pressure/cpu"] {
+            let tick = per_tick(|| {
+                if file.starts_with("/proc/stat") {
+                    std::hint::black_box(reader.stat().expect("/proc/stat"));
+                } else {
+                    std::hint::black_box(reader.pressure().expect("psi"));
+                }
+            });
+            rows.push(Row {
+                what: format!("{file}, {how}"),
+                jobs: 0,
+                groups: 1,
+                fds: 1,
+                tick,
+            });
+        }
     }
     // Per-job CPU time as the sampler reads it (the processes' CPU-time clocks, the stat file
     // for start times only) beside the stat file alone (before issue 21), same processes.
