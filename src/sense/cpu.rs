@@ -442,8 +442,21 @@ fn read_into(
     absent: fn(&io::Error) -> bool,
 ) -> Result<bool, CpuError> {
     buf.clear();
-    match File::open(path).and_then(|mut f| f.read_to_end(buf)) {
-        Ok(_) => Ok(true),
+    judged(
+        File::open(path).and_then(|mut f| f.read_to_end(buf).map(drop)),
+        path,
+        absent,
+    )
+}
+
+/// A read's result as [`read_into`] reports it: `Ok(false)` when the file is absent per `absent`.
+fn judged(
+    read: io::Result<()>,
+    path: &Path,
+    absent: fn(&io::Error) -> bool,
+) -> Result<bool, CpuError> {
+    match read {
+        Ok(()) => Ok(true),
         Err(e) if absent(&e) => Ok(false),
         Err(source) => Err(CpuError::Read {
             path: path.to_path_buf(),
@@ -566,16 +579,9 @@ impl CpuReader {
             .kept
             .as_mut()
             .and_then(|k| Some(&mut k[NODE_FILES.iter().position(|f| *f == file)?]));
-        let Some(kept) = kept else {
-            return read_into(&self.path, &mut self.buf, absent);
-        };
-        match kept.read_into(&mut self.buf) {
-            Ok(()) => Ok(true),
-            Err(e) if absent(&e) => Ok(false),
-            Err(source) => Err(CpuError::Read {
-                path: self.path.clone(),
-                source,
-            }),
+        match kept {
+            Some(kept) => judged(kept.read_into(&mut self.buf), &self.path, absent),
+            None => read_into(&self.path, &mut self.buf, absent),
         }
     }
 
