@@ -42,6 +42,10 @@
 #   LODGER_E2E_SUITE    Debian suite of the guest (default bookworm); its glibc must be at least
 #                       the build host's, since the packaged binaries are built here
 #   LODGER_E2E_TIMEOUT  seconds the VM may run (default 1200; 2400 with --cargo-tests)
+#   LODGER_E2E_BOOT_TIMEOUT  seconds the guest may take to reach its test unit (default 300;
+#                       a guest up in time usually is in 40-90 s, emulated); one that is not
+#                       is stopped and booted again, LODGER_E2E_BOOT_TRIES boots in all
+#                       (default 2)
 #   LODGER_E2E_ACCEL    kvm, tcg or auto (default: kvm when /dev/kvm can boot a stock kernel)
 #   LODGER_E2E_KEEP=1   keep the run directory (serial log, results) under target/e2e-run
 #                       (target/e2e-cargo-run for --cargo-tests)
@@ -368,27 +372,23 @@ fi
 [ "${LODGER_E2E_KEEP:-}" = 1 ] || trap 'rm -rf "$run/share"' EXIT
 
 # --- boot ---
-say "booting the VM ($accel; $shape)"
+# The guest must reach its test unit (it touches share/booted) within boot_timeout. Once, on a
+# CI machine under load, an emulated guest's disk stopped answering during boot (jbd2 and
+# systemd-journald blocked for minutes, no check ever ran) and the run waited out the whole
+# VM timeout. A guest that does not come up is stopped, its console shown, and booted once
+# more: no check has run by then, so a boot retried hides no test's result. A second stalled
+# boot fails the run.
+boot_timeout=${LODGER_E2E_BOOT_TIMEOUT:-300}
+boot_tries=${LODGER_E2E_BOOT_TRIES:-2}
 serial="$run/serial.log"
-boot_start=$(date +%s.%N)
-timeout --foreground "$vm_timeout" qemu-system-x86_64 \
-    "${accel_args[@]}" "${smp_args[@]}" \
-    -kernel "$base/vmlinuz" -initrd "$base/initrd.img" \
-    -append "root=/dev/vda rw console=ttyS0 quiet systemd.unified_cgroup_hierarchy=1 systemd.show_status=0 panic=-1 mitigations=off" \
-    -drive "file=$base/rootfs.img,format=raw,if=virtio,snapshot=on" \
-    -virtfs "local,path=$run/share,mount_tag=e2e,security_model=none,id=e2e" \
-    "${extra_shares[@]}" \
-    -nic none -display none -monitor none -serial "file:$serial" -no-reboot &
-qemu=$!
+results="$run/share/results.txt"
 # Follow the guest's checks as they happen (less its own summary: the one at the end also
 # counts the host's checks; with --cargo-tests, the end repeats the guest's).
-results="$run/share/results.txt"
 if [ "$mode" = --cargo-tests ]; then
     own_summary='^(host: .*|suite: [0-9]+ passed, [0-9]+ failed, [0-9]+ skipped)$'
 else
     own_summary='^[0-9]+ passed, [0-9]+ failed$'
 fi
-booted="" shown=0
 show_new_results() {
     [ -f "$results" ] || return 0
     local total
@@ -398,17 +398,51 @@ show_new_results() {
         shown=$total
     fi
 }
-while kill -0 "$qemu" 2>/dev/null; do
-    if [ -z "$booted" ] && [ -f "$run/share/booted" ]; then
-        booted=$(awk -v s="$boot_start" -v e="$(date +%s.%N)" 'BEGIN { printf "%.1f", e - s }')
-        say "guest up after ${booted} s (from qemu start to the test unit running)"
-    fi
+# boot_vm: one boot, followed until qemu exits; sets booted (seconds to the test unit, empty
+# if it never came up), vm_status (qemu's exit) and stalled (1: stopped for not coming up).
+boot_vm() {
+    rm -f "$run/share/booted" "$results"
+    : >"$serial"
+    booted="" shown=0 stalled=0 vm_status=0
+    boot_start=$(date +%s.%N)
+    timeout --foreground "$vm_timeout" qemu-system-x86_64 \
+        "${accel_args[@]}" "${smp_args[@]}" \
+        -kernel "$base/vmlinuz" -initrd "$base/initrd.img" \
+        -append "root=/dev/vda rw console=ttyS0 quiet systemd.unified_cgroup_hierarchy=1 systemd.show_status=0 panic=-1 mitigations=off" \
+        -drive "file=$base/rootfs.img,format=raw,if=virtio,snapshot=on" \
+        -virtfs "local,path=$run/share,mount_tag=e2e,security_model=none,id=e2e" \
+        "${extra_shares[@]}" \
+        -nic none -display none -monitor none -serial "file:$serial" -no-reboot &
+    qemu=$!
+    local now
+    while kill -0 "$qemu" 2>/dev/null; do
+        now=$(date +%s.%N)
+        if [ -z "$booted" ] && [ -f "$run/share/booted" ]; then
+            booted=$(awk -v s="$boot_start" -v e="$now" 'BEGIN { printf "%.1f", e - s }')
+            say "guest up after ${booted} s (from qemu start to the test unit running)"
+        elif [ -z "$booted" ] &&
+            awk -v s="$boot_start" -v e="$now" -v t="$boot_timeout" 'BEGIN { exit !(e - s > t) }'; then
+            stalled=1
+            kill "$qemu" 2>/dev/null || true
+            break
+        fi
+        show_new_results
+        sleep 1
+    done
     show_new_results
-    sleep 1
+    wait "$qemu" || vm_status=$?
+}
+try=1
+say "booting the VM ($accel; $shape)"
+boot_vm
+while [ "$stalled" = 1 ] && [ "$try" -lt "$boot_tries" ]; do
+    try=$((try + 1))
+    say "the guest did not reach its test unit in ${boot_timeout} s (LODGER_E2E_BOOT_TIMEOUT); its console ended:"
+    tail -n 20 "$serial" >&2 || true
+    cp "$serial" "$run/serial.boot$((try - 1)).log" 2>/dev/null || true
+    say "booting the VM again (boot $try of $boot_tries; no check had run)"
+    boot_vm
 done
-show_new_results
-vm_status=0
-wait "$qemu" || vm_status=$?
 vm_seconds=$(awk -v s="$boot_start" -v e="$(date +%s.%N)" 'BEGIN { printf "%.0f", e - s }')
 
 if [ "$mode" = --cargo-tests ]; then
@@ -427,7 +461,12 @@ else
     failed=$(grep -c '^FAIL' "$results" 2>/dev/null || true)
     passed=${passed:-0} failed=${failed:-0}
 fi
-if [ -z "$summary" ] || [ "$vm_status" != 0 ]; then
+if [ "$stalled" = 1 ]; then
+    echo "FAIL the guest reached its test unit (not in ${boot_timeout} s, on $try boots; serial log: $serial)"
+    failed=$((failed + 1))
+    echo "--- last lines of the serial console ---"
+    tail -n 40 "$serial" 2>/dev/null || true
+elif [ -z "$summary" ] || [ "$vm_status" != 0 ]; then
     echo "FAIL the VM finished its checks (qemu exit $vm_status; serial log: $serial)"
     failed=$((failed + 1))
     echo "--- last lines of the serial console ---"
