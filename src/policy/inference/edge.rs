@@ -2,7 +2,7 @@
 //! p99 judged with its uncertainty, and the p99 a planned probe must aim for. Pure: touches
 //! nothing.
 
-use super::search::{LayoutSearch, Sample};
+use super::search::{sample_of, LayoutSearch, ProbeResult, Sample};
 use super::types::LayoutConfig;
 
 /// z of the 99th percentile, and the standard normal density there.
@@ -44,6 +44,13 @@ impl LayoutSearch {
 
     pub(super) fn feasible(&self, s: &Sample) -> bool {
         self.upper(s) <= self.slo_ms
+    }
+
+    /// Whether this search's rule judges `r` within the SLO (its p99 with its uncertainty; see
+    /// [`LayoutSearch`]). The benchmark asks it of exact probes, for the best layout the rule
+    /// lets any search choose.
+    pub fn judges_within_slo(&self, r: &ProbeResult) -> bool {
+        self.feasible(&sample_of(r))
     }
 
     /// The measured p99 to aim for in a probe planned from `like`: one whose upper bound just

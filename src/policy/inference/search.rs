@@ -439,7 +439,7 @@ impl LayoutSearch {
     }
 }
 
-fn sample_of(r: &ProbeResult) -> Sample {
+pub(super) fn sample_of(r: &ProbeResult) -> Sample {
     let finite = |x: Option<f64>| x.filter(|v| v.is_finite() && *v >= 0.0);
     Sample {
         throughput: if r.throughput_per_s.is_finite() && r.throughput_per_s > 0.0 {

@@ -185,6 +185,13 @@ impl PerfModel {
     /// The best layout whose true p99 meets the SLO over every uniform layout: every cores per
     /// instance, every instance count that fits, every batch. None when none meets it.
     pub fn exhaustive(&self) -> Option<Best> {
+        self.best_where(|_, t| t.p99 <= self.slo_ms)
+    }
+
+    /// [`PerfModel::exhaustive`] over the layouts `ok` accepts instead of those within the SLO.
+    /// `ok` must hold for a smaller batch on the same rung whenever it holds for a larger one,
+    /// as the SLO does (latency grows with batch): each rung's batches stop at the first refused.
+    pub fn best_where(&self, ok: impl Fn(&LayoutConfig, &Truth) -> bool) -> Option<Best> {
         let mut best: Option<Best> = None;
         let mut space = 0u64;
         for c in 1..=self.free {
@@ -198,7 +205,7 @@ impl PerfModel {
                         batch: b,
                     };
                     let t = self.truth(&config);
-                    if t.p99 > self.slo_ms {
+                    if !ok(&config, &t) {
                         break;
                     }
                     if best.map_or(true, |x| t.throughput > x.throughput) {
@@ -213,6 +220,22 @@ impl PerfModel {
             }
         }
         best.map(|b| Best { space, ..b })
+    }
+
+    /// A probe of `c` without noise: the true p99 and median, the window's batch count at the
+    /// true mean, no counters. What a layout would show if measuring cost nothing but the window.
+    pub fn exact_probe(&self, c: LayoutConfig) -> ProbeResult {
+        let t = self.truth(&c);
+        let batches = ((self.window_s * 1000.0 / t.mean_ms).floor() as u32).max(1);
+        ProbeResult {
+            config: c,
+            throughput_per_s: t.throughput,
+            p99_latency_ms: t.p99,
+            ipc: None,
+            cache_miss_ratio: None,
+            latency_samples: batches,
+            p50_latency_ms: Some(t.mean_ms * self.tail(0.0)),
+        }
     }
 
     /// One noisy probe of `c`, as lodgerd measures it (see the module documentation).

@@ -1103,6 +1103,37 @@ fn simulated_family_stays_within_budget_and_slo() {
     assert!(over <= 2, "{over} of 100 chosen layouts miss the SLO");
 }
 
+/// The benchmark's "gap the rule allows" (`benches/layout.rs`, `rule_gap`): with no margin
+/// (`confidence_z` 0) the rule on exact probes accepts exactly the layouts whose true p99 meets
+/// the SLO, so its best is the exhaustive best; with the default margin it accepts fewer, never
+/// a better one, and on some seeds a worse one.
+#[test]
+fn the_rule_on_exact_probes_bounds_the_best_layout() {
+    let mut below = 0;
+    for seed in 0..40u64 {
+        let model = PerfModel::random(Family::ALL[(seed % 4) as usize], seed);
+        let best = model.exhaustive().unwrap();
+        let by = |z: f64| {
+            let options = SearchOptions {
+                confidence_z: z,
+                ..SearchOptions::default()
+            };
+            let rule = search_for(&model).with_options(options);
+            model.best_where(|c, _| rule.judges_within_slo(&model.exact_probe(*c)))
+        };
+        let plain = by(0.0).unwrap();
+        assert_eq!(
+            (plain.config, plain.throughput),
+            (best.config, best.throughput),
+            "seed {seed}"
+        );
+        let margin = by(DEFAULT_CONFIDENCE_Z).map_or(0.0, |b| b.throughput);
+        assert!(margin <= best.throughput, "seed {seed}");
+        below += u32::from(margin < best.throughput);
+    }
+    assert!(below > 0, "the margin never cost a layout");
+}
+
 #[test]
 fn cache_reuses_results_and_traits() {
     let mut cache = SearchCache::new();
