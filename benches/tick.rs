@@ -45,10 +45,30 @@ const THREADS_PER_JOB: usize = 10;
 
 /// Nanoseconds a task has run (`/proc/PID/task/TID/schedstat`'s first field).
 fn run_ns(path: &Path) -> u64 {
-    std::fs::read_to_string(path.join("schedstat"))
-        .ok()
-        .and_then(|s| s.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
+    schedstat(path).0
+}
+
+/// A task's CPU time (ns) and the times it was put on a CPU (its wake-ups, near enough for a
+/// task that sleeps), from its `schedstat`.
+fn schedstat(path: &Path) -> (u64, u64) {
+    let text = std::fs::read_to_string(path.join("schedstat")).unwrap_or_default();
+    let mut fields = text.split_whitespace().map(|f| f.parse().unwrap_or(0));
+    let run = fields.next().unwrap_or(0);
+    let slices = fields.nth(1).unwrap_or(0);
+    (run, slices)
+}
+
+/// The CPU one wake-up costs on this host: a bare loop of 1,000 1-ms sleeps, per wake-up, in
+/// µs. Every wake-up of an idle daemon costs at least this; a VM's host can move it several-fold
+/// within a day (docs/benchmarks.md, session 22), so the idle figure is printed beside it.
+fn wake_cost_us() -> f64 {
+    let me = Path::new("/proc/thread-self");
+    let (r0, n0) = schedstat(me);
+    for _ in 0..1000 {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let (r1, n1) = schedstat(me);
+    r1.saturating_sub(r0) as f64 / n1.saturating_sub(n0).max(1) as f64 / 1000.0
 }
 
 /// lodgerd's agent thread (`lodger-agent`) and all its threads, by task directory.
@@ -250,17 +270,31 @@ fn main() {
         "lodgerd idle over {} s at the default 1-s interval, 192 CPUs:",
         idle.as_secs()
     );
+    println!(
+        "  this host: {:.1} µs of CPU per wake-up of a bare 1-ms sleep loop (the floor under each of lodgerd's wake-ups)",
+        wake_cost_us()
+    );
     let mut base = (0.0, 0);
     for jobs in [0usize, 100] {
         let node = Node::start(&big, jobs, 1000);
         std::thread::sleep(Duration::from_secs(2));
-        let (_, all) = tasks(node.daemon.pid());
-        let c0: u64 = all.iter().map(|t| run_ns(t)).sum();
+        let sum = |all: &[PathBuf]| {
+            all.iter()
+                .map(|t| schedstat(t))
+                .fold((0, 0), |(r, n), (r1, n1)| (r + r1, n + n1))
+        };
+        let (c0, w0) = sum(&tasks(node.daemon.pid()).1);
         let t0 = Instant::now();
         std::thread::sleep(idle);
-        let (_, all) = tasks(node.daemon.pid());
-        let c1: u64 = all.iter().map(|t| run_ns(t)).sum();
-        let pct = (c1.saturating_sub(c0)) as f64 / t0.elapsed().as_nanos() as f64 * 100.0;
+        let (c1, w1) = sum(&tasks(node.daemon.pid()).1);
+        let secs = t0.elapsed().as_secs_f64();
+        let pct = (c1.saturating_sub(c0)) as f64 / (secs * 1e9) * 100.0;
+        let wakes = w1.saturating_sub(w0);
+        let per_wake = c1.saturating_sub(c0) as f64 / wakes.max(1) as f64 / 1000.0;
+        println!(
+            "  {jobs} jobs: lodgerd's threads were put on a CPU {:.1} times a second, {per_wake:.1} µs of CPU each",
+            wakes as f64 / secs
+        );
         let rss = rss_kib(node.daemon.pid());
         if jobs == 0 {
             base = (pct, rss);
