@@ -254,6 +254,7 @@ struct Outcome {
     from_history: bool,
     /// The probes a search that knew the knee would still need (see `evidence_floor`).
     floor_probes: usize,
+    gpus: u32,
 }
 
 /// Which search a row runs.
@@ -349,6 +350,7 @@ fn simulate(job: &Job, search: Search, settings: TunerSettings, rng: &mut Rng) -
         hour_loss: 100.0 * hour_area / (u_best * JOB_SECS as f64),
         from_history,
         floor_probes,
+        gpus: curve.gpus,
     }
 }
 
@@ -405,15 +407,15 @@ struct Figures {
 impl Row {
     /// The same row, only the jobs that started from the owner's history.
     fn started_from_history(&self) -> Row {
+        self.only(|o| o.from_history)
+    }
+
+    /// The same row, only the jobs `keep` keeps.
+    fn only(&self, keep: impl Fn(&Outcome) -> bool) -> Row {
         Row {
             name: self.name,
             search: self.search,
-            jobs: self
-                .jobs
-                .iter()
-                .filter(|o| o.from_history)
-                .cloned()
-                .collect(),
+            jobs: self.jobs.iter().filter(|o| keep(o)).cloned().collect(),
         }
     }
 
@@ -631,6 +633,19 @@ fn main() {
         &with_previous,
         2.0,
     );
+    // Where the probes go: the more GPUs, the wider the owner's spread of knees in cores (2 per
+    // GPU) against the same 1-core tolerance.
+    let by_gpus = [1, 2, 4].map(|g| {
+        let f = with.only(|o| o.gpus == g).figures();
+        format!(
+            "{g} GPU{}: {:.2} probes (knowing the knee {:.2}), {:.1}% on the knee",
+            if g == 1 { "" } else { "s" },
+            f.probes,
+            f.floor,
+            f.on_knee
+        )
+    });
+    println!("  by GPUs: {}", by_gpus.join("; "));
     let all = history_rows[0].figures();
     println!(
         "  (all {} jobs of the scenario, the first of each owner and category a cold start: probes {:.2}, on the knee {:.1}%)",
