@@ -24,7 +24,7 @@ impl std::fmt::Display for Layout {
 }
 
 /// Measures a layout under saturating load (offline mode): items/s summed over its instances and
-/// the worst instance's p99 batch latency, as lodgerd's probes do.
+/// the p99 of all their batches' latencies pooled, as lodgerd's probes do.
 fn measure_layout(b: &mut Bench, l: Layout, win: Duration) -> (f64, f64) {
     let cpus: Vec<String> = match l.cores {
         1 => (0..l.instances).map(|i| i.to_string()).collect(),
@@ -38,10 +38,8 @@ fn measure_layout(b: &mut Bench, l: Layout, win: Duration) -> (f64, f64) {
         let refs: Vec<&Proc> = procs.iter().collect();
         let (w, cpu) = window_cpu(&refs, SWEEP_WARMUP, win);
         let tp = w.iter().map(|lines| items_per_s(lines, win)).sum();
-        let p99 = w
-            .iter()
-            .map(|lines| percentile(&latencies(lines), 0.99))
-            .fold(0.0, f64::max);
+        let pooled: Vec<f64> = w.iter().flat_map(|lines| latencies(lines)).collect();
+        let p99 = percentile(&pooled, 0.99);
         ((tp, p99), cpu)
     });
     if !note.is_empty() {

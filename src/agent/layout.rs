@@ -8,7 +8,7 @@ use tracing::{debug, info};
 
 use super::inference::Inference;
 use super::TickCx;
-use crate::enforce::instances::{InstanceState, InstanceStats};
+use crate::enforce::instances::{InstanceState, InstanceStats, PooledLatency};
 use crate::job::JobId;
 use crate::policy::inference::{LayoutConfig, LayoutSearch, ProbeResult, SearchStart, SearchStep};
 use crate::store::SearchUnderWay;
@@ -80,6 +80,7 @@ impl Inference {
                     id,
                     run.probe,
                     stats,
+                    self.runner.pooled_latency(id),
                     observations.jobs.get(id),
                     self.probe_window,
                 );
@@ -153,13 +154,20 @@ impl Inference {
 }
 
 /// The measurement of one layout probe of an online job: throughput summed over its instances,
-/// the worst instance's p99 with its median and batch count, IPC and cache misses from the
-/// sensor. `None` until every instance of
-/// the probed layout has run for most of a window.
+/// the p99 and median of every instance's batches pooled (`pooled`, from the runner: the
+/// latency the job's requests see, from all the batches the window holds), IPC and cache misses
+/// from the sensor. `None` until every instance of the probed layout has run for most of a
+/// window.
+///
+/// Pooled, not the worst instance's own p99: with many instances each holding a few dozen
+/// batches, the worst of their p99s is near the largest of all the batches, well above the
+/// requests' p99, and it held the search off the many-instance layouts (docs/benchmarks.md,
+/// session 23).
 fn probe_result(
     id: &JobId,
     probe: LayoutConfig,
     stats: &[InstanceStats],
+    pooled: Option<PooledLatency>,
     sensed: Option<&crate::sense::JobMetrics>,
     window: Duration,
 ) -> Option<ProbeResult> {
@@ -174,23 +182,14 @@ fn probe_result(
     if !ready || probe.instances == 0 {
         return None;
     }
-    // The worst instance's p99, with the median and the batch count it came from (the search
-    // judges a p99 with its uncertainty).
-    let mut worst: Option<&InstanceStats> = None;
-    for s in &mine {
-        let p99 = s.latency_p99_ms?;
-        if worst.map_or(true, |w| w.latency_p99_ms.is_some_and(|wp| p99 > wp)) {
-            worst = Some(s);
-        }
-    }
-    let worst = worst?;
+    let pooled = pooled?;
     Some(ProbeResult {
         config: probe,
         throughput_per_s: mine.iter().map(|s| s.items_per_s).sum(),
-        p99_latency_ms: worst.latency_p99_ms?,
+        p99_latency_ms: pooled.p99_ms,
         ipc: sensed.and_then(|m| m.ipc),
         cache_miss_ratio: sensed.and_then(|m| m.cache_miss_percent).map(|p| p / 100.0),
-        latency_samples: u32::try_from(worst.latency_samples).unwrap_or(u32::MAX),
-        p50_latency_ms: worst.latency_p50_ms,
+        latency_samples: u32::try_from(pooled.batches).unwrap_or(u32::MAX),
+        p50_latency_ms: Some(pooled.p50_ms),
     })
 }

@@ -59,7 +59,7 @@ mod tests;
 pub use self::adopt::AdoptOutcome;
 pub use self::error::{InstanceError, TemplateProblem};
 pub use self::identity::{check_launch, Identity};
-pub use self::report::{parse_report, Report};
+pub use self::report::{parse_report, PooledLatency, Report};
 pub use self::supervisor::{backoff_delay, Instances};
 pub use self::template::{find_program, show_argv, validate_template, Placeholder, Template};
 

@@ -124,22 +124,35 @@ impl ReportLog {
         self.warned = false;
     }
 
+    /// The reports of the window ending `now` (or since `since`, for a younger process), and
+    /// the span that is.
+    fn in_window(
+        &self,
+        now: Instant,
+        window: Duration,
+        since: Option<Instant>,
+    ) -> (Duration, impl Iterator<Item = &Report>) {
+        let from = now.checked_sub(window).unwrap_or(now);
+        let from = since.map_or(from, |s| s.max(from));
+        let reports = self
+            .recent
+            .iter()
+            .filter(move |(at, _)| *at >= from)
+            .map(|(_, r)| r);
+        (now.saturating_duration_since(from), reports)
+    }
+
     pub(super) fn summary(
         &self,
         now: Instant,
         window: Duration,
         since: Option<Instant>,
     ) -> WindowSummary {
-        let from = now.checked_sub(window).unwrap_or(now);
-        let from = since.map_or(from, |s| s.max(from));
-        let span = now.saturating_duration_since(from);
+        let (span, reports) = self.in_window(now, window, since);
         let mut items = 0u64;
         let mut latency = Vec::new();
         let mut queue = Vec::new();
-        for (at, r) in &self.recent {
-            if *at < from {
-                continue;
-            }
+        for r in reports {
             items = items.saturating_add(r.items);
             latency.push((r.latency_ms, r.items));
             if let Some(q) = r.queue_ms {
@@ -156,6 +169,36 @@ impl ReportLog {
             queue_p99: weighted_percentile(&mut queue, 990),
         }
     }
+}
+
+/// Batch latency percentiles over several instances' windows pooled: every batch of every
+/// instance counts once, weighted by its items, as the job's requests see them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PooledLatency {
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    /// Batches pooled: the samples the percentiles come from.
+    pub batches: u64,
+}
+
+/// [`PooledLatency`] over `logs`' windows ending `now` (each log with its process's start, for
+/// one younger than the window). None when no batch was reported in them.
+pub(super) fn pooled<'a>(
+    logs: impl IntoIterator<Item = (&'a ReportLog, Option<Instant>)>,
+    now: Instant,
+    window: Duration,
+) -> Option<PooledLatency> {
+    let mut latency = Vec::new();
+    for (log, since) in logs {
+        let (_, reports) = log.in_window(now, window, since);
+        latency.extend(reports.map(|r| (r.latency_ms, r.items)));
+    }
+    let batches = u64::try_from(latency.len()).unwrap_or(u64::MAX);
+    Some(PooledLatency {
+        p50_ms: weighted_percentile(&mut latency, 500)?,
+        p99_ms: weighted_percentile(&mut latency, 990)?,
+        batches,
+    })
 }
 
 pub(super) struct WindowSummary {

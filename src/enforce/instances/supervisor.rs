@@ -17,7 +17,7 @@ use tracing::{debug, info, warn};
 
 use super::error::InstanceError;
 use super::host::Host;
-use super::report::ReportLog;
+use super::report::{PooledLatency, ReportLog};
 use super::template::{validate_template, Placeholder, Template};
 use super::{
     InstanceKey, InstancePlacement, InstanceSettings, InstanceSpec, InstanceState, InstanceStats,
@@ -25,6 +25,7 @@ use super::{
 };
 use crate::enforce::cpusets::{self, CpusetFile};
 use crate::enforce::PinMethod;
+use crate::job::JobId;
 use crate::sys::cgroupfs::{self as cgroup, child_of, CgroupError, CgroupVersion};
 use crate::sys::procfs::{ProcReader, ProcessTable};
 
@@ -598,6 +599,18 @@ impl Instances {
             .iter()
             .map(|s| s.stats(now, self.host.settings.window))
             .collect()
+    }
+
+    /// `job`'s running instances' batch latencies pooled over the window (see
+    /// [`PooledLatency`]): a layout probe's p99 as the job's requests see it. None when none of
+    /// them reported a batch in the window.
+    pub fn pooled_latency(&self, job: &JobId) -> Option<PooledLatency> {
+        let logs = self
+            .slots
+            .iter()
+            .filter(|s| s.spec.job == *job && matches!(s.state, SlotState::Running))
+            .map(|s| (&s.reports, s.run.as_ref().map(|r| r.started)));
+        super::report::pooled(logs, Instant::now(), self.host.settings.window)
     }
 
     pub(super) fn slot(&self, spec: &InstanceSpec) -> Option<&Slot> {

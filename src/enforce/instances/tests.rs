@@ -8,7 +8,7 @@ use std::process::ExitStatus;
 use std::time::{Duration, Instant};
 
 use super::error::{InstanceError, TemplateProblem};
-use super::report::{parse_report, weighted_percentile, ReportLog};
+use super::report::{parse_report, pooled, weighted_percentile, ReportLog};
 use super::supervisor::{backoff_delay, describe_exit};
 use super::template::{find_program, show_argv, validate_template, Placeholder, Template};
 use super::*;
@@ -242,6 +242,44 @@ fn window_rates_and_percentiles_weigh_items() {
     assert_eq!(log.recent.len(), 3);
     assert_eq!(weighted_percentile(&mut [], 990), None);
     assert_eq!(weighted_percentile(&mut [(3.0, 0)], 500), None);
+}
+
+/// A probe's latency over several instances pools their batches: one slow batch among an
+/// instance's 21 is that instance's own p99, but one in 121 is above the job's p99. Batches
+/// outside the window, or from before a younger process started, do not count.
+#[test]
+fn pooled_latency_counts_every_instance_batch() {
+    let key = spec(&["x"]).key();
+    let start = Instant::now();
+    let now = start + Duration::from_secs(20);
+    let window = Duration::from_secs(10);
+    let batch = |ms: u32| format!("{{\"items\":1,\"latency_ms\":{ms}}}\n");
+    let mut a = ReportLog::default();
+    a.feed(
+        &key,
+        batch(10).repeat(20).as_bytes(),
+        start + Duration::from_secs(15),
+    );
+    a.feed(&key, batch(80).as_bytes(), start + Duration::from_secs(16));
+    let mut b = ReportLog::default();
+    b.feed(&key, batch(500).as_bytes(), start + Duration::from_secs(5));
+    b.feed(&key, batch(300).as_bytes(), start + Duration::from_secs(12));
+    b.feed(
+        &key,
+        batch(10).repeat(100).as_bytes(),
+        start + Duration::from_secs(14),
+    );
+    assert_eq!(a.summary(now, window, Some(start)).p99, Some(80.0));
+    // b's process restarted at 13 s: the 300-ms batch was its predecessor's.
+    let since_b = Some(start + Duration::from_secs(13));
+    let p = pooled([(&a, Some(start)), (&b, since_b)], now, window).unwrap();
+    assert_eq!((p.p50_ms, p.p99_ms, p.batches), (10.0, 10.0, 121));
+    // Without the restart, its 300-ms batch is in the window too: 2 slow of 122.
+    let p = pooled([(&a, Some(start)), (&b, Some(start))], now, window).unwrap();
+    assert_eq!((p.p99_ms, p.batches), (80.0, 122));
+    assert_eq!(pooled([], now, window), None);
+    let idle = ReportLog::default();
+    assert_eq!(pooled([(&idle, Some(start))], now, window), None);
 }
 
 #[test]

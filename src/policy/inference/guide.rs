@@ -111,8 +111,10 @@ impl LayoutSearch {
                 (p.cores.ln(), p.batch.ln(), residual)
             })
             .collect();
-        // The p99 over the mean batch latency, by instance count: a probe's p99 is its worst
-        // instance's, so more instances show a longer tail.
+        // The p99 over the mean batch latency, learnt by instance count: the latency spread can
+        // differ with it (more instances share the memory bandwidth and the cache), and results
+        // recorded before probes pooled their instances' batches took the worst instance's p99,
+        // which grows with the count.
         let tails: Vec<(f64, f64)> = measured
             .iter()
             .zip(&points)

@@ -92,9 +92,10 @@ pub struct ProbeResult {
     pub ipc: Option<f64>,
     /// Cache misses / cache references over the window; None when unavailable.
     pub cache_miss_ratio: Option<f64>,
-    /// How many latency samples (batches) `p99_latency_ms` was taken from: the p99 of a few
-    /// dozen batches is one of their worst, so the search judges it with this uncertainty. 0
-    /// when unknown (results recorded before it was reported).
+    /// How many latency samples (batches) `p99_latency_ms` was taken from (lodgerd pools its
+    /// instances' batches): the p99 of a few dozen batches is one of their worst, so the search
+    /// judges it with this uncertainty. 0 when unknown (results recorded before it was
+    /// reported).
     #[serde(default)]
     pub latency_samples: u32,
     /// The median latency of the same samples, for their spread; None when unknown.

@@ -1,7 +1,7 @@
 //! A family of synthetic CPU-inference performance models, for the layout search's benchmark
 //! (`benches/layout.rs`) and tests: throughput and latency as functions of the layout, the
 //! exhaustive best within an SLO, and noisy probes measured the way lodgerd measures them (a
-//! window of batches, the worst instance's p99 of its batch latencies). Kept apart from the
+//! window of batches, the p99 of every instance's batch latencies pooled). Kept apart from the
 //! search ([`super::LayoutSearch`]), which sees only [`ProbeResult`]s, so a result is not tuned to
 //! one curve. Plain arithmetic; touches nothing.
 //!
@@ -33,11 +33,11 @@
 //! # A probe
 //!
 //! A probe runs the layout for `window_s` seconds. The whole window runs at a common speed
-//! factor `1 + window_noise · N(0, 1)` (other tenants, frequency), each instance serves
-//! `window_s / mean` batches, and reports the p99 of its own batches (the `⌈0.99·k⌉`-th of `k`,
-//! as lodgerd's weighted percentile over equal batches does, drawn exactly as an order
-//! statistic); the probe's p99 is the worst instance's, with that instance's median and batch
-//! count. IPC and the miss ratio carry `counter_noise`.
+//! factor `1 + window_noise · N(0, 1)` (other tenants, frequency), each of the `n` instances
+//! serves `window_s / mean` batches, and the probe's p99 is that of all `k` batches pooled (the
+//! `⌈0.99·k⌉`-th of `k`, as lodgerd's weighted percentile over equal batches does, drawn
+//! exactly as an order statistic), with their median and `k`. IPC and the miss ratio carry
+//! `counter_noise`.
 //!
 //! # The family ([`Family`], [`PerfModel::random`])
 //!
@@ -226,7 +226,7 @@ impl PerfModel {
     /// true mean, no counters. What a layout would show if measuring cost nothing but the window.
     pub fn exact_probe(&self, c: LayoutConfig) -> ProbeResult {
         let t = self.truth(&c);
-        let batches = ((self.window_s * 1000.0 / t.mean_ms).floor() as u32).max(1);
+        let batches = self.window_batches(t.mean_ms, c.instances);
         ProbeResult {
             config: c,
             throughput_per_s: t.throughput,
@@ -238,37 +238,37 @@ impl PerfModel {
         }
     }
 
+    /// The batches `instances` instances serve in a window at a mean batch latency of
+    /// `mean_ms`: what a probe's percentiles are taken from.
+    fn window_batches(&self, mean_ms: f64, instances: u32) -> u32 {
+        let each = ((self.window_s * 1000.0 / mean_ms).floor() as u32).max(1);
+        each.saturating_mul(instances.max(1))
+    }
+
     /// One noisy probe of `c`, as lodgerd measures it (see the module documentation).
     pub fn probe(&self, c: LayoutConfig, rng: &mut Rng) -> ProbeResult {
         let t = self.truth(&c);
         let speed = (1.0 + self.window_noise * rng.normal()).max(0.5);
         let mean = t.mean_ms * speed;
-        let batches = ((self.window_s * 1000.0 / mean).floor() as u32).max(1);
+        let batches = self.window_batches(mean, c.instances);
         let k99 = (f64::from(batches) * 0.99).ceil().max(1.0) as u32;
         let k50 = (f64::from(batches) * 0.5).ceil().max(1.0) as u32;
         // Log-normal with this mean: median mean·exp(−σ²/2).
         let median = mean * (-self.lat_sigma * self.lat_sigma / 2.0).exp();
         let value = |u: f64| median * (self.lat_sigma * inverse_normal(u)).exp();
-        let mut worst = 0.0f64;
-        let mut worst_p50 = 0.0;
-        for _ in 0..c.instances.max(1) {
-            let p99 = value(order_statistic(k99, batches, rng));
-            if p99 > worst {
-                worst = p99;
-                worst_p50 = value(order_statistic(k50, batches, rng));
-            }
-        }
+        let p99 = value(order_statistic(k99, batches, rng));
+        let p50 = value(order_statistic(k50, batches, rng));
         let jitter = |rng: &mut Rng| rng.jitter(self.counter_noise);
         let ipc = self.counters.then(|| t.ipc * jitter(rng));
         let miss = self.counters.then(|| t.miss * jitter(rng));
         ProbeResult {
             config: c,
             throughput_per_s: t.throughput / speed,
-            p99_latency_ms: worst,
+            p99_latency_ms: p99,
             ipc,
             cache_miss_ratio: miss,
             latency_samples: batches,
-            p50_latency_ms: Some(worst_p50),
+            p50_latency_ms: Some(p50),
         }
     }
 
