@@ -161,7 +161,8 @@ pub struct BatchArgs {
 
 #[derive(Args, Debug)]
 pub struct OnlineArgs {
-    /// The p99 latency an instance must stay under, in milliseconds.
+    /// The p99 latency the job's requests must stay under (every instance's batches
+    /// together), in milliseconds.
     #[arg(long, value_name = "MS")]
     pub slo_ms: f64,
     /// The job's expected request rate, per second (lodger signals CapacityExceeded when the

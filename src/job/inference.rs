@@ -12,7 +12,8 @@ pub struct InferenceSpec {
     /// argv template of one instance, with placeholders `{threads}`, `{batch}`, `{cpus}`,
     /// `{instance}`, `{job}` (see docs/instance-protocol.md).
     pub command: Vec<String>,
-    /// Online: the p99 latency an instance must stay under, in milliseconds.
+    /// Online: the p99 latency the job's requests must stay under (every instance's batches
+    /// together), in milliseconds.
     pub slo_ms: Option<f64>,
     /// Online: the expected request rate of the whole job, per second.
     pub rate_per_s: Option<f64>,
