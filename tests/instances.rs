@@ -358,6 +358,11 @@ fn instances_run_on_their_cpus_with_their_threads_and_report() {
         assert_eq!(st.bad_reports, 0);
         assert_eq!(st.restarts, 0);
     }
+    // The job's latency pools both instances' batches (each had at least 3 when polled).
+    let pooled = f.inst().pooled_latency(&job("j1")).expect("pooled latency");
+    assert!(pooled.batches >= 6, "{pooled:?}");
+    assert!(pooled.p50_ms <= pooled.p99_ms, "{pooled:?}");
+    assert_eq!(f.inst().pooled_latency(&job("j2")), None);
     // The same plan again changes nothing.
     let again = f.inst().reconcile(&desired).expect("reconcile");
     assert!(!again.changed, "{again:?}");

@@ -147,6 +147,13 @@ fn online_never_on_training_cpus_offline_shares_them_and_nothing_is_left_behind(
     wait_until(WAIT, "an online instance running", || {
         running_pids(&d.job(&on_id)).len() == 1
     });
+    // The job's own latency (its instances' batches pooled): what its SLO is judged by.
+    wait_until(WAIT, "the online job's pooled p99", || {
+        let j = d.job(&on_id);
+        let (p50, p99) = (j["latency_p50_ms"].as_f64(), j["latency_p99_ms"].as_f64());
+        p50.zip(p99).is_some_and(|(a, b)| a > 0.0 && a <= b)
+    });
+    assert!(d.ctl_ok(&["show", &on_id]).contains("p99 ms:"));
     for _ in 0..10 {
         // Through the probes of its layout search, never on the training CPU.
         for i in instances(&d.job(&on_id)) {

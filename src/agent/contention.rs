@@ -180,12 +180,9 @@ impl Contention {
                 }
                 if role == Role::Online {
                     let slo = s.job.spec.inference.as_ref().and_then(|i| i.slo_ms);
-                    o.slo_met = slo.map(|slo| {
-                        s.job
-                            .instances
-                            .iter()
-                            .all(|i| i.p99_ms.is_some_and(|p| p <= slo))
-                    });
+                    // The job's requests' p99, every instance's batches pooled, as the layout
+                    // search judges it; unknown before any batch.
+                    o.slo_met = slo.and_then(|slo| s.job.latency_ms.map(|l| l.p99 <= slo));
                 }
                 o
             })

@@ -13,7 +13,7 @@ use super::{Event, TickCx};
 use crate::cpuset::CpuSet;
 use crate::enforce::instances::{Identity, InstanceSpec, InstanceState, InstanceStats, Instances};
 use crate::enforce::network::node::{procs_of, CpuJob};
-use crate::job::{InstanceView, JobId, JobKind, JobState, Target};
+use crate::job::{InstanceView, JobId, JobKind, JobLatency, JobState, Target};
 use crate::policy::contention::Throttles;
 use crate::policy::inference::{self, LayoutConfig, OfflineJobView, OnlineJobView};
 use crate::store::State;
@@ -283,6 +283,10 @@ impl Inference {
                 p99_ms: s.latency_p99_ms,
             })
             .collect();
+        stored.job.latency_ms = self.runner.pooled_latency(id).map(|p| JobLatency {
+            p50: p.p50_ms,
+            p99: p.p99_ms,
+        });
         stored.job.pids = mine.iter().filter_map(|s| s.pid).collect();
         stored.job.threads = mine.iter().map(|s| s.threads).sum();
         stored.job.cpus = mine.iter().fold(CpuSet::new(), |acc, s| acc.union(&s.cpus));

@@ -520,6 +520,11 @@ pub fn job_to_dict(job: &Job, sched: &SchedLabels) -> HashMap<String, Value<'sta
             "layout",
             Value::from(job.layout.clone().unwrap_or_default()),
         );
+        // The job's requests, every instance's batches pooled (what the SLO is judged by).
+        if let Some(l) = job.latency_ms {
+            put("latency_p50_ms", Value::from(l.p50));
+            put("latency_p99_ms", Value::from(l.p99));
+        }
         let instances: Vec<HashMap<String, Value<'static>>> = job
             .instances
             .iter()

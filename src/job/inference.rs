@@ -102,6 +102,13 @@ impl Launch {
 /// Default `max_batch` when the caller gives none.
 pub const DEFAULT_MAX_BATCH: u32 = 64;
 
+/// An inference job's request latency over the last window, every instance's batches pooled.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct JobLatency {
+    pub p50: f64,
+    pub p99: f64,
+}
+
 /// One inference instance as `lodgerctl show` displays it.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct InstanceView {

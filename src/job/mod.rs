@@ -10,7 +10,9 @@ use serde::{Deserialize, Serialize};
 
 pub use self::account::CpuAccount;
 pub use self::id::JobId;
-pub use self::inference::{InferenceSpec, InstanceView, Launch, DEFAULT_MAX_BATCH, MAX_LAUNCH_ENV};
+pub use self::inference::{
+    InferenceSpec, InstanceView, JobLatency, Launch, DEFAULT_MAX_BATCH, MAX_LAUNCH_ENV,
+};
 
 use crate::cpuset::CpuSet;
 
@@ -504,6 +506,10 @@ pub struct Job {
     /// Inference jobs: the layout in use or being measured, in words.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub layout: Option<String>,
+    /// Inference jobs: the p50 and p99 latency of the job's requests over the last window,
+    /// every instance's batches pooled (an online job's SLO is judged by the p99).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency_ms: Option<JobLatency>,
     /// Training jobs: where right-sizing stands, in words.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rightsize: Option<String>,

@@ -384,6 +384,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                     keys.extend([
                         ("Command", "command"),
                         ("SLO ms", "slo_ms"),
+                        ("p99 ms", "latency_p99_ms"),
                         ("Rate /s", "rate_per_s"),
                         ("Max batch", "max_batch"),
                         ("Layout", "layout"),
@@ -391,8 +392,10 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 }
                 for (label, key) in keys {
                     let v = get(&d, key);
-                    if (key == "last_error" || key == "slo_ms" || key == "rate_per_s")
-                        && v.is_empty()
+                    if matches!(
+                        key,
+                        "last_error" | "slo_ms" | "rate_per_s" | "latency_p99_ms"
+                    ) && v.is_empty()
                     {
                         continue;
                     }
