@@ -154,6 +154,8 @@ fn online_never_on_training_cpus_offline_shares_them_and_nothing_is_left_behind(
         p50.zip(p99).is_some_and(|(a, b)| a > 0.0 && a <= b)
     });
     assert!(d.ctl_ok(&["show", &on_id]).contains("p99 ms:"));
+    // An offline job has no SLO, and its instances' batches are not pooled each tick.
+    assert!(d.job(&off_id)["latency_p99_ms"].is_null());
     for _ in 0..10 {
         // Through the probes of its layout search, never on the training CPU.
         for i in instances(&d.job(&on_id)) {

@@ -283,10 +283,15 @@ impl Inference {
                 p99_ms: s.latency_p99_ms,
             })
             .collect();
-        stored.job.latency_ms = self.runner.pooled_latency(id).map(|p| JobLatency {
-            p50: p.p50_ms,
-            p99: p.p99_ms,
-        });
+        // Online jobs only: their SLO is judged by it, and pooling sorts every batch of the
+        // window (an offline job's hundreds of instances would pay that each tick for nothing).
+        stored.job.latency_ms = (stored.job.spec.kind == JobKind::Online)
+            .then(|| self.runner.pooled_latency(id))
+            .flatten()
+            .map(|p| JobLatency {
+                p50: p.p50_ms,
+                p99: p.p99_ms,
+            });
         stored.job.pids = mine.iter().filter_map(|s| s.pid).collect();
         stored.job.threads = mine.iter().map(|s| s.threads).sum();
         stored.job.cpus = mine.iter().fold(CpuSet::new(), |acc, s| acc.union(&s.cpus));

@@ -506,8 +506,8 @@ pub struct Job {
     /// Inference jobs: the layout in use or being measured, in words.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub layout: Option<String>,
-    /// Inference jobs: the p50 and p99 latency of the job's requests over the last window,
-    /// every instance's batches pooled (an online job's SLO is judged by the p99).
+    /// Online jobs: the p50 and p99 latency of the job's requests over the last window, every
+    /// instance's batches pooled (its SLO is judged by the p99).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub latency_ms: Option<JobLatency>,
     /// Training jobs: where right-sizing stands, in words.
