@@ -43,9 +43,9 @@
 #                       the build host's, since the packaged binaries are built here
 #   LODGER_E2E_TIMEOUT  seconds the VM may run (default 1200; 2400 with --cargo-tests)
 #   LODGER_E2E_BOOT_TIMEOUT  seconds the guest may take to reach its test unit (default 300;
-#                       a guest up in time usually is in 40-90 s, emulated); one that is not
-#                       is stopped and booted again, LODGER_E2E_BOOT_TRIES boots in all
-#                       (default 2)
+#                       a guest up in time usually is in 40-90 s, emulated); one that is not,
+#                       or whose qemu ends before, is booted again, LODGER_E2E_BOOT_TRIES
+#                       boots in all (default 2)
 #   LODGER_E2E_ACCEL    kvm, tcg or auto (default: kvm when /dev/kvm can boot a stock kernel)
 #   LODGER_E2E_KEEP=1   keep the run directory (serial log, results) under target/e2e-run
 #                       (target/e2e-cargo-run for --cargo-tests)
@@ -375,9 +375,10 @@ fi
 # The guest must reach its test unit (it touches share/booted) within boot_timeout. Once, on a
 # CI machine under load, an emulated guest's disk stopped answering during boot (jbd2 and
 # systemd-journald blocked for minutes, no check ever ran) and the run waited out the whole
-# VM timeout. A guest that does not come up is stopped, its console shown, and booted once
-# more: no check has run by then, so a boot retried hides no test's result. A second stalled
-# boot fails the run.
+# VM timeout; another time qemu itself aborted 9 s into a boot (TCG's `iotlb_to_section`
+# assertion). A guest that does not come up, stopped or ended before it, has its console
+# shown and is booted once more: no check has run by then, so a boot retried hides no test's
+# result. A second such boot fails the run.
 boot_timeout=${LODGER_E2E_BOOT_TIMEOUT:-300}
 boot_tries=${LODGER_E2E_BOOT_TRIES:-2}
 serial="$run/serial.log"
@@ -399,11 +400,11 @@ show_new_results() {
     fi
 }
 # boot_vm: one boot, followed until qemu exits; sets booted (seconds to the test unit, empty
-# if it never came up), vm_status (qemu's exit) and stalled (1: stopped for not coming up).
+# if it never came up), vm_status (qemu's exit), and stalled (1: it never came up) with why.
 boot_vm() {
     rm -f "$run/share/booted" "$results"
     : >"$serial"
-    booted="" shown=0 stalled=0 vm_status=0
+    booted="" shown=0 stalled=0 vm_status=0 why=
     boot_start=$(date +%s.%N)
     timeout --foreground "$vm_timeout" qemu-system-x86_64 \
         "${accel_args[@]}" "${smp_args[@]}" \
@@ -422,7 +423,7 @@ boot_vm() {
             say "guest up after ${booted} s (from qemu start to the test unit running)"
         elif [ -z "$booted" ] &&
             awk -v s="$boot_start" -v e="$now" -v t="$boot_timeout" 'BEGIN { exit !(e - s > t) }'; then
-            stalled=1
+            stalled=1 why="did not reach its test unit in ${boot_timeout} s (LODGER_E2E_BOOT_TIMEOUT)"
             kill "$qemu" 2>/dev/null || true
             break
         fi
@@ -431,13 +432,16 @@ boot_vm() {
     done
     show_new_results
     wait "$qemu" || vm_status=$?
+    if [ -z "$booted" ] && [ "$stalled" = 0 ]; then
+        stalled=1 why="ended (qemu exit $vm_status) before it reached its test unit"
+    fi
 }
 try=1
 say "booting the VM ($accel; $shape)"
 boot_vm
 while [ "$stalled" = 1 ] && [ "$try" -lt "$boot_tries" ]; do
     try=$((try + 1))
-    say "the guest did not reach its test unit in ${boot_timeout} s (LODGER_E2E_BOOT_TIMEOUT); its console ended:"
+    say "the guest $why; its console ended:"
     tail -n 20 "$serial" >&2 || true
     cp "$serial" "$run/serial.boot$((try - 1)).log" 2>/dev/null || true
     say "booting the VM again (boot $try of $boot_tries; no check had run)"
@@ -462,7 +466,7 @@ else
     passed=${passed:-0} failed=${failed:-0}
 fi
 if [ "$stalled" = 1 ]; then
-    echo "FAIL the guest reached its test unit (not in ${boot_timeout} s, on $try boots; serial log: $serial)"
+    echo "FAIL the guest reached its test unit (on $try boots; the last $why; serial log: $serial)"
     failed=$((failed + 1))
     echo "--- last lines of the serial console ---"
     tail -n 40 "$serial" 2>/dev/null || true
