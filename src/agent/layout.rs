@@ -8,7 +8,7 @@ use tracing::{debug, info};
 
 use super::inference::Inference;
 use super::TickCx;
-use crate::enforce::instances::{InstanceState, InstanceStats, PooledLatency};
+use crate::enforce::instances::{InstanceState, InstanceStats, Instances};
 use crate::job::JobId;
 use crate::policy::inference::{LayoutConfig, LayoutSearch, ProbeResult, SearchStart, SearchStep};
 use crate::store::SearchUnderWay;
@@ -80,7 +80,7 @@ impl Inference {
                     id,
                     run.probe,
                     stats,
-                    self.runner.pooled_latency(id),
+                    &self.runner,
                     observations.jobs.get(id),
                     self.probe_window,
                 );
@@ -154,8 +154,9 @@ impl Inference {
 }
 
 /// The measurement of one layout probe of an online job: throughput summed over its instances,
-/// the p99 and median of every instance's batches pooled (`pooled`, from the runner: the
-/// latency the job's requests see, from all the batches the window holds), IPC and cache misses
+/// the p99 and median of every instance's batches pooled (`Instances::pooled_latency`, asked
+/// only once the probe is ready: the latency the job's requests see, from all the batches the
+/// window holds), IPC and cache misses
 /// from the sensor. `None` until every instance of the probed layout has run for most of a
 /// window.
 ///
@@ -167,7 +168,7 @@ fn probe_result(
     id: &JobId,
     probe: LayoutConfig,
     stats: &[InstanceStats],
-    pooled: Option<PooledLatency>,
+    runner: &Instances,
     sensed: Option<&crate::sense::JobMetrics>,
     window: Duration,
 ) -> Option<ProbeResult> {
@@ -182,7 +183,7 @@ fn probe_result(
     if !ready || probe.instances == 0 {
         return None;
     }
-    let pooled = pooled?;
+    let pooled = runner.pooled_latency(id)?;
     Some(ProbeResult {
         config: probe,
         throughput_per_s: mine.iter().map(|s| s.items_per_s).sum(),

@@ -254,7 +254,7 @@ impl PerfModel {
         let k99 = (f64::from(batches) * 0.99).ceil().max(1.0) as u32;
         let k50 = (f64::from(batches) * 0.5).ceil().max(1.0) as u32;
         // Log-normal with this mean: median mean·exp(−σ²/2).
-        let median = mean * (-self.lat_sigma * self.lat_sigma / 2.0).exp();
+        let median = mean * self.tail(0.0);
         let value = |u: f64| median * (self.lat_sigma * inverse_normal(u)).exp();
         let p99 = value(order_statistic(k99, batches, rng));
         let p50 = value(order_statistic(k50, batches, rng));
