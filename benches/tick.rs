@@ -13,7 +13,9 @@
 //!    fitted to them (the exponent of jobs; target: not above 1, linear);
 //! 2. the same at 100 jobs and 1,000 threads on the 144- and 64-CPU trees;
 //! 3. lodgerd's idle CPU share and RSS with 100 jobs at the default 1-s interval, against the same
-//!    lodgerd with no job, measured in the same run.
+//!    lodgerd with no job, measured in the same run, beside this host's cost of one wake-up (a
+//!    bare sleep loop) and, per thread of lodgerd's that woke, its wake-ups a second and CPU per
+//!    wake-up (which part of lodgerd an idle figure comes from).
 //!
 //! Jobs: 60 % training (`--pid`, one core, GPUs round robin), 40 % batch; a training job that
 //! does not fit (the 64-CPU tree) is registered as batch instead. Online and offline inference
@@ -31,6 +33,7 @@ mod sleeper;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -42,6 +45,23 @@ const TICK_TARGET_MS: f64 = 1.0;
 const IDLE_TARGET_PCT: f64 = 0.1;
 const RSS_TARGET_MIB: f64 = 20.0;
 const THREADS_PER_JOB: usize = 10;
+
+/// A thread that waits `period` at a time (on a channel, as lodgerd's threads do) until it is
+/// sent a stop, and then returns its CPU per wake-up in µs: what a wake-up after a sleep that
+/// long costs on this host, measured in the same window as lodgerd. On a VM it grows with the
+/// sleep (here, session 24: 25 µs after 1 ms, 0.77 ms after 1 s), so the 1-ms loop of
+/// `wake_cost_us` understates what lodgerd's once-a-second wake-ups cost.
+fn bare_waiter(period: Duration) -> (mpsc::Sender<()>, std::thread::JoinHandle<f64>) {
+    let (stop, rx) = mpsc::channel::<()>();
+    let join = std::thread::spawn(move || {
+        let me = Path::new("/proc/thread-self");
+        let (r0, n0) = schedstat(me);
+        while let Err(mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(period) {}
+        let (r1, n1) = schedstat(me);
+        r1.saturating_sub(r0) as f64 / n1.saturating_sub(n0).max(1) as f64 / 1000.0
+    });
+    (stop, join)
+}
 
 /// Nanoseconds a task has run (`/proc/PID/task/TID/schedstat`'s first field).
 fn run_ns(path: &Path) -> u64 {
@@ -84,6 +104,29 @@ fn tasks(pid: u32) -> (PathBuf, Vec<PathBuf>) {
         all.push(p);
     }
     (agent.expect("lodger-agent thread"), all)
+}
+
+/// Each of `threads` that woke during the last `secs` seconds: its name, wake-ups a second and
+/// CPU per wake-up, from its `schedstat` against `before` (threads that ended since are left
+/// out). Tells which part of lodgerd an idle figure comes from.
+fn print_by_thread(threads: &[PathBuf], before: &[(u64, u64)], secs: f64) {
+    let mut rows = Vec::new();
+    for (t, (r0, n0)) in threads.iter().zip(before) {
+        let Ok(comm) = std::fs::read_to_string(t.join("comm")) else {
+            continue;
+        };
+        let (r1, n1) = schedstat(t);
+        let wakes = n1.saturating_sub(*n0);
+        if wakes > 0 {
+            let per = r1.saturating_sub(*r0) as f64 / wakes as f64 / 1000.0;
+            rows.push(format!(
+                "{} {:.2}/s {per:.0} µs",
+                comm.trim(),
+                wakes as f64 / secs
+            ));
+        }
+    }
+    println!("    by thread: {}", rows.join(", "));
 }
 
 fn rss_kib(pid: u32) -> u64 {
@@ -283,17 +326,24 @@ fn main() {
                 .map(|t| schedstat(t))
                 .fold((0, 0), |(r, n), (r1, n1)| (r + r1, n + n1))
         };
-        let (c0, w0) = sum(&tasks(node.daemon.pid()).1);
+        let threads = tasks(node.daemon.pid()).1;
+        let before: Vec<(u64, u64)> = threads.iter().map(|t| schedstat(t)).collect();
+        let (c0, w0) = sum(&threads);
         let t0 = Instant::now();
+        let (stop, waiter) = bare_waiter(Duration::from_secs(1));
         std::thread::sleep(idle);
         let (c1, w1) = sum(&tasks(node.daemon.pid()).1);
         let secs = t0.elapsed().as_secs_f64();
+        let _ = stop.send(());
+        let bare_us = waiter.join().unwrap_or(f64::NAN);
+        print_by_thread(&threads, &before, secs);
         let pct = (c1.saturating_sub(c0)) as f64 / (secs * 1e9) * 100.0;
         let wakes = w1.saturating_sub(w0);
         let per_wake = c1.saturating_sub(c0) as f64 / wakes.max(1) as f64 / 1000.0;
+        let rate = wakes as f64 / secs;
         println!(
-            "  {jobs} jobs: lodgerd's threads were put on a CPU {:.1} times a second, {per_wake:.1} µs of CPU each",
-            wakes as f64 / secs
+            "  {jobs} jobs: lodgerd's threads were put on a CPU {rate:.1} times a second, {per_wake:.1} µs of CPU each; a bare thread of the benchmark's waking once a second in the same window: {bare_us:.1} µs a wake-up (lodgerd's wake-ups at that cost alone: {:.3}% of one CPU)",
+            rate * bare_us / 1e4
         );
         let rss = rss_kib(node.daemon.pid());
         if jobs == 0 {
