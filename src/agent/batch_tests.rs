@@ -260,3 +260,19 @@ fn only_lendable_cpus_are_lent_to_batch_jobs() {
     let b = agent.register(batch(vec![200], 0), 1000).unwrap();
     assert_eq!(agent.jobs()[&b.id].cpus, set("1-3,9-11"));
 }
+
+/// A batch job may wait for cores long after its registration: the start times of its
+/// processes when the caller's right to them was checked are kept with it, so the enforcer
+/// leaves a pid that another process holds by then alone (a reused pid is not the job's).
+#[test]
+fn a_batch_job_keeps_the_start_times_its_registration_was_checked_on() {
+    let rig = Rig::new();
+    rig.spawn(200);
+    let stat = "200 (worker) S 1 200 200 0 -1 4194304 0 0 0 0 0 0 0 0 20 0 1 0 4242 0 0";
+    std::fs::write(rig.proc_root.path().join("200/stat"), stat).unwrap();
+    let mut agent = rig.agent();
+    let b = agent.register(batch(vec![200], 0), 1000).unwrap();
+    let authorized = &agent.state.jobs[&b.id].record.authorized;
+    assert_eq!(authorized.len(), 1, "{authorized:?}");
+    assert_eq!((authorized[0].pid, authorized[0].start_time), (200, 4242));
+}

@@ -5,7 +5,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::time::Duration;
 
-use super::{Agent, AgentSettings, Enforce, RightsizeSettings};
+use super::tests::Rig;
+use super::{Agent, AgentError, AgentSettings, Caller, Enforce, RightsizeSettings};
 use crate::cpuset::CpuSet;
 use crate::enforce::{EnforceError, JobRecord, Outcome};
 use crate::job::{JobId, JobKind, JobSpec, Target};
@@ -168,4 +169,31 @@ fn status_list_and_show_answer_while_a_tick_is_stuck_in_enforcement() {
 
     handle.stop();
     join.join().expect("agent thread");
+}
+
+/// A registration's spec is checked before the caller's rights to what it names: a member's
+/// list of more pids than a job may have (here pid 1, which nobody may register, 5,000 times) is
+/// refused as too many at once, without a look at any of them.
+#[test]
+fn a_registration_too_large_is_refused_before_its_pids_are_looked_at() {
+    let rig = Rig::new();
+    let agent = rig.agent();
+    let (handle, join) = agent.spawn().expect("agent thread");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("runtime");
+    let many = JobSpec::new(JobKind::Batch, Target::Pids(vec![1; 5000]), 0);
+    let answer = rt.block_on(handle.register(many, None, Caller::uid(1000)));
+    match answer {
+        Err(AgentError::InvalidSpec(why)) => assert!(why.contains("too many pids"), "{why}"),
+        other => panic!("expected too many pids, got {other:?}"),
+    }
+    let few = JobSpec::new(JobKind::Batch, Target::Pids(vec![1]), 0);
+    let answer = rt.block_on(handle.register(few, None, Caller::uid(1000)));
+    assert!(
+        matches!(answer, Err(AgentError::AccessDenied(_))),
+        "{answer:?}"
+    );
+    handle.stop();
+    join.join().expect("agent thread ends");
 }

@@ -10,7 +10,7 @@ use tracing::{debug, info, warn};
 use super::{trust, Agent, AgentError, Caller, Event};
 use crate::clock::now_secs;
 use crate::cpuset::CpuSet;
-use crate::enforce::JobRecord;
+use crate::enforce::{JobRecord, RootProcess};
 use crate::job::{Job, JobId, JobKind, JobSpec, JobState, Target};
 use crate::policy::{self, Plan, TrainingJobView};
 use crate::store::{Lodging, Pending, StoredJob};
@@ -509,10 +509,28 @@ impl Agent {
             crate::enforce::instances::validate_template(&id, &inf.command)
                 .map_err(|e| AgentError::InvalidSpec(e.to_string()))?;
         }
+        let authorized = match &spec.target {
+            Target::Pids(pids) => {
+                let mut reader = crate::sys::procfs::ProcReader::new(&self.settings.proc_root);
+                pids.iter()
+                    .filter_map(|&pid| {
+                        let st = reader.stat(pid).ok()??;
+                        Some(RootProcess {
+                            pid,
+                            start_time: st.start_time,
+                        })
+                    })
+                    .collect()
+            }
+            _ => Vec::new(),
+        };
         let job = new_job(id.clone(), spec, owner_uid);
         let stored = StoredJob {
             job: job.clone(),
-            record: JobRecord::default(),
+            record: JobRecord {
+                authorized,
+                ..JobRecord::default()
+            },
             lodging: Lodging::default(),
             tuning: None,
         };

@@ -16,6 +16,10 @@ use super::{training, Agent, AgentError, AgentHandle, Caller, NodeStatus, Snapsh
 use crate::cpuset::CpuSet;
 use crate::policy::{self, contention::Throttles};
 
+/// How many pids, and how many bytes of an instance's command, an audit record names.
+const AUDIT_PIDS: usize = 16;
+const AUDIT_COMMAND: usize = 512;
+
 impl Agent {
     /// Starts the agent's thread. The handle is how everything else talks to it.
     pub fn spawn(self) -> std::io::Result<(AgentHandle, thread::JoinHandle<()>)> {
@@ -94,8 +98,14 @@ impl Agent {
             } => {
                 let started = Instant::now();
                 let asked = describe(&spec, owner);
-                let result = self
-                    .authorize(&caller, &Change::Register { owner, spec: &spec })
+                // What the spec says is checked first: it is cheap and touches nothing, and
+                // a caller's oversized list is refused before any of it is looked up.
+                let result = spec
+                    .validate()
+                    .map_err(AgentError::from)
+                    .and_then(|()| {
+                        self.authorize(&caller, &Change::Register { owner, spec: &spec })
+                    })
                     .and_then(|owner_uid| {
                         let spec = self.within_caps(&caller, owner_uid, *spec)?;
                         self.register_unsaved(spec, owner_uid)
@@ -323,16 +333,30 @@ impl Agent {
 /// A registration request in words, for the audit record.
 fn describe(spec: &crate::job::JobSpec, owner: Option<u32>) -> String {
     let target = match &spec.target {
+        // The audit record names a few pids: the list is a caller's, of any length.
+        crate::job::Target::Pids(p) if p.len() > AUDIT_PIDS => format!(
+            "pids {:?} and {} more",
+            &p[..AUDIT_PIDS],
+            p.len() - AUDIT_PIDS
+        ),
         crate::job::Target::Pids(p) => format!("pids {p:?}"),
         crate::job::Target::Cgroup(c) => format!("cgroup {c}"),
         crate::job::Target::Slurm(j) => format!("Slurm job {}", j.job_id),
         crate::job::Target::Container(c) => format!("container {} ({})", c.label(), c.id),
         crate::job::Target::Instances => {
-            let argv = spec
+            let mut argv = spec
                 .inference
                 .as_ref()
                 .map(|i| i.command.join(" "))
                 .unwrap_or_default();
+            if argv.len() > AUDIT_COMMAND {
+                let cut = (0..=AUDIT_COMMAND)
+                    .rev()
+                    .find(|&i| argv.is_char_boundary(i))
+                    .unwrap_or(0);
+                argv.truncate(cut);
+                argv.push_str("...");
+            }
             format!("instances of `{argv}`")
         }
     };

@@ -207,7 +207,7 @@ pub fn spec_from_dict(dict: &HashMap<String, OwnedValue>) -> Result<JobSpec, Str
         .transpose()?;
     let target = match (pids, cgroup, slurm) {
         (Some(p), None, None) => Target::Pids(p),
-        (None, Some(c), None) => Target::Cgroup(c),
+        (None, Some(c), None) => Target::Cgroup(crate::job::canonical_cgroup_path(&c)),
         // The owner's uid is filled in by the agent (it is the registration's owner).
         (None, None, Some(j)) => Target::Slurm(SlurmJob {
             job_id: u64::from(j),

@@ -110,6 +110,23 @@ fn integers_of_other_widths_are_accepted_when_they_fit() {
     assert!(err.contains("cores"), "{err}");
 }
 
+/// A caller's cgroup is recorded as the kernel names it: `//system.slice/x/` is
+/// `/system.slice/x`, so the trust rules and the duplicate check see that cgroup.
+#[test]
+fn a_cgroup_is_recorded_canonical() {
+    let spec = spec_from_dict(&dict(vec![
+        ("kind", Value::from("training")),
+        ("cgroup", Value::from("//system.slice//cron.service/")),
+        ("cores", Value::from(2u32)),
+    ]))
+    .unwrap();
+    assert_eq!(
+        spec.target,
+        Target::Cgroup("/system.slice/cron.service".into())
+    );
+    assert!(spec.validate().is_ok());
+}
+
 #[test]
 fn batch_jobs_need_no_core_count_and_slurm_jobs_name_their_node() {
     let spec = spec_from_dict(&dict(vec![

@@ -62,7 +62,7 @@ impl Launch {
     pub(super) fn validate(&self) -> Result<(), SpecError> {
         for (key, path) in [("cwd", &self.cwd), ("output", &self.output)] {
             if let Some(p) = path {
-                if !p.starts_with('/') || p.contains('\0') {
+                if !p.starts_with('/') || p.contains('\0') || p.len() > super::MAX_PATH_LEN {
                     return Err(SpecError::BadLaunchPath {
                         key,
                         path: p.clone(),
@@ -77,6 +77,13 @@ impl Launch {
             )));
         }
         for entry in &self.env {
+            if entry.len() > super::MAX_ARG_LEN {
+                return Err(SpecError::BadEnv(format!(
+                    "an entry of {} bytes (at most {})",
+                    entry.len(),
+                    super::MAX_ARG_LEN
+                )));
+            }
             let name = entry.split_once('=').map(|(n, _)| n).unwrap_or("");
             let valid = name
                 .chars()

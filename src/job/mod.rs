@@ -138,12 +138,28 @@ impl ContainerJob {
     }
 }
 
-/// Whether `path` can name a cgroup lodger acts on: absolute, not the root, no `..` or `.`.
+/// Whether `path` can name a cgroup lodger acts on: absolute, not the root, no `..` or `.`,
+/// and written one way only (no empty component: no doubled or trailing `/`), so the trust
+/// rules and the duplicate check, which compare paths as written, see the cgroup the kernel
+/// would ([`canonical_cgroup_path`] writes a caller's path so).
 fn valid_cgroup_path(path: &str) -> bool {
     path.starts_with('/')
-        && !path.trim_matches('/').is_empty()
-        && !path.split('/').any(|c| c == ".." || c == ".")
+        && path.len() <= MAX_PATH_LEN
+        && !path[1..]
+            .split('/')
+            .any(|c| c.is_empty() || c == ".." || c == ".")
         && !path.contains('\0')
+}
+
+/// An absolute `path` with doubled and trailing `/` dropped: how a caller's cgroup is recorded
+/// and checked (`//a/b/` is `/a/b`). What else is wrong with it
+/// ([`valid_cgroup_path`]) is left for validation to say.
+pub fn canonical_cgroup_path(path: &str) -> String {
+    if !path.starts_with('/') {
+        return path.to_string();
+    }
+    let parts: Vec<&str> = path.split('/').filter(|c| !c.is_empty()).collect();
+    format!("/{}", parts.join("/"))
 }
 
 /// Which Slurm job: what lodger needs to find its cgroup (`[slurm] cgroup_paths`).
@@ -272,6 +288,13 @@ fn yes() -> bool {
 /// Largest `pids` list accepted in one registration.
 pub const MAX_PIDS: usize = 4096;
 pub const MAX_NAME_LEN: usize = 64;
+/// Longest path a spec may hold (a cgroup, an instance's `cwd` or `output`): Linux's `PATH_MAX`.
+pub const MAX_PATH_LEN: usize = 4096;
+/// Most arguments of an instance's command, and the longest one (or environment entry), in
+/// bytes: a spec is kept in the state file, rewritten at every save, and shown to every local
+/// user, so what a caller may store in it is bounded.
+pub const MAX_COMMAND_ARGS: usize = 1024;
+pub const MAX_ARG_LEN: usize = 16 * 1024;
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum SpecError {
@@ -283,7 +306,7 @@ pub enum SpecError {
     BadPid(u32),
     #[error("too many pids ({0}); register the job by its cgroup instead")]
     TooManyPids(usize),
-    #[error("cgroup path '{0}' must be absolute within the hierarchy (start with /), must not be the root and must not contain '..'")]
+    #[error("cgroup path '{0}' must be absolute within the hierarchy (start with /), must not be the root, must not contain '..', '.' or '//' and must be at most {MAX_PATH_LEN} bytes")]
     BadCgroup(String),
     #[error("container {0:?} has an empty or overlong id, pod or name")]
     BadContainer(String),
@@ -321,8 +344,10 @@ pub enum SpecError {
     GpusForBatch,
     #[error("only a training job can be exclusive (its cores host no lodger)")]
     ExclusiveLodger,
-    #[error("{key} '{path}' must be an absolute path")]
+    #[error("{key} '{path}' must be an absolute path of at most {MAX_PATH_LEN} bytes")]
     BadLaunchPath { key: &'static str, path: String },
+    #[error("command: {0}")]
+    BadCommand(String),
     #[error("env: {0}")]
     BadEnv(String),
 }
@@ -422,6 +447,23 @@ impl JobSpec {
         };
         if inf.command.is_empty() || inf.command[0].is_empty() {
             return Err(SpecError::NoCommand);
+        }
+        if inf.command.len() > MAX_COMMAND_ARGS {
+            return Err(SpecError::BadCommand(format!(
+                "{} arguments (at most {MAX_COMMAND_ARGS})",
+                inf.command.len()
+            )));
+        }
+        if let Some((i, arg)) = inf
+            .command
+            .iter()
+            .enumerate()
+            .find(|(_, a)| a.len() > MAX_ARG_LEN)
+        {
+            return Err(SpecError::BadCommand(format!(
+                "argument {i} is {} bytes (at most {MAX_ARG_LEN})",
+                arg.len()
+            )));
         }
         if self.kind == JobKind::Online {
             match inf.slo_ms {
@@ -591,6 +633,79 @@ mod tests {
             gpus: vec![0],
             ..JobSpec::new(JobKind::Training, target, 2)
         }
+    }
+
+    /// A cgroup is written one way only: the trust rules and the duplicate check compare paths
+    /// as written, so `//system.slice/x` or `/a/b/` would slip past a rule or a duplicate.
+    /// Callers' paths are made canonical first; a spec that is not is refused.
+    #[test]
+    fn cgroup_paths_are_canonical() {
+        let check = |p: &str| spec(Target::Cgroup(p.into())).validate();
+        assert_eq!(check("/user.slice/job"), Ok(()));
+        for bad in [
+            "//system.slice/cron.service",
+            "/user.slice/job/",
+            "/a//b",
+            "/",
+            "",
+            "relative/x",
+            "/a/../b",
+            "/a/./b",
+        ] {
+            assert_eq!(check(bad), Err(SpecError::BadCgroup(bad.into())), "{bad:?}");
+        }
+        assert!(check(&format!("/{}", "a".repeat(MAX_PATH_LEN))).is_err());
+        assert_eq!(
+            canonical_cgroup_path("//system.slice//cron.service/"),
+            "/system.slice/cron.service"
+        );
+        assert_eq!(canonical_cgroup_path("/a/b"), "/a/b");
+        assert_eq!(canonical_cgroup_path("///"), "/");
+        assert_eq!(canonical_cgroup_path("relative/x"), "relative/x");
+    }
+
+    /// What a caller may store in an inference spec is bounded: the command's arguments, each
+    /// argument and environment entry, and the paths.
+    #[test]
+    fn an_instance_command_and_its_launch_are_bounded() {
+        let offline = |command: Vec<String>, launch: Launch| JobSpec {
+            inference: Some(InferenceSpec {
+                command,
+                slo_ms: None,
+                rate_per_s: None,
+                max_batch: DEFAULT_MAX_BATCH,
+                max_instances: None,
+                launch,
+                memory_max: None,
+            }),
+            ..JobSpec::new(JobKind::Offline, Target::Instances, 0)
+        };
+        let ok = vec![
+            "/bin/serve".to_string(),
+            "--threads".into(),
+            "{threads}".into(),
+        ];
+        assert_eq!(offline(ok.clone(), Launch::default()).validate(), Ok(()));
+        let many = vec!["x".to_string(); MAX_COMMAND_ARGS + 1];
+        let err = offline(many, Launch::default()).validate().unwrap_err();
+        assert!(err.to_string().contains("arguments (at most"), "{err}");
+        let long = vec!["/bin/serve".to_string(), "y".repeat(MAX_ARG_LEN + 1)];
+        let err = offline(long, Launch::default()).validate().unwrap_err();
+        assert!(err.to_string().contains("argument 1 is"), "{err}");
+        let env = Launch {
+            env: vec![format!("MODEL={}", "z".repeat(MAX_ARG_LEN))],
+            ..Launch::default()
+        };
+        let err = offline(ok.clone(), env).validate().unwrap_err();
+        assert!(err.to_string().contains("env: an entry of"), "{err}");
+        let cwd = Launch {
+            cwd: Some(format!("/{}", "d".repeat(MAX_PATH_LEN))),
+            ..Launch::default()
+        };
+        assert!(matches!(
+            offline(ok, cwd).validate(),
+            Err(SpecError::BadLaunchPath { key: "cwd", .. })
+        ));
     }
 
     #[test]

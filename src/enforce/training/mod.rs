@@ -290,6 +290,7 @@ impl Enforcer {
             slurm: slurm_rec,
             rt_grants,
             memory_max,
+            authorized,
         } = record;
         let mut rr = RrSweep::new(self, rt_grants);
         let placed = match target {
@@ -337,7 +338,7 @@ impl Enforcer {
                 }
                 let memory_max = *memory_max;
                 self.apply_pids(
-                    id, roots, cpus, mems, memory_max, pid_rec, s, &mut rr, &mut out,
+                    id, roots, authorized, cpus, mems, memory_max, pid_rec, s, &mut rr, &mut out,
                 )
             }
         };

@@ -22,6 +22,7 @@ impl Enforcer {
         &self,
         id: &JobId,
         roots: &[u32],
+        authorized: &[RootProcess],
         cpus: &CpuSet,
         mems: &CpuSet,
         memory_max: Option<u64>,
@@ -42,7 +43,18 @@ impl Enforcer {
             if rec.roots.iter().any(|r| r.pid == pid) || rec.missing_roots.contains(&pid) {
                 continue;
             }
+            let was = authorized
+                .iter()
+                .find(|r| r.pid == pid)
+                .map(|r| r.start_time);
             match s.reader.stat(pid)? {
+                Some(st) if was.is_some_and(|t| t != st.start_time) => {
+                    out.warnings.push(format!(
+                        "pid {pid} is another process than the one registered (the pid was \
+                         reused): left alone"
+                    ));
+                    rec.missing_roots.push(pid);
+                }
                 Some(st) if st.running => rec.roots.push(RootProcess {
                     pid,
                     start_time: st.start_time,

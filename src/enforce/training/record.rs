@@ -24,6 +24,12 @@ pub struct JobRecord {
     /// it; `None`: the node's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_max: Option<u64>,
+    /// A job registered by pids and placed later (a batch job waits for free cores): its pids'
+    /// start times when the registration was authorized. A registered pid that some other
+    /// process holds by the time it is first placed (the pid was reused) is not the job's, as
+    /// the caller's right to it was checked on the process that had it then.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub authorized: Vec<RootProcess>,
 }
 
 #[derive(Serialize, Deserialize, Default, Clone, Debug, PartialEq)]

@@ -453,6 +453,10 @@ fn record_survives_serialization() {
         cgroup: None,
         slurm: None,
         memory_max: Some(48 << 20),
+        authorized: vec![RootProcess {
+            pid: 10,
+            start_time: 99,
+        }],
         pids: Some(PidJobRecord {
             pinning: PinMethod::Cgroup,
             cgroup: Some("/lodger/j3".into()),
@@ -1107,6 +1111,29 @@ fn vanished_and_reused_pids_are_not_the_job() {
         .expect("apply");
     assert!(!out.alive);
     assert_threads(&[other.pid], None, &unpinned());
+
+    // A job placed after it was registered (a batch job waiting for cores) whose pid another
+    // process holds by then: the start time authorized at registration is not this one's, so
+    // the process is left alone from the first apply on.
+    let mut record = JobRecord {
+        authorized: vec![RootProcess {
+            pid: other.pid,
+            start_time: 1,
+        }],
+        ..JobRecord::default()
+    };
+    let target = Target::Pids(vec![other.pid]);
+    let out = e
+        .apply(&job(18), &target, &set("1"), &set("0"), &mut record)
+        .expect("apply");
+    assert!(!out.alive && out.pids.is_empty(), "{out:?}");
+    assert!(
+        out.warnings.iter().any(|w| w.contains("reused")),
+        "{:?}",
+        out.warnings
+    );
+    assert_threads(&[other.pid], None, &unpinned());
+    e.release(&job(18), &target, &record).expect("release");
 }
 
 #[test]
