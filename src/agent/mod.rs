@@ -368,6 +368,7 @@ impl AgentBuilder {
             }),
         };
         agent.undo_interrupted_registration();
+        agent.release_orphans();
         let adopted = agent.state.jobs.len();
         agent.tick();
         if migrated {

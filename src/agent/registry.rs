@@ -298,6 +298,42 @@ impl Agent {
         Ok(())
     }
 
+    /// lodger's job cgroups that no recorded job owns (a state file lost, or set aside as
+    /// unreadable or a newer lodgerd's) are released before the first tick (see
+    /// [`crate::enforce::Enforcer::release_orphans`]), one warning each, and no new job is given
+    /// an id one of them had: its processes are not the new job's. Run at start, after an
+    /// interrupted registration is undone.
+    pub(super) fn release_orphans(&mut self) {
+        let jobs = &self.state.jobs;
+        let known = |id: &JobId| jobs.contains_key(id);
+        let mut found = self.training.enforcer.release_orphans(&known);
+        if let Some(batch) = &mut self.batch {
+            found.extend(batch.enforcer.release_orphans(&known));
+        }
+        if found.is_empty() {
+            return;
+        }
+        for (id, result) in &found {
+            self.state.next_seq = self.state.next_seq.max(id.seq().saturating_add(1));
+            match result {
+                Ok(()) => warn!(
+                    job = %id,
+                    "lodger's cgroup for {id} belongs to no job in the state file (lost, or set \
+                     aside): its threads are back to SCHED_OTHER, its processes in the \
+                     hierarchy's root cgroup, and the cgroup removed"
+                ),
+                Err(e) => warn!(
+                    job = %id,
+                    "lodger's cgroup for {id} belongs to no job in the state file (lost, or set \
+                     aside), and releasing it failed in part: {e}"
+                ),
+            }
+        }
+        if let Err(e) = self.store.save(&self.state) {
+            warn!("{e}");
+        }
+    }
+
     /// A training registration a killed lodgerd left between touching the node and recording
     /// the job ([`Pending`]). Answered (the file holds the job): the job is recorded from it, as
     /// the caller was told. Not answered: its processes are taken over once more (to learn what
@@ -582,7 +618,16 @@ impl Agent {
             &self.views(),
             &self.state.plan,
         );
-        self.store.save(&self.state)?;
+        // Released already: what the owner asked for is done, and the job is gone from memory
+        // either way. A failed save is retried at every tick (`Store::behind`).
+        if let Err(e) = self.store.save(&self.state) {
+            warn!(
+                job = %jid,
+                "job {jid} is unregistered, but the state file could not be written ({e}): \
+                 lodgerd writes it again at every tick; a restart before it succeeds would \
+                 bring the job back, to be unregistered again"
+            );
+        }
         if self.state.jobs.is_empty() {
             self.training.enforcer.tidy();
         }

@@ -311,8 +311,9 @@ impl Agent {
             self.emit(event);
         }
         self.take_observations();
-        // An answered registration whose save failed is saved now (see `save_answered`).
-        dirty |= self.store.committed();
+        // An answered registration whose save failed is saved now (see `save_answered`), and
+        // so is any state a failed save left only in memory (an unregistration's, a tick's).
+        dirty |= self.store.committed() || self.store.behind();
         if dirty {
             self.send_jobs_to_sensor();
             self.state.plan = policy::decide(

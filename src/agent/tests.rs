@@ -124,6 +124,26 @@ impl Enforce for FakeEnforcer {
     fn find_slurm(&self, job: &SlurmJob, _record: &JobRecord) -> Option<SlurmCgroup> {
         self.0.lock().unwrap().slurm.get(&job.job_id).cloned()
     }
+
+    /// What the node still holds applied (as the kernel would: it outlives an agent) for a job
+    /// `known` does not know.
+    fn release_orphans(
+        &mut self,
+        known: &dyn Fn(&JobId) -> bool,
+    ) -> Vec<(JobId, Result<(), EnforceError>)> {
+        let mut node = self.0.lock().unwrap();
+        let lost: Vec<JobId> = node
+            .applied
+            .keys()
+            .filter(|id| !known(id))
+            .cloned()
+            .collect();
+        for id in &lost {
+            node.applied.remove(id);
+            node.released.push(id.clone());
+        }
+        lost.into_iter().map(|id| (id, Ok(()))).collect()
+    }
 }
 
 pub(super) fn spec(pids: Vec<u32>, cores: u32) -> JobSpec {
@@ -860,6 +880,56 @@ fn an_answered_record_is_kept_until_a_save_succeeds() {
     assert!(
         saved_jobs(&rig).contains(&job.id),
         "the state file lists the job"
+    );
+}
+
+/// A state file set aside (here unreadable) leaves its jobs enforced with nobody to own them:
+/// the next lodgerd releases them before its first tick, and gives no new job an id they had
+/// (whose processes a new job of that id would otherwise adopt).
+#[test]
+fn jobs_a_set_aside_state_file_held_are_released_and_their_ids_not_reused() {
+    let rig = Rig::new();
+    rig.spawn(100);
+    rig.spawn(200);
+    let mut agent = rig.agent();
+    let old = agent.register(spec(vec![100], 1), 0).unwrap();
+    std::mem::forget(agent);
+    let state = rig.dir.path().join(crate::store::STATE_FILE);
+    std::fs::write(&state, b"{ not json").unwrap();
+    let mut agent = rig.agent();
+    assert!(agent.jobs().is_empty());
+    assert!(rig.node.lock().unwrap().released.contains(&old.id));
+    let new = agent.register(spec(vec![200], 1), 0).unwrap();
+    assert_ne!(new.id, old.id);
+    assert!(new.id.seq() > old.id.seq(), "{} after {}", new.id, old.id);
+}
+
+/// An unregistration whose save fails is done all the same (the job was released): the job is
+/// gone from memory at once, and the state file catches up at the first tick a save succeeds,
+/// though nothing else changed.
+#[test]
+fn an_unregistration_whose_save_fails_is_saved_at_the_next_tick() {
+    let rig = Rig::new();
+    rig.spawn(100);
+    let mut agent = rig.agent();
+    let job = agent.register(spec(vec![100], 1), 0).unwrap();
+    agent.tick();
+    let blocker = rig
+        .dir
+        .path()
+        .join(format!(".{}.tmp", crate::store::STATE_FILE));
+    std::fs::create_dir(&blocker).unwrap();
+    agent.unregister(job.id.as_str()).expect("released: done");
+    assert!(!agent.jobs().contains_key(&job.id), "gone from memory");
+    assert!(rig.node.lock().unwrap().released.contains(&job.id));
+    assert!(saved_jobs(&rig).contains(&job.id), "the save failed");
+    agent.tick();
+    assert!(saved_jobs(&rig).contains(&job.id), "still blocked");
+    std::fs::remove_dir(&blocker).unwrap();
+    agent.tick();
+    assert!(
+        !saved_jobs(&rig).contains(&job.id),
+        "the tick saved the unregistration"
     );
 }
 

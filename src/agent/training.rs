@@ -46,6 +46,14 @@ pub trait Enforce: Send {
     fn describe(&self) -> String;
     /// Removes what enforcement left that no job needs any more (lodger's empty parent cgroup).
     fn tidy(&mut self) {}
+    /// Releases lodger's cgroups for jobs `known` does not know (see
+    /// [`crate::enforce::Enforcer::release_orphans`]): each one's id and the outcome.
+    fn release_orphans(
+        &mut self,
+        _known: &dyn Fn(&JobId) -> bool,
+    ) -> Vec<(JobId, Result<(), EnforceError>)> {
+        Vec::new()
+    }
     /// A Slurm job's cgroup and cpuset, if it exists now (docs/slurm.md).
     fn find_slurm(&self, _job: &SlurmJob, _record: &JobRecord) -> Option<SlurmCgroup> {
         None
@@ -97,6 +105,13 @@ impl Enforce for crate::enforce::Enforcer {
 
     fn tidy(&mut self) {
         crate::enforce::Enforcer::tidy(self)
+    }
+
+    fn release_orphans(
+        &mut self,
+        known: &dyn Fn(&JobId) -> bool,
+    ) -> Vec<(JobId, Result<(), EnforceError>)> {
+        crate::enforce::Enforcer::release_orphans(self, known)
     }
 
     fn find_slurm(&self, job: &SlurmJob, record: &JobRecord) -> Option<SlurmCgroup> {

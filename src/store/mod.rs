@@ -279,6 +279,8 @@ pub struct Store {
     /// The pending file holds an answered registration ([`Store::commit_pending`]) that no
     /// saved state file covers yet.
     committed: bool,
+    /// The last save failed: the file is behind the state ([`Store::behind`]).
+    behind: bool,
 }
 
 impl Store {
@@ -289,6 +291,7 @@ impl Store {
             writes: 0,
             syncer: None,
             committed: false,
+            behind: false,
         }
     }
 
@@ -436,6 +439,12 @@ impl Store {
         self.committed
     }
 
+    /// The last save failed (a full or read-only disk): the file holds an older state, so the
+    /// agent saves again at its next tick even when nothing else changed.
+    pub fn behind(&self) -> bool {
+        self.behind
+    }
+
     /// The registration is recorded in the state file, or abandoned and undone.
     pub fn clear_pending(&mut self) {
         let _ = fs::remove_file(self.dir.join(PENDING_FILE));
@@ -458,7 +467,9 @@ impl Store {
     /// file ([`Store::commit_pending`]) is superseded and removed: the job is in the file, or
     /// was unregistered since.
     pub fn save(&mut self, state: &State) -> Result<bool, StoreError> {
-        let wrote = self.write_state(state)?;
+        let wrote = self.write_state(state);
+        self.behind = wrote.is_err();
+        let wrote = wrote?;
         if self.committed {
             self.clear_pending();
         }

@@ -207,7 +207,10 @@ impl Enforcer {
         let h = &*self.cpusets;
         let cg = &rec.cgroup;
         if !h.exists(cg) {
-            debug!(cgroup = %cg, "job cgroup gone: nothing to restore");
+            // Removed by someone else (a Slurm step or a container ended): nothing inside to
+            // restore, but the ancestors lodger widened for it are narrowed back all the same.
+            debug!(cgroup = %cg, "job cgroup gone: restoring only its ancestors");
+            self.restore_ancestors(rec);
             return;
         }
         s.cgroups.clear();
@@ -289,6 +292,14 @@ impl Enforcer {
                 .filter(|e| !e.is_gone())
                 .map(EnforceError::from),
         );
+        self.restore_ancestors(rec);
+    }
+
+    /// Gives back the cpusets lodger widened above the job's cgroup (v1: a parent must hold its
+    /// child's CPUs), from the values saved before its first write.
+    fn restore_ancestors(&self, rec: &CgroupJobRecord) {
+        let h = &*self.cpusets;
+        let cg = &rec.cgroup;
         let mut above: Vec<CpusetTarget> = Vec::new();
         for x in &rec.saved {
             if cgroup::is_within(&x.cgroup, cg) {

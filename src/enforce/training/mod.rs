@@ -372,6 +372,45 @@ impl Enforcer {
         self.scratch().quiet.enabled()
     }
 
+    /// lodger's cgroups for jobs (`<parent>/j<N>`) whose job `known` does not know, as a lost or
+    /// set-aside state file leaves them (a corrupt one, or a newer lodgerd's after a downgrade):
+    /// each is released as an interrupted registration is (its threads back to SCHED_OTHER, its
+    /// processes to the hierarchy's root, whose cgroup lodger never recorded, the cgroup
+    /// removed), so no process stays real-time or confined with no job, and no new job with the
+    /// same id adopts them. Returns each one's id and what went wrong releasing it, if anything.
+    pub fn release_orphans(
+        &self,
+        known: &dyn Fn(&JobId) -> bool,
+    ) -> Vec<(JobId, Result<(), EnforceError>)> {
+        let mut children = Vec::new();
+        if let Err(e) = self.cpusets.children(&self.parent, &mut children) {
+            if !e.is_gone() {
+                tracing::warn!("cannot list lodger's cgroups under {}: {e}", self.parent);
+            }
+            return Vec::new();
+        }
+        let mut released = Vec::new();
+        for cgroup in children {
+            let Some(id) = cgroup.rsplit('/').next().and_then(JobId::parse) else {
+                continue;
+            };
+            if known(&id) {
+                continue;
+            }
+            let record = JobRecord {
+                pids: Some(PidJobRecord {
+                    pinning: PinMethod::Cgroup,
+                    cgroup: Some(cgroup),
+                    ..PidJobRecord::default()
+                }),
+                ..JobRecord::default()
+            };
+            let result = self.release(&id, &Target::Pids(Vec::new()), &record);
+            released.push((id, result));
+        }
+        released
+    }
+
     /// Removes lodger's parent cgroup when nothing is left in it (the last job's release may
     /// have found it still holding the instances' cgroup). Harmless when it is in use or gone.
     pub fn tidy(&self) {

@@ -792,6 +792,44 @@ fn v2_pid_job_is_pinned_by_affinity_without_touching_the_tree() {
 // =============================================================================================
 // Real cgroup v1 and SCHED_RR (root)
 
+/// A job cgroup lodger left with no job to own it (its state file lost or set aside): released
+/// at start, its processes' threads back to SCHED_OTHER and out of it, the cgroup removed; one
+/// whose job is known is left alone.
+#[test]
+fn v1_job_cgroups_no_job_owns_are_released() {
+    let name = "v1_job_cgroups_no_job_owns_are_released";
+    if !need_root(name) || !crate::privileged::need_cgroup_v1(name) {
+        return;
+    }
+    let parent = unique("orphan");
+    let _guard = CgroupGuard::new(CPUSET_V1, &parent);
+    let e = enforcer(settings(&parent, PidPinning::Cgroup));
+    let (lost, kept) = (Workload::start(2), Workload::start(1));
+    for (n, w) in [(20, &lost), (21, &kept)] {
+        let out = e
+            .apply(
+                &job(n),
+                &Target::Pids(vec![w.pid]),
+                &set("1"),
+                &set("0"),
+                &mut JobRecord::default(),
+            )
+            .expect("apply");
+        assert!(out.alive);
+        assert_threads(&[w.pid], Some(7), "1");
+    }
+    let released = e.release_orphans(&|id| *id == job(21));
+    assert_eq!(released.len(), 1, "{released:?}");
+    assert_eq!(released[0].0, job(20));
+    assert!(released[0].1.is_ok(), "{:?}", released[0].1);
+    assert_threads(&[lost.pid], None, &unpinned());
+    assert_eq!(cpuset_cgroup_of(lost.pid), "/");
+    assert!(!Path::new(CPUSET_V1).join(&parent).join("j20").exists());
+    assert_threads(&[kept.pid], Some(7), "1");
+    assert_eq!(cpuset_cgroup_of(kept.pid), format!("/{parent}/j21"));
+    assert!(e.release_orphans(&|id| *id == job(21)).is_empty());
+}
+
 #[test]
 fn v1_pid_job_pinned_by_cgroup() {
     if !need_root("v1_pid_job_pinned_by_cgroup")
@@ -1001,6 +1039,30 @@ fn v1_cgroup_job_grows_parents_and_restores_nested_cpusets() {
     assert_eq!(read_trim(t.join("job/cpuset.cpus")), "0");
     assert_eq!(read_trim(t.join("cpuset.cpus")), "0", "parent restored");
     assert_threads(&[w.pid], None, "0");
+}
+
+/// The job's cgroup removed by someone else (its Slurm step or container ended) after lodger
+/// widened its parent for it: the release still narrows the parent back.
+#[test]
+fn v1_parents_widened_for_a_job_are_restored_when_its_cgroup_went_first() {
+    let name = "v1_parents_widened_for_a_job_are_restored_when_its_cgroup_went_first";
+    if !need_root(name) || !crate::privileged::need_cgroup_v1(name) {
+        return;
+    }
+    let top = unique("widened");
+    let _guard = CgroupGuard::new(CPUSET_V1, &top);
+    let t = make_cpuset(&top, "0", "0");
+    let job_dir = make_cpuset(&format!("{top}/job"), "0", "0");
+    let e = enforcer(settings(&unique("unused"), PidPinning::Auto));
+    let target = Target::Cgroup(format!("/{top}/job"));
+    let mut record = JobRecord::default();
+    e.apply(&job(19), &target, &set("1"), &set("0"), &mut record)
+        .expect("apply");
+    assert_eq!(read_trim(t.join("cpuset.cpus")), "0-1", "parent grown");
+    fs::remove_dir(&job_dir).expect("rmdir");
+    e.release(&job(19), &target, &record)
+        .expect("release of a gone job");
+    assert_eq!(read_trim(t.join("cpuset.cpus")), "0", "parent restored");
 }
 
 #[test]
