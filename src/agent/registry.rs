@@ -274,6 +274,8 @@ impl Agent {
             id: stored.job.id.clone(),
             target: stored.job.spec.target.clone(),
             placement,
+            // The job's record holds them.
+            authorized: Vec::new(),
             job: Some(Box::new(stored)),
         };
         self.store.commit_pending(&pending)?;
@@ -296,6 +298,25 @@ impl Agent {
             self.store.save(&self.state)?;
         }
         Ok(())
+    }
+
+    /// The start times of the processes a pid job names, as they are now (right after the
+    /// caller's right to them was checked): a pid another process holds when the job is
+    /// applied later is not the job's (`JobRecord::authorized`). Empty for other targets.
+    fn start_times(&self, target: &Target) -> Vec<RootProcess> {
+        let Target::Pids(pids) = target else {
+            return Vec::new();
+        };
+        let mut reader = crate::sys::procfs::ProcReader::new(&self.settings.proc_root);
+        pids.iter()
+            .filter_map(|&pid| {
+                let st = reader.stat(pid).ok()??;
+                Some(RootProcess {
+                    pid,
+                    start_time: st.start_time,
+                })
+            })
+            .collect()
     }
 
     /// lodger's job cgroups that no recorded job owns (a state file lost, or set aside as
@@ -373,7 +394,12 @@ impl Agent {
             );
             return;
         }
-        let mut record = JobRecord::default();
+        // Only the processes the registration was checked on: after a reboot or a long outage
+        // its pids may be other processes' now.
+        let mut record = JobRecord {
+            authorized: p.authorized.clone(),
+            ..JobRecord::default()
+        };
         let _ = self
             .training
             .enforcer
@@ -446,14 +472,19 @@ impl Agent {
         // The pending file may still hold the last registration, if its save failed.
         self.save_answered()?;
         // Undone at the next start if lodgerd dies before the job is committed below.
+        let authorized = self.start_times(&spec.target);
         self.store.write_pending(&Pending {
             id: id.clone(),
             target: spec.target.clone(),
             placement: placement.clone(),
             job: None,
+            authorized: authorized.clone(),
         })?;
         let t_pending = t0.elapsed();
-        let mut record = JobRecord::default();
+        let mut record = JobRecord {
+            authorized,
+            ..JobRecord::default()
+        };
         let outcome = match self
             .training
             .enforcer
@@ -545,21 +576,7 @@ impl Agent {
             crate::enforce::instances::validate_template(&id, &inf.command)
                 .map_err(|e| AgentError::InvalidSpec(e.to_string()))?;
         }
-        let authorized = match &spec.target {
-            Target::Pids(pids) => {
-                let mut reader = crate::sys::procfs::ProcReader::new(&self.settings.proc_root);
-                pids.iter()
-                    .filter_map(|&pid| {
-                        let st = reader.stat(pid).ok()??;
-                        Some(RootProcess {
-                            pid,
-                            start_time: st.start_time,
-                        })
-                    })
-                    .collect()
-            }
-            _ => Vec::new(),
-        };
+        let authorized = self.start_times(&spec.target);
         let job = new_job(id.clone(), spec, owner_uid);
         let stored = StoredJob {
             job: job.clone(),

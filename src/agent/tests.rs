@@ -32,6 +32,8 @@ pub(super) struct FakeNode {
     pub(super) applies: u32,
     /// The live pids each job's last apply found.
     found: BTreeMap<JobId, Vec<u32>>,
+    /// The start times each job's last apply was told its pids were authorized on.
+    pub(super) authorized: BTreeMap<JobId, Vec<(u32, u64)>>,
 }
 
 impl FakeNode {
@@ -80,6 +82,8 @@ impl Enforce for FakeEnforcer {
             }
         }
         node.applies += 1;
+        let authorized = record.authorized.iter().map(|r| (r.pid, r.start_time));
+        node.authorized.insert(id.clone(), authorized.collect());
         if let Some(e) = node.fail_next_apply.take() {
             return Err(e);
         }
@@ -781,12 +785,21 @@ fn a_registration_interrupted_by_a_crash_is_undone_at_the_next_start() {
                 mems: CpuSet::parse("0").unwrap(),
             },
             job: None,
+            authorized: vec![crate::enforce::RootProcess {
+                pid: 100,
+                start_time: 4242,
+            }],
         })
         .unwrap();
     let mut agent = rig.agent();
     assert!(agent.jobs().is_empty(), "nothing recorded");
     {
         let node = rig.node.lock().unwrap();
+        assert_eq!(
+            node.authorized.get(&id),
+            Some(&vec![(100, 4242)]),
+            "undone on the processes the registration was checked on only"
+        );
         assert!(node.released.contains(&id), "released: {:?}", node.released);
         assert!(!node.applied.contains_key(&id), "still applied");
     }

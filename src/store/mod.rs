@@ -59,6 +59,10 @@ pub struct Pending {
     /// The job as answered (its plan is the next tick's to redo).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job: Option<Box<StoredJob>>,
+    /// A pid job's processes as they were when the registration was checked (see
+    /// `JobRecord::authorized`): what undoing it may touch.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub authorized: Vec<crate::enforce::RootProcess>,
 }
 /// Bumped when the file's shape changes; a file of an older version is migrated step by step
 /// (`migrate`), a newer one is set aside, not read.
@@ -456,7 +460,28 @@ impl Store {
     pub fn take_pending(&mut self) -> Option<Pending> {
         let path = self.dir.join(PENDING_FILE);
         let bytes = fs::read(&path).ok()?;
-        let pending = serde_json::from_slice(&bytes).ok();
+        let pending = match serde_json::from_slice(&bytes) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                // Kept for the operator: it may name a job whose threads are still real-time.
+                let aside = self.dir.join(format!(
+                    "{PENDING_FILE}.unreadable-{}",
+                    crate::clock::now_secs()
+                ));
+                let kept = fs::rename(&path, &aside).is_ok();
+                tracing::warn!(
+                    "the record of a registration under way ({}) is unreadable ({e}): it is not \
+                     undone{}",
+                    path.display(),
+                    if kept {
+                        format!("; kept as {}", aside.display())
+                    } else {
+                        String::new()
+                    }
+                );
+                None
+            }
+        };
         self.clear_pending();
         pending
     }

@@ -203,6 +203,10 @@ fn a_committed_pending_file_is_kept_until_a_save() {
             mems: crate::cpuset::CpuSet::parse("0").unwrap(),
         },
         job: None,
+        authorized: vec![crate::enforce::RootProcess {
+            pid: 100,
+            start_time: 4242,
+        }],
     };
     store.write_pending(&pending).unwrap();
     assert!(
@@ -237,4 +241,21 @@ fn a_committed_pending_file_is_kept_until_a_save() {
     assert!(!store.save(&state).unwrap());
     assert!(!store.committed());
     assert!(!dir.path().join(PENDING_FILE).exists());
+}
+
+/// A pending file that cannot be read is not undone, and not lost either: it is set aside
+/// beside the state file, for the operator (its job's threads may still be real-time).
+#[test]
+fn an_unreadable_pending_file_is_set_aside() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = Store::new(dir.path());
+    std::fs::write(dir.path().join(PENDING_FILE), b"{\"id\":\"j1\"}").unwrap();
+    assert!(store.take_pending().is_none());
+    assert!(!dir.path().join(PENDING_FILE).exists());
+    let kept: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with(&format!("{PENDING_FILE}.unreadable-")))
+        .collect();
+    assert_eq!(kept.len(), 1, "{kept:?}");
 }
