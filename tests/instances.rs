@@ -833,9 +833,13 @@ fn dropping_the_supervisor_kills_its_instances() {
     assert!(!cgroup_dir(&lodgers).exists());
 }
 
+/// A plan's mistakes (batch, threads, CPUs, a duplicate) fail the whole call before anything
+/// starts. A bad command (the owner's: a template lodger cannot run, a program deleted) fails
+/// only its own instances, said in the outcome's errors: another job's instances are started
+/// all the same (one job's missing program must not stop lodger from managing the others).
 #[test]
-fn bad_templates_are_refused_before_anything_starts() {
-    let test = "bad_templates_are_refused_before_anything_starts";
+fn bad_specs_are_refused_and_bad_commands_fail_only_their_instances() {
+    let test = "bad_specs_are_refused_and_bad_commands_fail_only_their_instances";
     let parent = unique("lodger-it-inst");
     let logs = tempfile::tempdir().expect("tempdir");
     let mut inst = match Instances::new(settings(&parent, logs.path(), InstancePlacement::Auto)) {
@@ -845,43 +849,7 @@ fn bad_templates_are_refused_before_anything_starts() {
             return;
         }
     };
-    let not_exec = logs.path().join("model-server");
-    std::fs::write(&not_exec, "#!/bin/sh\n").expect("write");
     let good = spec("j11", 0, worker(&[]), "0", 1);
-    let cases: Vec<(Vec<String>, &str)> = vec![
-        (Vec::new(), "empty"),
-        (
-            worker(&["--batch", "{batchsize}"]),
-            "unknown placeholder {batchsize}",
-        ),
-        (worker(&["--batch", "{batch"]), "unmatched '{'"),
-        (
-            strings(&["lodger-no-such-server", "--threads", "{threads}"]),
-            "not found in lodgerd's PATH",
-        ),
-        (
-            vec![not_exec.to_string_lossy().into_owned()],
-            "cannot be run",
-        ),
-    ];
-    for (argv, says) in cases {
-        let bad = spec("j12", 0, argv.clone(), "1", 1);
-        let e = inst.reconcile(&[good.clone(), bad]).expect_err("refused");
-        let text = e.to_string();
-        assert!(
-            matches!(e, InstanceError::Template { .. }),
-            "{argv:?}: {text}"
-        );
-        assert!(text.contains(says), "{argv:?}: {text}");
-        assert!(text.contains("job j12"), "{text}");
-        if let InstanceError::Template {
-            problem: TemplateProblem::ProgramNotFound { .. },
-            ..
-        } = &e
-        {
-            assert!(text.contains("absolute path"), "{text}");
-        }
-    }
     for (bad, says) in [
         (
             InstanceSpec {
@@ -921,6 +889,52 @@ fn bad_templates_are_refused_before_anything_starts() {
     assert!(e.to_string().contains("listed twice"), "{e}");
     // All or nothing: the good spec next to a bad one was not started.
     assert!(inst.stats().is_empty());
+    assert!(!cgroup_dir(&parent).exists());
+
+    let not_exec = logs.path().join("model-server");
+    std::fs::write(&not_exec, "#!/bin/sh\n").expect("write");
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (Vec::new(), "empty"),
+        (
+            worker(&["--batch", "{batchsize}"]),
+            "unknown placeholder {batchsize}",
+        ),
+        (worker(&["--batch", "{batch"]), "unmatched '{'"),
+        (
+            strings(&["lodger-no-such-server", "--threads", "{threads}"]),
+            "not found in lodgerd's PATH",
+        ),
+        (
+            vec![not_exec.to_string_lossy().into_owned()],
+            "cannot be run",
+        ),
+    ];
+    for (argv, says) in cases {
+        let bad = [0, 1].map(|i| spec("j12", i, argv.clone(), "1", 1));
+        let out = inst
+            .reconcile(&[good.clone(), bad[0].clone(), bad[1].clone()])
+            .expect("reconciled");
+        assert_eq!(out.errors.len(), 1, "said once a job: {:?}", out.errors);
+        let e = &out.errors[0];
+        let text = e.to_string();
+        assert!(
+            matches!(e, InstanceError::Template { .. }),
+            "{argv:?}: {text}"
+        );
+        assert!(text.contains(says), "{argv:?}: {text}");
+        assert!(text.contains("job j12"), "{text}");
+        if let InstanceError::Template {
+            problem: TemplateProblem::ProgramNotFound { .. },
+            ..
+        } = e
+        {
+            assert!(text.contains("absolute path"), "{text}");
+        }
+        let jobs: Vec<String> = inst.stats().iter().map(|s| s.job.to_string()).collect();
+        assert_eq!(jobs, ["j11"], "only the good job's instance");
+    }
+    // Dropping the supervisor ends the good job's instance and removes lodger's cgroups.
+    drop(inst);
     assert!(!cgroup_dir(&parent).exists());
 }
 

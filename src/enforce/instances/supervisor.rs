@@ -363,28 +363,42 @@ impl Instances {
     /// its threads itself); anything else restarts the instance once the old process is gone.
     /// Stops are asynchronous: SIGTERM here, the rest in `poll`. Idempotent.
     ///
-    /// Every spec is checked first; a bad one (template, threads, batch, CPUs, a duplicate) fails
-    /// the whole call before anything is done.
+    /// Every spec is checked first; a bad one (threads, batch, CPUs, a duplicate: the plan's
+    /// mistakes) fails the whole call before anything is done. A new or changed command whose
+    /// program does not exist (the owner's doing: it was deleted or moved) fails that instance
+    /// only, as a failed start does: it is not started (a running one of the old command is
+    /// left as it is) and its error is in the outcome, and every other instance is reconciled.
     pub fn reconcile(
         &mut self,
         desired: &[InstanceSpec],
     ) -> Result<ReconcileOutcome, InstanceError> {
         let now = Instant::now();
-        let mut templates: Vec<Template> = Vec::with_capacity(desired.len());
+        let mut templates: Vec<Option<Template>> = Vec::with_capacity(desired.len());
+        let mut missing = Vec::new();
+        let mut failed: Vec<(&JobId, &Vec<String>)> = Vec::new();
         for (i, spec) in desired.iter().enumerate() {
             if desired[..i].iter().any(|d| d.same_instance(spec)) {
                 return Err(invalid(&spec.key(), "listed twice".to_string()));
             }
             self.host.check_spec(spec)?;
             let template = match self.slot(spec) {
-                Some(slot) if slot.spec.argv == spec.argv => slot.template.clone(),
-                // A new or changed template: its program must exist now.
-                _ => validate_template(&spec.job, &spec.argv)?,
+                Some(slot) if slot.spec.argv == spec.argv => Some(slot.template.clone()),
+                // A new or changed template: its program must exist now (said once a job).
+                _ if failed.contains(&(&spec.job, &spec.argv)) => None,
+                _ => validate_template(&spec.job, &spec.argv)
+                    .map_err(|e| {
+                        missing.push(e);
+                        failed.push((&spec.job, &spec.argv));
+                    })
+                    .ok(),
             };
             templates.push(template);
         }
 
-        let mut out = ReconcileOutcome::default();
+        let mut out = ReconcileOutcome {
+            errors: missing,
+            ..ReconcileOutcome::default()
+        };
         // Unwanted first: their CPUs may be wanted by the others.
         let mut i = 0;
         while i < self.slots.len() {
@@ -418,6 +432,9 @@ impl Instances {
         }
 
         for (spec, template) in desired.iter().zip(templates) {
+            let Some(template) = template else {
+                continue;
+            };
             let key = spec.key();
             let pos = match self.slots.binary_search_by(|s| s.spec.cmp_instance(spec)) {
                 Ok(pos) => pos,
