@@ -639,7 +639,21 @@ fn a_crashed_supervisors_instances_are_adopted_or_swept() {
     };
     let s = with_fifos();
     let lodgers = f.lodgers();
-    let kept = spec("j8", 0, worker(&[]), "0", 1);
+    // j8-0 starts a child in a session of its own (out of its process group), then becomes
+    // the worker: the child is still j8-0's, and stays when j8-0 is adopted.
+    let w = worker(&[]);
+    let line = w
+        .iter()
+        .map(|a| format!("'{a}'"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let kept = spec(
+        "j8",
+        0,
+        strings(&["/bin/sh", "-c", &format!("setsid sleep 300 & exec {line}")]),
+        "0",
+        1,
+    );
     let (tx, rx) = mpsc::channel();
     let first = kept.clone();
     let crashed = {
@@ -657,19 +671,30 @@ fn a_crashed_supervisors_instances_are_adopted_or_swept() {
                         .stats()
                         .iter()
                         .any(|s| s.index == 0 && s.reports_total > 0);
-                    reported && procs_of(&format!("{lodgers}/j8-1")).len() == 2
+                    reported
+                        && procs_of(&format!("{lodgers}/j8-1")).len() == 2
+                        && procs_of(&format!("{lodgers}/j8-0")).len() == 2
                 },
             );
             let direct: Vec<u32> = inst.stats().iter().filter_map(|s| s.pid).collect();
-            tx.send((direct, procs_of(&format!("{lodgers}/j8-1"))))
-                .expect("send");
+            tx.send((
+                direct,
+                procs_of(&format!("{lodgers}/j8-1")),
+                procs_of(&format!("{lodgers}/j8-0")),
+            ))
+            .expect("send");
             // Gone without stopping anything, as a killed lodgerd.
             std::mem::forget(inst);
         })
     };
     crashed.join().expect("thread");
-    let (direct, wrapped) = rx.recv().expect("pids");
+    let (direct, wrapped, first) = rx.recv().expect("pids");
     assert_eq!(direct.len(), 2, "{direct:?}");
+    let sleeper = first
+        .iter()
+        .copied()
+        .find(|&p| p != direct[0])
+        .expect("j8-0's child");
     // No death signal: everything runs on without its supervisor.
     std::thread::sleep(Duration::from_millis(300));
     assert!(
@@ -686,6 +711,10 @@ fn a_crashed_supervisors_instances_are_adopted_or_swept() {
     killed.sort_unstable();
     assert_eq!(out.killed, killed, "j8-1's shell and the worker it started");
     assert_eq!(out.removed_cgroups, vec![format!("{lodgers}/j8-1")]);
+    assert!(
+        alive(sleeper),
+        "j8-0's child left its group, and is still j8-0's"
+    );
     wait_until(WAIT, "j8-1's processes to die", || {
         wrapped.iter().all(|&p| !alive(p))
     });
@@ -721,6 +750,7 @@ fn a_crashed_supervisors_instances_are_adopted_or_swept() {
     ));
     next.stop_all();
     assert!(!alive(direct[0]));
+    wait_until(WAIT, "j8-0's child to end with it", || !alive(sleeper));
     drop(f);
 }
 

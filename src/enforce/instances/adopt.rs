@@ -159,14 +159,35 @@ impl Instances {
         Ok(slot)
     }
 
-    /// Kills every marked process outside an adopted instance's process group and cgroup,
-    /// removes the instance cgroups and report FIFOs no adopted instance uses.
+    /// Kills every marked process that is not an adopted instance's, removes the instance
+    /// cgroups and report FIFOs no adopted instance uses. An adopted instance's processes are
+    /// those in its process group, and those carrying its mark (its job and index) that started
+    /// no earlier than it did: a child that left the group (`setsid`) is still the instance's,
+    /// a process of an earlier start of it is not. Goes on past a failure, so one leftover that
+    /// cannot be killed or removed does not keep the others; the first failure is returned.
     fn sweep_unadopted(
         &mut self,
         marked: &[Marked],
         out: &mut AdoptOutcome,
     ) -> Result<(), InstanceError> {
+        let mut first: Option<InstanceError> = None;
+        let mut failed = |e: InstanceError| {
+            warn!("removing the leftovers of a previous lodgerd: {e}");
+            first.get_or_insert(e);
+        };
         let groups: BTreeSet<u32> = out.adopted.iter().map(|(_, pid)| *pid).collect();
+        // Each adopted instance's job, index and start time.
+        let adopted: Vec<(&str, Option<u32>, u64)> = marked
+            .iter()
+            .filter(|m| groups.contains(&m.pid) && m.pid == m.pgrp)
+            .map(|m| (m.job.as_str(), m.index, m.start_time))
+            .collect();
+        let of_adopted = |m: &Marked| {
+            groups.contains(&m.pgrp)
+                || adopted
+                    .iter()
+                    .any(|&(job, index, t)| m.job == job && m.index == index && m.start_time >= t)
+        };
         let kept_cgroups: BTreeSet<String> =
             self.slots.iter().filter_map(|s| s.cgroup.clone()).collect();
         let h = &self.host;
@@ -175,29 +196,34 @@ impl Instances {
             match h.cpusets.children(&h.lodgers, &mut cgroups) {
                 Ok(()) => {}
                 Err(e) if e.is_gone() => {}
-                Err(e) => return Err(e.into()),
+                Err(e) => failed(e.into()),
             }
         }
         cgroups.retain(|cg| !kept_cgroups.contains(cg));
         for cg in &cgroups {
-            out.killed.extend(h.kill_cgroup(cg)?);
+            match h.kill_cgroup(cg) {
+                Ok(killed) => out.killed.extend(killed),
+                Err(e) => failed(e),
+            }
         }
         for m in marked {
-            if groups.contains(&m.pgrp) {
+            if of_adopted(m) {
                 continue;
             }
             let Some(p) = pid_of(m.pid) else { continue };
             match kill(p, Signal::SIGKILL) {
                 Ok(()) => out.killed.push(m.pid),
                 Err(nix::errno::Errno::ESRCH) => {}
-                Err(errno) => return Err(InstanceError::Leftover { pid: m.pid, errno }),
+                Err(errno) => failed(InstanceError::Leftover { pid: m.pid, errno }),
             }
         }
         out.killed.sort_unstable();
         out.killed.dedup();
         for cg in &cgroups {
-            if self.host.remove_cgroup(cg, KILL_WAIT)? {
-                out.removed_cgroups.push(cg.clone());
+            match self.host.remove_cgroup(cg, KILL_WAIT) {
+                Ok(true) => out.removed_cgroups.push(cg.clone()),
+                Ok(false) => {}
+                Err(e) => failed(e.into()),
             }
         }
         // Reap the ones that were our own children (a lodger-like parent that is this process).
@@ -225,8 +251,12 @@ impl Instances {
             .sweep_memory(&kept_cgroups_now(&self.slots, &self.host));
         if self.slots.is_empty() {
             let h = &self.host;
-            if h.cpusets.exists(&h.lodgers) && h.cpusets.remove_if_unused(&h.lodgers)? {
-                out.removed_cgroups.push(h.lodgers.clone());
+            if h.cpusets.exists(&h.lodgers) {
+                match h.cpusets.remove_if_unused(&h.lodgers) {
+                    Ok(true) => out.removed_cgroups.push(h.lodgers.clone()),
+                    Ok(false) => {}
+                    Err(e) => failed(e.into()),
+                }
             }
             // Instance units an earlier lodgerd started, none adopted: their slices go.
             unit::stop_slices(&h.slices);
@@ -238,7 +268,7 @@ impl Instances {
                 out.killed, out.removed_cgroups
             );
         }
-        Ok(())
+        first.map_or(Ok(()), Err)
     }
 }
 
