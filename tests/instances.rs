@@ -49,15 +49,18 @@ fn worker(extra: &[&str]) -> Vec<String> {
     argv
 }
 
-/// `sh -c '<worker> & wait'`: an instance whose real work runs in a child of the instance.
-fn wrapped_worker() -> Vec<String> {
-    let w = worker(&[]);
-    let line = w
+/// `worker(&[])` as one line for `sh -c`, each argument quoted.
+fn worker_line() -> String {
+    worker(&[])
         .iter()
         .map(|a| format!("'{a}'"))
         .collect::<Vec<_>>()
-        .join(" ");
-    strings(&["/bin/sh", "-c", &format!("{line} & wait")])
+        .join(" ")
+}
+
+/// `sh -c '<worker> & wait'`: an instance whose real work runs in a child of the instance.
+fn wrapped_worker() -> Vec<String> {
+    strings(&["/bin/sh", "-c", &format!("{} & wait", worker_line())])
 }
 
 fn spec(job_id: &str, index: u32, argv: Vec<String>, cpus: &str, threads: u32) -> InstanceSpec {
@@ -641,16 +644,14 @@ fn a_crashed_supervisors_instances_are_adopted_or_swept() {
     let lodgers = f.lodgers();
     // j8-0 starts a child in a session of its own (out of its process group), then becomes
     // the worker: the child is still j8-0's, and stays when j8-0 is adopted.
-    let w = worker(&[]);
-    let line = w
-        .iter()
-        .map(|a| format!("'{a}'"))
-        .collect::<Vec<_>>()
-        .join(" ");
     let kept = spec(
         "j8",
         0,
-        strings(&["/bin/sh", "-c", &format!("setsid sleep 300 & exec {line}")]),
+        strings(&[
+            "/bin/sh",
+            "-c",
+            &format!("setsid sleep 300 & exec {}", worker_line()),
+        ]),
         "0",
         1,
     );
