@@ -45,7 +45,8 @@
 #   LODGER_E2E_BOOT_TIMEOUT  seconds the guest may take to reach its test unit (default 300;
 #                       a guest up in time usually is in 40-90 s, emulated); one that is not,
 #                       or whose qemu ends before, is booted again, LODGER_E2E_BOOT_TRIES
-#                       boots in all (default 2)
+#                       boots in all (default 2); so is one whose root disk hangs after it is
+#                       up (the kernel's jbd2 hung-task report) while no check has failed
 #   LODGER_E2E_ACCEL    kvm, tcg or auto (default: kvm when /dev/kvm can boot a stock kernel)
 #   LODGER_E2E_KEEP=1   keep the run directory (serial log, results) under target/e2e-run
 #                       (target/e2e-cargo-run for --cargo-tests)
@@ -378,7 +379,11 @@ fi
 # VM timeout; another time qemu itself aborted 9 s into a boot (TCG's `iotlb_to_section`
 # assertion). A guest that does not come up, stopped or ended before it, has its console
 # shown and is booted once more: no check has run by then, so a boot retried hides no test's
-# result. A second such boot fails the run.
+# result. A second such boot fails the run. The same disk hang came once more after the guest
+# was up (its serial console: jbd2 "blocked for more than" 120 s, then RCU stalls), and the run
+# again waited out the VM timeout: a guest whose root disk hangs so is stopped at once, and,
+# when no check has failed yet, booted again with its checks run from the start (those that
+# passed are run again; none that failed is hidden).
 boot_timeout=${LODGER_E2E_BOOT_TIMEOUT:-300}
 boot_tries=${LODGER_E2E_BOOT_TRIES:-2}
 serial="$run/serial.log"
@@ -399,12 +404,15 @@ show_new_results() {
         shown=$total
     fi
 }
+# The kernel's hung-task report for the guest's root disk's journal.
+disk_hang='INFO: task jbd2/[^ ]* blocked for more than'
 # boot_vm: one boot, followed until qemu exits; sets booted (seconds to the test unit, empty
-# if it never came up), vm_status (qemu's exit), and stalled (1: it never came up) with why.
+# if it never came up), vm_status (qemu's exit), stalled (1: it never came up) and hung (1:
+# its disk hung after it came up), with why.
 boot_vm() {
     rm -f "$run/share/booted" "$results"
     : >"$serial"
-    booted="" shown=0 stalled=0 vm_status=0 why=
+    booted="" shown=0 stalled=0 hung=0 vm_status=0 why=
     boot_start=$(date +%s.%N)
     timeout --foreground "$vm_timeout" qemu-system-x86_64 \
         "${accel_args[@]}" "${smp_args[@]}" \
@@ -426,6 +434,10 @@ boot_vm() {
             stalled=1 why="did not reach its test unit in ${boot_timeout} s (LODGER_E2E_BOOT_TIMEOUT)"
             kill "$qemu" 2>/dev/null || true
             break
+        elif [ -n "$booted" ] && grep -q "$disk_hang" "$serial" 2>/dev/null; then
+            hung=1 why="root disk stopped answering after it came up ($(grep -m1 -o "$disk_hang [0-9]* seconds" "$serial"))"
+            kill "$qemu" 2>/dev/null || true
+            break
         fi
         show_new_results
         sleep 1
@@ -439,12 +451,19 @@ boot_vm() {
 try=1
 say "booting the VM ($accel; $shape)"
 boot_vm
-while [ "$stalled" = 1 ] && [ "$try" -lt "$boot_tries" ]; do
+# A check that failed before a disk hang: nothing is run again, the failure stands.
+failed_before_hang() { grep -Eq '^[[:space:]]*FAIL' "$results" 2>/dev/null; }
+while { [ "$stalled" = 1 ] || { [ "$hung" = 1 ] && ! failed_before_hang; }; } &&
+    [ "$try" -lt "$boot_tries" ]; do
     try=$((try + 1))
     say "the guest $why; its console ended:"
     tail -n 20 "$serial" >&2 || true
     cp "$serial" "$run/serial.boot$((try - 1)).log" 2>/dev/null || true
-    say "booting the VM again (boot $try of $boot_tries; no check had run)"
+    if [ "$hung" = 1 ]; then
+        say "booting the VM again (boot $try of $boot_tries; no check had failed: they run again from the start)"
+    else
+        say "booting the VM again (boot $try of $boot_tries; no check had run)"
+    fi
     boot_vm
 done
 vm_seconds=$(awk -v s="$boot_start" -v e="$(date +%s.%N)" 'BEGIN { printf "%.0f", e - s }')
@@ -467,6 +486,11 @@ else
 fi
 if [ "$stalled" = 1 ]; then
     echo "FAIL the guest reached its test unit (on $try boots; the last $why; serial log: $serial)"
+    failed=$((failed + 1))
+    echo "--- last lines of the serial console ---"
+    tail -n 40 "$serial" 2>/dev/null || true
+elif [ "$hung" = 1 ]; then
+    echo "FAIL the guest's checks ran to their end (on $try boots; the last one's $why: the emulated machine's, not lodger's; serial log: $serial)"
     failed=$((failed + 1))
     echo "--- last lines of the serial console ---"
     tail -n 40 "$serial" 2>/dev/null || true
