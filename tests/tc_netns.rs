@@ -26,7 +26,7 @@ mod common;
 mod wire;
 
 use lodger::enforce::network::{
-    CpuJobs, Link, NetClsGroup, NetworkShaping, ShapingConfig, Steering,
+    remove_leftovers, CpuJobs, Link, NetClsGroup, NetworkShaping, ShapingConfig, Steering,
 };
 use lodger::privileged::need_root;
 use lodger::sys::command::CommandRunner;
@@ -196,6 +196,63 @@ fn tc_shapes_training_and_cpu_job_traffic_75_25() {
 }
 
 /// lodgerd's network shaping in words (`lodgerctl status`).
+/// A lodgerd that starts with network control off removes what a previous one's shaping left
+/// (stopping leaves it for the jobs that run on): lodger's HTB tree and its nftables table, and
+/// nothing else (another tool's root qdisc stays). A second pass finds nothing.
+#[test]
+fn shaping_a_previous_lodgerd_left_is_removed_and_nothing_else() {
+    const NAME: &str = "shaping_a_previous_lodgerd_left_is_removed_and_nothing_else";
+    let _turn = one_at_a_time();
+    if !need_root(NAME) {
+        return;
+    }
+    let Some(_mount) = prerequisites(NAME) else {
+        return;
+    };
+    let ns = Namespaces::create("l");
+    let config = ShapingConfig {
+        links: vec![Link {
+            interface: "lt0a".to_string(),
+            line_rate_mbit: LINK_MBIT,
+        }],
+        ..ShapingConfig::default()
+    };
+    let mut shaping = NetworkShaping::new(&config, Steering::Auto).expect("shaping config");
+    let mut runner = CommandRunner::in_netns(&ns.a);
+    let applied = shaping
+        .apply(&mut runner, &CpuJobs::NetCls)
+        .expect("apply shaping");
+    assert!(applied.changed);
+    let tc = |runner: &mut CommandRunner, line: &str| {
+        let argv: Vec<String> = line.split_whitespace().map(str::to_string).collect();
+        runner.run(&argv)
+    };
+    tc(&mut runner, "tc qdisc add dev lo root handle 1: htb").expect("another tool's qdisc");
+    let nft_before = tc(&mut runner, "nft list table inet lodger").is_ok();
+
+    let (removed, errors) = remove_leftovers(&mut runner);
+    assert!(errors.is_empty(), "{errors:?}");
+    assert!(
+        removed.iter().any(|r| r == "the HTB tree on lt0a"),
+        "{removed:?}"
+    );
+    assert_eq!(
+        removed.iter().any(|r| r.contains("inet lodger")),
+        nft_before,
+        "{removed:?}"
+    );
+    let qdiscs = tc(&mut runner, "tc qdisc show").expect("tc qdisc show");
+    assert!(!qdiscs.contains("htb 4c44:"), "{qdiscs}");
+    assert!(qdiscs.contains("qdisc htb 1: dev lo root"), "{qdiscs}");
+    assert!(tc(&mut runner, "nft list table inet lodger").is_err());
+    let (again, errors) = remove_leftovers(&mut runner);
+    assert!(
+        again.is_empty() && errors.is_empty(),
+        "{again:?} {errors:?}"
+    );
+    drop(ns);
+}
+
 fn network_status(d: &common::Daemon) -> String {
     d.ctl_json(&["status"])["network"]
         .as_str()

@@ -127,12 +127,25 @@ fn network_control(
 ) -> (Option<NetworkControl>, Option<Classifier>) {
     let shaping = config.network.shaping();
     let slow = config.network.slow_network();
-    if shaping.is_none() && slow.is_none() {
-        info!("network shaping off: no [[network.link]] (or network.cpu_jobs_interface) in the config");
-        return (None, None);
-    }
     if sim {
         info!("network shaping off: --sim changes nothing on the node");
+        return (None, None);
+    }
+    if shaping.is_none() && slow.is_none() {
+        info!("network shaping off: no [[network.link]] (or network.cpu_jobs_interface) in the config");
+        // What a previous lodgerd with shaping on left (stopping leaves it for the jobs that
+        // run on) has no control now to remove it.
+        let mut runner = CommandRunner::new().with_deadline(config.agent.command_timeout());
+        let (removed, errors) = crate::enforce::network::remove_leftovers(&mut runner);
+        if !removed.is_empty() {
+            warn!(
+                "network shaping off: removed what an earlier lodgerd left: {}",
+                removed.join(", ")
+            );
+        }
+        for e in errors {
+            warn!("network shaping off: cannot remove what an earlier lodgerd left: {e}");
+        }
         return (None, None);
     }
     // Where instances start in lodger's own subtree, relative to the cgroup2 root (issue 17).

@@ -170,7 +170,15 @@ impl CpuJobsRoute {
             ))?;
             changed = true;
         }
-        let routes = runner.run(&argv("ip", &format!("-4 route show table {ROUTE_TABLE}")))?;
+        // A table never made is not there to flush (newer kernels say so rather than list it
+        // empty).
+        let routes = match runner.run(&argv("ip", &format!("-4 route show table {ROUTE_TABLE}"))) {
+            Ok(routes) => routes,
+            Err(TcError::Failed { stderr, .. }) if stderr.contains("does not exist") => {
+                String::new()
+            }
+            Err(e) => return Err(e),
+        };
         if !routes.trim().is_empty() {
             runner.run(&argv("ip", &format!("-4 route flush table {ROUTE_TABLE}")))?;
             changed = true;
