@@ -32,6 +32,18 @@ use lodger::privileged::need_root;
 use lodger::sys::command::CommandRunner;
 use wire::*;
 
+/// lodger's shaping of namespace a's `lt0a` (`LINK_MBIT`, the default shares and steering).
+fn shaping_of_lt0a() -> NetworkShaping {
+    let config = ShapingConfig {
+        links: vec![Link {
+            interface: "lt0a".to_string(),
+            line_rate_mbit: LINK_MBIT,
+        }],
+        ..ShapingConfig::default()
+    };
+    NetworkShaping::new(&config, Steering::Auto).expect("shaping config")
+}
+
 #[test]
 fn tc_shapes_training_and_cpu_job_traffic_75_25() {
     let _turn = one_at_a_time();
@@ -45,14 +57,7 @@ fn tc_shapes_training_and_cpu_job_traffic_75_25() {
     };
     let ns = Namespaces::create("t");
 
-    let config = ShapingConfig {
-        links: vec![Link {
-            interface: "lt0a".to_string(),
-            line_rate_mbit: LINK_MBIT,
-        }],
-        ..ShapingConfig::default()
-    };
-    let mut shaping = NetworkShaping::new(&config, Steering::Auto).expect("shaping config");
+    let mut shaping = shaping_of_lt0a();
     let mut runner = CommandRunner::in_netns(&ns.a);
     let group_path = format!("lodger-test-{}/cpu-job", std::process::id());
     let (group, _) = NetClsGroup::create(&mount.path, &group_path, shaping.net_cls_classid())
@@ -210,14 +215,7 @@ fn shaping_a_previous_lodgerd_left_is_removed_and_nothing_else() {
         return;
     };
     let ns = Namespaces::create("l");
-    let config = ShapingConfig {
-        links: vec![Link {
-            interface: "lt0a".to_string(),
-            line_rate_mbit: LINK_MBIT,
-        }],
-        ..ShapingConfig::default()
-    };
-    let mut shaping = NetworkShaping::new(&config, Steering::Auto).expect("shaping config");
+    let mut shaping = shaping_of_lt0a();
     let mut runner = CommandRunner::in_netns(&ns.a);
     let applied = shaping
         .apply(&mut runner, &CpuJobs::NetCls)
