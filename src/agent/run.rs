@@ -311,9 +311,15 @@ impl Agent {
             self.emit(event);
         }
         self.take_observations();
-        // An answered registration whose save failed is saved now (see `save_answered`), and
-        // so is any state a failed save left only in memory (an unregistration's, a tick's).
-        dirty |= self.store.committed() || self.store.behind();
+        // An answered registration whose save failed is saved now (see `save_answered`).
+        dirty |= self.store.committed();
+        if !dirty && self.store.behind() {
+            // What a failed save left only in memory (an unregistration's, a tick's): written
+            // again, without the re-plan a change asks for (a full disk can last many ticks).
+            if let Err(e) = self.store.save(&self.state) {
+                tracing::debug!("{e}");
+            }
+        }
         if dirty {
             self.send_jobs_to_sensor();
             self.state.plan = policy::decide(

@@ -2,8 +2,11 @@
 //! with it off: lodger's HTB tree on any interface, its nftables tables, its policy-routing
 //! rule and table. Runs the tools through a [`TcRunner`]; touches nothing else.
 
+use super::nft::NftSteering;
 use super::route::{CpuJobsRoute, SlowNetwork};
-use super::{TcError, TcRunner, CPU_JOBS_MARK, DEFAULT_HANDLE, DEFAULT_NFT_TABLE};
+use super::{
+    argv, ClassId, TcError, TcRunner, CPU_JOBS_MARK, DEFAULT_HANDLE, DEFAULT_NFT_TABLE, TC,
+};
 
 /// Removes lodger's shaping and routing wherever a previous lodgerd left them (stopping lodgerd
 /// leaves them for the jobs that still run, and a config that then drops `[[network.link]]` or
@@ -11,60 +14,80 @@ use super::{TcError, TcRunner, CPU_JOBS_MARK, DEFAULT_HANDLE, DEFAULT_NFT_TABLE}
 /// interface's root HTB qdisc with lodger's handle (`4c44:`; any other root qdisc is left
 /// alone), the nftables table `inet lodger`, and the routing of `network.cpu_jobs_interface`
 /// (its table, rule and nft table). Returns what was removed, in words, and the errors met on
-/// the way (all are tried). A tool that is not installed, or a table this lodgerd has not the
-/// rights to list, means nothing of lodger's it could remove is there.
+/// the way (all are tried). A tool that is not installed, or one this lodgerd has not the rights
+/// to run, means nothing of lodger's it could remove is there.
 pub fn remove_leftovers(runner: &mut dyn TcRunner) -> (Vec<String>, Vec<TcError>) {
     let mut removed = Vec::new();
     let mut errors = Vec::new();
-    let run = |runner: &mut dyn TcRunner, line: &str| {
-        let argv: Vec<String> = line.split_whitespace().map(str::to_string).collect();
-        runner.run(&argv)
+    let mut said = |what: Result<bool, TcError>, words: &str| match what {
+        Ok(true) => removed.push(words.to_string()),
+        Ok(false) => {}
+        Err(e) if nothing_here(&e) => {}
+        Err(e) => errors.push(e),
     };
-    match run(runner, "tc qdisc show") {
+    // One `tc qdisc show` for every interface (a Kubernetes node has hundreds of veths), rather
+    // than `Shaper::root` on each.
+    match runner.run(&argv(TC, "qdisc show")) {
         Ok(out) => {
-            let ours = format!("qdisc htb {DEFAULT_HANDLE:x}: dev ");
-            for line in out.lines() {
-                let Some(rest) = line.strip_prefix(&ours) else {
-                    continue;
-                };
-                let mut words = rest.split_whitespace();
-                let (Some(dev), Some("root")) = (words.next(), words.next()) else {
-                    continue;
-                };
-                match run(runner, &format!("tc qdisc del dev {dev} root")) {
-                    Ok(_) => removed.push(format!("the HTB tree on {dev}")),
-                    Err(e) => errors.push(e),
-                }
+            for dev in lodgers_roots(&out) {
+                let del = runner.run(&argv(TC, &format!("qdisc del dev {dev} root")));
+                said(del.map(|_| true), &format!("the HTB tree on {dev}"));
             }
         }
-        Err(TcError::Spawn { .. }) => {}
-        Err(e) => errors.push(e),
+        Err(e) => said(Err(e), ""),
     }
-    match run(runner, &format!("nft list table inet {DEFAULT_NFT_TABLE}")) {
-        Ok(_) => match run(
-            runner,
-            &format!("nft delete table inet {DEFAULT_NFT_TABLE}"),
-        ) {
-            Ok(_) => removed.push(format!("the nftables table inet {DEFAULT_NFT_TABLE}")),
-            Err(e) => errors.push(e),
-        },
-        Err(TcError::Spawn { .. }) => {}
-        // Not there, or not for this lodgerd to see (one without the rights made none).
-        Err(TcError::Failed { stderr, .. })
-            if stderr.contains("No such file or directory")
-                || stderr.contains("Operation not permitted") => {}
-        Err(e) => errors.push(e),
-    }
+    let nft = NftSteering::new(DEFAULT_NFT_TABLE).remove(runner);
+    said(nft, &format!("the nftables table inet {DEFAULT_NFT_TABLE}"));
     // The route's removal names no interface; any valid name builds it.
     let slow = SlowNetwork {
         interface: "lo".to_string(),
         gateway: None,
     };
-    match CpuJobsRoute::new(slow, CPU_JOBS_MARK).map(|r| r.remove(runner)) {
-        Ok(Ok(true)) => removed.push("the CPU jobs' route to the slow network".to_string()),
-        Ok(Ok(false)) | Ok(Err(TcError::Spawn { .. })) => {}
-        Ok(Err(TcError::Failed { stderr, .. })) if stderr.contains("Operation not permitted") => {}
-        Ok(Err(e)) | Err(e) => errors.push(e),
-    }
+    let route = CpuJobsRoute::new(slow, CPU_JOBS_MARK).and_then(|r| r.remove(runner));
+    said(route, "the CPU jobs' route to the slow network");
     (removed, errors)
+}
+
+/// The interfaces whose root qdisc `tc qdisc show` lists as lodger's HTB (`qdisc htb 4c44: dev
+/// eth0 root ...`).
+fn lodgers_roots(shown: &str) -> Vec<&str> {
+    shown
+        .lines()
+        .filter_map(|line| {
+            let w: Vec<&str> = line.split_whitespace().collect();
+            let ours = ClassId::parse(w.get(2)?).is_some_and(|h| h.major == DEFAULT_HANDLE);
+            (w.first() == Some(&"qdisc")
+                && w.get(1) == Some(&"htb")
+                && ours
+                && w.get(3) == Some(&"dev")
+                && w.get(5) == Some(&"root"))
+            .then(|| w[4])
+        })
+        .collect()
+}
+
+/// A tool that is not installed, or that this lodgerd may not run: nothing of lodger's it
+/// could remove is there.
+fn nothing_here(e: &TcError) -> bool {
+    match e {
+        TcError::Spawn { .. } => true,
+        TcError::Failed { stderr, .. } => stderr.contains("Operation not permitted"),
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_lodgers_root_htb_is_lodgers() {
+        let shown = "qdisc noqueue 0: dev lo root refcnt 2\n\
+                     qdisc htb 4c44: dev eth0 root refcnt 2 r2q 10 default 0x10\n\
+                     qdisc htb 1: dev eth1 root refcnt 2\n\
+                     qdisc htb 4c44: dev eth2 parent 1:1\n\
+                     qdisc fq_codel 0: dev eth0 parent 4c44:10 limit 10240p\n";
+        assert_eq!(lodgers_roots(shown), ["eth0"]);
+        assert!(lodgers_roots("").is_empty());
+    }
 }

@@ -27,7 +27,7 @@ use std::net::Ipv4Addr;
 
 use serde::{Deserialize, Serialize};
 
-use super::{CpuJobMatch, TcError, TcRunner};
+use super::{argv, CpuJobMatch, TcError, TcRunner};
 
 /// lodger's routing table and rule priority; the mark is the CPU jobs' class id, as shaping's.
 pub const ROUTE_TABLE: u32 = 0x4c44;
@@ -47,13 +47,6 @@ pub struct SlowNetwork {
 pub struct CpuJobsRoute {
     slow: SlowNetwork,
     mark: u32,
-}
-
-fn argv(program: &str, line: &str) -> Vec<String> {
-    std::iter::once(program)
-        .chain(line.split_whitespace())
-        .map(str::to_string)
-        .collect()
 }
 
 impl CpuJobsRoute {
