@@ -70,8 +70,9 @@ impl SlurmCgroup {
             .to_string()
     }
 
-    /// Ends the job as Slurm does: its processes killed, its cgroups removed.
-    fn end(&mut self) {
+    /// Ends the job as Slurm does: its processes killed, its cgroups removed. Returns whether
+    /// the job's cgroup is gone.
+    fn end(&mut self) -> bool {
         for pid in self.pids.drain(..) {
             if let Ok(p) = i32::try_from(pid) {
                 let _ = nix::sys::signal::kill(
@@ -89,14 +90,14 @@ impl SlurmCgroup {
                     .unwrap_or(true)
             },
         );
-        remove_cgroup_tree(&self.job);
+        remove_cgroup_tree(&self.job)
     }
 }
 
 impl Drop for SlurmCgroup {
     fn drop(&mut self) {
         self.end();
-        remove_cgroup_tree(&self.root);
+        let _ = remove_cgroup_tree(&self.root);
     }
 }
 
@@ -381,11 +382,18 @@ fn a_cpu_only_slurm_job_is_batch_and_forgotten_when_its_cgroup_goes() {
     assert!(on.is_subset(&cpus(&both)) && !on.is_empty(), "{job}");
 
     // No epilog: Slurm ends the job and removes its cgroup; lodger notices.
-    cg.end();
+    let removed = cg.end();
     let _ = hog.wait();
-    wait_until(WAIT, "the job forgotten once its cgroup is gone", || {
-        registered(&d, slurm_id).is_none()
-    });
+    assert!(
+        removed,
+        "the test could not remove Slurm job {slurm_id}'s cgroup"
+    );
+    wait_until_explained(
+        WAIT,
+        "the job forgotten once its cgroup is gone",
+        || registered(&d, slurm_id).is_none(),
+        || format!("lodgerd's log:\n{}", d.log()),
+    );
     assert!(
         d.log()
             .lines()

@@ -2,26 +2,42 @@
 //! online CPUs, and the CPUs left to jobs by a reserved list.
 
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use lodger::privileged::{cpuset_root, host_cgroup, need_cpus, HostCgroup};
 
 /// Removes the (empty) cgroup `rel` and the empty cgroups under it, deepest first, in the cpuset
-/// hierarchy of this host's mode (v1: /sys/fs/cgroup/cpuset, v2: /sys/fs/cgroup).
-pub fn remove_cgroup_tree(rel: &str) {
-    fn remove(dir: &Path) {
+/// hierarchy of this host's mode (v1: /sys/fs/cgroup/cpuset, v2: /sys/fs/cgroup). Returns whether
+/// `rel` is gone.
+///
+/// A killed process leaves `cgroup.procs` before it has finished exiting (once its last thread
+/// is past `exit_signals`), and its cgroup stays populated, so rmdir answers EBUSY, until
+/// `cgroup_exit`: each rmdir that answers EBUSY is tried again for up to 10 s.
+pub fn remove_cgroup_tree(rel: &str) -> bool {
+    fn remove(dir: &Path, deadline: Instant) {
         if let Ok(rd) = std::fs::read_dir(dir) {
             for e in rd.flatten() {
                 if e.file_type().is_ok_and(|t| t.is_dir()) {
-                    remove(&e.path());
+                    remove(&e.path(), deadline);
                 }
             }
         }
-        let _ = std::fs::remove_dir(dir);
+        loop {
+            match std::fs::remove_dir(dir) {
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) && Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                _ => return,
+            }
+        }
     }
     let rel = rel.trim_start_matches('/');
-    if !rel.is_empty() {
-        remove(&cpuset_root().join(rel));
+    if rel.is_empty() {
+        return false;
     }
+    let dir = cpuset_root().join(rel);
+    remove(&dir, Instant::now() + Duration::from_secs(10));
+    !dir.exists()
 }
 
 /// The cgroup of `pid` that holds its cpuset: the `cpuset` line of /proc/PID/cgroup on v1, the
