@@ -10,7 +10,7 @@ use tracing::{debug, info, warn};
 use super::{trust, Agent, AgentError, Caller, Event};
 use crate::clock::now_secs;
 use crate::cpuset::CpuSet;
-use crate::enforce::{JobRecord, RootProcess};
+use crate::enforce::{CgroupJobRecord, JobRecord, RootProcess};
 use crate::job::{Job, JobId, JobKind, JobSpec, JobState, Target};
 use crate::policy::{self, Plan, TrainingJobView};
 use crate::store::{Lodging, Pending, StoredJob};
@@ -276,6 +276,7 @@ impl Agent {
             placement,
             // The job's record holds them.
             authorized: Vec::new(),
+            cpusets: None,
             job: Some(Box::new(stored)),
         };
         self.store.commit_pending(&pending)?;
@@ -395,9 +396,15 @@ impl Agent {
             return;
         }
         // Only the processes the registration was checked on: after a reboot or a long outage
-        // its pids may be other processes' now.
+        // its pids may be other processes' now. A cgroup's cpusets go back to what they were
+        // before the registration: taking the job over again would save what the killed
+        // lodgerd had already written as the values to restore.
         let mut record = JobRecord {
             authorized: p.authorized.clone(),
+            cgroup: p
+                .cpusets
+                .as_ref()
+                .map(|before| written_since(before, self.training.enforcer.cpusets_now(&p.target))),
             ..JobRecord::default()
         };
         let _ = self
@@ -479,6 +486,7 @@ impl Agent {
             placement: placement.clone(),
             job: None,
             authorized: authorized.clone(),
+            cpusets: self.training.enforcer.cpusets_now(&spec.target),
         })?;
         let t_pending = t0.elapsed();
         let mut record = JobRecord {
@@ -653,5 +661,24 @@ impl Agent {
         self.emit(Event::JobChanged(jid.clone(), JobState::Exited));
         self.emit(Event::JobRemoved(jid));
         Ok(())
+    }
+}
+
+/// The cgroups of `before` (a registration's, see `Pending::cpusets`) whose cpusets differ
+/// now: the ones the interrupted registration wrote, to be restored. Those equal to `before`
+/// or gone are left out, so undoing the registration writes nothing it did not change.
+fn written_since(before: &CgroupJobRecord, now: Option<CgroupJobRecord>) -> CgroupJobRecord {
+    let now = now.map(|n| n.saved).unwrap_or_default();
+    CgroupJobRecord {
+        cgroup: before.cgroup.clone(),
+        saved: before
+            .saved
+            .iter()
+            .filter(|b| {
+                now.iter()
+                    .any(|n| n.cgroup == b.cgroup && (n.cpus != b.cpus || n.mems != b.mems))
+            })
+            .cloned()
+            .collect(),
     }
 }

@@ -7,7 +7,7 @@ use tracing::{debug, info, warn};
 use super::slurm::SlurmSeen;
 use super::{Event, TickCx};
 use crate::cpuset::CpuSet;
-use crate::enforce::{EnforceError, JobRecord, Outcome, SlurmCgroup};
+use crate::enforce::{CgroupJobRecord, EnforceError, JobRecord, Outcome, SlurmCgroup};
 use crate::job::{JobId, JobState, Role, SlurmJob, Target};
 use crate::policy::{Placement, TrainingJobView};
 use crate::store::{State, StoredJob};
@@ -56,6 +56,11 @@ pub trait Enforce: Send {
     }
     /// A Slurm job's cgroup and cpuset, if it exists now (docs/slurm.md).
     fn find_slurm(&self, _job: &SlurmJob, _record: &JobRecord) -> Option<SlurmCgroup> {
+        None
+    }
+    /// A cgroup job's cpusets as they are now, before a registration writes any (see
+    /// [`crate::enforce::Enforcer::cpusets_now`]); None for other targets.
+    fn cpusets_now(&self, _target: &Target) -> Option<CgroupJobRecord> {
         None
     }
 }
@@ -116,6 +121,13 @@ impl Enforce for crate::enforce::Enforcer {
 
     fn find_slurm(&self, job: &SlurmJob, record: &JobRecord) -> Option<SlurmCgroup> {
         crate::enforce::Enforcer::find_slurm(self, job, record.slurm.as_ref())
+    }
+
+    fn cpusets_now(&self, target: &Target) -> Option<CgroupJobRecord> {
+        match target {
+            Target::Cgroup(path) => crate::enforce::Enforcer::cpusets_now(self, path),
+            _ => None,
+        }
     }
 }
 

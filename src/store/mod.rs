@@ -63,6 +63,10 @@ pub struct Pending {
     /// `JobRecord::authorized`): what undoing it may touch.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub authorized: Vec<crate::enforce::RootProcess>,
+    /// A cgroup job's cpusets before the registration wrote any (see `Enforce::cpusets_now`):
+    /// what undoing it restores.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpusets: Option<crate::enforce::CgroupJobRecord>,
 }
 /// Bumped when the file's shape changes; a file of an older version is migrated step by step
 /// (`migrate`), a newer one is set aside, not read.

@@ -207,6 +207,7 @@ fn a_committed_pending_file_is_kept_until_a_save() {
             pid: 100,
             start_time: 4242,
         }],
+        cpusets: None,
     };
     store.write_pending(&pending).unwrap();
     assert!(

@@ -295,6 +295,48 @@ impl Enforcer {
         self.restore_ancestors(rec);
     }
 
+    /// The cpusets a cgroup job's registration may write, as they are now: the job's cgroup,
+    /// its descendants and, where a parent must hold its child's CPUs (v1), its ancestors
+    /// below the root. Taken before the first write and kept in the pending file, so undoing a
+    /// registration lodgerd died in the middle of restores these rather than what that
+    /// lodgerd had already written. None when the cgroup is not there (the registration then
+    /// fails before writing anything) or cannot be read.
+    pub fn cpusets_now(&self, path: &str) -> Option<CgroupJobRecord> {
+        let h = &*self.cpusets;
+        let cg = cgroup::normalize(path).ok().filter(|c| c != "/")?;
+        let mut cgroups = vec![cg.clone()];
+        let mut i = 0;
+        while i < cgroups.len() {
+            let parent = cgroups[i].clone();
+            // A descendant removed meanwhile is not there to restore.
+            if h.children(&parent, &mut cgroups).is_err() && i == 0 {
+                return None;
+            }
+            i += 1;
+        }
+        if h.nested_subsets() {
+            cgroups.extend(
+                cgroup::ancestors(&cg)
+                    .into_iter()
+                    .filter(|a| *a != "/")
+                    .map(str::to_string),
+            );
+        }
+        let mut saved = Vec::with_capacity(cgroups.len());
+        for c in cgroups {
+            match (h.read(&c, CpusetFile::Cpus), h.read(&c, CpusetFile::Mems)) {
+                (Ok(cpus), Ok(mems)) => saved.push(SavedCpuset {
+                    cgroup: c,
+                    cpus,
+                    mems,
+                }),
+                _ if c == cg => return None,
+                _ => {}
+            }
+        }
+        Some(CgroupJobRecord { cgroup: cg, saved })
+    }
+
     /// Gives back the cpusets lodger widened above the job's cgroup (v1: a parent must hold its
     /// child's CPUs), from the values saved before its first write.
     fn restore_ancestors(&self, rec: &CgroupJobRecord) {
