@@ -200,10 +200,10 @@ fn tc_shapes_training_and_cpu_job_traffic_75_25() {
     );
 }
 
-/// lodgerd's network shaping in words (`lodgerctl status`).
 /// A lodgerd that starts with network control off removes what a previous one's shaping left
-/// (stopping leaves it for the jobs that run on): lodger's HTB tree and its nftables table, and
-/// nothing else (another tool's root qdisc stays). A second pass finds nothing.
+/// (stopping leaves it for the jobs that run on): lodger's HTB tree, its nftables table and its
+/// net_cls group (the process in it back at the hierarchy's root), and nothing else (another
+/// tool's root qdisc stays). A second pass finds nothing.
 #[test]
 fn shaping_a_previous_lodgerd_left_is_removed_and_nothing_else() {
     const NAME: &str = "shaping_a_previous_lodgerd_left_is_removed_and_nothing_else";
@@ -211,11 +211,27 @@ fn shaping_a_previous_lodgerd_left_is_removed_and_nothing_else() {
     if !need_root(NAME) {
         return;
     }
-    let Some(_mount) = prerequisites(NAME) else {
+    let Some(mount) = prerequisites(NAME) else {
         return;
     };
     let ns = Namespaces::create("l");
     let mut shaping = shaping_of_lt0a();
+    let parent = format!("lodger-test-{}-leftover", std::process::id());
+    let group_path = format!("{parent}/cpu-jobs");
+    let (group, _) = NetClsGroup::create(&mount.path, &group_path, shaping.net_cls_classid())
+        .expect("net_cls cgroup");
+    let _guard = CgroupGuard {
+        group: Some(group.clone()),
+        parent: mount.path.join(&parent),
+    };
+    let mut cpu_job = common::Workload::adopt(
+        std::process::Command::new("sleep")
+            .arg("600")
+            .spawn()
+            .expect("sleep"),
+    );
+    let sleeper = cpu_job.pid();
+    group.add_process(sleeper).expect("into the net_cls group");
     let mut runner = CommandRunner::in_netns(&ns.a);
     let applied = shaping
         .apply(&mut runner, &CpuJobs::NetCls)
@@ -228,8 +244,21 @@ fn shaping_a_previous_lodgerd_left_is_removed_and_nothing_else() {
     tc(&mut runner, "tc qdisc add dev lo root handle 1: htb").expect("another tool's qdisc");
     let nft_before = tc(&mut runner, "nft list table inet lodger").is_ok();
 
-    let (removed, errors) = remove_leftovers(&mut runner);
+    let net_cls = Some((mount.path.as_path(), group_path.as_str()));
+    let (removed, errors) = remove_leftovers(&mut runner, net_cls);
     assert!(errors.is_empty(), "{errors:?}");
+    assert!(
+        removed.iter().any(|r| r.contains(&group_path)),
+        "{removed:?}"
+    );
+    assert!(!mount.path.join(&parent).exists(), "group and parent gone");
+    let root_procs =
+        std::fs::read_to_string(mount.path.join("cgroup.procs")).expect("root cgroup.procs");
+    assert!(
+        root_procs.lines().any(|l| l == sleeper.to_string()),
+        "the process is back at the root"
+    );
+    cpu_job.kill();
     assert!(
         removed.iter().any(|r| r == "the HTB tree on lt0a"),
         "{removed:?}"
@@ -243,7 +272,7 @@ fn shaping_a_previous_lodgerd_left_is_removed_and_nothing_else() {
     assert!(!qdiscs.contains("htb 4c44:"), "{qdiscs}");
     assert!(qdiscs.contains("qdisc htb 1: dev lo root"), "{qdiscs}");
     assert!(tc(&mut runner, "nft list table inet lodger").is_err());
-    let (again, errors) = remove_leftovers(&mut runner);
+    let (again, errors) = remove_leftovers(&mut runner, net_cls);
     assert!(
         again.is_empty() && errors.is_empty(),
         "{again:?} {errors:?}"

@@ -136,7 +136,13 @@ fn network_control(
         // What a previous lodgerd with shaping on left (stopping leaves it for the jobs that
         // run on) has no control now to remove it.
         let mut runner = CommandRunner::new().with_deadline(config.agent.command_timeout());
-        let (removed, errors) = crate::enforce::network::remove_leftovers(&mut runner);
+        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        let net_cls = find_net_cls_mount(&mountinfo)
+            .map(|h| (h, format!("{}/{}", config.cgroup.parent, NET_CLS_GROUP)));
+        let (removed, errors) = crate::enforce::network::remove_leftovers(
+            &mut runner,
+            net_cls.as_ref().map(|(h, r)| (h.as_path(), r.as_str())),
+        );
         if !removed.is_empty() {
             warn!(
                 "network shaping off: removed what an earlier lodgerd left: {}",

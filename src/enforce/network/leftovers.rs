@@ -1,6 +1,9 @@
 //! What a previous lodgerd's network control left on the node, removed by a lodgerd that starts
 //! with it off: lodger's HTB tree on any interface, its nftables tables, its policy-routing
-//! rule and table. Runs the tools through a [`TcRunner`]; touches nothing else.
+//! rule and table, its v1 `net_cls` group. Runs the tools through a [`TcRunner`]; touches
+//! nothing else.
+
+use std::path::Path;
 
 use super::nft::NftSteering;
 use super::route::{CpuJobsRoute, SlowNetwork};
@@ -13,10 +16,15 @@ use super::{
 /// `cpu_jobs_interface`, or an interface renamed, leaves no control to remove them): every
 /// interface's root HTB qdisc with lodger's handle (`4c44:`; any other root qdisc is left
 /// alone), the nftables table `inet lodger`, and the routing of `network.cpu_jobs_interface`
-/// (its table, rule and nft table). Returns what was removed, in words, and the errors met on
-/// the way (all are tried). A tool that is not installed, or one this lodgerd has not the rights
-/// to run, means nothing of lodger's it could remove is there.
-pub fn remove_leftovers(runner: &mut dyn TcRunner) -> (Vec<String>, Vec<TcError>) {
+/// (its table, rule and nft table), and on cgroup v1 the `net_cls` group CPU jobs were moved
+/// into (`net_cls`: the hierarchy and the group's path in it; its processes go back to the
+/// root). Returns what was removed, in words, and the errors met on the way (all are tried). A
+/// tool that is not installed, or one this lodgerd has not the rights to run, means nothing of
+/// lodger's it could remove is there.
+pub fn remove_leftovers(
+    runner: &mut dyn TcRunner,
+    net_cls: Option<(&Path, &str)>,
+) -> (Vec<String>, Vec<TcError>) {
     let mut removed = Vec::new();
     let mut errors = Vec::new();
     let mut said = |what: Result<bool, TcError>, words: &str| match what {
@@ -45,6 +53,10 @@ pub fn remove_leftovers(runner: &mut dyn TcRunner) -> (Vec<String>, Vec<TcError>
     };
     let route = CpuJobsRoute::new(slow, CPU_JOBS_MARK).and_then(|r| r.remove(runner));
     said(route, "the CPU jobs' route to the slow network");
+    if let Some((hierarchy, relative)) = net_cls {
+        let group = super::net_cls::remove_group(hierarchy, relative);
+        said(group, &format!("the net_cls group {relative}"));
+    }
     (removed, errors)
 }
 

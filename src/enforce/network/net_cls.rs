@@ -104,6 +104,23 @@ impl NetClsGroup {
     }
 }
 
+/// Dissolves lodger's CPU-jobs group `<hierarchy>/<relative>` (its processes back to the
+/// hierarchy's root) and its parent, lodger's, when that is left empty. `Ok(false)` when the
+/// group was not there.
+pub fn remove_group(hierarchy: &Path, relative: &str) -> Result<bool, TcError> {
+    let removed = match NetClsGroup::open(hierarchy, relative) {
+        Some(group) => group.remove()?,
+        None => false,
+    };
+    if let Some(parent) = Path::new(relative).parent() {
+        if !parent.as_os_str().is_empty() {
+            // Only when empty: rmdir refuses a cgroup with children.
+            let _ = fs::remove_dir(hierarchy.join(parent));
+        }
+    }
+    Ok(removed)
+}
+
 /// Moves the processes of the cgroup `dir` into the cgroup `back` (one that exits meanwhile is
 /// skipped; a few rounds, for processes forking while it runs) and removes `dir`. `Ok(false)`
 /// when it was already gone.

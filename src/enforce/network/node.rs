@@ -381,16 +381,8 @@ impl NetworkControl {
             relative,
         } = &self.classifier
         {
-            if let Some(group) = NetClsGroup::open(hierarchy, relative) {
-                if let Err(e) = group.remove() {
-                    problems.push(e.to_string());
-                }
-            }
-            // lodger's parent in the net_cls hierarchy, if it made it and it is now empty.
-            if let Some(parent) = Path::new(relative).parent() {
-                if !parent.as_os_str().is_empty() {
-                    let _ = std::fs::remove_dir(hierarchy.join(parent));
-                }
+            if let Err(e) = super::net_cls::remove_group(hierarchy, relative) {
+                problems.push(e.to_string());
             }
         }
         if let (Classifier::OwnCgroupV2 { root, relative }, true) = (&self.classifier, stopping) {
