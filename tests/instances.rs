@@ -1011,3 +1011,67 @@ fn python_client_reports_under_the_runner() {
         "{logs}"
     );
 }
+
+/// An instance that writes report lines faster than lodgerd can parse them (`yes`) cannot hold
+/// the agent's thread in the read loop, nor grow lodgerd's memory: each poll reads at most
+/// `MAX_REPORT_BYTES_PER_POLL` of its lines and returns (the rest waits in the pipe, and the
+/// writer blocks), and its window keeps at most `MAX_RECENT_REPORTS` reports. The polls run on
+/// a thread of their own, so a poll that never returns fails the test instead of hanging it.
+#[test]
+fn an_instance_flooding_its_report_pipe_cannot_hold_a_poll() {
+    use lodger::enforce::instances::{MAX_RECENT_REPORTS, MAX_REPORT_BYTES_PER_POLL};
+    let Some(mut f) = Fixture::new(
+        "an_instance_flooding_its_report_pipe_cannot_hold_a_poll",
+        cgroup_placement(),
+    ) else {
+        return;
+    };
+    let line = r#"{"items":1,"latency_ms":0.5}"#;
+    // Braces would be template placeholders: the shell makes them.
+    let flood = strings(&[
+        "/bin/sh",
+        "-c",
+        r#"yes '("items":1,"latency_ms":0.5)' | tr '()' '\173\175' >&3"#,
+    ]);
+    let mut inst = f.inst.take().expect("instances");
+    let started = inst
+        .reconcile(&[spec("j9", 0, flood, "1", 1)])
+        .expect("reconcile");
+    assert!(started.errors.is_empty(), "{:?}", started.errors);
+    let (tx, rx) = mpsc::channel();
+    let poller = std::thread::spawn(move || {
+        let mut most = 0;
+        for _ in 0..20 {
+            let out = inst.poll();
+            most = most.max(out.reports);
+            let _ = tx.send(());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        (inst, most)
+    });
+    for n in 0..20 {
+        assert!(
+            rx.recv_timeout(WAIT).is_ok(),
+            "poll {n} did not return within {WAIT:?}: the flood holds it"
+        );
+    }
+    let (inst, most) = poller.join().expect("poller");
+    f.inst = Some(inst);
+    let per_poll = (MAX_REPORT_BYTES_PER_POLL / (line.len() + 1) + 1) as u64;
+    assert!(
+        most > 0,
+        "the instance reported nothing: {:#?}\n{}",
+        f.inst().stats(),
+        f.logs()
+    );
+    assert!(
+        most <= per_poll,
+        "{most} lines read at one poll, more than {per_poll}"
+    );
+    let stats = f.inst().stats();
+    assert!(
+        stats[0].latency_samples <= MAX_RECENT_REPORTS as u64,
+        "{} reports kept",
+        stats[0].latency_samples
+    );
+}

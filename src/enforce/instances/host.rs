@@ -14,7 +14,10 @@ use super::error::InstanceError;
 use super::supervisor::{backoff_delay, invalid, pid_of, Slot, SlotState};
 use super::template::Template;
 use super::unit;
-use super::{InstanceKey, InstanceSettings, InstanceSpec, CGROUP_KILL, REMOVE_WAIT, STEP};
+use super::{
+    InstanceKey, InstanceSettings, InstanceSpec, CGROUP_KILL, MAX_REPORT_BYTES_PER_POLL,
+    REMOVE_WAIT, STEP,
+};
 use crate::cpuset::CpuSet;
 use crate::enforce::cpusets::{self, CpusetHierarchy};
 use crate::enforce::sched::{self, AffinityState, CpuMask};
@@ -357,7 +360,8 @@ impl Host {
         info!(instance = %slot.key(), "instance removed");
     }
 
-    /// Reads what the instance wrote since the last call; returns the good lines.
+    /// Reads what the instance wrote since the last call, up to [`MAX_REPORT_BYTES_PER_POLL`];
+    /// returns the good lines.
     pub(super) fn read_reports(&mut self, slot: &mut Slot, now: Instant) -> u64 {
         let key = slot.key();
         let Some(run) = slot.run.as_mut() else {
@@ -367,13 +371,15 @@ impl Host {
             return 0;
         };
         let mut good = 0;
-        loop {
+        let mut read = 0;
+        while read < MAX_REPORT_BYTES_PER_POLL {
             match pipe.read(&mut self.buf) {
                 Ok(0) => {
                     run.report = None;
                     break;
                 }
                 Ok(n) => {
+                    read += n;
                     let bytes = self.buf.get(..n).unwrap_or_default();
                     good += slot.reports.feed(&key, bytes, now);
                 }

@@ -94,6 +94,14 @@ pub const THREAD_ENV: [&str; 3] = ["OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBL
 /// The longest report line read; longer ones are dropped and counted as bad. Lines up to
 /// `PIPE_BUF` (4096 bytes) are written atomically by the kernel.
 pub const MAX_REPORT_LINE: usize = 4096;
+/// The most of an instance's report lines read at one poll; the rest waits in its pipe, so an
+/// instance writing faster than lodgerd parses blocks (back-pressure) instead of holding the
+/// agent's thread in the read loop. 256 KiB: thousands of lines, far more batches than a real
+/// instance serves between two polls.
+pub const MAX_REPORT_BYTES_PER_POLL: usize = 256 * 1024;
+/// The most reports an instance's window keeps (the oldest go first): a bound on lodgerd's
+/// memory whatever an instance writes.
+pub const MAX_RECENT_REPORTS: usize = 16 * 1024;
 /// v2: writing `1` kills every process of the cgroup (Linux 5.14+).
 const CGROUP_KILL: &str = "cgroup.kill";
 /// Asked of the kernel for each report pipe, so a burst of short batches does not block the

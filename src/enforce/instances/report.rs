@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use serde::Deserialize;
 use tracing::warn;
 
-use super::{InstanceKey, MAX_REPORT_LINE};
+use super::{InstanceKey, MAX_RECENT_REPORTS, MAX_REPORT_LINE};
 
 // ---------------------------------------------------------------------------------------------
 // Reports
@@ -75,6 +75,9 @@ impl ReportLog {
             }
             match parse_report(line) {
                 Ok(r) => {
+                    if self.recent.len() >= MAX_RECENT_REPORTS {
+                        self.recent.pop_front();
+                    }
                     self.recent.push_back((now, r));
                     self.items_total = self.items_total.saturating_add(r.items);
                     self.reports_total += 1;
