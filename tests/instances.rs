@@ -1075,3 +1075,50 @@ fn an_instance_flooding_its_report_pipe_cannot_hold_a_poll() {
         stats[0].latency_samples
     );
 }
+
+/// An owner's output file that is a FIFO nobody reads (a forked instance, where lodgerd's
+/// child opens it before exec, and lodgerd's spawn waits for that exec): the start fails at once
+/// with the reason, instead of blocking lodgerd's thread in the open for good. The reconcile
+/// runs on a thread of its own, so one that never returns fails the test instead of hanging it.
+#[test]
+fn an_output_fifo_nobody_reads_fails_the_start_instead_of_blocking_it() {
+    let name = "an_output_fifo_nobody_reads_fails_the_start_instead_of_blocking_it";
+    if instances_are_units() {
+        lodger::privileged::not_applicable(
+            name,
+            "systemd is PID 1: a unit's wrapper opens the output after its exec, which lodgerd \
+             does not wait for",
+        );
+        return;
+    }
+    let Some(mut f) = Fixture::new(name, cgroup_placement()) else {
+        return;
+    };
+    let fifo = f.logs.path().join("out.fifo");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).expect("mkfifo");
+    let mut wanted = spec("j8", 0, worker(&[]), "1", 1);
+    wanted.identity.launch = Box::new(lodger::job::Launch {
+        output: Some(fifo.display().to_string()),
+        ..lodger::job::Launch::default()
+    });
+    let mut inst = f.inst.take().expect("instances");
+    let (tx, rx) = mpsc::channel();
+    let starter = std::thread::spawn(move || {
+        let _ = inst.reconcile(&[wanted]);
+        let _ = tx.send(());
+        inst
+    });
+    assert!(
+        rx.recv_timeout(WAIT).is_ok(),
+        "reconcile did not return within {WAIT:?}: the open of the FIFO holds it"
+    );
+    f.inst = Some(starter.join().expect("starter"));
+    let stats = f.inst().stats();
+    let why = stats[0].last_error.as_deref().unwrap_or("");
+    assert!(
+        matches!(stats[0].state, InstanceState::BackingOff { .. })
+            && why.contains("is a FIFO or socket nobody reads"),
+        "{:#?}",
+        stats[0]
+    );
+}

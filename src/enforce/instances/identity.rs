@@ -280,15 +280,30 @@ impl Credentials {
             return fail();
         }
         if let Some(path) = &self.output {
+            // Non-blocking: a FIFO nobody reads would block this open, and lodgerd's spawn,
+            // which waits for the exec, with it; it fails with ENXIO instead (`spawn` says
+            // why). Blocking again once open, as the instance expects its stdout to be.
             // SAFETY: `path` is a NUL-terminated string; flags and mode are integers.
             let fd = unsafe {
                 libc::open(
                     path.as_ptr(),
-                    libc::O_WRONLY | libc::O_CREAT | libc::O_APPEND | libc::O_CLOEXEC,
+                    libc::O_WRONLY
+                        | libc::O_CREAT
+                        | libc::O_APPEND
+                        | libc::O_CLOEXEC
+                        | libc::O_NONBLOCK
+                        | libc::O_NOCTTY,
                     0o640 as libc::c_uint,
                 )
             };
             if fd < 0 {
+                return fail();
+            }
+            // SAFETY: fcntl on the descriptor just opened, integer arguments only.
+            let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+            // SAFETY: as above.
+            if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK) } < 0
+            {
                 return fail();
             }
             // SAFETY: dup2 between open descriptors; close of the one we opened.

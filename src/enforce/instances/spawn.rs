@@ -168,10 +168,20 @@ impl Host {
         unsafe {
             cmd.pre_exec(move || setup.apply());
         }
+        let output = spec.identity.launch.output.as_ref();
         let child = cmd.spawn().map_err(|source| InstanceError::Spawn {
             key: key.clone(),
             program: program.clone(),
-            source,
+            source: match (source.raw_os_error(), output) {
+                (Some(libc::ENXIO), Some(out)) => io::Error::new(
+                    source.kind(),
+                    format!(
+                        "{source}: its output {out} is a FIFO or socket nobody reads; start its \
+                         reader first, or name a regular file"
+                    ),
+                ),
+                _ => source,
+            },
         })?;
         // The child has its own copies (or has exec'd): without ours, the pipe ends when the
         // instance and its children are gone.
