@@ -1122,3 +1122,42 @@ fn an_output_fifo_nobody_reads_fails_the_start_instead_of_blocking_it() {
         stats[0]
     );
 }
+
+/// The marks adoption looks for are environment variables anyone can set: a process of another
+/// user that carries an instance's marks (its job, index, threads and batch) is not taken for
+/// that instance at a restart, so it cannot get the owner's instance killed and itself placed
+/// on its CPUs in its stead. It is swept as any other marked leftover.
+#[test]
+fn another_users_process_forging_an_instances_marks_is_not_adopted() {
+    use std::os::unix::process::CommandExt;
+    let name = "another_users_process_forging_an_instances_marks_is_not_adopted";
+    let Some(f) = Fixture::new(name, cgroup_placement()) else {
+        return;
+    };
+    // Owned by the test's uid (root); the forger is nobody.
+    let wanted = spec("j7", 0, worker(&[]), "1", 1);
+    let forger = Workload::adopt(
+        Command::new("sleep")
+            .arg("300")
+            .env("LODGER_PARENT", format!("/{}", f.parent))
+            .env("LODGER_JOB", "j7")
+            .env("LODGER_INSTANCE", "0")
+            .env("LODGER_THREADS", "1")
+            .env("LODGER_BATCH", "2")
+            .uid(65534)
+            .gid(65534)
+            .process_group(0)
+            .spawn()
+            .expect("spawn the forger"),
+    );
+    let pid = forger.pid();
+    wait_until(WAIT, "the forger to exec with its marks", || {
+        environ_var(pid, "LODGER_JOB").as_deref() == Some("j7")
+    });
+    let mut next = Instances::new(f.settings(cgroup_placement())).expect("Instances");
+    let out = next.adopt(&[wanted]).expect("adopt");
+    assert!(out.adopted.is_empty(), "{out:?}");
+    assert!(out.killed.contains(&pid), "swept: {out:?}");
+    next.stop_all();
+    drop(forger);
+}

@@ -69,12 +69,7 @@ fn proc_facts(proc_root: &Path, pid: u32) -> Option<ProcFacts> {
     let mut fields = rest.split_ascii_whitespace();
     let ppid: u32 = fields.nth(1)?.parse().ok()?;
     let flags: u64 = fields.nth(4)?.parse().ok()?;
-    let status = std::fs::read_to_string(dir.join("status")).ok()?;
-    let real_uid = status
-        .lines()
-        .find_map(|l| l.strip_prefix("Uid:"))
-        .and_then(|l| l.split_whitespace().next())
-        .and_then(|u| u.parse().ok())?;
+    let (real_uid, _) = crate::sys::procfs::uids(proc_root, pid)?;
     Some(ProcFacts {
         real_uid,
         ppid,

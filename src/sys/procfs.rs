@@ -86,6 +86,19 @@ pub fn processes_cpu_ns(pids: &[u32]) -> u64 {
         .fold(0u64, u64::saturating_add)
 }
 
+/// The real and effective uids of `pid` (the `Uid:` line of `<proc_root>/PID/status`), None
+/// when it is gone or unreadable. Not the owner of `/proc/PID`, which a process made
+/// non-dumpable shows as root.
+pub fn uids(proc_root: &Path, pid: u32) -> Option<(u32, u32)> {
+    let status = std::fs::read_to_string(proc_root.join(pid.to_string()).join("status")).ok()?;
+    let mut ids = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))?
+        .split_whitespace()
+        .map(|u| u.parse::<u32>().ok());
+    Some((ids.next()??, ids.next()??))
+}
+
 pub fn is_gone(e: &io::Error) -> bool {
     e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH)
 }

@@ -49,6 +49,9 @@ struct Marked {
     /// Its unit, when it runs in one of lodger's transient units.
     unit: Option<String>,
     start_time: u64,
+    /// Its uid, when its real and effective uids agree (as in every process lodger starts: all
+    /// of them are set to the owner's).
+    uid: Option<u32>,
 }
 
 impl Instances {
@@ -68,8 +71,12 @@ impl Instances {
         let mut out = AdoptOutcome::default();
         for spec in desired {
             let key = spec.key();
+            // The marks are environment variables anyone can set: only a process of the
+            // instance's owner may be taken for it, so nobody gets another user's instance
+            // killed and their own process placed on its CPUs in its stead.
             let Some(m) = marked.iter().find(|m| {
                 m.pid == m.pgrp
+                    && m.uid == Some(spec.identity.uid)
                     && m.job == spec.job.as_str()
                     && m.index == Some(spec.index)
                     && m.threads == Some(spec.threads)
@@ -176,17 +183,17 @@ impl Instances {
             first.get_or_insert(e);
         };
         let groups: BTreeSet<u32> = out.adopted.iter().map(|(_, pid)| *pid).collect();
-        // Each adopted instance's job, index and start time.
-        let adopted: Vec<(&str, Option<u32>, u64)> = marked
+        // Each adopted instance's job, index, start time and uid.
+        let adopted: Vec<(&str, Option<u32>, u64, Option<u32>)> = marked
             .iter()
             .filter(|m| groups.contains(&m.pid) && m.pid == m.pgrp)
-            .map(|m| (m.job.as_str(), m.index, m.start_time))
+            .map(|m| (m.job.as_str(), m.index, m.start_time, m.uid))
             .collect();
         let of_adopted = |m: &Marked| {
             groups.contains(&m.pgrp)
-                || adopted
-                    .iter()
-                    .any(|&(job, index, t)| m.job == job && m.index == index && m.start_time >= t)
+                || adopted.iter().any(|&(job, index, t, uid)| {
+                    m.job == job && m.index == index && m.start_time >= t && m.uid == uid
+                })
         };
         let kept_cgroups: BTreeSet<String> =
             self.slots.iter().filter_map(|s| s.cgroup.clone()).collect();
@@ -335,6 +342,7 @@ impl super::host::Host {
                 batch: number(ENV_BATCH),
                 unit,
                 start_time: stat.start_time,
+                uid: procfs::uids(&root, pid).and_then(|(real, eff)| (real == eff).then_some(real)),
             });
         }
         Ok(found)
