@@ -864,6 +864,37 @@ fn dropping_the_supervisor_kills_its_instances() {
     assert!(!cgroup_dir(&lodgers).exists());
 }
 
+/// A panic on the supervisor's thread (a bug in lodgerd) is a crash, not a stop: unwinding drops
+/// the supervisor, and its instances run on for the next lodgerd to adopt, as after a kill.
+#[test]
+fn a_panic_on_the_supervisors_thread_leaves_its_instances_running() {
+    let name = "a_panic_on_the_supervisors_thread_leaves_its_instances_running";
+    let Some(mut f) = Fixture::new(name, cgroup_placement()) else {
+        return;
+    };
+    let wanted = spec("j12", 0, worker(&[]), "0", 1);
+    f.inst()
+        .reconcile(std::slice::from_ref(&wanted))
+        .expect("reconcile");
+    let stats = f.poll_until("the instance to report", |s| running_with_reports(&s[0], 1));
+    let pid = pid_of(&stats, "j12", 0);
+    let inst = f.inst.take().expect("instances");
+    let crashed = std::thread::spawn(move || {
+        let _owned = inst;
+        panic!("a bug in lodgerd (this test's own panic)");
+    });
+    assert!(crashed.join().is_err(), "the thread panicked");
+    assert!(
+        alive(pid),
+        "instance {pid} died with its supervisor's panic"
+    );
+    // The next supervisor, wanting nothing, sweeps it.
+    let mut next = Instances::new(f.settings(cgroup_placement())).expect("Instances");
+    let out = next.adopt(&[]).expect("adopt");
+    assert!(out.killed.contains(&pid), "{out:?}");
+    f.inst = Some(next);
+}
+
 /// A plan's mistakes (batch, threads, CPUs, a duplicate) fail the whole call before anything
 /// starts. A bad command (the owner's: a template lodger cannot run, a program deleted) fails
 /// only its own instances, said in the outcome's errors: another job's instances are started

@@ -149,6 +149,12 @@ impl Drop for Instances {
         if self.left_running {
             return;
         }
+        if std::thread::panicking() {
+            // lodgerd's thread is unwinding from a bug: a crash, not a stop. The instances run
+            // on, and the next lodgerd adopts them (docs/instance-protocol.md), as after a kill.
+            warn!("the inference supervisor is unwinding from a panic: its instances run on");
+            return;
+        }
         let running = self.slots.iter().filter(|s| s.run.is_some()).count();
         if running == 0 && self.slots.is_empty() {
             // Instance units that ran and were stopped earlier leave their slices behind.
