@@ -864,6 +864,33 @@ fn dropping_the_supervisor_kills_its_instances() {
     assert!(!cgroup_dir(&lodgers).exists());
 }
 
+/// An instance gets its arguments as written, `$` included: a transient unit's `ExecStart`
+/// would otherwise substitute the unit's environment into them (a word `$HOME`) and read `$$`
+/// as `$` (the VM suite, where systemd is PID 1, runs this on units; here, forked).
+#[test]
+fn dollars_in_an_instances_arguments_reach_it_as_written() {
+    let name = "dollars_in_an_instances_arguments_reach_it_as_written";
+    let Some(mut f) = Fixture::new(name, cgroup_placement()) else {
+        return;
+    };
+    let out = f.logs.path().join("argv.txt");
+    let script = format!(
+        "printf '%s|%s' \"$1\" \"$2\" > '{}'; exec sleep 300",
+        out.display()
+    );
+    let argv = strings(&["/bin/sh", "-c", &script, "sh", "$HOME", "a$$b"]);
+    f.inst()
+        .reconcile(&[spec("j13", 0, argv, "0", 1)])
+        .expect("reconcile");
+    f.poll_until("the instance to write its arguments", |_| {
+        std::fs::read_to_string(&out).is_ok_and(|t| t.contains('|'))
+    });
+    assert_eq!(
+        std::fs::read_to_string(&out).expect("argv.txt"),
+        "$HOME|a$$b"
+    );
+}
+
 /// A panic on the supervisor's thread (a bug in lodgerd) is a crash, not a stop: unwinding drops
 /// the supervisor, and its instances run on for the next lodgerd to adopt, as after a kill.
 #[test]

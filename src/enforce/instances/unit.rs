@@ -163,17 +163,28 @@ pub fn cpu_mask(cpus: &CpuSet) -> Vec<u8> {
     mask
 }
 
+/// `arg` as systemd passes it on unchanged: its `ExecStart` substitutes the unit's environment
+/// into the arguments (a word `$X`, `${X}` in a word) and reads `$$` as `$`, where a forked
+/// instance gets its arguments as they are; every `$` doubled undoes that. (`ExecStartEx` with
+/// `no-env-expand` would too, from systemd 243 on.)
+fn literal_for_exec(arg: &str) -> String {
+    arg.replace('$', "$$")
+}
+
 /// The properties of an instance's transient service (pure: spec in, list out).
 pub fn properties(spec: &UnitSpec) -> Vec<(&'static str, Prop)> {
     let s = |v: &str| Prop::Str(v.to_string());
-    let mut argv = vec![
-        SHELL.to_string(),
-        "-c".to_string(),
-        WRAPPER.to_string(),
-        WRAPPER_NAME.to_string(),
-        spec.output_file.clone().unwrap_or_default(),
-    ];
-    argv.extend(spec.argv.iter().cloned());
+    let argv: Vec<String> = [
+        SHELL,
+        "-c",
+        WRAPPER,
+        WRAPPER_NAME,
+        spec.output_file.as_deref().unwrap_or_default(),
+    ]
+    .into_iter()
+    .chain(spec.argv.iter().map(String::as_str))
+    .map(literal_for_exec)
+    .collect();
     let mut props = vec![
         ("Description", s(&spec.description)),
         ("Type", s("exec")),
@@ -551,6 +562,26 @@ mod tests {
         assert_eq!(escape(".x"), "\\x2ex");
     }
 
+    /// systemd substitutes the unit's environment into `ExecStart` (a word `$X`, `${X}`) and
+    /// reads `$$` as `$`: every `$` of the owner's arguments (and the wrapper's) is doubled, so
+    /// the instance gets them as written, as a forked one does.
+    #[test]
+    fn dollars_in_an_instances_arguments_reach_it_as_written() {
+        let mut spec = spec();
+        spec.argv = vec!["/usr/bin/serve".into(), "$HOME".into(), "a$$b${X}".into()];
+        spec.output_file = Some("/srv/$out".into());
+        let props = properties(&spec);
+        let [Prop::Exec(exec)] = get(&props, "ExecStart").as_slice() else {
+            panic!("one ExecStart");
+        };
+        let [(_, argv, _)] = exec.as_slice() else {
+            panic!("{exec:?}");
+        };
+        assert_eq!(argv[4], "/srv/$$out");
+        assert_eq!(argv[5..], ["/usr/bin/serve", "$$HOME", "a$$$$b$${X}"]);
+        assert!(!argv[2].replace("$$", "").contains('$'), "{}", argv[2]);
+    }
+
     #[test]
     fn an_instance_unit_runs_as_its_owner_in_lodgers_slice() {
         let spec = spec();
@@ -599,7 +630,8 @@ mod tests {
             panic!("{exec:?}");
         };
         assert_eq!(path, SHELL);
-        assert_eq!(argv[..5], [SHELL, "-c", WRAPPER, WRAPPER_NAME, ""]);
+        let wrapper = WRAPPER.replace('$', "$$");
+        assert_eq!(argv[..5], [SHELL, "-c", &wrapper, WRAPPER_NAME, ""]);
         assert_eq!(argv[5..], spec.argv[..]);
         let names: Vec<&str> = props.iter().map(|(k, _)| *k).collect();
         let mut unique = names.clone();
