@@ -276,3 +276,23 @@ fn a_batch_job_keeps_the_start_times_its_registration_was_checked_on() {
     assert_eq!(authorized.len(), 1, "{authorized:?}");
     assert_eq!((authorized[0].pid, authorized[0].start_time), (200, 4242));
 }
+
+/// Where Slurm confines no cores (its job cgroup has no cpuset) a batch Slurm job is placed on
+/// the leftover cores: the prolog names no core count for a batch job, and none is needed.
+#[test]
+fn a_batch_slurm_job_without_a_slurm_cpuset_runs_on_the_leftover_cores() {
+    let rig = Rig::new();
+    let mut agent = rig.agent();
+    let b = agent.register(slurm(JobKind::Batch, 3), 1000).unwrap();
+    rig.node.lock().unwrap().slurm.insert(
+        3,
+        SlurmCgroup {
+            path: "/slurm/uid_1000/job_3".into(),
+            cpus: None,
+        },
+    );
+    agent.tick();
+    let seen = &agent.jobs()[&b.id];
+    assert_eq!(seen.state, JobState::Running, "{:?}", seen.last_error);
+    assert_eq!(seen.cpus, set("1-7,9-15"), "every CPU but the reserved");
+}

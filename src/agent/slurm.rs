@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use crate::cpuset::CpuSet;
 use crate::enforce::{JobRecord, SlurmCgroup};
-use crate::job::{JobId, SlurmJob, Target};
+use crate::job::{JobId, JobKind, SlurmJob, Target};
 use crate::store::State;
 
 /// One Slurm job's cgroup this tick.
@@ -41,7 +41,13 @@ impl SlurmSeen {
             };
             let found_before = s.record.slurm.as_ref().is_some_and(|r| r.cgroup.is_some());
             let this = match find(job, &s.record) {
-                Some(cg) if cg.cpus.is_none() && s.job.spec.cores == 0 => {
+                // A training job needs a count to be placed by where Slurm confines no cores; a
+                // batch job takes the leftover cores and needs none (the prolog sends none).
+                Some(cg)
+                    if cg.cpus.is_none()
+                        && s.job.spec.kind == JobKind::Training
+                        && s.job.spec.cores == 0 =>
+                {
                     Seen::Awaited(Ok(format!(
                         "Slurm job {}'s cgroup {} has no cpuset (task/cgroup without \
                          ConstrainCores) and the prolog named no core count: nothing to place by",
