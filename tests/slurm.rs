@@ -438,3 +438,51 @@ fn the_prolog_exits_0_when_lodgerd_is_stalled_or_down_so_no_node_is_drained() {
     assert!(stdout_and_err(&out).contains("SLURM_JOB_ID is not set"));
     d.restart();
 }
+
+/// A prolog slurm.conf passes an option lodgerctl refuses (here a deadline out of its range)
+/// still exits 0 and says what was wrong, before ever reaching lodgerd: clap's own exit code
+/// 2 would drain the node. No lodgerd is needed (none is on the empty bus).
+#[test]
+fn a_prolog_with_a_bad_option_exits_0_and_says_what_was_wrong() {
+    for (what, args) in [
+        ("prolog", &["slurm", "prolog", "--deadline-ms", "20000"][..]),
+        (
+            "epilog",
+            &["--session", "slurm", "epilog", "--no-such-option"][..],
+        ),
+    ] {
+        let out = Command::new(bin("lodgerctl"))
+            .args(args)
+            .env_clear()
+            .env(
+                "DBUS_SYSTEM_BUS_ADDRESS",
+                "unix:path=/nonexistent/lodger-test-bus",
+            )
+            .env(
+                "DBUS_SESSION_BUS_ADDRESS",
+                "unix:path=/nonexistent/lodger-test-bus",
+            )
+            .env("SLURM_JOB_ID", "4204")
+            .env("SLURM_JOB_UID", OWNER.to_string())
+            .stdin(Stdio::null())
+            .output()
+            .expect("run lodgerctl slurm");
+        let text = stdout_and_err(&out);
+        assert_eq!(out.status.code(), Some(0), "{what}: {text}");
+        assert!(
+            text.contains(&format!("lodger slurm {what}: job 4204: nothing done"))
+                && text.contains("bad command line"),
+            "{what}: {text}"
+        );
+    }
+    let out = Command::new(bin("lodgerctl"))
+        .args(["slurm", "prolog", "--deadline-ms", "20000"])
+        .env_clear()
+        .output()
+        .expect("run lodgerctl slurm");
+    assert!(
+        stdout_and_err(&out).contains("20000 is not in 100..=10000"),
+        "{}",
+        stdout_and_err(&out)
+    );
+}

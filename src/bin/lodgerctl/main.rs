@@ -1,6 +1,7 @@
 //! lodgerctl: the command line for lodgerd, over D-Bus (`org.lodger1`).
 
 use std::collections::HashMap;
+use std::ffi::OsString;
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -218,7 +219,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             }
             register_and_show(&proxy, spec, cli.json, training_summary).await?;
         }
-        // Handled in `main`, before connecting: they must exit 0 whatever happens.
+        // Handled in `slurm::main`, never here: they must exit 0 whatever happens.
         Command::Slurm(_) => {}
         Command::Register(Register::Training(a)) => {
             let mut spec: HashMap<&str, Value<'_>> = HashMap::new();
@@ -700,7 +701,13 @@ fn inference_summary(id: &str, job: &HashMap<String, OwnedValue>) -> String {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let args: Vec<OsString> = std::env::args_os().collect();
+    if slurm::invoked(&args) {
+        slurm::main(args);
+        // Never a failure: a failing prolog or epilog drains the node (docs/slurm.md).
+        return ExitCode::SUCCESS;
+    }
+    let cli = Cli::parse_from(args);
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -711,11 +718,6 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if let Command::Slurm(cmd) = cli.command {
-        rt.block_on(slurm::run(cmd, cli.session));
-        // Never a failure: a failing prolog or epilog drains the node (docs/slurm.md).
-        return ExitCode::SUCCESS;
-    }
     match rt.block_on(run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(f) => {

@@ -4,22 +4,89 @@
 //! drains the node, and a node must never be drained because of lodger.
 
 use std::collections::HashMap;
-use std::ffi::CString;
+use std::ffi::{CString, OsString};
+use std::panic::AssertUnwindSafe;
 use std::time::Duration;
 
+use clap::error::ErrorKind;
+use clap::Parser;
 use zbus::zvariant::Value;
 
 use lodger::api::proxy::ManagerProxy;
-use lodger::cli::lodgerctl::{Slurm, SlurmArgs};
+use lodger::cli::lodgerctl::{Cli, Command, Slurm, SlurmArgs};
 use lodger::config::Config;
 use lodger::job::JobKind;
 use lodger::slurm::{Decision, SlurmEnv};
 
 use super::connect;
 
+/// Whether `args` (lodgerctl's, its name first) ask for `slurm ...`: the global options
+/// (`--json`, `--session`) take no value, so the first word that is not an option names the
+/// command.
+pub fn invoked(args: &[OsString]) -> bool {
+    args.iter()
+        .skip(1)
+        .find(|a| !a.to_string_lossy().starts_with('-'))
+        .is_some_and(|a| a == "slurm")
+}
+
+/// `lodgerctl slurm ...` from its command line to its one logged line. Whatever goes wrong
+/// (an option clap refuses, a runtime that cannot start, a panic) is logged as the failures of
+/// [`run`] are, and the caller exits 0 all the same: slurmd drains a node whose prolog or
+/// epilog fails (docs/slurm.md).
+pub fn main(args: Vec<OsString>) {
+    let what = args
+        .iter()
+        .skip_while(|a| *a != "slurm")
+        .nth(1)
+        .map(|a| a.to_string_lossy().into_owned())
+        .filter(|w| w == "prolog" || w == "epilog")
+        .unwrap_or_else(|| "prolog/epilog".into());
+    let nothing_done = |why: &str| {
+        let job = std::env::var("SLURM_JOB_ID")
+            .map(|j| format!("job {j}: "))
+            .unwrap_or_default();
+        report(&format!("lodger slurm {what}: {job}nothing done: {why}"));
+    };
+    let ran = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        let cli = match Cli::try_parse_from(&args) {
+            Ok(cli) => cli,
+            Err(e) if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => {
+                let _ = e.print();
+                return;
+            }
+            Err(e) => {
+                let text = e.to_string();
+                let first = text.lines().next().unwrap_or("").trim();
+                let first = first.strip_prefix("error: ").unwrap_or(first);
+                nothing_done(&format!(
+                    "bad command line ({first}): fix slurm.conf's Prolog/Epilog"
+                ));
+                return;
+            }
+        };
+        let Command::Slurm(cmd) = cli.command else {
+            nothing_done("not a slurm command");
+            return;
+        };
+        match tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
+            Ok(rt) => {
+                rt.block_on(run(cmd, cli.session));
+            }
+            Err(e) => nothing_done(&format!("cannot start its runtime: {e}")),
+        }
+    }));
+    if ran.is_err() {
+        nothing_done("lodgerctl panicked (a bug: please report it with the message above)");
+    }
+}
+
 /// Runs the prolog or epilog; returns the line it logged (also printed to stderr, which slurmd
 /// keeps in its log when debugging).
-pub async fn run(cmd: Slurm, session: bool) -> String {
+async fn run(cmd: Slurm, session: bool) -> String {
     let (args, prolog) = match &cmd {
         Slurm::Prolog(a) => (a, true),
         Slurm::Epilog(a) => (a, false),
@@ -53,9 +120,14 @@ pub async fn run(cmd: Slurm, session: bool) -> String {
             }
         }
     };
-    syslog(&line);
-    eprintln!("{line}");
+    report(&line);
     line
+}
+
+/// The one line a run logs: to syslog, and to stderr (which slurmd keeps when debugging).
+fn report(line: &str) {
+    syslog(line);
+    eprintln!("{line}");
 }
 
 async fn prolog_for(env: &SlurmEnv, args: &SlurmArgs, session: bool) -> Result<String, String> {
