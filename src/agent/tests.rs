@@ -78,6 +78,7 @@ impl Enforce for FakeEnforcer {
                 record.slurm = Some(crate::enforce::SlurmJobRecord {
                     cgroup: Some(cg.path.clone()),
                     processes: Vec::new(),
+                    pinned: None,
                 });
             }
         }

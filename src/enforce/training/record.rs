@@ -86,6 +86,10 @@ pub struct SlurmJobRecord {
     pub cgroup: Option<String>,
     /// Its processes at the last apply, sorted by pid, with the masks to give back.
     pub processes: Vec<TrackedProcess>,
+    /// The CPUs its unbound processes were last pinned to: on release, a process lodger never
+    /// saw that still has this mask got it from one it pinned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pinned: Option<CpuSet>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]

@@ -7,7 +7,8 @@
 
 use super::{EnforceError, Enforcer, Outcome, RrSweep, Scratch, SlurmJobRecord, TrackedProcess};
 use crate::cpuset::CpuSet;
-use crate::enforce::sched::CpuMask;
+use crate::enforce::sched::{self, CpuMask};
+use crate::enforce::TrainingClass;
 use crate::job::SlurmJob;
 use crate::sys::cgroupfs::{self as cgroup, CgroupVersion};
 
@@ -184,6 +185,7 @@ impl Enforcer {
         tracked.sort_unstable_by_key(|p| p.pid);
         rec.processes = tracked;
 
+        rec.pinned = Some(want.clone());
         let mask = CpuMask::from_cpuset(&want);
         let pinned: Vec<u32> = rec
             .processes
@@ -211,6 +213,10 @@ impl Enforcer {
 
     /// Threads back to SCHED_OTHER and every pinned process back to the mask it had (or to the
     /// job's whole cpuset); Slurm's cgroup files were never written, so nothing else to undo.
+    /// The job's cgroups are read again, as apply reads them: a process forked since the last
+    /// apply inherited its parent's class and mask and is given back its tracked ancestor's
+    /// standing; one with no tracked ancestor (an orphan, reparented) only loses what lodger
+    /// set: SCHED_RR at lodger's priority, and lodger's mask (for the job's cpuset).
     pub(super) fn release_slurm(
         &self,
         rec: &SlurmJobRecord,
@@ -222,11 +228,33 @@ impl Enforcer {
             CgroupVersion::V1 => h.read(p, crate::enforce::cpusets::CpusetFile::Cpus).ok(),
             CgroupVersion::V2 => h.effective_cpus(p).ok(),
         });
-        for p in &rec.processes {
-            match s.reader.stat(p.pid) {
-                Ok(Some(st)) if st.running && st.start_time == p.start_time => {}
+        let mut in_cgroups = self.slurm_members(rec, s, errors);
+        in_cgroups.sort_unstable();
+        in_cgroups.dedup();
+        let mut members = in_cgroups.clone();
+        members.extend(rec.processes.iter().map(|p| p.pid));
+        members.sort_unstable();
+        members.dedup();
+        for pid in members {
+            let st = match s.reader.stat(pid) {
+                Ok(Some(st)) if st.running => st,
                 _ => continue,
-            }
+            };
+            let tracked = rec
+                .processes
+                .iter()
+                .find(|p| p.pid == pid && p.start_time == st.start_time);
+            let standing = match tracked {
+                Some(p) => Some(p),
+                // A tracked pid some other process holds now is not the job's.
+                None if in_cgroups.binary_search(&pid).is_err() => continue,
+                None if slurm_daemon(&self.settings.proc_root, pid) => continue,
+                None => tracked_ancestor(rec, st.ppid, s),
+            };
+            let Some(p) = standing else {
+                self.release_untracked(pid, rec, job_cpus.as_ref(), s, errors);
+                continue;
+            };
             let mask = if p.bound {
                 None
             } else {
@@ -235,10 +263,107 @@ impl Enforcer {
                     .or_else(|| job_cpus.clone())
                     .map(|c| CpuMask::from_cpuset(&c))
             };
-            self.revert_threads(s, &[p.pid], mask.as_ref(), errors);
+            self.revert_threads(s, &[pid], mask.as_ref(), errors);
         }
     }
+
+    /// Every process in the job's recorded cgroup and the cgroups below it (its steps).
+    fn slurm_members(
+        &self,
+        rec: &SlurmJobRecord,
+        s: &mut Scratch,
+        errors: &mut Vec<EnforceError>,
+    ) -> Vec<u32> {
+        let h = &*self.cpusets;
+        let mut pids = Vec::new();
+        let Some(cg) = &rec.cgroup else {
+            return pids;
+        };
+        s.cgroups.clear();
+        s.cgroups.push(cg.clone());
+        let mut i = 0;
+        while i < s.cgroups.len() {
+            let parent = s.cgroups[i].clone();
+            // Slurm removes a step's (or the job's) cgroup as it ends: nothing left there.
+            if let Err(e) = h.children(&parent, &mut s.cgroups) {
+                if !e.is_gone() {
+                    errors.push(e.into());
+                }
+            }
+            i += 1;
+        }
+        for c in &s.cgroups {
+            if let Err(e) = h.procs(c, &mut pids) {
+                if !e.is_gone() {
+                    errors.push(e.into());
+                }
+            }
+        }
+        pids
+    }
+
+    /// A process of the job lodger never saw and that descends from none it tracked: its
+    /// threads lose SCHED_RR at lodger's priority, and it loses lodger's mask, when it has
+    /// either (it can only have got them from a process lodger set them on).
+    fn release_untracked(
+        &self,
+        pid: u32,
+        rec: &SlurmJobRecord,
+        job_cpus: Option<&CpuSet>,
+        s: &mut Scratch,
+        errors: &mut Vec<EnforceError>,
+    ) {
+        s.tids.clear();
+        if !matches!(s.reader.threads(pid, &mut s.tids), Ok(true)) {
+            return;
+        }
+        let base = self.settings.rt_priority;
+        let lodgers_class = matches!(self.settings.class, TrainingClass::Rr { .. })
+            && s.tids.iter().any(|&tid| {
+                sched::policy_of(tid).is_ok_and(|st| {
+                    sched::is_rr(st, base) || sched::is_rr(st, base.saturating_add(1))
+                })
+            });
+        let lodgers_mask = rec.pinned.as_ref().is_some_and(|pinned| {
+            s.tids
+                .iter()
+                .any(|&tid| CpuMask::of_thread(tid).is_ok_and(|m| m.to_cpuset() == *pinned))
+        });
+        if !lodgers_class && !lodgers_mask {
+            return;
+        }
+        let mask = job_cpus.filter(|_| lodgers_mask).map(CpuMask::from_cpuset);
+        self.revert_threads(s, &[pid], mask.as_ref(), errors);
+    }
 }
+
+/// The closest ancestor of a process whose parent is `ppid` that the job tracks (its standing
+/// is the process's: it was forked from it, or from a child of it, since the last apply).
+fn tracked_ancestor<'r>(
+    rec: &'r SlurmJobRecord,
+    mut ppid: u32,
+    s: &mut Scratch,
+) -> Option<&'r TrackedProcess> {
+    // A job's process tree is shallow; a bound keeps a pid loop (a racing reuse) finite.
+    for _ in 0..MAX_ANCESTRY {
+        if ppid <= 1 {
+            return None;
+        }
+        let st = s.reader.stat(ppid).ok().flatten()?;
+        let found = rec
+            .processes
+            .iter()
+            .find(|p| p.pid == ppid && p.start_time == st.start_time);
+        if found.is_some() {
+            return found;
+        }
+        ppid = st.ppid;
+    }
+    None
+}
+
+/// How far up [`tracked_ancestor`] looks.
+const MAX_ANCESTRY: usize = 64;
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]

@@ -1405,3 +1405,4 @@ fn real_v2_hierarchy_is_detected() {
 }
 
 mod quiet;
+mod slurm;
