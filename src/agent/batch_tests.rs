@@ -296,3 +296,91 @@ fn a_batch_slurm_job_without_a_slurm_cpuset_runs_on_the_leftover_cores() {
     assert_eq!(seen.state, JobState::Running, "{:?}", seen.last_error);
     assert_eq!(seen.cpus, set("1-7,9-15"), "every CPU but the reserved");
 }
+
+/// A fake process `pid` of uid 1000 in cpuset cgroup `cgroup` (v1 hybrid: the cpuset line, then
+/// the unified one).
+fn in_cgroup(rig: &Rig, pid: u32, cgroup: &str) {
+    rig.spawn(pid);
+    let dir = rig.proc_root.path().join(pid.to_string());
+    let stat =
+        format!("{pid} (python3) S 1 {pid} {pid} 0 -1 4194304 0 0 0 0 0 0 0 0 20 0 1 0 77 0 0");
+    std::fs::write(dir.join("stat"), stat).unwrap();
+    std::fs::write(
+        dir.join("status"),
+        "Name:\tpython3\nUid:\t1000\t1000\t1000\t1000\n",
+    )
+    .unwrap();
+    let lines = format!("12:cpuset:{cgroup}\n4:memory:{cgroup}\n0::/user.slice\n");
+    std::fs::write(dir.join("cgroup"), lines).unwrap();
+}
+
+/// A process in a Slurm job's cgroup is the Slurm job's: registering it by pid would pin it
+/// against Slurm's placement and (v1, cgroup pinning) move it out of Slurm's cpuset and memory
+/// limit. Refused, whether the cgroup is where `slurm.cgroup_paths` puts any job or where a
+/// registered Slurm job was found; a cgroup inside a registered Slurm job's likewise.
+#[test]
+fn a_process_or_cgroup_of_a_slurm_job_is_not_registered_apart_from_it() {
+    let rig = Rig::new();
+    let mut agent = rig.agent();
+    let prolog = agent.register(slurm(JobKind::Batch, 43), 1000).unwrap();
+    rig.node.lock().unwrap().slurm.insert(
+        43,
+        SlurmCgroup {
+            path: "/site/job_43".into(),
+            cpus: Some(set("1-3")),
+        },
+    );
+    agent.tick();
+    in_cgroup(&rig, 300, "/slurm/uid_1000/job_42/step_0");
+    in_cgroup(&rig, 301, "/site/job_43/step_batch");
+    in_cgroup(&rig, 302, "/user.slice/user-1000.slice/session-3.scope");
+    let before = (agent.jobs().len(), rig.node.lock().unwrap().applies);
+    let user = Caller::uid(1000);
+    for (pid, job, cgroup) in [
+        (300, 42, "/slurm/uid_1000/job_42"),
+        (301, 43, "/site/job_43"),
+    ] {
+        let s = batch(vec![pid], 0);
+        let change = Change::Register {
+            owner: None,
+            spec: &s,
+        };
+        let err = agent.authorize(&user, &change).unwrap_err();
+        assert!(matches!(err, AgentError::AccessDenied(_)), "{err}");
+        let want = format!(
+            "process {pid} is in Slurm job {job}'s cgroup {cgroup}: register the Slurm job \
+             (lodgerctl slurm prolog) instead"
+        );
+        assert!(err.to_string().contains(&want), "{err}");
+        assert!(
+            agent.authorize(&Caller::uid(0), &change).is_err(),
+            "root too"
+        );
+    }
+    let s = batch(vec![302], 0);
+    let change = Change::Register {
+        owner: None,
+        spec: &s,
+    };
+    assert_eq!(agent.authorize(&user, &change).ok(), Some(1000));
+    let step = JobSpec {
+        target: Target::Cgroup("/site/job_43/step_batch".into()),
+        ..batch(vec![], 0)
+    };
+    let change = Change::Register {
+        owner: None,
+        spec: &step,
+    };
+    let err = agent.authorize(&Caller::uid(0), &change).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("Slurm job 43's cgroup /site/job_43"),
+        "{err}"
+    );
+    assert_eq!(
+        (agent.jobs().len(), rig.node.lock().unwrap().applies),
+        before,
+        "nothing registered or applied"
+    );
+    assert!(agent.jobs().contains_key(&prolog.id));
+}

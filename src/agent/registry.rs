@@ -79,19 +79,25 @@ impl Agent {
                 };
                 let proc_root = &self.settings.proc_root;
                 let ancestry = trust::own_ancestry(proc_root);
+                let slurm: Vec<(u64, String)> = self
+                    .state
+                    .jobs
+                    .values()
+                    .filter_map(|s| match (&s.job.spec.target, &s.record.slurm) {
+                        (Target::Slurm(j), Some(r)) => Some((j.job_id, r.cgroup.clone()?)),
+                        _ => None,
+                    })
+                    .collect();
+                let trust = &self.settings.trust;
                 match &spec.target {
                     Target::Pids(pids) => {
                         for &pid in pids {
-                            trust::check_pid(proc_root, pid, caller, &ancestry)?;
+                            trust::check_pid(trust, proc_root, pid, caller, &ancestry, &slurm)?;
                         }
                     }
-                    Target::Cgroup(path) => trust::check_cgroup(
-                        &self.settings.trust,
-                        proc_root,
-                        path,
-                        caller,
-                        &ancestry,
-                    )?,
+                    Target::Cgroup(path) => {
+                        trust::check_cgroup(trust, proc_root, path, caller, &ancestry, &slurm)?
+                    }
                     Target::Container(c) => {
                         // Only lodgerd's own NRI plugin (docs/kubernetes.md) names containers:
                         // the cgroup is the container runtime's word, not a caller's.

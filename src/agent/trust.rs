@@ -37,6 +37,8 @@ pub struct TrustSettings {
     /// `batch.memory_max` resolved on this node: a batch job's memory limit, and the most one
     /// may ask for (`None`: batch jobs get none, so none may ask for one).
     pub batch_memory_max: Option<u64>,
+    /// `slurm.cgroup_paths`: where Slurm's job cgroups are (`{job}`, `{uid}`, `{node}`).
+    pub slurm_cgroups: Vec<String>,
 }
 
 impl Default for TrustSettings {
@@ -49,9 +51,16 @@ impl Default for TrustSettings {
             max_instances_per_owner: 128,
             instance_memory_max: None,
             batch_memory_max: None,
+            slurm_cgroups: crate::enforce::DEFAULT_SLURM_CGROUPS
+                .iter()
+                .map(|t| t.to_string())
+                .collect(),
         }
     }
 }
+
+/// The Slurm jobs registered now: their Slurm job id and the cgroup lodger found them in.
+pub(super) type SlurmCgroups = [(u64, String)];
 
 /// One process as the rules see it.
 struct ProcFacts {
@@ -107,14 +116,16 @@ fn untouchable(pid: u32, facts: &ProcFacts, ancestry: &[u32]) -> Option<String> 
     }
 }
 
-/// Checks one process a job names: refused for everyone when [`untouchable`], and for a caller
-/// other than root when its real uid is not the caller's. A process that does not exist is
-/// left to the spec check, which says so.
+/// Checks one process a job names: refused for everyone when [`untouchable`] or in a Slurm
+/// job's cgroup ([`slurm_job_of`]), and for a caller other than root when its real uid is not
+/// the caller's. A process that does not exist is left to the spec check, which says so.
 pub(super) fn check_pid(
+    trust: &TrustSettings,
     proc_root: &Path,
     pid: u32,
     caller: &Caller,
     ancestry: &[u32],
+    slurm: &SlurmCgroups,
 ) -> Result<(), AgentError> {
     let Some(facts) = proc_facts(proc_root, pid) else {
         if pid == 1 {
@@ -124,6 +135,16 @@ pub(super) fn check_pid(
     };
     if let Some(why) = untouchable(pid, &facts, ancestry) {
         return Err(refused(&why));
+    }
+    // Lodger would pin it against Slurm's placement and, where it pins pid jobs by cgroup (v1),
+    // move it out of Slurm's cpuset and memory limit (docs/slurm.md).
+    if let Some((job, cgroup)) =
+        cgroup_of(proc_root, pid).and_then(|own| slurm_job_of(&own, trust, slurm))
+    {
+        return Err(AgentError::AccessDenied(format!(
+            "refused: process {pid} is in Slurm job {job}'s cgroup {cgroup}: register the \
+             Slurm job (lodgerctl slurm prolog) instead"
+        )));
     }
     if !caller.is_root() && facts.real_uid != caller.uid {
         return Err(refused(&format!(
@@ -146,21 +167,84 @@ fn within(path: &str, base: &str) -> bool {
     path == base || path.strip_prefix(base).is_some_and(|r| r.starts_with('/'))
 }
 
-/// lodgerd's own cgroup in the hierarchy jobs' cgroups are named in (v1's cpuset line of
-/// `/proc/self/cgroup`, or v2's `0::` line), if it can tell.
+/// lodgerd's own cgroup in the hierarchy jobs' cgroups are named in, if it can tell.
 fn own_cgroup(proc_root: &Path) -> Option<String> {
-    let text = std::fs::read_to_string(
-        proc_root
-            .join(std::process::id().to_string())
-            .join("cgroup"),
-    )
-    .ok()?;
+    cgroup_of(proc_root, std::process::id())
+}
+
+/// Process `pid`'s cgroup in the hierarchy jobs' cgroups are named in (v1's cpuset line of
+/// `/proc/PID/cgroup`, or v2's `0::` line), if it can tell.
+fn cgroup_of(proc_root: &Path, pid: u32) -> Option<String> {
+    let text = std::fs::read_to_string(proc_root.join(pid.to_string()).join("cgroup")).ok()?;
     text.lines().find_map(|l| {
         let mut fields = l.splitn(3, ':');
         let (_, controllers, path) = (fields.next()?, fields.next()?, fields.next()?);
         (controllers.is_empty() || controllers.split(',').any(|c| c == "cpuset"))
             .then(|| path.trim().to_string())
     })
+}
+
+/// The Slurm job whose cgroup holds cgroup `path`, and that cgroup: a registered Slurm job's
+/// (`slurm`), or one of `slurm.cgroup_paths` for any job. The job is named by its id, or `?`
+/// where a template does not name it.
+fn slurm_job_of(
+    path: &str,
+    trust: &TrustSettings,
+    slurm: &SlurmCgroups,
+) -> Option<(String, String)> {
+    if let Some((job, cgroup)) = slurm.iter().find(|(_, cg)| within(path, cg)) {
+        return Some((job.to_string(), cgroup.clone()));
+    }
+    let parts: Vec<&str> = path.split('/').filter(|c| !c.is_empty()).collect();
+    trust.slurm_cgroups.iter().find_map(|template| {
+        let pattern: Vec<&str> = template.split('/').filter(|c| !c.is_empty()).collect();
+        if pattern.is_empty() || pattern.len() > parts.len() {
+            return None;
+        }
+        let mut caught = Vec::new();
+        for (p, c) in pattern.iter().zip(&parts) {
+            if !component_matches(p, c, &mut caught) {
+                return None;
+            }
+        }
+        let job = caught
+            .iter()
+            .find(|(name, _)| *name == "job")
+            .map_or("?".to_string(), |(_, v)| v.to_string());
+        Some((job, format!("/{}", parts[..pattern.len()].join("/"))))
+    })
+}
+
+/// Whether one cgroup name matches one component of a `slurm.cgroup_paths` template, each
+/// `{name}` standing for one or more characters (digits for `{job}` and `{uid}`); what each
+/// stood for is appended to `caught`.
+fn component_matches<'p, 't>(
+    pattern: &'p str,
+    text: &'t str,
+    caught: &mut Vec<(&'p str, &'t str)>,
+) -> bool {
+    let Some(open) = pattern.find('{') else {
+        return pattern == text;
+    };
+    let (literal, rest) = pattern.split_at(open);
+    let (Some(text), Some(close)) = (text.strip_prefix(literal), rest.find('}')) else {
+        return false;
+    };
+    let (name, after) = (&rest[1..close], &rest[close + 1..]);
+    let numeric = name == "job" || name == "uid";
+    for end in (1..=text.len()).filter(|&e| text.is_char_boundary(e)) {
+        let value = &text[..end];
+        if numeric && !value.bytes().all(|b| b.is_ascii_digit()) {
+            break;
+        }
+        let before = caught.len();
+        caught.push((name, value));
+        if component_matches(after, &text[end..], caught) {
+            return true;
+        }
+        caught.truncate(before);
+    }
+    false
 }
 
 /// Checks a cgroup a job names (`path`: from the hierarchy root, already validated as an
@@ -174,11 +258,22 @@ pub(super) fn check_cgroup(
     path: &str,
     caller: &Caller,
     ancestry: &[u32],
+    slurm: &SlurmCgroups,
 ) -> Result<(), AgentError> {
     let path = path.trim_end_matches('/');
     let deny = |why: String| Err(refused(&format!("cgroup {path} {why}")));
     if within(path, &trust.lodger_cgroup) {
         return deny("is one of lodger's own cgroups".into());
+    }
+    // A Slurm job lodger manages: lodger never writes its cgroups (docs/slurm.md).
+    if let Some((job, cgroup)) = slurm
+        .iter()
+        .find(|(_, cg)| within(path, cg) || within(cg, path))
+    {
+        return Err(AgentError::AccessDenied(format!(
+            "refused: cgroup {path} holds or is in registered Slurm job {job}'s cgroup \
+             {cgroup}: lodger already manages it, and never writes Slurm's cgroup files"
+        )));
     }
     if let Some(own) = own_cgroup(proc_root) {
         if own != "/" && (own == path || within(&own, path)) {
@@ -377,12 +472,38 @@ mod tests {
         let root = Caller::uid(0);
         let msg = |r: Result<(), AgentError>| r.unwrap_err().to_string();
         assert_eq!(
-            check_pid(proc.path(), 500, &member, &ancestry).ok(),
+            check_pid(
+                &TrustSettings::default(),
+                proc.path(),
+                500,
+                &member,
+                &ancestry,
+                &[]
+            )
+            .ok(),
             Some(())
         );
-        assert!(msg(check_pid(proc.path(), 600, &member, &ancestry))
-            .contains("process 600 belongs to uid 1001, not to the caller (uid 1000)"));
-        assert_eq!(check_pid(proc.path(), 600, &root, &ancestry).ok(), Some(()));
+        assert!(msg(check_pid(
+            &TrustSettings::default(),
+            proc.path(),
+            600,
+            &member,
+            &ancestry,
+            &[]
+        ))
+        .contains("process 600 belongs to uid 1001, not to the caller (uid 1000)"));
+        assert_eq!(
+            check_pid(
+                &TrustSettings::default(),
+                proc.path(),
+                600,
+                &root,
+                &ancestry,
+                &[]
+            )
+            .ok(),
+            Some(())
+        );
         for (pid, why) in [
             (1, "process 1 is the init process"),
             (2, "process 2 is a kernel thread"),
@@ -390,7 +511,14 @@ mod tests {
             (700, "process 700 is lodgerd itself"),
         ] {
             for caller in [&member, &root] {
-                let m = msg(check_pid(proc.path(), pid, caller, &ancestry));
+                let m = msg(check_pid(
+                    &TrustSettings::default(),
+                    proc.path(),
+                    pid,
+                    caller,
+                    &ancestry,
+                    &[],
+                ));
                 assert!(m.contains(why), "{m}");
             }
         }
@@ -421,7 +549,7 @@ mod tests {
         let member = Caller::uid(1000);
         let root = Caller::uid(0);
         let check = |path: &str, caller: &Caller| {
-            check_cgroup(&trust, proc.path(), path, caller, &[]).map_err(|e| e.to_string())
+            check_cgroup(&trust, proc.path(), path, caller, &[], &[]).map_err(|e| e.to_string())
         };
         assert_eq!(check("/user.slice/mine", &member), Ok(()));
         assert_eq!(

@@ -202,6 +202,7 @@ pub(super) fn trust_settings(config: &Config) -> TrustSettings {
         max_instances_per_owner: config.api.max_instances_per_owner,
         instance_memory_max: instance_memory_max(config),
         batch_memory_max: memory_of_node(config, config.batch.memory_max, "batch.memory_max"),
+        slurm_cgroups: config.slurm.cgroup_paths.clone(),
     }
 }
 
