@@ -296,10 +296,13 @@ impl Host {
             .map_err(identity_err)?;
         // systemd holds its own copy until the unit is collected.
         drop(report_write);
-        let pidfd = pidfd_open(pid).map_err(|source| InstanceError::Spawn {
-            key: key.clone(),
-            program: unit_spec.argv[0].clone(),
-            source,
+        let pidfd = pidfd_open(pid).map_err(|source| {
+            systemd.abandon(&unit_spec.name);
+            InstanceError::Spawn {
+                key: key.clone(),
+                program: unit_spec.argv[0].clone(),
+                source,
+            }
         })?;
         debug!(instance = %key, unit = %unit_spec.name, pid, "started as a transient unit");
         Ok(Run {

@@ -393,11 +393,22 @@ impl Systemd {
                 &(spec.name.as_str(), "replace", body, aux),
             )
             .map_err(|e| format!("systemd refused to start {}: {e}", spec.name))?;
+        let started = self.main_pid(&spec.name);
+        if started.is_err() {
+            // Not lodger's instance, since no slot holds it: a unit that comes up late (a slow
+            // start, past START_WAIT) would run untracked beside the one started next.
+            self.abandon(&spec.name);
+        }
+        started
+    }
+
+    /// Waits (at most [`START_WAIT`]) until the unit just started has a main process: its pid.
+    fn main_pid(&self, name: &str) -> Result<u32, String> {
         let deadline = Instant::now() + START_WAIT;
         loop {
             let unit: OwnedObjectPath = self
-                .call(MANAGER, PATH, "GetUnit", &(spec.name.as_str(),))
-                .map_err(|e| format!("{} is gone at start: {e}", spec.name))?;
+                .call(MANAGER, PATH, "GetUnit", &(name,))
+                .map_err(|e| format!("{} is gone at start: {e}", name))?;
             // `Type=exec`: the unit is activating until the wrapper has been executed. systemd
             // names the main pid as soon as it has forked, while that process still carries
             // PID 1's environment (not yet lodger's marks, which a restarted lodgerd adopts by):
@@ -411,18 +422,19 @@ impl Systemd {
                 if let Some(pid) = pid.and_then(|v| u32::try_from(v).ok()).filter(|&p| p != 0) {
                     return Ok(pid);
                 }
-                if state == "failed" || state == "inactive" {
+                // Inactive with its start job still queued (a busy manager) is not over yet.
+                let queued = self
+                    .pending_job(&unit)
+                    .is_some_and(|id| id != 0 && state == "inactive");
+                if (state == "failed" || state == "inactive") && !queued {
                     return Err(format!(
                         "{} did not start ({state}; `journalctl -u {}` says why)",
-                        spec.name, spec.name
+                        name, name
                     ));
                 }
             }
             if Instant::now() >= deadline {
-                return Err(format!(
-                    "{} has no main process after {START_WAIT:?}",
-                    spec.name
-                ));
+                return Err(format!("{} has no main process after {START_WAIT:?}", name));
             }
             std::thread::sleep(STEP);
         }
@@ -443,15 +455,19 @@ impl Systemd {
                 continue;
             };
             while Instant::now() < deadline {
-                let job = self
-                    .property(&unit, "org.freedesktop.systemd1.Unit", "Job")
-                    .and_then(|v| <(u32, OwnedObjectPath)>::try_from(v).ok());
-                match job {
-                    Some((id, _)) if id != 0 => std::thread::sleep(STEP),
+                match self.pending_job(&unit) {
+                    Some(id) if id != 0 => std::thread::sleep(STEP),
                     _ => break,
                 }
             }
         }
+    }
+
+    /// The id of the job queued for the unit (0: none), if systemd says.
+    fn pending_job(&self, unit: &OwnedObjectPath) -> Option<u32> {
+        self.property(unit, "org.freedesktop.systemd1.Unit", "Job")
+            .and_then(|v| <(u32, OwnedObjectPath)>::try_from(v).ok())
+            .map(|(id, _)| id)
     }
 
     fn property(&self, unit: &OwnedObjectPath, iface: &str, name: &str) -> Option<OwnedValue> {
@@ -477,6 +493,13 @@ impl Systemd {
     /// Sends `signal` to every process of the unit.
     pub fn kill(&self, name: &str, signal: i32) -> zbus::Result<()> {
         self.call(MANAGER, PATH, "KillUnit", &(name, "all", signal))
+    }
+
+    /// Kills and stops a unit that will not be supervised (its start failed after systemd
+    /// took it), best effort.
+    pub fn abandon(&self, name: &str) {
+        let _ = self.kill(name, libc::SIGKILL);
+        let _ = self.stop(name);
     }
 
     /// Stops the unit: systemd sends SIGTERM, then SIGKILL after `TimeoutStopUSec`.
