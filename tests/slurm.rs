@@ -263,17 +263,32 @@ fn a_slurm_training_job_is_pinned_inside_slurms_cpuset_and_released_by_the_epilo
     };
     cg.pids.push(bound.id());
     // Slurm's step daemon lives in the job's cgroups too (v2: step_<n>/slurm): not the job's.
+    // Root's program file named slurmstepd, copied by `cp` (another process): a copy this
+    // process wrote could be held open for writing by a child another test forked meanwhile,
+    // failing the exec with ETXTBSY (seen once in the VM suite).
     let stepd_dir = tempfile::tempdir().expect("tempdir");
     let stepd_bin = stepd_dir.path().join("slurmstepd");
-    // A symlink, not a copy: exec names the process after the link (comm "slurmstepd"), and a
-    // copy just written could be held open for writing by a child another test forked
-    // meanwhile, failing the exec with ETXTBSY (seen once in the VM suite).
-    std::os::unix::fs::symlink("/bin/sleep", &stepd_bin).expect("link sleep");
+    let copied = Command::new("cp")
+        .arg("/bin/sleep")
+        .arg(&stepd_bin)
+        .status()
+        .expect("cp");
+    assert!(copied.success(), "cp /bin/sleep {}", stepd_bin.display());
     let mut stepd = Command::new(&stepd_bin)
         .arg("600")
         .spawn()
         .expect("fake slurmstepd");
     cg.attach(stepd.id());
+    // A job's process calling itself slurmstepd (a link of its own by that name: its comm is
+    // "slurmstepd") is the job's all the same.
+    let posing_bin = stepd_dir.path().join("posing").join("slurmstepd");
+    std::fs::create_dir(posing_bin.parent().expect("dir")).expect("mkdir");
+    std::os::unix::fs::symlink("/bin/sleep", &posing_bin).expect("link sleep");
+    let mut posing = Command::new(&posing_bin)
+        .arg("600")
+        .spawn()
+        .expect("posing slurmstepd");
+    cg.attach(posing.id());
     let slurm_files = (cg.cpus_file(&cg.job), cg.cpus_file(&cg.step));
 
     let mut placed = String::new();
@@ -288,6 +303,7 @@ fn a_slurm_training_job_is_pinned_inside_slurms_cpuset_and_released_by_the_epilo
             && !placed.is_empty()
             && all_rr_on(w.pid(), PRIO, &placed)
             && matches!(sched_of(bound.id()), Some((libc::SCHED_RR, _)))
+            && all_rr_on(posing.id(), PRIO, &placed)
     });
     let placed_set = cpus(&placed);
     assert_eq!(placed_set.len(), 1, "SLURM_JOB_CPUS_PER_NODE=1: {placed}");
@@ -341,7 +357,7 @@ fn a_slurm_training_job_is_pinned_inside_slurms_cpuset_and_released_by_the_epilo
         stdout_and_err(&out)
     );
     w.kill();
-    for c in [&mut bound, &mut stepd] {
+    for c in [&mut bound, &mut stepd, &mut posing] {
         let _ = c.kill();
         let _ = c.wait();
     }

@@ -56,10 +56,26 @@ pub fn short_hostname() -> String {
 }
 
 /// Slurm's own step daemon, which Slurm puts in the job's cgroups (v2: `step_<n>/slurm`): not the
-/// job's work, never given the job's class or CPUs.
+/// job's work, never given the job's class or CPUs. Named `slurmstepd` (its `comm`: also the
+/// child it forks for a task, before that child's exec) and running a root-owned program file
+/// named `slurmstepd` that only root may write: a job's process cannot opt out of lodger by
+/// calling itself `slurmstepd` (prctl, or a link or copy of its own by that name). The file may
+/// have been replaced since (a Slurm upgrade under running jobs).
 fn slurm_daemon(proc_root: &std::path::Path, pid: u32) -> bool {
-    std::fs::read(proc_root.join(pid.to_string()).join("comm"))
-        .is_ok_and(|c| c.strip_suffix(b"\n").unwrap_or(&c) == b"slurmstepd")
+    use std::os::unix::fs::MetadataExt;
+    let dir = proc_root.join(pid.to_string());
+    let named = |name: &[u8]| name == b"slurmstepd";
+    let comm =
+        std::fs::read(dir.join("comm")).is_ok_and(|c| named(c.strip_suffix(b"\n").unwrap_or(&c)));
+    let exe = dir.join("exe");
+    comm && std::fs::read_link(&exe).is_ok_and(|p| {
+        use std::os::unix::ffi::OsStrExt;
+        // A binary replaced by an upgrade while it runs reads `... (deleted)`.
+        p.file_name().is_some_and(|n| {
+            let n = n.as_bytes();
+            named(n.strip_suffix(b" (deleted)").unwrap_or(n))
+        })
+    }) && std::fs::metadata(&exe).is_ok_and(|m| m.uid() == 0 && m.mode() & 0o022 == 0)
 }
 
 impl Enforcer {
