@@ -186,6 +186,10 @@ impl Enforcer {
                 .cloned();
             let (bound, original) = match parent {
                 Some(p) => (p.bound, p.original_affinity.clone().or(Some(now))),
+                // Lodger's own mask with no tracked parent: a child of a pinned process whose
+                // parent exited before lodger saw it (a daemonizing tool), not a task the user
+                // bound; it follows the job, and goes back to the job's cpuset.
+                None if rec.pinned.as_ref() == Some(&now) => (false, Some(job_cpus.clone())),
                 None => (now.is_subset(&job_cpus) && now != job_cpus, Some(now)),
             };
             tracked.push(TrackedProcess {

@@ -45,3 +45,67 @@ fn release_gives_back_a_slurm_process_forked_since_the_last_apply() {
     assert_threads(&[w.pid], None, &whole);
     assert_threads(&[late], None, &whole);
 }
+
+/// A process with lodger's mask and no parent lodger tracks (its pinned parent forked it and
+/// exited before lodger looked: a daemonizing tool) is not a task the user bound: it follows
+/// the job's placement when that changes, like the pinned process it descends from.
+#[test]
+fn an_orphan_with_lodgers_mask_follows_the_job() {
+    let test = "an_orphan_with_lodgers_mask_follows_the_job";
+    if !need_root(test) || !crate::privileged::need_cgroup_v1(test) {
+        return;
+    }
+    /// Killed and reaped however the test ends.
+    struct Reaped(std::process::Child);
+    impl Drop for Reaped {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let top = unique("slurm");
+    let _guard = CgroupGuard::new(CPUSET_V1, &top);
+    let whole = unpinned();
+    make_cpuset(&top, &whole, "0");
+    make_cpuset(&format!("{top}/uid_0"), &whole, "0");
+    let job_dir = make_cpuset(&format!("{top}/uid_0/job_78"), &whole, "0");
+    let e = enforcer(EnforceSettings {
+        slurm_cgroups: vec![format!("/{top}/uid_{{uid}}/job_{{job}}")],
+        ..settings(&unique("slurmparent"), PidPinning::Affinity)
+    });
+    let w = Workload::start(1);
+    fs::write(job_dir.join("cgroup.procs"), w.pid.to_string()).expect("join the job's cgroup");
+    let target = Target::Slurm(SlurmJob {
+        job_id: 78,
+        uid: 0,
+        node: None,
+    });
+    let id = job(78);
+    let mut record = JobRecord::default();
+    e.apply(&id, &target, &set("1"), &set("0"), &mut record)
+        .expect("apply");
+    assert_threads(&[w.pid], Some(7), "1");
+    // On lodger's mask, its parent (this test) not the job's.
+    let orphan = Reaped(
+        std::process::Command::new("taskset")
+            .args(["-c", "1", "sleep", "600"])
+            .spawn()
+            .expect("taskset"),
+    );
+    let pid = orphan.0.id();
+    // taskset sets the mask, then execs sleep.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "sleep") {
+        assert!(std::time::Instant::now() < deadline, "taskset did not exec");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    fs::write(job_dir.join("cgroup.procs"), pid.to_string()).expect("into the job");
+    e.apply(&id, &target, &set("1"), &set("0"), &mut record)
+        .expect("apply");
+    e.apply(&id, &target, &set("0"), &set("0"), &mut record)
+        .expect("apply, moved");
+    assert_threads(&[w.pid], Some(7), "0");
+    assert_threads(&[pid], Some(7), "0");
+    e.release(&id, &target, &record).expect("release");
+    assert_threads(&[pid], None, &whole);
+}
