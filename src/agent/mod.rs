@@ -45,7 +45,7 @@ mod restart_tests;
 #[cfg(test)]
 mod steady_tests;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

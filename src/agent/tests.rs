@@ -155,14 +155,14 @@ pub(super) fn spec(pids: Vec<u32>, cores: u32) -> JobSpec {
     JobSpec::new(JobKind::Training, Target::Pids(pids), cores)
 }
 
-pub(super) struct Rig {
+pub(crate) struct Rig {
     pub(super) node: Arc<Mutex<FakeNode>>,
     pub(super) dir: tempfile::TempDir,
     pub(super) proc_root: tempfile::TempDir,
 }
 
 impl Rig {
-    pub(super) fn new() -> Rig {
+    pub(crate) fn new() -> Rig {
         Rig {
             node: Arc::new(Mutex::new(FakeNode::default())),
             dir: tempfile::tempdir().unwrap(),
@@ -180,7 +180,7 @@ impl Rig {
         self.node.lock().unwrap().alive.remove(&pid);
     }
 
-    pub(super) fn agent(&self) -> Agent {
+    pub(crate) fn agent(&self) -> Agent {
         self.builder().start().unwrap()
     }
 

@@ -112,6 +112,11 @@ pub struct ContainerJob {
     pub id: String,
     /// Its pod, as `namespace/name`.
     pub pod: String,
+    /// Its pod sandbox's id: what tells two sandboxes of one pod name apart (kubelet
+    /// re-creating a sandbox, a StatefulSet pod replaced on the same node). `None` in the
+    /// records of a lodgerd before it was kept; those are matched by `pod`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<String>,
     /// The container's name in its pod.
     pub name: String,
     /// Its cgroup relative to the hierarchy root, where the runtime creates it.
@@ -126,7 +131,11 @@ impl ContainerJob {
         let printable = |s: &str, max: usize| {
             !s.is_empty() && s.len() <= max && !s.chars().any(char::is_control)
         };
-        if !printable(&self.id, 128) || !printable(&self.pod, 320) || !printable(&self.name, 253) {
+        if !printable(&self.id, 128)
+            || !printable(&self.pod, 320)
+            || !printable(&self.name, 253)
+            || self.sandbox.as_deref().is_some_and(|s| !printable(s, 128))
+        {
             return Err(SpecError::BadContainer(self.label()));
         }
         Ok(())

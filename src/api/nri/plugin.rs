@@ -184,10 +184,21 @@ impl NriPlugin {
         self.forget(move |c| c.id == id, why).await;
     }
 
+    /// Unregisters the containers of sandbox `pod`. By its sandbox id, not its name: a pod
+    /// re-created under the same name (a new sandbox of the same pod, a StatefulSet pod
+    /// replaced on this node) runs on while the old sandbox is removed.
     async fn pod_gone(&self, pod: &PodSandbox) {
+        let sandbox = pod.id.clone();
         let label = pods::pod_label(pod);
-        self.forget(move |c| c.pod == label, "'s pod was removed")
-            .await;
+        self.forget(
+            move |c| match c.sandbox.as_deref() {
+                Some(s) if !sandbox.is_empty() => s == sandbox,
+                // A record from before sandboxes were kept, or a runtime naming none.
+                _ => c.pod == label,
+            },
+            "'s pod sandbox was removed",
+        )
+        .await;
     }
 }
 
@@ -337,3 +348,7 @@ impl Plugin for NriPlugin {
         Ok(Empty::new())
     }
 }
+
+#[cfg(test)]
+#[path = "plugin_tests.rs"]
+mod tests;

@@ -74,6 +74,7 @@ pub fn decide(
     let target = Target::Container(ContainerJob {
         id: ctr.id.clone(),
         pod: pod_label(pod),
+        sandbox: (!pod.id.is_empty()).then(|| pod.id.clone()),
         name: ctr.name.clone(),
         cgroup,
     });

@@ -1,0 +1,155 @@
+//! The plugin's answers to a runtime's calls, against an agent on a fake node.
+
+use std::thread::JoinHandle;
+
+use super::*;
+use crate::agent::tests::Rig;
+use crate::job::JobSpec;
+
+/// A plugin in front of a running agent on the fake node of [`Rig`].
+struct Bench {
+    plugin: NriPlugin,
+    rt: tokio::runtime::Runtime,
+    join: Option<JoinHandle<()>>,
+    _rig: Rig,
+}
+
+impl Bench {
+    fn new() -> Bench {
+        let rig = Rig::new();
+        let (agent, join) = rig.agent().spawn().expect("agent thread");
+        let plugin = NriPlugin::new(
+            agent,
+            KubernetesConfig::default(),
+            TrainingSched {
+                rr_priority: Some(10),
+            },
+        );
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        Bench {
+            plugin,
+            rt,
+            join: Some(join),
+            _rig: rig,
+        }
+    }
+
+    /// The registered containers' ids.
+    fn jobs(&self) -> Vec<String> {
+        let mut ids: Vec<String> = self
+            .rt
+            .block_on(self.plugin.container_jobs())
+            .into_iter()
+            .map(|(c, _)| c.id)
+            .collect();
+        ids.sort();
+        ids
+    }
+
+    fn create(&self, pod: &PodSandbox, ctr: &Container) -> bool {
+        let mut req = CreateContainerRequest::new();
+        req.pod = Some(pod.clone()).into();
+        req.container = Some(ctr.clone()).into();
+        let rsp = self
+            .rt
+            .block_on(self.plugin.create_container(&TtrpcContext::default(), req))
+            .expect("CreateContainer");
+        rsp.adjust.is_some()
+    }
+
+    fn stop(&self, ctr: &Container) {
+        let mut req = StopContainerRequest::new();
+        req.container = Some(ctr.clone()).into();
+        self.rt
+            .block_on(self.plugin.stop_container(&TtrpcContext::default(), req))
+            .expect("StopContainer");
+    }
+
+    fn remove_pod(&self, pod: &PodSandbox) {
+        let mut req = PodEvent::new();
+        req.pod = Some(pod.clone()).into();
+        self.rt
+            .block_on(
+                self.plugin
+                    .remove_pod_sandbox(&TtrpcContext::default(), req),
+            )
+            .expect("RemovePodSandbox");
+    }
+}
+
+impl Drop for Bench {
+    fn drop(&mut self) {
+        self.plugin.agent.stop();
+        if let Some(join) = self.join.take() {
+            let _ = join.join();
+        }
+    }
+}
+
+fn training_pod(id: &str, name: &str) -> PodSandbox {
+    let mut p = PodSandbox::new();
+    p.id = id.into();
+    p.name = name.into();
+    p.namespace = "ml".into();
+    p.annotations.insert(pods::KIND.into(), "training".into());
+    p
+}
+
+fn container(id: &str, pod: &PodSandbox) -> Container {
+    let mut c = Container::new();
+    c.id = id.into();
+    c.pod_sandbox_id = pod.id.clone();
+    c.name = "main".into();
+    c.state = ContainerState::CONTAINER_RUNNING.into();
+    let mut linux = LinuxContainer::new();
+    linux.cgroups_path = format!("/kubepods/pod-{}/{id}", pod.id);
+    c.linux = Some(linux).into();
+    c
+}
+
+/// kubelet re-creates a pod's sandbox under the same namespace and name (or a StatefulSet
+/// pod is replaced on this node): removing the old, dead sandbox leaves the new one's running
+/// containers registered.
+#[test]
+fn removing_an_old_sandbox_leaves_a_new_pod_of_the_same_name_alone() {
+    let bench = Bench::new();
+    let old = training_pod("p1", "t-0");
+    let c1 = container("c1", &old);
+    assert!(bench.create(&old, &c1));
+    bench.stop(&c1);
+    assert!(bench.jobs().is_empty());
+    let new = training_pod("p2", "t-0");
+    let c2 = container("c2", &new);
+    assert!(bench.create(&new, &c2));
+    bench.remove_pod(&old);
+    assert_eq!(bench.jobs(), ["c2"]);
+    bench.remove_pod(&new);
+    assert!(bench.jobs().is_empty());
+}
+
+/// A container registered by a lodgerd that kept no sandbox id (its state file's record has
+/// none) still goes with its pod, matched by name.
+#[test]
+fn a_record_without_a_sandbox_id_goes_with_its_pods_name() {
+    let bench = Bench::new();
+    let pod = training_pod("p1", "t-0");
+    let old: ContainerJob = serde_json::from_value(serde_json::json!({
+        "id": "c1",
+        "pod": "ml/t-0",
+        "name": "main",
+        "cgroup": "/kubepods/pod-p1/c1",
+    }))
+    .expect("an older lodgerd's record");
+    assert_eq!(old.sandbox, None);
+    let spec = JobSpec::new(JobKind::Training, Target::Container(old), 1);
+    bench
+        .rt
+        .block_on(bench.plugin.agent.register(spec, None, nri_caller()))
+        .expect("registered");
+    assert_eq!(bench.jobs(), ["c1"]);
+    bench.remove_pod(&pod);
+    assert!(bench.jobs().is_empty());
+}
