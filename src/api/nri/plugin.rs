@@ -47,7 +47,8 @@ pub struct NriPlugin {
     /// Whether the runtime applies NRI's scheduler adjustment (NRI v0.10: containerd 2.2,
     /// CRI-O 1.34); learnt at `Configure`. Elsewhere lodger's own sweep makes threads RR.
     runtime_sets_sched: Mutex<bool>,
-    /// A `Synchronize` sent in parts (`more`): what came so far.
+    /// A `Synchronize` sent in parts (`more`): what came so far on this connection (emptied
+    /// at `Configure`, which starts every connection).
     sync: Mutex<(Vec<PodSandbox>, Vec<Container>)>,
 }
 
@@ -226,6 +227,22 @@ impl Plugin for NriPlugin {
         _ctx: &TtrpcContext,
         req: ConfigureRequest,
     ) -> ttrpc::Result<ConfigureResponse> {
+        // Every connection starts here: the parts of a `Synchronize` an earlier connection
+        // left unfinished are of a list that no longer holds.
+        let stale = std::mem::take(
+            &mut *self
+                .sync
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
+        if !stale.0.is_empty() || !stale.1.is_empty() {
+            info!(
+                "NRI: dropping an unfinished synchronization ({} pods, {} containers) of the \
+                 previous connection",
+                stale.0.len(),
+                stale.1.len()
+            );
+        }
         let sets = runtime_sets_sched(&req.runtime_name, &req.runtime_version);
         *self
             .runtime_sets_sched

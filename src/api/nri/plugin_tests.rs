@@ -78,6 +78,27 @@ impl Bench {
             )
             .expect("RemovePodSandbox");
     }
+
+    fn configure(&self) {
+        let mut req = ConfigureRequest::new();
+        req.runtime_name = "containerd".into();
+        req.runtime_version = "v2.2.0".into();
+        self.rt
+            .block_on(self.plugin.configure(&TtrpcContext::default(), req))
+            .expect("Configure");
+    }
+
+    fn synchronize(&self, pods: Vec<PodSandbox>, containers: Vec<Container>, more: bool) {
+        let mut req = SynchronizeRequest::new();
+        req.pods = pods;
+        req.containers = containers;
+        req.more = more;
+        let rsp = self
+            .rt
+            .block_on(self.plugin.synchronize(&TtrpcContext::default(), req))
+            .expect("Synchronize");
+        assert_eq!(rsp.more, more, "{rsp:?}");
+    }
 }
 
 impl Drop for Bench {
@@ -152,4 +173,21 @@ fn a_record_without_a_sandbox_id_goes_with_its_pods_name() {
     assert_eq!(bench.jobs(), ["c1"]);
     bench.remove_pod(&pod);
     assert!(bench.jobs().is_empty());
+}
+
+/// A `Synchronize` in parts cut short by the runtime going away: its first part (here naming a
+/// container that is gone by the next connection) is not part of the next connection's list,
+/// which always starts with `Configure`.
+#[test]
+fn a_synchronize_cut_short_is_forgotten_at_the_next_configure() {
+    let bench = Bench::new();
+    let ghost_pod = training_pod("p1", "ghost-0");
+    let ghost = container("g", &ghost_pod);
+    let pod = training_pod("p2", "t-0");
+    let live = container("c2", &pod);
+    bench.configure();
+    bench.synchronize(vec![ghost_pod], vec![ghost], true);
+    bench.configure();
+    bench.synchronize(vec![pod], vec![live], false);
+    assert_eq!(bench.jobs(), ["c2"]);
 }
