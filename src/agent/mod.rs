@@ -41,6 +41,8 @@ mod contention_tests;
 #[cfg(test)]
 mod published_tests;
 #[cfg(test)]
+mod registry_tests;
+#[cfg(test)]
 mod restart_tests;
 #[cfg(test)]
 mod steady_tests;

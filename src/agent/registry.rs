@@ -109,6 +109,13 @@ impl Agent {
                                 c.label()
                             )));
                         }
+                        // The rules that bind root bind the plugin too: not lodger's own
+                        // cgroups, not lodgerd's (its DaemonSet pod), not one holding a
+                        // process nobody may hand lodger. The plugin logs the refusal and the
+                        // container runs as the runtime made it.
+                        trust::check_cgroup(
+                            trust, proc_root, &c.cgroup, caller, &ancestry, &slurm,
+                        )?;
                     }
                     Target::Slurm(job) => {
                         // Only Slurm's prolog, run by slurmd as root, names Slurm jobs: the
