@@ -45,7 +45,12 @@ pub fn decide(
                 ))
             }
         },
-        None if gpus.is_some() && config.gpu_containers == GpuContainers::Training => {
+        // A privileged container's GPUs are the host's, not a request (lodgerd's own
+        // DaemonSet pod, a node agent): only an annotation makes it a job.
+        None if gpus.is_some()
+            && !host_devices(ctr)
+            && config.gpu_containers == GpuContainers::Training =>
+        {
             JobKind::Training
         }
         None => return Ok(None),
@@ -106,13 +111,30 @@ fn annotation(pod: &PodSandbox, ctr: &Container, key: &str) -> Option<String> {
         .map(|v| v.trim().to_string())
 }
 
-/// The GPUs the container was given, if any: by index where the runtime says which (an
+/// Device nodes a container is given only with the host's whole device set, as a privileged
+/// container is: the kernel log and the memory devices. Any one of them is enough (`/dev/mem`
+/// is missing where the kernel has no devmem); no GPU workload asks for one.
+const HOST_ONLY_DEVICES: &[&str] = &["/dev/kmsg", "/dev/mem", "/dev/kmem", "/dev/port"];
+
+/// Whether the container was given the host's device set (it is privileged): then its GPU
+/// device nodes are every GPU of the host, not ones it asked for.
+pub fn host_devices(ctr: &Container) -> bool {
+    ctr.linux.as_ref().is_some_and(|l| {
+        l.devices
+            .iter()
+            .any(|d| HOST_ONLY_DEVICES.contains(&d.path.as_str()))
+    })
+}
+
+/// The GPUs the container asked for, if any: by index where the runtime says which (an
 /// `/dev/nvidiaN` device, a CDI `nvidia.com/gpu=N`, `NVIDIA_VISIBLE_DEVICES=0,1`), else an
-/// empty list (by UUID, or `all`). `None`: no GPU.
+/// empty list (by UUID). `None`: no GPU asked for. Not requests: `NVIDIA_VISIBLE_DEVICES=all`
+/// (nvidia/cuda images set it for every container made from them), `void` or `none`, and the
+/// device nodes of a container given the host's device set ([`host_devices`]).
 pub fn gpus(ctr: &Container) -> Option<Vec<u32>> {
     let mut found = false;
     let mut indices = Vec::new();
-    if let Some(linux) = ctr.linux.as_ref() {
+    if let Some(linux) = ctr.linux.as_ref().filter(|_| !host_devices(ctr)) {
         for d in &linux.devices {
             if let Some(n) = d.path.strip_prefix("/dev/nvidia") {
                 if let Ok(i) = n.parse::<u32>() {
@@ -130,7 +152,7 @@ pub fn gpus(ctr: &Container) -> Option<Vec<u32>> {
     }
     for e in &ctr.env {
         if let Some(v) = e.strip_prefix("NVIDIA_VISIBLE_DEVICES=") {
-            if !matches!(v, "" | "void" | "none") {
+            if !matches!(v.trim(), "" | "all" | "void" | "none") {
                 found = true;
                 indices.extend(v.split(',').filter_map(|s| s.trim().parse::<u32>().ok()));
             }

@@ -142,10 +142,11 @@ fn gpus_are_found_however_the_runtime_gives_them() {
     let mut env = container("main", CGROUPFS);
     env.env = vec!["NVIDIA_VISIBLE_DEVICES=void".into()];
     assert_eq!(gpus(&env), None);
-    env.env = vec!["NVIDIA_VISIBLE_DEVICES=all".into()];
-    assert_eq!(gpus(&env), Some(vec![]));
     env.env = vec!["NVIDIA_VISIBLE_DEVICES=2,0".into()];
     assert_eq!(gpus(&env), Some(vec![0, 2]));
+    // By UUID: a GPU, which one unknown.
+    env.env = vec!["NVIDIA_VISIBLE_DEVICES=GPU-8d2e4f1a-0c1b-4b7e-9b2f-2a1c3d4e5f60".into()];
+    assert_eq!(gpus(&env), Some(vec![]));
 
     // A GPU container with no annotation is training, unless the node says leave.
     let d = decided(&pod(&[]), &c).unwrap();
@@ -219,4 +220,80 @@ fn the_event_mask_and_the_scheduler_support_are_what_runtimes_take() {
     assert!(!runtime_sets_sched("cri-o", "1.33.2"));
     assert!(!runtime_sets_sched("podman", "5.0"));
     assert!(!runtime_sets_sched("containerd", "garbage"));
+}
+
+fn devices(mut c: Container, paths: &[&str]) -> Container {
+    let list = paths
+        .iter()
+        .map(|p| {
+            let mut d = LinuxDevice::new();
+            d.path = (*p).into();
+            d
+        })
+        .collect();
+    if let Some(l) = c.linux.as_mut() {
+        l.devices = list;
+    }
+    c
+}
+
+/// nvidia/cuda images set `ENV NVIDIA_VISIBLE_DEVICES=all` whether or not the pod asked for a
+/// GPU: `all` (like `void` and `none`) asks for nothing, so such a container is left alone.
+#[test]
+fn nvidia_visible_devices_all_is_not_a_gpu_request() {
+    let mut c = container("main", CGROUPFS);
+    for v in ["all", "void", "none", ""] {
+        c.env = vec![format!("NVIDIA_VISIBLE_DEVICES={v}")];
+        assert_eq!(gpus(&c), None, "{v:?}");
+        assert_eq!(decided(&pod(&[]), &c), None, "{v:?}");
+    }
+    // Annotated, it is what the annotation says, with no GPU locality.
+    c.env = vec!["NVIDIA_VISIBLE_DEVICES=all".into()];
+    let d = decided(&pod(&[(KIND, "training")]), &c).unwrap();
+    assert_eq!((d.spec.kind, d.spec.gpus), (JobKind::Training, vec![]));
+}
+
+/// A privileged container is given every device node of the host, the GPUs' among them (as
+/// lodgerd's own DaemonSet pod is): its device list asks for nothing, so unannotated it is
+/// left alone, and annotated its GPUs are those it asked for by name only.
+#[test]
+fn a_privileged_containers_devices_are_not_a_gpu_request() {
+    let host = [
+        "/dev/null",
+        "/dev/kmsg",
+        "/dev/mem",
+        "/dev/nvidia0",
+        "/dev/nvidia1",
+        "/dev/nvidiactl",
+        "/dev/sda",
+    ];
+    let privileged = devices(container("lodgerd", CGROUPFS), &host);
+    assert!(host_devices(&privileged));
+    assert_eq!(gpus(&privileged), None);
+    assert_eq!(decided(&pod(&[]), &privileged), None);
+    // Either node is the host's set: /dev/mem is missing where the kernel has no devmem.
+    let kmsg_only = devices(container("x", CGROUPFS), &["/dev/kmsg", "/dev/nvidia2"]);
+    assert_eq!(decided(&pod(&[]), &kmsg_only), None);
+
+    let annotated = decided(&pod(&[(KIND, "training")]), &privileged).unwrap();
+    assert_eq!(annotated.spec.gpus, Vec::<u32>::new());
+    let mut named = privileged.clone();
+    named.env = vec!["NVIDIA_VISIBLE_DEVICES=1".into()];
+    assert_eq!(gpus(&named), Some(vec![1]));
+    assert_eq!(decided(&pod(&[]), &named), None);
+    let d = decided(&pod(&[(KIND, "training")]), &named).unwrap();
+    assert_eq!(d.spec.gpus, vec![1]);
+
+    // A container given its GPUs' nodes and the usual few is a GPU container.
+    let plain = devices(
+        container("main", CGROUPFS),
+        &[
+            "/dev/nvidia3",
+            "/dev/nvidiactl",
+            "/dev/nvidia-uvm",
+            "/dev/null",
+        ],
+    );
+    assert!(!host_devices(&plain));
+    assert_eq!(decided(&pod(&[]), &plain).unwrap().spec.gpus, vec![3]);
 }
