@@ -457,6 +457,9 @@ fn serve(
             let sched = api::nri::TrainingSched {
                 rr_priority: (config.training.policy == crate::config::TrainingPolicy::Rr)
                     .then_some(config.training.rt_priority),
+                allow_unthrottled_rt: config.training.allow_unthrottled_rt,
+                proc_root: config.node.proc_root.clone(),
+                cgroup_root: config.cgroup.root.clone(),
             };
             tokio::spawn(api::nri::run(
                 handle.clone(),

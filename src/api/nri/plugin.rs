@@ -2,9 +2,11 @@
 //! container created becomes a job (placed at once, its cpuset and scheduling class returned
 //! as the container's adjustment), a container stopped or removed is unregistered, and the
 //! runtime's list of containers at every (re)connection is what the jobs are reconciled to.
-//! Touches the agent, through its handle.
+//! Touches the agent, through its handle; reads the node's RT limit and v1 cpu hierarchy (to
+//! know whether the runtime may set SCHED_RR).
 
 use std::collections::HashSet;
+use std::path::PathBuf;
 use std::sync::Mutex;
 
 use async_trait::async_trait;
@@ -16,6 +18,8 @@ use super::proto::api_ttrpc::Plugin;
 use super::proto::*;
 use crate::agent::{AgentHandle, Caller};
 use crate::config::KubernetesConfig;
+use crate::enforce::sched::node_rt_runtime_us;
+use crate::enforce::training::rtgroup::RtGroups;
 use crate::job::{ContainerJob, Job, JobId, JobKind, Target};
 
 /// The events lodger subscribes to: one bit per event, bit `event - 1` (NRI's mask). Runtimes
@@ -32,11 +36,45 @@ pub fn events() -> i32 {
     .fold(0, |m, e| m | 1 << (*e as i32 - 1))
 }
 
-/// The scheduling class lodger gives training containers through NRI.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The scheduling class lodger gives training containers through NRI, and what decides
+/// whether the runtime may set it at creation (the rules of lodger's own sweep,
+/// `enforce::training::rr`).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TrainingSched {
     /// SCHED_RR at this priority; `None`: training runs SCHED_OTHER (`training.policy`).
     pub rr_priority: Option<i32>,
+    /// `training.allow_unthrottled_rt`: SCHED_RR even while `kernel.sched_rt_runtime_us` is -1.
+    pub allow_unthrottled_rt: bool,
+    /// Where the node's RT limit is read (`node.proc_root`).
+    pub proc_root: PathBuf,
+    /// The cgroup hierarchy's root (`cgroup.root`), where v1's RT groups would be.
+    pub cgroup_root: PathBuf,
+}
+
+impl TrainingSched {
+    /// Why the runtime is not asked for SCHED_RR now, lodger's sweep being left to set it (or
+    /// to refuse it, saying why); `None` when it may be asked. Read at every container: the
+    /// sysctl can change at run time.
+    pub fn left_to_sweep(&self) -> Option<&'static str> {
+        if !self.allow_unthrottled_rt {
+            match node_rt_runtime_us(&self.proc_root) {
+                Ok(Some(-1)) => {
+                    return Some(
+                        "kernel.sched_rt_runtime_us is -1 and training.allow_unthrottled_rt is \
+                         off: the sweep refuses SCHED_RR",
+                    )
+                }
+                Ok(_) => {}
+                Err(_) => return Some("the node's RT limit cannot be read"),
+            }
+        }
+        // With RT group scheduling a container's group may have no RT budget: the runtime
+        // would fail the container, where the sweep diagnoses the EPERM or grants a budget.
+        if RtGroups::new(&self.cgroup_root).available() {
+            return Some("cpu cgroups have RT budgets (RT group scheduling)");
+        }
+        None
+    }
 }
 
 /// The `Plugin` service.
@@ -170,11 +208,19 @@ impl NriPlugin {
         if let (JobKind::Training, Some(priority), true) =
             (job.spec.kind, self.sched.rr_priority, runtime_sets)
         {
+            if let Some(why) = self.sched.left_to_sweep() {
+                debug!(job = %job.id, "NRI: no SCHED_RR in the adjustment ({why}); left to lodger's sweep");
+                return self.with_linux(linux);
+            }
             let mut s = LinuxScheduler::new();
             s.policy = LinuxSchedulerPolicy::SCHED_RR.into();
             s.priority = priority;
             linux.scheduler = Some(s).into();
         }
+        self.with_linux(linux)
+    }
+
+    fn with_linux(&self, linux: LinuxContainerAdjustment) -> ContainerAdjustment {
         let mut adjust = ContainerAdjustment::new();
         adjust.linux = Some(linux).into();
         adjust
@@ -248,15 +294,16 @@ impl Plugin for NriPlugin {
             .runtime_sets_sched
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = sets;
-        info!(
-            "NRI: configured by {} {}; training's scheduling class set by {}",
-            req.runtime_name,
-            req.runtime_version,
-            if sets {
-                "the runtime (NRI scheduler adjustment) and lodger's sweep"
-            } else {
-                "lodger's sweep (this runtime's NRI has no scheduler adjustment)"
+        let by = match (sets, self.sched.left_to_sweep()) {
+            (false, _) => {
+                "lodger's sweep (this runtime's NRI has no scheduler adjustment)".to_string()
             }
+            (true, Some(why)) => format!("lodger's sweep, for now ({why})"),
+            (true, None) => "the runtime (NRI scheduler adjustment) and lodger's sweep".into(),
+        };
+        info!(
+            "NRI: configured by {} {}; training's scheduling class set by {by}",
+            req.runtime_name, req.runtime_version,
         );
         let mut rsp = ConfigureResponse::new();
         rsp.events = events();

@@ -12,19 +12,31 @@ struct Bench {
     rt: tokio::runtime::Runtime,
     join: Option<JoinHandle<()>>,
     _rig: Rig,
+    _roots: tempfile::TempDir,
+}
+
+/// SCHED_RR at priority 10, the node's `/proc` and cgroup hierarchy under `roots` (empty: no
+/// RT limit read, no RT groups).
+fn sched_at(roots: &std::path::Path, allow_unthrottled_rt: bool) -> TrainingSched {
+    TrainingSched {
+        rr_priority: Some(10),
+        allow_unthrottled_rt,
+        proc_root: roots.join("proc"),
+        cgroup_root: roots.join("cgroup"),
+    }
 }
 
 impl Bench {
     fn new() -> Bench {
+        let roots = tempfile::tempdir().expect("tempdir");
+        Bench::with(sched_at(roots.path(), false), roots)
+    }
+
+    /// A plugin giving training `sched` (its roots in `roots`, kept as long as the bench).
+    fn with(sched: TrainingSched, roots: tempfile::TempDir) -> Bench {
         let rig = Rig::new();
         let (agent, join) = rig.agent().spawn().expect("agent thread");
-        let plugin = NriPlugin::new(
-            agent,
-            KubernetesConfig::default(),
-            TrainingSched {
-                rr_priority: Some(10),
-            },
-        );
+        let plugin = NriPlugin::new(agent, KubernetesConfig::default(), sched);
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -34,6 +46,7 @@ impl Bench {
             rt,
             join: Some(join),
             _rig: rig,
+            _roots: roots,
         }
     }
 
@@ -49,7 +62,8 @@ impl Bench {
         ids
     }
 
-    fn create(&self, pod: &PodSandbox, ctr: &Container) -> bool {
+    /// The adjustment the plugin answers a new container with.
+    fn create(&self, pod: &PodSandbox, ctr: &Container) -> Option<ContainerAdjustment> {
         let mut req = CreateContainerRequest::new();
         req.pod = Some(pod.clone()).into();
         req.container = Some(ctr.clone()).into();
@@ -57,7 +71,7 @@ impl Bench {
             .rt
             .block_on(self.plugin.create_container(&TtrpcContext::default(), req))
             .expect("CreateContainer");
-        rsp.adjust.is_some()
+        rsp.adjust.into_option()
     }
 
     fn stop(&self, ctr: &Container) {
@@ -139,12 +153,12 @@ fn removing_an_old_sandbox_leaves_a_new_pod_of_the_same_name_alone() {
     let bench = Bench::new();
     let old = training_pod("p1", "t-0");
     let c1 = container("c1", &old);
-    assert!(bench.create(&old, &c1));
+    assert!(bench.create(&old, &c1).is_some());
     bench.stop(&c1);
     assert!(bench.jobs().is_empty());
     let new = training_pod("p2", "t-0");
     let c2 = container("c2", &new);
-    assert!(bench.create(&new, &c2));
+    assert!(bench.create(&new, &c2).is_some());
     bench.remove_pod(&old);
     assert_eq!(bench.jobs(), ["c2"]);
     bench.remove_pod(&new);
@@ -190,4 +204,56 @@ fn a_synchronize_cut_short_is_forgotten_at_the_next_configure() {
     bench.configure();
     bench.synchronize(vec![pod], vec![live], false);
     assert_eq!(bench.jobs(), ["c2"]);
+}
+
+/// The scheduler adjustment of a training container (policy, priority), if any.
+fn sched_of(adjust: &ContainerAdjustment) -> Option<(LinuxSchedulerPolicy, i32)> {
+    let s = adjust.linux.as_ref()?.scheduler.as_ref()?;
+    Some((s.policy.enum_value_or_default(), s.priority))
+}
+
+/// The runtime is asked for SCHED_RR only where lodger's sweep would set it: not while
+/// `kernel.sched_rt_runtime_us` is -1 (unless `training.allow_unthrottled_rt`), and not where
+/// v1 cpu cgroups have RT budgets (a container's group may have none: the runtime would fail
+/// the container, where the sweep diagnoses it or grants one). The cpuset is given anyway.
+#[test]
+fn sched_rr_is_asked_of_the_runtime_only_where_the_sweep_would_set_it() {
+    let roots = tempfile::tempdir().expect("tempdir");
+    let path = roots.path().to_path_buf();
+    let sysctl = path.join("proc/sys/kernel/sched_rt_runtime_us");
+    std::fs::create_dir_all(sysctl.parent().expect("a parent")).expect("mkdir");
+    std::fs::write(&sysctl, "950000\n").expect("the RT limit");
+    let bench = Bench::with(sched_at(&path, false), roots);
+    bench.configure();
+    let pod = training_pod("p1", "t-0");
+    let rr = Some((LinuxSchedulerPolicy::SCHED_RR, 10));
+    let adjust = bench.create(&pod, &container("c1", &pod)).expect("placed");
+    assert_eq!(sched_of(&adjust), rr);
+
+    std::fs::write(&sysctl, "-1\n").expect("unthrottled");
+    let adjust = bench.create(&pod, &container("c2", &pod)).expect("placed");
+    assert_eq!(sched_of(&adjust), None);
+    assert!(adjust
+        .linux
+        .as_ref()
+        .and_then(|l| l.resources.as_ref())
+        .is_some());
+    let allowed_roots = tempfile::tempdir().expect("tempdir");
+    let allowed_path = allowed_roots.path().to_path_buf();
+    let allowed = Bench::with(sched_at(&allowed_path, true), allowed_roots);
+    let allowed_sysctl = allowed_path.join("proc/sys/kernel/sched_rt_runtime_us");
+    std::fs::create_dir_all(allowed_sysctl.parent().expect("a parent")).expect("mkdir");
+    std::fs::write(&allowed_sysctl, "-1\n").expect("unthrottled");
+    allowed.configure();
+    let adjust = allowed
+        .create(&pod, &container("c3", &pod))
+        .expect("placed");
+    assert_eq!(sched_of(&adjust), rr);
+
+    std::fs::write(&sysctl, "950000\n").expect("the RT limit");
+    let cpu = path.join("cgroup/cpu");
+    std::fs::create_dir_all(&cpu).expect("a v1 cpu hierarchy");
+    std::fs::write(cpu.join("cpu.rt_runtime_us"), "950000\n").expect("RT groups");
+    let adjust = bench.create(&pod, &container("c4", &pod)).expect("placed");
+    assert_eq!(sched_of(&adjust), None);
 }
