@@ -555,12 +555,33 @@ fn an_annotated_container_runs_rr_on_the_cpuset_lodger_gave_and_is_given_back() 
     assert_eq!(job["state"], "running", "{job}");
     assert_eq!(job["pids"], serde_json::json!([trainer.pid()]), "{job}");
 
-    // Stopped: its threads are given back.
+    // Stopped: its threads are given back, and its cpuset is no longer lodger's adjustment
+    // but what it has without lodger: its parent's (the runtime made it on the adjustment).
     rt.block_on(stop(conn, &train, &train_ctr));
     wait_until(WAIT, "the trainer's threads back to SCHED_OTHER", || {
         all_other(trainer.pid())
     });
     assert!(!jobs_by_name(d).contains_key("ml/trainer-0/main"));
+    let effective = |rel: &str| {
+        let file = match host_cgroup() {
+            HostCgroup::V2 => "cpuset.cpus.effective",
+            _ => "cpuset.cpus",
+        };
+        std::fs::read_to_string(cgroup_path(rel).join(file))
+            .unwrap_or_default()
+            .trim()
+            .to_string()
+    };
+    let pod_cg = train_cg
+        .path
+        .rsplit_once('/')
+        .map_or("/", |(p, _)| p)
+        .to_string();
+    assert_eq!(
+        common::cpus(&effective(&train_cg.path)),
+        common::cpus(&effective(&pod_cg)),
+        "the container's CPUs are its pod's again, not the adjustment's {cpus}"
+    );
     drop(trainer);
     drop(web);
 }

@@ -295,6 +295,35 @@ impl Enforcer {
         self.restore_ancestors(rec);
     }
 
+    /// A container's cgroup is the runtime's, made on the cpuset lodger's adjustment gave it
+    /// (docs/kubernetes.md): what lodger found there at its first write is its own value, and
+    /// restoring that at release would leave the container on cores lodger then counts free. It
+    /// goes back instead to what it has without lodger: its parent's (v2: the empty value,
+    /// which follows the parent; v1: the parent's CPUs and memory nodes as they are now). A
+    /// kubelet whose CPU manager gave the container CPUs of its own sets them again.
+    pub(super) fn container_goes_back_to_its_parent(&self, rec: &mut CgroupJobRecord) {
+        let h = &*self.cpusets;
+        let parent = parent_of(&rec.cgroup).unwrap_or("/").to_string();
+        let Some(own) = rec.saved.iter_mut().find(|x| x.cgroup == rec.cgroup) else {
+            return;
+        };
+        match h.version() {
+            CgroupVersion::V2 => {
+                own.cpus = CpuSet::new();
+                own.mems = CpuSet::new();
+            }
+            CgroupVersion::V1 => {
+                if let (Ok(cpus), Ok(mems)) = (
+                    h.read(&parent, CpusetFile::Cpus),
+                    h.read(&parent, CpusetFile::Mems),
+                ) {
+                    own.cpus = cpus;
+                    own.mems = mems;
+                }
+            }
+        }
+    }
+
     /// The cpusets a cgroup job's registration may write, as they are now: the job's cgroup,
     /// its descendants and, where a parent must hold its child's CPUs (v1), its ancestors
     /// below the root. Taken before the first write and kept in the pending file, so undoing a

@@ -318,8 +318,12 @@ impl Enforcer {
                     ));
                     Ok(())
                 } else {
+                    let first = cgroup_rec.is_none();
                     let applied =
                         self.apply_cgroup(&c.cgroup, cpus, mems, cgroup_rec, s, &mut rr, &mut out);
+                    if let (true, Some(rec)) = (first, cgroup_rec.as_mut()) {
+                        self.container_goes_back_to_its_parent(rec);
+                    }
                     if applied.is_ok() && !out.alive {
                         // Made but not started, or between its processes: a container's end
                         // is its cgroup's removal (or the runtime's stop event), not a pause.
