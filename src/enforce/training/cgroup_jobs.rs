@@ -213,28 +213,7 @@ impl Enforcer {
             self.restore_ancestors(rec);
             return;
         }
-        s.cgroups.clear();
-        s.cgroups.push(cg.clone());
-        let mut i = 0;
-        while i < s.cgroups.len() {
-            let parent = s.cgroups[i].clone();
-            if let Err(e) = h.children(&parent, &mut s.cgroups) {
-                if !e.is_gone() {
-                    errors.push(e.into());
-                }
-            }
-            i += 1;
-        }
-        let mut pids = Vec::new();
-        for c in &s.cgroups {
-            if let Err(e) = h.procs(c, &mut pids) {
-                if !e.is_gone() {
-                    errors.push(e.into());
-                }
-            }
-        }
-        pids.sort_unstable();
-        pids.dedup();
+        let pids = self.subtree_procs(cg, s, errors);
         self.revert_threads(s, &pids, None, errors);
 
         // The subtree first (ancestors are still grown), then the ancestors lodger grew. Each
@@ -364,6 +343,41 @@ impl Enforcer {
             }
         }
         Some(CgroupJobRecord { cgroup: cg, saved })
+    }
+
+    /// The processes of cgroup `cg` and every cgroup below it, sorted, with those cgroups left
+    /// in `s.cgroups` (parents first). A cgroup removed meanwhile (a step or container that
+    /// ended) has nothing left in it; any other failure to read one goes to `errors`.
+    pub(super) fn subtree_procs(
+        &self,
+        cg: &str,
+        s: &mut Scratch,
+        errors: &mut Vec<EnforceError>,
+    ) -> Vec<u32> {
+        let h = &*self.cpusets;
+        s.cgroups.clear();
+        s.cgroups.push(cg.to_string());
+        let mut i = 0;
+        while i < s.cgroups.len() {
+            let parent = s.cgroups[i].clone();
+            if let Err(e) = h.children(&parent, &mut s.cgroups) {
+                if !e.is_gone() {
+                    errors.push(e.into());
+                }
+            }
+            i += 1;
+        }
+        let mut pids = Vec::new();
+        for c in &s.cgroups {
+            if let Err(e) = h.procs(c, &mut pids) {
+                if !e.is_gone() {
+                    errors.push(e.into());
+                }
+            }
+        }
+        pids.sort_unstable();
+        pids.dedup();
+        pids
     }
 
     /// Gives back the cpusets lodger widened above the job's cgroup (v1: a parent must hold its

@@ -287,39 +287,18 @@ impl Enforcer {
         }
     }
 
-    /// Every process in the job's recorded cgroup and the cgroups below it (its steps).
+    /// Every process in the job's recorded cgroup and the cgroups below it (its steps); Slurm
+    /// removes a step's (or the job's) cgroup as it ends: nothing left there.
     fn slurm_members(
         &self,
         rec: &SlurmJobRecord,
         s: &mut Scratch,
         errors: &mut Vec<EnforceError>,
     ) -> Vec<u32> {
-        let h = &*self.cpusets;
-        let mut pids = Vec::new();
-        let Some(cg) = &rec.cgroup else {
-            return pids;
-        };
-        s.cgroups.clear();
-        s.cgroups.push(cg.clone());
-        let mut i = 0;
-        while i < s.cgroups.len() {
-            let parent = s.cgroups[i].clone();
-            // Slurm removes a step's (or the job's) cgroup as it ends: nothing left there.
-            if let Err(e) = h.children(&parent, &mut s.cgroups) {
-                if !e.is_gone() {
-                    errors.push(e.into());
-                }
-            }
-            i += 1;
+        match &rec.cgroup {
+            Some(cg) => self.subtree_procs(cg, s, errors),
+            None => Vec::new(),
         }
-        for c in &s.cgroups {
-            if let Err(e) = h.procs(c, &mut pids) {
-                if !e.is_gone() {
-                    errors.push(e.into());
-                }
-            }
-        }
-        pids
     }
 
     /// A process of the job lodger never saw and that descends from none it tracked: its
