@@ -57,25 +57,48 @@ pub fn short_hostname() -> String {
 
 /// Slurm's own step daemon, which Slurm puts in the job's cgroups (v2: `step_<n>/slurm`): not the
 /// job's work, never given the job's class or CPUs. Named `slurmstepd` (its `comm`: also the
-/// child it forks for a task, before that child's exec) and running a root-owned program file
-/// named `slurmstepd` that only root may write: a job's process cannot opt out of lodger by
-/// calling itself `slurmstepd` (prctl, or a link or copy of its own by that name). The file may
-/// have been replaced since (a Slurm upgrade under running jobs).
+/// child it forks for a task, before that child's exec), and, so that a job's process cannot
+/// opt out of lodger by calling itself `slurmstepd` (prctl, or a link or copy of its own by that
+/// name):
+/// - where lodgerd may read its program file (`/proc/PID/exe`), that file is named `slurmstepd`
+///   (replaced since by an upgrade under running jobs included), owned by root, and writable by
+///   root alone;
+/// - where it may not (the packaged unit has no CAP_SYS_PTRACE: another uid's process, or a root
+///   one with more capabilities, is closed to it), it runs as root, or is the child such a
+///   daemon forked for a task, before its exec. A task itself calling itself `slurmstepd` then
+///   passes for one.
 fn slurm_daemon(proc_root: &std::path::Path, pid: u32) -> bool {
+    use std::os::unix::ffi::OsStrExt;
     use std::os::unix::fs::MetadataExt;
     let dir = proc_root.join(pid.to_string());
     let named = |name: &[u8]| name == b"slurmstepd";
-    let comm =
-        std::fs::read(dir.join("comm")).is_ok_and(|c| named(c.strip_suffix(b"\n").unwrap_or(&c)));
+    let comm = |dir: &std::path::Path| {
+        std::fs::read(dir.join("comm")).is_ok_and(|c| named(c.strip_suffix(b"\n").unwrap_or(&c)))
+    };
+    if !comm(&dir) {
+        return false;
+    }
     let exe = dir.join("exe");
-    comm && std::fs::read_link(&exe).is_ok_and(|p| {
-        use std::os::unix::ffi::OsStrExt;
-        // A binary replaced by an upgrade while it runs reads `... (deleted)`.
-        p.file_name().is_some_and(|n| {
-            let n = n.as_bytes();
-            named(n.strip_suffix(b" (deleted)").unwrap_or(n))
-        })
-    }) && std::fs::metadata(&exe).is_ok_and(|m| m.uid() == 0 && m.mode() & 0o022 == 0)
+    match std::fs::read_link(&exe) {
+        Ok(path) => {
+            // A binary replaced by an upgrade while it runs reads `... (deleted)`.
+            path.file_name().is_some_and(|n| {
+                let n = n.as_bytes();
+                named(n.strip_suffix(b" (deleted)").unwrap_or(n))
+            }) && std::fs::metadata(&exe).is_ok_and(|m| m.uid() == 0 && m.mode() & 0o022 == 0)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            let roots = |pid: u32| {
+                crate::sys::procfs::uids(proc_root, pid).map(|(real, _)| real) == Some(0)
+            };
+            let parent = std::fs::read(dir.join("stat"))
+                .ok()
+                .and_then(|text| crate::sys::procfs::parse_stat(&text))
+                .map(|st| st.ppid);
+            roots(pid) || parent.is_some_and(|p| roots(p) && comm(&proc_root.join(p.to_string())))
+        }
+        Err(_) => false,
+    }
 }
 
 impl Enforcer {
