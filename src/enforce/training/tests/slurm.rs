@@ -4,6 +4,23 @@
 use super::*;
 use crate::job::SlurmJob;
 
+/// Slurm job `id`'s cgroup as task/cgroup makes it, on every CPU (`<top>/uid_0/job_<id>`, removed
+/// with the guard), and an enforcer that finds Slurm's cgroups there: the guard, `<top>`, the
+/// CPUs, the job's cgroup directory and the enforcer.
+fn slurm_job(id: u64) -> (CgroupGuard, String, String, PathBuf, Enforcer) {
+    let top = unique("slurm");
+    let guard = CgroupGuard::new(CPUSET_V1, &top);
+    let whole = unpinned();
+    make_cpuset(&top, &whole, "0");
+    make_cpuset(&format!("{top}/uid_0"), &whole, "0");
+    let job_dir = make_cpuset(&format!("{top}/uid_0/job_{id}"), &whole, "0");
+    let e = enforcer(EnforceSettings {
+        slurm_cgroups: vec![format!("/{top}/uid_{{uid}}/job_{{job}}")],
+        ..settings(&unique("slurmparent"), PidPinning::Affinity)
+    });
+    (guard, top, whole, job_dir, e)
+}
+
 /// A process forked after the last apply inherited SCHED_RR and lodger's mask from its pinned
 /// parent without lodger ever tracking it: release finds it in the job's cgroup and gives it
 /// back its parent's standing (SCHED_OTHER, the mask its parent had), not left real-time.
@@ -13,16 +30,7 @@ fn release_gives_back_a_slurm_process_forked_since_the_last_apply() {
     if !need_root(test) || !crate::privileged::need_cgroup_v1(test) {
         return;
     }
-    let top = unique("slurm");
-    let _guard = CgroupGuard::new(CPUSET_V1, &top);
-    let whole = unpinned();
-    make_cpuset(&top, &whole, "0");
-    make_cpuset(&format!("{top}/uid_0"), &whole, "0");
-    let job_dir = make_cpuset(&format!("{top}/uid_0/job_77"), &whole, "0");
-    let e = enforcer(EnforceSettings {
-        slurm_cgroups: vec![format!("/{top}/uid_{{uid}}/job_{{job}}")],
-        ..settings(&unique("slurmparent"), PidPinning::Affinity)
-    });
+    let (_guard, top, whole, job_dir, e) = slurm_job(77);
     let mut w = Workload::start(2);
     fs::write(job_dir.join("cgroup.procs"), w.pid.to_string()).expect("join the job's cgroup");
     let target = Target::Slurm(SlurmJob {
@@ -63,16 +71,7 @@ fn an_orphan_with_lodgers_mask_follows_the_job() {
             let _ = self.0.wait();
         }
     }
-    let top = unique("slurm");
-    let _guard = CgroupGuard::new(CPUSET_V1, &top);
-    let whole = unpinned();
-    make_cpuset(&top, &whole, "0");
-    make_cpuset(&format!("{top}/uid_0"), &whole, "0");
-    let job_dir = make_cpuset(&format!("{top}/uid_0/job_78"), &whole, "0");
-    let e = enforcer(EnforceSettings {
-        slurm_cgroups: vec![format!("/{top}/uid_{{uid}}/job_{{job}}")],
-        ..settings(&unique("slurmparent"), PidPinning::Affinity)
-    });
+    let (_guard, _, whole, job_dir, e) = slurm_job(78);
     let w = Workload::start(1);
     fs::write(job_dir.join("cgroup.procs"), w.pid.to_string()).expect("join the job's cgroup");
     let target = Target::Slurm(SlurmJob {
