@@ -384,56 +384,102 @@ async fn read_request_head(
     Ok(n)
 }
 
+/// How long one connection may take, request and reply together: a client that stops
+/// reading (or never sends its request) is dropped then, not served forever.
+const CONNECTION_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
+/// The most connections served at once; one more is closed at once.
+const MAX_CONNECTIONS: usize = 64;
+/// The wait after a failed accept (out of descriptors: the connection stays in the backlog, and
+/// trying again at once would spin on it).
+const ACCEPT_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
+
 pub async fn serve(listen: SocketAddr, agent: AgentHandle) -> std::io::Result<()> {
     let listener = TcpListener::bind(listen).await?;
     tracing::info!("Prometheus metrics on http://{listen}/metrics");
+    let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
-        let (mut sock, peer) = match listener.accept().await {
+        let (sock, peer) = match listener.accept().await {
             Ok(x) => x,
             Err(e) => {
-                warn!("metrics: accept failed: {e}");
+                warn!("metrics: accept failed: {e}; trying again in {ACCEPT_RETRY:?}");
+                tokio::time::sleep(ACCEPT_RETRY).await;
                 continue;
             }
         };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            debug!(%peer, "metrics: {MAX_CONNECTIONS} connections open already: closed");
+            continue;
+        };
         let agent = agent.clone();
         tokio::spawn(async move {
-            let mut buf = [0u8; 2048];
-            let n = match tokio::time::timeout(
-                std::time::Duration::from_secs(5),
-                read_request_head(&mut sock, &mut buf),
-            )
-            .await
-            {
-                Ok(Ok(n)) => n,
-                _ => return,
-            };
-            let request = String::from_utf8_lossy(&buf[..n]);
-            let path = request.split_whitespace().nth(1).unwrap_or("");
-            debug!(%peer, path, "metrics request");
-            let (status, body) = if !request.starts_with("GET ") {
-                ("405 Method Not Allowed", "only GET\n".to_string())
-            } else if path != "/metrics" {
-                ("404 Not Found", "try /metrics\n".to_string())
-            } else {
+            let page = || async move {
                 match agent.snapshot().await {
                     Ok(snap) => ("200 OK", render(&snap)),
                     Err(e) => ("503 Service Unavailable", format!("{e}\n")),
                 }
             };
-            let head = format!(
-                "HTTP/1.0 {status}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                body.len()
-            );
-            let _ = sock.write_all(head.as_bytes()).await;
-            let _ = sock.write_all(body.as_bytes()).await;
-            let _ = sock.shutdown().await;
+            serve_connection(sock, &peer.to_string(), page).await;
+            drop(slot);
         });
+    }
+}
+
+/// Answers one connection (`page`: the status and body of `/metrics`), all of it within
+/// [`CONNECTION_DEADLINE`].
+async fn serve_connection<S, F, Fut>(mut sock: S, peer: &str, page: F)
+where
+    S: AsyncReadExt + AsyncWriteExt + Unpin,
+    F: FnOnce() -> Fut,
+    Fut: std::future::Future<Output = (&'static str, String)>,
+{
+    let answered = tokio::time::timeout(CONNECTION_DEADLINE, async {
+        let mut buf = [0u8; 2048];
+        let n = read_request_head(&mut sock, &mut buf).await?;
+        let request = String::from_utf8_lossy(&buf[..n]);
+        let path = request.split_whitespace().nth(1).unwrap_or("");
+        debug!(%peer, path, "metrics request");
+        let (status, body) = if !request.starts_with("GET ") {
+            ("405 Method Not Allowed", "only GET\n".to_string())
+        } else if path != "/metrics" {
+            ("404 Not Found", "try /metrics\n".to_string())
+        } else {
+            page().await
+        };
+        let head = format!(
+            "HTTP/1.0 {status}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            body.len()
+        );
+        sock.write_all(head.as_bytes()).await?;
+        sock.write_all(body.as_bytes()).await?;
+        sock.shutdown().await
+    })
+    .await;
+    if answered.is_err() {
+        debug!(%peer, "metrics: connection dropped after {CONNECTION_DEADLINE:?}");
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A client that sends its request and then never reads the reply (a page larger than the
+    /// connection's buffers) holds its connection no longer than the deadline.
+    #[tokio::test(start_paused = true)]
+    async fn a_client_that_never_reads_is_dropped_at_the_deadline() {
+        let (mut client, server) = tokio::io::duplex(64);
+        client
+            .write_all(b"GET /metrics HTTP/1.0\r\n\r\n")
+            .await
+            .expect("request");
+        let served = tokio::time::timeout(
+            std::time::Duration::from_secs(60),
+            serve_connection(server, "test", || async { ("200 OK", "x".repeat(100_000)) }),
+        )
+        .await;
+        assert!(served.is_ok(), "the connection outlived its deadline");
+        drop(client);
+    }
 
     #[tokio::test]
     async fn a_request_head_sent_in_pieces_is_read_whole() {
