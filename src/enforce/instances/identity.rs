@@ -129,23 +129,26 @@ pub fn check_launch(owner: u32, launch: &Launch) -> Result<(), String> {
     if !path.is_absolute() {
         return Err(format!("working directory {cwd} is not an absolute path"));
     }
-    let meta = match std::fs::metadata(path) {
-        Ok(meta) => meta,
-        // Hidden from lodgerd, not from the unit: systemd checks it when the unit starts.
-        Err(_) if by_unit && !sandbox_hint(path).is_empty() => return Ok(()),
-        Err(e) => {
-            return Err(format!(
-                "working directory {cwd}: {e}{}",
-                sandbox_hint(path)
-            ))
+    // From the root down, each directory looked at only once the owner may enter the one above
+    // it: lodgerd (root) says nothing about a path its owner could not look at (whether
+    // another user's file exists, or is a file).
+    let mut dirs: Vec<&Path> = path.ancestors().collect();
+    dirs.reverse();
+    for dir in dirs {
+        let meta = match std::fs::metadata(dir) {
+            Ok(meta) => meta,
+            // Hidden from lodgerd, not from the unit: systemd checks it when the unit starts.
+            Err(_) if by_unit && !sandbox_hint(path).is_empty() => return Ok(()),
+            Err(e) => {
+                return Err(format!(
+                    "working directory {cwd}: {e}{}",
+                    sandbox_hint(path)
+                ))
+            }
+        };
+        if !meta.is_dir() {
+            return Err(format!("working directory {cwd} is not a directory"));
         }
-    };
-    if !meta.is_dir() {
-        return Err(format!("working directory {cwd} is not a directory"));
-    }
-    for dir in path.ancestors() {
-        let meta = std::fs::metadata(dir)
-            .map_err(|e| format!("working directory {cwd}: {}: {e}", dir.display()))?;
         if !may_enter(&meta, owner, who.gid, &who.groups) {
             return Err(format!(
                 "working directory {cwd}: {} (uid {owner}) may not enter {}",
@@ -383,5 +386,33 @@ mod tests {
         let stranger = meta.uid().wrapping_add(12345).max(1);
         assert!(!may_enter(&meta, stranger, stranger, &[]));
         assert!(may_enter(&meta, meta.uid(), meta.gid(), &[]));
+    }
+
+    /// Inside a directory another user may not enter, lodgerd (root) tells that user nothing
+    /// more: a file and a missing path there are refused alike, for the directory.
+    #[test]
+    fn the_working_directory_check_tells_nothing_past_a_directory_the_owner_may_not_enter() {
+        let name =
+            "the_working_directory_check_tells_nothing_past_a_directory_the_owner_may_not_enter";
+        if !crate::privileged::need_root(name) {
+            return;
+        }
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+        let file = dir.path().join("f");
+        std::fs::write(&file, "").unwrap();
+        let launch = |p: &Path| Launch {
+            cwd: Some(p.display().to_string()),
+            ..Launch::default()
+        };
+        let nobody = 65534;
+        let (a_file, missing) = (
+            check_launch(nobody, &launch(&file)).unwrap_err(),
+            check_launch(nobody, &launch(&dir.path().join("none"))).unwrap_err(),
+        );
+        let refused = format!("may not enter {}", dir.path().display());
+        assert!(a_file.ends_with(&refused), "{a_file}");
+        assert!(missing.ends_with(&refused), "{missing}");
     }
 }
