@@ -17,6 +17,9 @@ const MAX_CGROUP_DEPTH: usize = 32;
 /// How many processes of a cgroup subtree are looked at, at most (a bound on the work one
 /// registration can ask for; a subtree with more is refused).
 const MAX_CGROUP_PROCS: usize = 65_536;
+/// How many cgroups of a subtree are looked at, at most: empty ones cost a listing each, and a
+/// member may make thousands in a subtree delegated to them.
+const MAX_CGROUP_DIRS: usize = 4_096;
 
 /// What the operator decides about trust (`[api]`), and where lodger's own cgroups are.
 #[derive(Debug, Clone)]
@@ -296,9 +299,11 @@ pub(super) fn check_cgroup(
     }
     let dir = trust.cgroup_dir.join(path.trim_start_matches('/'));
     let mut pids = Vec::new();
-    if !subtree_pids(&dir, 0, &mut pids) {
+    let mut dirs = 0;
+    if !subtree_pids(&dir, 0, &mut dirs, &mut pids) {
         return deny(format!(
-            "holds more than {MAX_CGROUP_PROCS} processes or nests deeper than {MAX_CGROUP_DEPTH}"
+            "holds more than {MAX_CGROUP_PROCS} processes or {MAX_CGROUP_DIRS} cgroups, or nests \
+             deeper than {MAX_CGROUP_DEPTH}"
         ));
     }
     for pid in pids {
@@ -319,9 +324,11 @@ pub(super) fn check_cgroup(
 }
 
 /// Every pid in `dir`'s `cgroup.procs` and those of its descendants. False when the subtree is
-/// past the bounds. A cgroup that does not exist holds nothing (enforcement then says it is gone).
-fn subtree_pids(dir: &Path, depth: usize, out: &mut Vec<u32>) -> bool {
-    if depth > MAX_CGROUP_DEPTH {
+/// past the bounds (`dirs`: the cgroups looked at so far). A cgroup that does not exist holds
+/// nothing (enforcement then says it is gone).
+fn subtree_pids(dir: &Path, depth: usize, dirs: &mut usize, out: &mut Vec<u32>) -> bool {
+    *dirs += 1;
+    if depth > MAX_CGROUP_DEPTH || *dirs > MAX_CGROUP_DIRS {
         return false;
     }
     if let Ok(text) = std::fs::read_to_string(dir.join("cgroup.procs")) {
@@ -335,7 +342,7 @@ fn subtree_pids(dir: &Path, depth: usize, out: &mut Vec<u32>) -> bool {
     };
     for entry in entries.flatten() {
         if entry.file_type().is_ok_and(|t| t.is_dir())
-            && !subtree_pids(&entry.path(), depth + 1, out)
+            && !subtree_pids(&entry.path(), depth + 1, dirs, out)
         {
             return false;
         }
@@ -569,6 +576,15 @@ mod tests {
         assert_eq!(check("/user.slice/mixed", &root), Ok(()));
         assert_eq!(check("/system.slice/cron.service", &root), Ok(()));
         assert!(check("/lodger", &root).is_err());
+        // Many empty cgroups (a member may make them in a subtree delegated to them): the walk
+        // stops at MAX_CGROUP_DIRS and the registration is refused, for root too.
+        for n in 0..MAX_CGROUP_DIRS {
+            std::fs::create_dir_all(cg.path().join(format!("user.slice/wide/c{n}"))).unwrap();
+        }
+        for caller in [&member, &root] {
+            let m = check("/user.slice/wide", caller).unwrap_err();
+            assert!(m.contains("4096 cgroups"), "{m}");
+        }
     }
 
     /// Issue 19: a batch job's own memory limit only on a cgroup lodger makes, and within the
