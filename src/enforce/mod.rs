@@ -22,8 +22,8 @@ pub use self::cpusets::CpusetHierarchy;
 pub use self::sched::SchedError;
 pub use self::training::rtgroup::{RtGrant, RtGroupError};
 pub use self::training::{
-    CgroupJobRecord, CgroupMode, EnforceError, Enforcer, JobRecord, Outcome, PidJobRecord,
-    RootProcess, SavedCpuset, SlurmCgroup, SlurmJobRecord, TrackedProcess,
+    slurm_job_cgroup, CgroupJobRecord, CgroupMode, EnforceError, Enforcer, JobRecord, Outcome,
+    PidJobRecord, RootProcess, SavedCpuset, SlurmCgroup, SlurmJobRecord, TrackedProcess,
 };
 pub use crate::sys::cgroupfs::{CgroupDriver, CgroupError, CgroupVersion};
 

@@ -43,7 +43,7 @@ pub use self::record::{
 };
 use self::rr::RrSweep;
 use self::rtgroup::RtGroups;
-pub use self::slurm_jobs::SlurmCgroup;
+pub use self::slurm_jobs::{slurm_job_cgroup, SlurmCgroup};
 use super::cpusets::{self, CpusetFile, CpusetHierarchy};
 use super::quiet;
 use super::sched;

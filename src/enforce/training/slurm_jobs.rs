@@ -46,6 +46,62 @@ pub fn candidates(templates: &[String], job: &SlurmJob, host: &str) -> Vec<Strin
         .collect()
 }
 
+/// The inverse of [`candidates`]: the Slurm job whose cgroup, as one of `templates` names it,
+/// holds cgroup `path`, and that cgroup. The job is named by its id, or `?` where the template
+/// does not name it.
+pub fn slurm_job_cgroup(templates: &[String], path: &str) -> Option<(String, String)> {
+    let parts: Vec<&str> = path.split('/').filter(|c| !c.is_empty()).collect();
+    templates.iter().find_map(|template| {
+        let pattern: Vec<&str> = template.split('/').filter(|c| !c.is_empty()).collect();
+        if pattern.is_empty() || pattern.len() > parts.len() {
+            return None;
+        }
+        let mut caught = Vec::new();
+        for (p, c) in pattern.iter().zip(&parts) {
+            if !component_matches(p, c, &mut caught) {
+                return None;
+            }
+        }
+        let job = caught
+            .iter()
+            .find(|(name, _)| *name == "job")
+            .map_or("?".to_string(), |(_, v)| v.to_string());
+        Some((job, format!("/{}", parts[..pattern.len()].join("/"))))
+    })
+}
+
+/// Whether one cgroup name matches one component of a `slurm.cgroup_paths` template, each
+/// `{name}` standing for one or more characters (digits for `{job}` and `{uid}`); what each
+/// stood for is appended to `caught`.
+fn component_matches<'p, 't>(
+    pattern: &'p str,
+    text: &'t str,
+    caught: &mut Vec<(&'p str, &'t str)>,
+) -> bool {
+    let Some(open) = pattern.find('{') else {
+        return pattern == text;
+    };
+    let (literal, rest) = pattern.split_at(open);
+    let (Some(text), Some(close)) = (text.strip_prefix(literal), rest.find('}')) else {
+        return false;
+    };
+    let (name, after) = (&rest[1..close], &rest[close + 1..]);
+    let numeric = name == "job" || name == "uid";
+    for end in (1..=text.len()).filter(|&e| text.is_char_boundary(e)) {
+        let value = &text[..end];
+        if numeric && !value.bytes().all(|b| b.is_ascii_digit()) {
+            break;
+        }
+        let before = caught.len();
+        caught.push((name, value));
+        if component_matches(after, &text[end..], caught) {
+            return true;
+        }
+        caught.truncate(before);
+    }
+    false
+}
+
 /// The host's name up to the first dot (`hostname -s`): Slurm's node name unless slurm.conf
 /// says otherwise.
 pub fn short_hostname() -> String {
