@@ -160,6 +160,13 @@ pub fn node_rt_runtime_us(proc_root: &Path) -> Result<Option<i64>, SchedError> {
         })
 }
 
+/// Whether lodger refuses SCHED_RR on this node now: RT throttling is off
+/// (`kernel.sched_rt_runtime_us` is -1) and `training.allow_unthrottled_rt` (`allow`) is not
+/// set. Lodger's sweep and the NRI adjustment judge by this one rule.
+pub fn unthrottled_rt_refused(allow: bool, proc_root: &Path) -> Result<bool, SchedError> {
+    Ok(!allow && node_rt_runtime_us(proc_root)? == Some(-1))
+}
+
 fn pid_t(tid: u32) -> Result<libc::pid_t, Errno> {
     libc::pid_t::try_from(tid).map_err(|_| Errno::ESRCH)
 }

@@ -18,7 +18,7 @@ use super::proto::api_ttrpc::Plugin;
 use super::proto::*;
 use crate::agent::{AgentHandle, Caller};
 use crate::config::KubernetesConfig;
-use crate::enforce::sched::node_rt_runtime_us;
+use crate::enforce::sched::unthrottled_rt_refused;
 use crate::enforce::training::rtgroup::RtGroups;
 use crate::job::{ContainerJob, Job, JobId, JobKind, Target};
 
@@ -56,17 +56,15 @@ impl TrainingSched {
     /// to refuse it, saying why); `None` when it may be asked. Read at every container: the
     /// sysctl can change at run time.
     pub fn left_to_sweep(&self) -> Option<&'static str> {
-        if !self.allow_unthrottled_rt {
-            match node_rt_runtime_us(&self.proc_root) {
-                Ok(Some(-1)) => {
-                    return Some(
-                        "kernel.sched_rt_runtime_us is -1 and training.allow_unthrottled_rt is \
-                         off: the sweep refuses SCHED_RR",
-                    )
-                }
-                Ok(_) => {}
-                Err(_) => return Some("the node's RT limit cannot be read"),
+        match unthrottled_rt_refused(self.allow_unthrottled_rt, &self.proc_root) {
+            Ok(true) => {
+                return Some(
+                    "kernel.sched_rt_runtime_us is -1 and training.allow_unthrottled_rt is \
+                     off: the sweep refuses SCHED_RR",
+                )
             }
+            Ok(false) => {}
+            Err(_) => return Some("the node's RT limit cannot be read"),
         }
         // With RT group scheduling a container's group may have no RT budget: the runtime
         // would fail the container, where the sweep diagnoses the EPERM or grants a budget.

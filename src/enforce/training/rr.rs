@@ -234,9 +234,10 @@ impl<'a> RrSweep<'a> {
             return r;
         }
         let settings = &self.enforcer.settings;
-        let r = !settings.allow_unthrottled_rt
-            && match sched::node_rt_runtime_us(&settings.proc_root) {
-                Ok(Some(-1)) => {
+        let r =
+            match sched::unthrottled_rt_refused(settings.allow_unthrottled_rt, &settings.proc_root)
+            {
+                Ok(true) => {
                     self.errors.push(
                         SchedError::RtUnthrottled {
                             file: settings.proc_root.join(sched::SCHED_RT_RUNTIME_SYSCTL),
@@ -245,7 +246,7 @@ impl<'a> RrSweep<'a> {
                     );
                     true
                 }
-                Ok(_) => false,
+                Ok(false) => false,
                 Err(e) => {
                     self.errors.push(e.into());
                     false
