@@ -135,6 +135,67 @@ fn a_slurm_training_job_waits_for_its_cgroup_then_runs_inside_its_cpuset_until_i
 }
 
 #[test]
+fn a_slurm_cpuset_that_cannot_be_read_neither_moves_nor_ends_the_job() {
+    let rig = Rig::new();
+    let mut agent = rig.agent();
+    let job = agent.register(slurm(JobKind::Training, 42), 1000).unwrap();
+    let never = agent.register(slurm(JobKind::Batch, 43), 1000).unwrap();
+    {
+        let mut node = rig.node.lock().unwrap();
+        node.slurm.insert(
+            42,
+            SlurmCgroup {
+                path: "/slurm/uid_1000/job_42".into(),
+                cpus: Some(set("4-7")),
+            },
+        );
+        // Job 43's cgroup is there from the start, its cpuset never readable.
+        node.slurm_unreadable.insert(43);
+    }
+    agent.tick();
+    assert_eq!(agent.jobs()[&job.id].cpus, set("4-7"));
+
+    // Not "no cpuset" (which would place it by count, anywhere), not gone: the last view holds.
+    rig.node.lock().unwrap().slurm_unreadable.insert(42);
+    for _ in 0..3 {
+        agent.tick();
+    }
+    let jobs = agent.jobs();
+    let seen = &jobs[&job.id];
+    assert_eq!(seen.cpus, set("4-7"), "{:?}", seen.last_error);
+    // Still placed (its cores not handed to others), the enforcement error shown.
+    assert_eq!(seen.state, JobState::Error, "{:?}", seen.last_error);
+    assert!(
+        seen.last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("unexpected content")),
+        "{:?}",
+        seen.last_error
+    );
+    assert!(!rig.node.lock().unwrap().released.contains(&job.id));
+    let waits = &jobs[&never.id];
+    assert_eq!(waits.state, JobState::Pending);
+    assert!(
+        waits
+            .last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("cannot read Slurm job 43's cpuset")),
+        "{:?}",
+        waits.last_error
+    );
+    assert!(waits.cpus.is_empty(), "never placed: {}", waits.cpus);
+
+    // Readable again, and then gone: the job ends as before.
+    {
+        let mut node = rig.node.lock().unwrap();
+        node.slurm_unreadable.remove(&42);
+        node.slurm.remove(&42);
+    }
+    agent.tick();
+    assert!(!agent.jobs().contains_key(&job.id), "its cgroup gone");
+}
+
+#[test]
 fn a_slurm_job_is_placed_on_part_of_its_cpuset_and_a_batch_one_beside_training() {
     let rig = Rig::new();
     let mut agent = rig.agent();

@@ -234,6 +234,7 @@ impl Agent {
         self.slurm = SlurmSeen::look(
             |job, record| enforcer.find_slurm(job, record),
             &self.state,
+            &self.slurm,
             crate::clock::now_secs(),
             self.settings.slurm_appear_timeout,
         );

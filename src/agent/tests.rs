@@ -14,6 +14,7 @@ use crate::policy::contention::ContentionConfig;
 use crate::policy::Placement;
 use crate::sense::Observations;
 use crate::store::Store;
+use crate::sys::cgroupfs::CgroupError;
 use crate::topology::Topology;
 
 /// What the fake node looks like: which pids live, and what was applied/released.
@@ -25,6 +26,8 @@ pub(super) struct FakeNode {
     pub(super) fail_next_apply: Option<EnforceError>,
     /// Slurm jobs' cgroups that exist, by Slurm job id.
     pub(super) slurm: BTreeMap<u64, SlurmCgroup>,
+    /// Slurm jobs whose cgroup is there but whose cpuset cannot be read.
+    pub(super) slurm_unreadable: BTreeSet<u64>,
     /// Plays `enforce::quiet`: a job applied at the same CPUs with the same live pids since is
     /// settled (`Enforce::settled`).
     pub(super) quiet: bool,
@@ -73,7 +76,14 @@ impl Enforce for FakeEnforcer {
     ) -> Result<Outcome, EnforceError> {
         let mut node = self.0.lock().unwrap();
         if let Target::Slurm(j) = target {
-            // As the real one does: where the cgroup was found is recorded.
+            // As the real one does: it looks for the cgroup again, fails where its cpuset cannot
+            // be read, and records where the cgroup was found.
+            if node.slurm_unreadable.contains(&j.job_id) {
+                return Err(EnforceError::Cgroup(CgroupError::Parse {
+                    path: format!("/fake/job_{}/cpuset.cpus", j.job_id).into(),
+                    content: "garbage".into(),
+                }));
+            }
             if let Some(cg) = node.slurm.get(&j.job_id) {
                 record.slurm = Some(crate::enforce::SlurmJobRecord {
                     cgroup: Some(cg.path.clone()),
@@ -126,8 +136,19 @@ impl Enforce for FakeEnforcer {
         "fake".into()
     }
 
-    fn find_slurm(&self, job: &SlurmJob, _record: &JobRecord) -> Option<SlurmCgroup> {
-        self.0.lock().unwrap().slurm.get(&job.job_id).cloned()
+    fn find_slurm(
+        &self,
+        job: &SlurmJob,
+        _record: &JobRecord,
+    ) -> Result<Option<SlurmCgroup>, CgroupError> {
+        let node = self.0.lock().unwrap();
+        if node.slurm_unreadable.contains(&job.job_id) {
+            return Err(CgroupError::Parse {
+                path: format!("/fake/job_{}/cpuset.cpus", job.job_id).into(),
+                content: "garbage".into(),
+            });
+        }
+        Ok(node.slurm.get(&job.job_id).cloned())
     }
 
     /// What the node still holds applied (as the kernel would: it outlives an agent) for a job

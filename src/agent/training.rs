@@ -11,6 +11,7 @@ use crate::enforce::{CgroupJobRecord, EnforceError, JobRecord, Outcome, SlurmCgr
 use crate::job::{JobId, JobState, Role, SlurmJob, Target};
 use crate::policy::{Placement, TrainingJobView};
 use crate::store::{State, StoredJob};
+use crate::sys::cgroupfs::CgroupError;
 
 /// What the agent needs from enforcement. [`crate::enforce::Enforcer`] is the real one;
 /// [`crate::enforce::sim::SimulatedEnforcer`] records instead of touching the kernel (`--sim`).
@@ -54,9 +55,14 @@ pub trait Enforce: Send {
     ) -> Vec<(JobId, Result<(), EnforceError>)> {
         Vec::new()
     }
-    /// A Slurm job's cgroup and cpuset, if it exists now (docs/slurm.md).
-    fn find_slurm(&self, _job: &SlurmJob, _record: &JobRecord) -> Option<SlurmCgroup> {
-        None
+    /// A Slurm job's cgroup and cpuset, if it exists now (docs/slurm.md); an error when the
+    /// cgroup is there but its cpuset cannot be read.
+    fn find_slurm(
+        &self,
+        _job: &SlurmJob,
+        _record: &JobRecord,
+    ) -> Result<Option<SlurmCgroup>, CgroupError> {
+        Ok(None)
     }
     /// A cgroup job's cpusets as they are now, before a registration writes any (see
     /// [`crate::enforce::Enforcer::cpusets_now`]); None for other targets.
@@ -119,7 +125,11 @@ impl Enforce for crate::enforce::Enforcer {
         crate::enforce::Enforcer::release_orphans(self, known)
     }
 
-    fn find_slurm(&self, job: &SlurmJob, record: &JobRecord) -> Option<SlurmCgroup> {
+    fn find_slurm(
+        &self,
+        job: &SlurmJob,
+        record: &JobRecord,
+    ) -> Result<Option<SlurmCgroup>, CgroupError> {
         crate::enforce::Enforcer::find_slurm(self, job, record.slurm.as_ref())
     }
 

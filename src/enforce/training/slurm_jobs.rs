@@ -10,7 +10,7 @@ use crate::cpuset::CpuSet;
 use crate::enforce::sched::{self, CpuMask};
 use crate::enforce::TrainingClass;
 use crate::job::SlurmJob;
-use crate::sys::cgroupfs::{self as cgroup, CgroupVersion};
+use crate::sys::cgroupfs::{self as cgroup, CgroupError, CgroupVersion};
 
 /// Where a Slurm job's cgroup is, once it exists.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -159,23 +159,43 @@ fn slurm_daemon(proc_root: &std::path::Path, pid: u32) -> bool {
 
 impl Enforcer {
     /// The job's cgroup if it exists now: the recorded one, else the first of the configured
-    /// paths that does.
-    pub fn find_slurm(&self, job: &SlurmJob, rec: Option<&SlurmJobRecord>) -> Option<SlurmCgroup> {
+    /// paths that does, with its cpuset. `Ok(None)` when there is none (not yet, or gone); an
+    /// error when the cgroup is there but its cpuset cannot be read, which says nothing about
+    /// where the job may run (a cgroup without cpuset files, v2 without the controller, has no
+    /// cpuset: `cpus` None).
+    pub fn find_slurm(
+        &self,
+        job: &SlurmJob,
+        rec: Option<&SlurmJobRecord>,
+    ) -> Result<Option<SlurmCgroup>, CgroupError> {
         let h = &*self.cpusets;
         let recorded = rec.and_then(|r| r.cgroup.clone());
-        let path = match recorded {
-            Some(p) => h.exists(&p).then_some(p)?,
+        let found = match recorded {
+            Some(p) => h.exists(&p).then_some(p),
             None => candidates(&self.settings.slurm_cgroups, job, &short_hostname())
                 .into_iter()
-                .find(|p| h.exists(p))?,
+                .find(|p| h.exists(p)),
         };
-        let cpus = match self.mode.version {
+        let Some(path) = found else {
+            return Ok(None);
+        };
+        let read = match self.mode.version {
             CgroupVersion::V1 => h.read(&path, crate::enforce::cpusets::CpusetFile::Cpus),
             CgroupVersion::V2 => h.effective_cpus(&path),
-        }
-        .ok()
-        .filter(|c| !c.is_empty());
-        Some(SlurmCgroup { path, cpus })
+        };
+        let cpus = match read {
+            Ok(c) => Some(c).filter(|c| !c.is_empty()),
+            // Removed since it was seen: as if not seen.
+            Err(CgroupError::Gone { .. }) => return Ok(None),
+            // The cgroup is there, its cpuset file is not.
+            Err(CgroupError::Read { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound =>
+            {
+                None
+            }
+            Err(e) => return Err(e),
+        };
+        Ok(Some(SlurmCgroup { path, cpus }))
     }
 
     /// Pins every process of the job's cgroup (and its steps') to `cpus` within the job's cpuset
@@ -193,7 +213,7 @@ impl Enforcer {
     ) -> Result<(), EnforceError> {
         let h = &*self.cpusets;
         let rec = slot.get_or_insert_with(SlurmJobRecord::default);
-        let Some(found) = self.find_slurm(job, Some(rec)) else {
+        let Some(found) = self.find_slurm(job, Some(rec))? else {
             if rec.cgroup.is_some() {
                 // Slurm removed it: the job ended (its epilog may never run).
                 out.alive = false;

@@ -1,5 +1,6 @@
-//! Slurm jobs on the real kernel (root, cgroup v1): a job cgroup made as Slurm's task/cgroup
-//! makes it (`<prepend>/uid_U/job_J`), and what release gives back read from /proc.
+//! Slurm jobs: how a job's cgroup and cpuset are found (a v2 fixture tree), and on the real
+//! kernel (root, cgroup v1) a job cgroup made as Slurm's task/cgroup makes it
+//! (`<prepend>/uid_U/job_J`), and what release gives back read from /proc.
 
 use super::*;
 use crate::job::SlurmJob;
@@ -107,4 +108,42 @@ fn an_orphan_with_lodgers_mask_follows_the_job() {
     assert_threads(&[pid], Some(7), "0");
     e.release(&id, &target, &record).expect("release");
     assert_threads(&[pid], None, &whole);
+}
+
+/// A job's cgroup is found with its cpuset; a cgroup with no cpuset file has none (the job may
+/// run anywhere); one whose cpuset cannot be read is an error, never taken for either of those.
+#[test]
+fn a_slurm_cpuset_is_read_as_there_absent_or_unreadable() {
+    let v2 = v2_fixture();
+    let e = enforcer(EnforceSettings {
+        slurm_cgroups: vec!["/system.slice/slurmstepd.scope/job_{job}".into()],
+        ..v2_settings(v2.path())
+    });
+    let job = |job_id| SlurmJob {
+        job_id,
+        uid: 1000,
+        node: None,
+    };
+    let found = e.find_slurm(&job(42), None).expect("readable");
+    assert_eq!(
+        found.map(|f| (f.path, f.cpus)),
+        Some((
+            "/system.slice/slurmstepd.scope/job_42".to_string(),
+            Some(set("0-3"))
+        ))
+    );
+    assert!(matches!(e.find_slurm(&job(7), None), Ok(None)), "no cgroup");
+
+    let file = v2
+        .path()
+        .join("system.slice/slurmstepd.scope/job_42/cpuset.cpus.effective");
+    fs::remove_file(&file).expect("remove");
+    let found = e
+        .find_slurm(&job(42), None)
+        .expect("no cpuset is not an error");
+    assert_eq!(found.and_then(|f| f.cpus), None);
+
+    fs::write(&file, "not a cpu list\n").expect("write");
+    let err = e.find_slurm(&job(42), None).expect_err("unreadable");
+    assert!(err.to_string().contains("not a cpu list"), "{err}");
 }
