@@ -1219,3 +1219,76 @@ fn another_users_process_forging_an_instances_marks_is_not_adopted() {
     next.stop_all();
     drop(forger);
 }
+
+/// A working directory on a mount that does not answer (a hard NFS mount whose server is down):
+/// the registration's check and a forked instance's start name it within a bound instead of
+/// blocking lodgerd's thread in a `stat`, or in the spawn that waits for the child's `chdir`.
+/// The reconcile runs on a thread of its own, so one that never returns fails the test instead
+/// of hanging it; the looks left waiting return once the mount is aborted.
+#[test]
+fn a_working_directory_on_a_mount_that_never_answers_fails_the_start_instead_of_blocking_it() {
+    let name =
+        "a_working_directory_on_a_mount_that_never_answers_fails_the_start_instead_of_blocking_it";
+    if instances_are_units() {
+        lodger::privileged::not_applicable(
+            name,
+            "systemd is PID 1: systemd changes into a unit's directory, lodgerd does not wait",
+        );
+        return;
+    }
+    let Some(mut f) = Fixture::new(name, cgroup_placement()) else {
+        return;
+    };
+    let hung = match fuse::HungMount::new() {
+        Ok(m) => m,
+        Err(why) => return lodger::privileged::skip(name, &why),
+    };
+    let cwd = hung.path().join("work").display().to_string();
+    let launch = lodger::job::Launch {
+        cwd: Some(cwd.clone()),
+        ..lodger::job::Launch::default()
+    };
+    let me = nix::unistd::geteuid().as_raw();
+    let (tx, rx) = mpsc::channel();
+    let check = launch.clone();
+    std::thread::spawn(move || {
+        let _ = tx.send(lodger::enforce::instances::check_launch(me, &check));
+    });
+    let refused = rx
+        .recv_timeout(WAIT)
+        .expect("the registration's check did not return: a stat holds it");
+    let why = refused.expect_err("a directory that never answers");
+    assert!(
+        why.contains(&cwd) && why.contains("did not answer"),
+        "{why}"
+    );
+
+    let mut wanted = spec("j9", 0, worker(&[]), "1", 1);
+    wanted.identity.launch = Box::new(launch);
+    let mut inst = f.inst.take().expect("instances");
+    let (tx, rx) = mpsc::channel();
+    let starter = std::thread::spawn(move || {
+        let _ = inst.reconcile(&[wanted]);
+        let _ = tx.send(());
+        inst
+    });
+    assert!(
+        rx.recv_timeout(WAIT).is_ok(),
+        "reconcile did not return within {WAIT:?}: the child's chdir holds it"
+    );
+    f.inst = Some(starter.join().expect("starter"));
+    let stats = f.inst().stats();
+    let why = stats[0].last_error.as_deref().unwrap_or("");
+    assert!(
+        matches!(stats[0].state, InstanceState::BackingOff { .. })
+            && why.contains("did not answer"),
+        "{:#?}",
+        stats[0]
+    );
+
+    assert!(lodger::sys::stall::stuck() >= 1, "the looks still wait");
+    drop(hung);
+    wait_until(WAIT, "the looks at the aborted mount to return", || {
+        lodger::sys::stall::stuck() == 0
+    });
+}

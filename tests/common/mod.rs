@@ -4,6 +4,7 @@
 
 pub mod contention;
 pub mod cpus;
+pub mod fuse;
 pub mod netcls;
 pub mod procs;
 pub mod workload;

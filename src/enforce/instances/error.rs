@@ -103,6 +103,10 @@ pub enum InstanceError {
     /// start its transient unit.
     #[error("instance {key}: {reason}")]
     Identity { key: InstanceKey, reason: String },
+    /// A path the start needs (working directory, program, output) did not answer: forking
+    /// now would leave lodgerd waiting on the child's `chdir` or `exec`.
+    #[error("instance {key}: not started: {reason}")]
+    Unanswered { key: InstanceKey, reason: String },
     #[error("instance {key}: cannot start `{program}`: {source}")]
     Spawn {
         key: InstanceKey,

@@ -110,6 +110,20 @@ impl Host {
                 reason,
             },
         )?;
+        // The child's chdir, open and exec block on a filesystem that does not answer, and
+        // lodgerd's spawn waits for the exec: look at those paths first, within a bound.
+        let program_path = program.contains('/').then(|| Path::new(program.as_str()));
+        let paths: Vec<&Path> = [Some(Path::new(creds.cwd())), creds.output().map(Path::new)]
+            .into_iter()
+            .chain([program_path])
+            .flatten()
+            .collect();
+        crate::sys::stall::answers_within(&paths, crate::sys::stall::PATH_PATIENCE).map_err(
+            |reason| InstanceError::Unanswered {
+                key: key.clone(),
+                reason,
+            },
+        )?;
         let mut cmd = Command::new(program);
         cmd.args(args)
             .env_clear()
