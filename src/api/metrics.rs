@@ -384,55 +384,95 @@ async fn read_request_head(
     Ok(n)
 }
 
-/// How long one connection may take, request and reply together: a client that stops
-/// reading (or never sends its request) is dropped then, not served forever.
-const CONNECTION_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
-/// The most connections served at once; one more is closed at once.
-const MAX_CONNECTIONS: usize = 64;
-/// The wait after a failed accept (out of descriptors: the connection stays in the backlog, and
-/// trying again at once would spin on it).
-const ACCEPT_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
+/// How one listener serves: at most `connections` at once (one more is closed at once), each
+/// within `deadline`, request and reply together (a client that stops reading, or never sends
+/// its request, is dropped then, not served forever), and `accept_retry` between failed
+/// accepts (out of descriptors: the connection stays in the backlog, and trying again at once
+/// would spin on it).
+#[derive(Debug, Clone, Copy)]
+struct Limits {
+    connections: usize,
+    deadline: std::time::Duration,
+    accept_retry: std::time::Duration,
+}
+
+const LIMITS: Limits = Limits {
+    connections: 64,
+    deadline: std::time::Duration::from_secs(10),
+    accept_retry: std::time::Duration::from_secs(1),
+};
 
 pub async fn serve(listen: SocketAddr, agent: AgentHandle) -> std::io::Result<()> {
     let listener = TcpListener::bind(listen).await?;
     tracing::info!("Prometheus metrics on http://{listen}/metrics");
-    let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let accept = || async {
+        let (sock, peer) = listener.accept().await?;
+        Ok((sock, peer.to_string()))
+    };
+    let page = move || {
+        let agent = agent.clone();
+        async move {
+            match agent.snapshot().await {
+                Ok(snap) => ("200 OK", render(&snap)),
+                Err(e) => ("503 Service Unavailable", format!("{e}\n")),
+            }
+        }
+    };
+    accept_loop(accept, LIMITS, page).await;
+    Ok(())
+}
+
+/// Accepts connections with `accept` for ever and answers each with `page` (the status and body
+/// of `/metrics`) on a task of its own, within `limits`.
+async fn accept_loop<S, A, AF, P, PF>(mut accept: A, limits: Limits, page: P)
+where
+    S: AsyncReadExt + AsyncWriteExt + Unpin + Send + 'static,
+    A: FnMut() -> AF,
+    AF: std::future::Future<Output = std::io::Result<(S, String)>>,
+    P: Fn() -> PF + Clone + Send + 'static,
+    PF: std::future::Future<Output = (&'static str, String)> + Send,
+{
+    let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(limits.connections));
     loop {
-        let (sock, peer) = match listener.accept().await {
+        let (sock, peer) = match accept().await {
             Ok(x) => x,
             Err(e) => {
-                warn!("metrics: accept failed: {e}; trying again in {ACCEPT_RETRY:?}");
-                tokio::time::sleep(ACCEPT_RETRY).await;
+                warn!(
+                    "metrics: accept failed: {e}; trying again in {:?}",
+                    limits.accept_retry
+                );
+                tokio::time::sleep(limits.accept_retry).await;
                 continue;
             }
         };
         let Ok(slot) = slots.clone().try_acquire_owned() else {
-            debug!(%peer, "metrics: {MAX_CONNECTIONS} connections open already: closed");
+            debug!(
+                %peer,
+                "metrics: {} connections open already: closed", limits.connections
+            );
             continue;
         };
-        let agent = agent.clone();
+        let page = page.clone();
         tokio::spawn(async move {
-            let page = || async move {
-                match agent.snapshot().await {
-                    Ok(snap) => ("200 OK", render(&snap)),
-                    Err(e) => ("503 Service Unavailable", format!("{e}\n")),
-                }
-            };
-            serve_connection(sock, &peer.to_string(), page).await;
+            serve_connection(sock, &peer, limits.deadline, page).await;
             drop(slot);
         });
     }
 }
 
 /// Answers one connection (`page`: the status and body of `/metrics`), all of it within
-/// [`CONNECTION_DEADLINE`].
-async fn serve_connection<S, F, Fut>(mut sock: S, peer: &str, page: F)
-where
+/// `deadline`.
+async fn serve_connection<S, F, Fut>(
+    mut sock: S,
+    peer: &str,
+    deadline: std::time::Duration,
+    page: F,
+) where
     S: AsyncReadExt + AsyncWriteExt + Unpin,
     F: FnOnce() -> Fut,
     Fut: std::future::Future<Output = (&'static str, String)>,
 {
-    let answered = tokio::time::timeout(CONNECTION_DEADLINE, async {
+    let answered = tokio::time::timeout(deadline, async {
         let mut buf = [0u8; 2048];
         let n = read_request_head(&mut sock, &mut buf).await?;
         let request = String::from_utf8_lossy(&buf[..n]);
@@ -455,7 +495,7 @@ where
     })
     .await;
     if answered.is_err() {
-        debug!(%peer, "metrics: connection dropped after {CONNECTION_DEADLINE:?}");
+        debug!(%peer, "metrics: connection dropped after {deadline:?}");
     }
 }
 
@@ -474,11 +514,85 @@ mod tests {
             .expect("request");
         let served = tokio::time::timeout(
             std::time::Duration::from_secs(60),
-            serve_connection(server, "test", || async { ("200 OK", "x".repeat(100_000)) }),
+            serve_connection(server, "test", LIMITS.deadline, || async {
+                ("200 OK", "x".repeat(100_000))
+            }),
         )
         .await;
         assert!(served.is_ok(), "the connection outlived its deadline");
         drop(client);
+    }
+
+    /// Past the connection cap a connection is closed unanswered, and a connection that ends
+    /// frees its slot for the next.
+    #[tokio::test]
+    async fn connections_past_the_cap_are_closed_until_one_ends() {
+        use tokio::net::TcpStream;
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let limits = Limits {
+            connections: 2,
+            deadline: std::time::Duration::from_secs(3600),
+            ..LIMITS
+        };
+        let server = tokio::spawn(async move {
+            let accept = || async {
+                let (sock, peer) = listener.accept().await?;
+                Ok((sock, peer.to_string()))
+            };
+            accept_loop(accept, limits, || async { ("200 OK", "ok\n".to_string()) }).await;
+        });
+        // What a client that sends its request gets back: the reply, or nothing when closed.
+        async fn ask(addr: SocketAddr) -> String {
+            let mut c = TcpStream::connect(addr).await.expect("connect");
+            let _ = c.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").await;
+            let mut reply = Vec::new();
+            let _ = c.read_to_end(&mut reply).await;
+            String::from_utf8_lossy(&reply).into_owned()
+        }
+        assert!(ask(addr).await.starts_with("HTTP/1.0 200 OK"));
+        // Two clients that never send their request hold both slots...
+        let first = TcpStream::connect(addr).await.expect("connect");
+        let _second = TcpStream::connect(addr).await.expect("connect");
+        assert_eq!(ask(addr).await, "", "a third is closed unanswered");
+        // ...until one goes; the server may take a moment to notice.
+        drop(first);
+        let mut served = false;
+        for _ in 0..500 {
+            if ask(addr).await.starts_with("HTTP/1.0 200 OK") {
+                served = true;
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert!(served, "the slot the first client held was never freed");
+        server.abort();
+    }
+
+    /// A failing accept (out of descriptors) is tried again after a wait, not in a spin.
+    #[tokio::test(start_paused = true)]
+    async fn a_failing_accept_is_retried_after_a_wait() {
+        let calls = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let counted = calls.clone();
+        let server = tokio::spawn(async move {
+            let accept = move || {
+                let n = counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                async move {
+                    if n >= 50 {
+                        // A spinning loop stops here, having called 50 times at once.
+                        std::future::pending::<()>().await;
+                    }
+                    Err::<(tokio::io::DuplexStream, String), _>(std::io::Error::from_raw_os_error(
+                        libc::EMFILE,
+                    ))
+                }
+            };
+            accept_loop(accept, LIMITS, || async { ("200 OK", String::new()) }).await;
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(10_500)).await;
+        let n = calls.load(std::sync::atomic::Ordering::SeqCst);
+        assert!((10..=12).contains(&n), "{n} accepts in 10.5 s");
+        server.abort();
     }
 
     #[tokio::test]
