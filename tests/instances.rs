@@ -231,6 +231,31 @@ impl Fixture {
         self.inst.as_mut().expect("instances")
     }
 
+    /// Reconciles to `wanted` on a thread of its own, so that a reconcile that never returns
+    /// fails the test (`holder`: what would hold it) instead of hanging it; then asserts the one
+    /// instance backs off with an error containing `why`.
+    fn start_backs_off(&mut self, wanted: InstanceSpec, holder: &str, why: &str) {
+        let mut inst = self.inst.take().expect("instances");
+        let (tx, rx) = mpsc::channel();
+        let starter = std::thread::spawn(move || {
+            let _ = inst.reconcile(&[wanted]);
+            let _ = tx.send(());
+            inst
+        });
+        assert!(
+            rx.recv_timeout(WAIT).is_ok(),
+            "reconcile did not return within {WAIT:?}: {holder} holds it"
+        );
+        self.inst = Some(starter.join().expect("starter"));
+        let stats = self.inst().stats();
+        let error = stats[0].last_error.as_deref().unwrap_or("");
+        assert!(
+            matches!(stats[0].state, InstanceState::BackingOff { .. }) && error.contains(why),
+            "{:#?}",
+            stats[0]
+        );
+    }
+
     /// The instances' own output, for failure messages.
     fn logs(&self) -> String {
         let mut out = String::new();
@@ -1159,25 +1184,10 @@ fn an_output_fifo_nobody_reads_fails_the_start_instead_of_blocking_it() {
         output: Some(fifo.display().to_string()),
         ..lodger::job::Launch::default()
     });
-    let mut inst = f.inst.take().expect("instances");
-    let (tx, rx) = mpsc::channel();
-    let starter = std::thread::spawn(move || {
-        let _ = inst.reconcile(&[wanted]);
-        let _ = tx.send(());
-        inst
-    });
-    assert!(
-        rx.recv_timeout(WAIT).is_ok(),
-        "reconcile did not return within {WAIT:?}: the open of the FIFO holds it"
-    );
-    f.inst = Some(starter.join().expect("starter"));
-    let stats = f.inst().stats();
-    let why = stats[0].last_error.as_deref().unwrap_or("");
-    assert!(
-        matches!(stats[0].state, InstanceState::BackingOff { .. })
-            && why.contains("is a FIFO or socket nobody reads"),
-        "{:#?}",
-        stats[0]
+    f.start_backs_off(
+        wanted,
+        "the open of the FIFO",
+        "is a FIFO or socket nobody reads",
     );
 }
 
@@ -1265,26 +1275,7 @@ fn a_working_directory_on_a_mount_that_never_answers_fails_the_start_instead_of_
 
     let mut wanted = spec("j9", 0, worker(&[]), "1", 1);
     wanted.identity.launch = Box::new(launch);
-    let mut inst = f.inst.take().expect("instances");
-    let (tx, rx) = mpsc::channel();
-    let starter = std::thread::spawn(move || {
-        let _ = inst.reconcile(&[wanted]);
-        let _ = tx.send(());
-        inst
-    });
-    assert!(
-        rx.recv_timeout(WAIT).is_ok(),
-        "reconcile did not return within {WAIT:?}: the child's chdir holds it"
-    );
-    f.inst = Some(starter.join().expect("starter"));
-    let stats = f.inst().stats();
-    let why = stats[0].last_error.as_deref().unwrap_or("");
-    assert!(
-        matches!(stats[0].state, InstanceState::BackingOff { .. })
-            && why.contains("did not answer"),
-        "{:#?}",
-        stats[0]
-    );
+    f.start_backs_off(wanted, "the child's chdir", "did not answer");
 
     assert!(lodger::sys::stall::stuck() >= 1, "the looks still wait");
     drop(hung);
