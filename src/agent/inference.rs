@@ -12,7 +12,7 @@ use super::shared_batch;
 use super::{Event, TickCx};
 use crate::cpuset::CpuSet;
 use crate::enforce::instances::{Identity, InstanceSpec, InstanceState, InstanceStats, Instances};
-use crate::enforce::network::node::{procs_of, CpuJob};
+use crate::enforce::network::node::{instances_directory, procs_of, CpuJob};
 use crate::job::{InstanceView, JobId, JobKind, JobLatency, JobState, Target};
 use crate::policy::contention::Throttles;
 use crate::policy::inference::{self, LayoutConfig, OfflineJobView, OnlineJobView};
@@ -89,18 +89,23 @@ impl Inference {
             if let Some(cg) = &st.cgroup {
                 // An instance and every process it started.
                 entry.pids.extend(procs_of(&[self.runner.cgroup_dir(cg)]));
-                entry.cgroups.push(cg.clone());
+                // Network shaping (v2) matches the directory holding every instance's cgroup.
+                entry.cgroups.extend(instances_directory(cg));
             }
             if let Some(name) = &st.unit {
                 // A transient unit's cgroup (v2, from the hierarchy's root): network shaping
                 // matches the slice that holds them all.
-                entry.cgroups.push(self.runner.unit_cgroup(name));
+                entry
+                    .cgroups
+                    .extend(instances_directory(&self.runner.unit_cgroup(name)));
             }
             entry.pids.extend(st.pid);
         }
         for j in cpu_jobs.values_mut() {
             j.pids.sort_unstable();
             j.pids.dedup();
+            j.cgroups.sort_unstable();
+            j.cgroups.dedup();
         }
         cpu_jobs.into_values().collect()
     }

@@ -6,7 +6,8 @@
 //! - While at least one multi-node training job runs, every configured interface is shaped and
 //!   every CPU job's processes are classified into the CPU-jobs class: on cgroup v1 by moving
 //!   them into one `net_cls` cgroup carrying the class id (`<net_cls>/<parent>/cpu-jobs`), on
-//!   v2 by matching the cgroup2 directory their instance cgroups live in.
+//!   v2 by matching the cgroup2 directory their instance cgroups live in, or a batch job's own
+//!   cgroup (never its parent, which holds other jobs).
 //! - When none runs, all of it is removed. The first reconcile after lodgerd starts removes
 //!   whatever a previous lodgerd left (only lodger's own handle, table and cgroup) unless a
 //!   re-adopted multi-node job wants it, in which case it is adopted as is (apply is idempotent).
@@ -67,7 +68,9 @@ pub struct CpuJob {
     pub job: JobId,
     /// Every process of its instances (v1 moves them into the `net_cls` cgroup).
     pub pids: Vec<u32>,
-    /// Its instances' cgroups relative to the cgroup2 root (v2).
+    /// The cgroup2 directories (relative to the cgroup2 root) whose processes, and everything
+    /// below, are this job's, matched exactly as given (v2): the directory holding its
+    /// instances' cgroups ([`instances_directory`]), or a batch job's or container's own cgroup.
     pub cgroups: Vec<String>,
 }
 
@@ -429,22 +432,30 @@ impl NetworkControl {
     }
 }
 
-/// The cgroup2 directories CPU jobs' instance cgroups live in (their parents: long-lived, so
-/// nft's path-to-id resolution stays valid while instances come and go), sorted, once each.
+/// The cgroup2 directories CPU jobs' processes are matched by, as the jobs give them, sorted,
+/// once each. Taken as given, never widened to a parent: a batch job's own cgroup (a Slurm
+/// job's, a container's) has siblings that are not CPU jobs, the training job among them.
 fn v2_directories(jobs: &[CpuJob]) -> Vec<String> {
     let dirs: BTreeSet<String> = jobs
         .iter()
         .flat_map(|j| j.cgroups.iter())
-        .filter_map(|c| {
-            let c = c.trim_matches('/');
-            Path::new(c)
-                .parent()
-                .and_then(|p| p.to_str())
-                .filter(|p| !p.is_empty())
-                .map(str::to_string)
-        })
+        .map(|c| c.trim_matches('/'))
+        .filter(|c| !c.is_empty())
+        .map(str::to_string)
         .collect();
     dirs.into_iter().collect()
+}
+
+/// The cgroup2 directory holding an inference instance's cgroup (`instance`, relative to the
+/// cgroup2 root), which shaping matches for all of a job's instances: long-lived, so nft's
+/// path-to-id resolution stays valid while instances come and go, and holding only lodger's
+/// instances. `None` for a cgroup at the root.
+pub fn instances_directory(instance: &str) -> Option<String> {
+    Path::new(instance.trim_matches('/'))
+        .parent()
+        .and_then(|p| p.to_str())
+        .filter(|p| !p.is_empty())
+        .map(str::to_string)
 }
 
 fn steering_name(s: Steering) -> &'static str {

@@ -89,10 +89,8 @@ fn v2_shapes_only_while_multi_node_training_runs_and_says_so() {
     ctl.reconcile(&want(&[], &[]));
     assert_eq!(runner.lines().len(), before);
 
-    let w = want(
-        &["j1"],
-        &[("j2", &["lodger/lodgers/j2-0", "lodger/lodgers/j2-1"])],
-    );
+    // Inference passes the directory holding its instances' cgroups.
+    let w = want(&["j1"], &[("j2", &["lodger/lodgers"])]);
     assert_eq!(ctl.reconcile(&w), [NetworkEvent::Held(job("j2"))]);
     let changes = runner.changes().join("\n");
     assert!(
@@ -294,7 +292,7 @@ fn routing_moves_cpu_jobs_and_says_where() {
         ctl.status(),
         "idle: no multi-node training job (CPU jobs on their usual routes)"
     );
-    let w = want(&["j1"], &[("j2", &["s/l/j2-0"])]);
+    let w = want(&["j1"], &[("j2", &["s/l"])]);
     assert_eq!(ctl.reconcile(&w), [NetworkEvent::Held(job("j2"))]);
     assert_eq!(ctl.held_level(), "via eth1");
     assert_eq!(
@@ -318,18 +316,57 @@ fn routing_moves_cpu_jobs_and_says_where() {
 }
 
 #[test]
-fn v2_directories_are_the_instance_cgroups_parents() {
+fn v2_directories_are_matched_as_given() {
     let jobs = vec![
         CpuJob {
             job: job("j2"),
             pids: vec![],
-            cgroups: vec!["a/l/j2-0".into(), "/a/l/j2-1".into()],
+            cgroups: vec!["a/l".into(), "/a/l/".into()],
         },
         CpuJob {
             job: job("j3"),
             pids: vec![],
-            cgroups: vec!["a/l/j3-0".into(), "top".into()],
+            // A Slurm job's own cgroup: never widened to its parent, which holds every job.
+            cgroups: vec!["system.slice/slurmstepd.scope/job_42".into(), "/".into()],
         },
     ];
-    assert_eq!(v2_directories(&jobs), ["a/l"]);
+    assert_eq!(
+        v2_directories(&jobs),
+        ["a/l", "system.slice/slurmstepd.scope/job_42"]
+    );
+}
+
+#[test]
+fn instances_are_matched_by_the_directory_holding_their_cgroups() {
+    assert_eq!(
+        instances_directory("/lodger/lodgers/j2-0").as_deref(),
+        Some("lodger/lodgers")
+    );
+    assert_eq!(
+        instances_directory("lodger.slice/lodger-instances.slice/j2-0.scope").as_deref(),
+        Some("lodger.slice/lodger-instances.slice")
+    );
+    assert_eq!(instances_directory("top"), None);
+}
+
+#[test]
+fn v2_shapes_a_batch_jobs_own_cgroup_not_its_parent() {
+    let runner = Shared::default();
+    let mut ctl = control(&runner, Classifier::CgroupV2);
+    let w = want(
+        &["j1"],
+        &[("j2", &["system.slice/slurmstepd.scope/job_42"])],
+    );
+    assert_eq!(ctl.reconcile(&w), [NetworkEvent::Held(job("j2"))]);
+    let changes = runner.changes().join("\n");
+    assert!(
+        changes.contains(
+            "socket cgroupv2 level 3 \"system.slice/slurmstepd.scope/job_42\" meta priority set 4c44:20"
+        ),
+        "{changes}"
+    );
+    assert!(
+        !changes.contains("\"system.slice/slurmstepd.scope\""),
+        "every Slurm job, training's too, would be in the CPU jobs' class: {changes}"
+    );
 }
