@@ -36,7 +36,7 @@ pub struct SenseConfig {
     /// Most perf file descriptors lodger may hold; jobs beyond the budget go unmeasured.
     pub perf_max_fds: u64,
     pub resctrl_root: PathBuf,
-    /// Node memory-bandwidth peak in bytes/s; 0: unknown (use the highest seen).
+    /// Node memory-bandwidth peak in bytes/s; 0: unknown (no fraction of peak is reported).
     pub membw_peak_bytes_per_s: u64,
     /// Sensing passes kept in memory (per node; `lodgerctl top` and the API show the latest).
     pub history: u64,

@@ -98,7 +98,8 @@ pub struct NodeMetrics {
     /// stalled on memory (reclaim, refaults, swap-in).
     #[serde(default)]
     pub memory_pressure_percent: Option<f64>,
-    /// Memory bandwidth of the whole node, bytes/s, and as a fraction of the peak.
+    /// Memory bandwidth of the whole node, bytes/s, and as a fraction of the configured peak
+    /// (`None` without `sense.membw_peak_bytes_per_s`).
     pub membw_bytes_per_s: Option<f64>,
     pub membw_fraction_of_peak: Option<f64>,
     pub gpus: Vec<GpuMetrics>,

@@ -25,7 +25,7 @@ use crate::sense::cpu::{
     StatSample,
 };
 use crate::sense::gpu::{self, GpuSource, GpuSourceKind, GpuStatus};
-use crate::sense::membw::{self, JobGroupNote, JobMonGroups, MbmReader, MbmSample, ObservedPeak};
+use crate::sense::membw::{self, JobGroupNote, JobMonGroups, MbmReader, MbmSample};
 use crate::sense::net::{self, NetReader, NetSample};
 use crate::sense::perf::{Counters, PerfCounters, PerfRates, PerfSample, PerfSettings, PerfTarget};
 use crate::sense::sources::SourceKind;
@@ -122,7 +122,7 @@ pub struct SamplerSettings {
     pub perf: bool,
     pub perf_max_fds: usize,
     pub resctrl_root: PathBuf,
-    /// 0: unknown, use the highest seen.
+    /// 0: unknown; the node's bandwidth is then reported without a fraction of peak.
     pub membw_peak_bytes_per_s: u64,
     /// Where the cgroup hierarchies are mounted: on cgroup v2, jobs' `memory.pressure`.
     pub cgroup_root: PathBuf,
@@ -161,7 +161,6 @@ pub struct Sampler {
     mbm: Option<MbmSample>,
     /// Per-job monitoring groups, where `membw` is available.
     job_groups: Option<JobMonGroups>,
-    peak: ObservedPeak,
     net: NetReader,
     net_sample: Option<NetSample>,
     jobs: BTreeMap<JobId, Tracked>,
@@ -281,6 +280,15 @@ impl Sampler {
                 None
             }
             Ok(reader) => {
+                if settings.membw_peak_bytes_per_s == 0 {
+                    // The highest bandwidth seen is no peak: a steady load would be its own
+                    // peak, always "pressure" (contention then uses training progress).
+                    info!(
+                        "memory bandwidth measured, but no fraction of peak: set \
+                         sense.membw_peak_bytes_per_s to the node's peak (measured with \
+                         examples/membw_hog, or the platform's figure) for contention to use it"
+                    );
+                }
                 sweep_stale_job_groups(reader.root());
                 Some(JobMonGroups::new(reader.root(), &settings.proc_root))
             }
@@ -309,7 +317,6 @@ impl Sampler {
             membw,
             mbm: None,
             job_groups,
-            peak: ObservedPeak::default(),
             net,
             net_sample: None,
             jobs: BTreeMap::new(),
@@ -557,14 +564,11 @@ impl Sampler {
                 if let Some(prev) = &self.mbm {
                     let rates = membw::rates(prev, &sample);
                     job_rates = self.job_groups.as_ref().map(|g| g.bandwidth(Some(&rates)));
-                    self.peak.observe(&rates);
                     node.membw_bytes_per_s = Some(rates.node.bytes_per_s);
-                    let peak = if self.settings.membw_peak_bytes_per_s > 0 {
-                        self.settings.membw_peak_bytes_per_s as f64
-                    } else {
-                        self.peak.bytes_per_s
-                    };
-                    node.membw_fraction_of_peak = rates.node_fraction(peak);
+                    // No configured peak (0): no fraction (`node_fraction` takes only a
+                    // positive peak).
+                    node.membw_fraction_of_peak =
+                        rates.node_fraction(self.settings.membw_peak_bytes_per_s as f64);
                 }
                 self.mbm = Some(sample);
             }

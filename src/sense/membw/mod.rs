@@ -357,9 +357,9 @@ pub struct MbmRates {
 }
 
 impl MbmRates {
-    /// The node's bandwidth as a fraction of `peak_bytes_per_s` (configured, or measured once,
-    /// e.g. with `examples/membw_hog`, or the highest seen: [`ObservedPeak`]). A lower bound when
-    /// `node` is incomplete; `None` for a peak that is not a positive number.
+    /// The node's bandwidth as a fraction of `peak_bytes_per_s` (configured: measured once, e.g.
+    /// with `examples/membw_hog`, or the platform's figure). A lower bound when `node` is
+    /// incomplete; `None` for a peak that is not a positive number (none configured).
     pub fn node_fraction(&self, peak_bytes_per_s: f64) -> Option<f64> {
         (peak_bytes_per_s.is_finite() && peak_bytes_per_s > 0.0)
             .then(|| self.node.bytes_per_s / peak_bytes_per_s)
@@ -417,22 +417,5 @@ pub fn rates(prev: &MbmSample, cur: &MbmSample) -> MbmRates {
         groups,
         domains,
         node,
-    }
-}
-
-/// The highest complete node bandwidth seen: a measured peak for hosts whose config gives none.
-/// It only ever rises, so it understates the true peak until the node has been driven hard
-/// (by a benchmark such as `examples/membw_hog`, at install).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
-pub struct ObservedPeak {
-    pub bytes_per_s: f64,
-}
-
-impl ObservedPeak {
-    /// Takes in one interval's rates; incomplete node sums are ignored (they may be low).
-    pub fn observe(&mut self, rates: &MbmRates) {
-        if rates.node.is_complete() && rates.node.bytes_per_s > self.bytes_per_s {
-            self.bytes_per_s = rates.node.bytes_per_s;
-        }
     }
 }

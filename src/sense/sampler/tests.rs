@@ -174,6 +174,48 @@ fn a_worker_whose_source_is_missing_is_constant() {
     assert!(!Sampler::open_only(settings(tmp.path(), intel), SourceKind::Membw).constant());
 }
 
+/// Finding 1: without a configured peak the node's bandwidth has no fraction of peak. The
+/// highest rate seen is no peak: a steady load (the same bytes every pass) was its own peak,
+/// 1.0 every pass, so contention saw pressure forever.
+#[test]
+fn a_steady_node_without_a_configured_peak_has_no_fraction_of_peak() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let root = tmp.path().join("resctrl");
+    copy_tree(&fixture("intel-mba-mbm"), &root);
+    let counters: Vec<PathBuf> = ["mon_L3_00", "mon_L3_01"]
+        .iter()
+        .map(|d| root.join("mon_data").join(d).join("mbm_total_bytes"))
+        .collect();
+    let run = |peak: u64| {
+        let mut s = settings(tmp.path(), root.clone());
+        s.membw_peak_bytes_per_s = peak;
+        let mut sampler = Sampler::open_only(s, SourceKind::Membw);
+        let mut fractions = Vec::new();
+        for pass in 0..4u64 {
+            for c in &counters {
+                let base: u64 = fs::read_to_string(c)
+                    .expect("counter")
+                    .trim()
+                    .parse()
+                    .expect("bytes");
+                fs::write(c, format!("{}\n", base + 5_000_000)).expect("advance");
+            }
+            let obs = sampler.pass();
+            if pass > 0 {
+                assert!(obs.node.membw_bytes_per_s.is_some(), "pass {pass}");
+                fractions.push(obs.node.membw_fraction_of_peak);
+            }
+        }
+        fractions
+    };
+    assert_eq!(run(0), [None, None, None]);
+    let configured = run(200_000_000_000);
+    assert!(
+        configured.iter().all(|f| f.is_some_and(|f| f > 0.0)),
+        "{configured:?}"
+    );
+}
+
 fn psi(total_us: u64) -> String {
     format!(
         "some avg10=0.00 avg60=0.00 avg300=0.00 total={total_us}\n\
