@@ -1,48 +1,21 @@
 //! Contention control (SODA §V-E): one eliminator step per new sensing pass, throttle steps
-//! logged with their evidence and signalled, MBA applied through lodger's resctrl group. Core
-//! halving is handed to inference placement as [`Throttles`]. Touches resctrl (through
-//! `enforce::resctrl`) and the jobs lent by the tick.
+//! logged with their evidence and signalled, MBA applied through lodger's resctrl groups
+//! ([`super::mba`]) once the tick has refreshed the jobs' processes. Core halving is handed to
+//! inference placement as [`Throttles`]. Touches resctrl (through `super::mba`) and the jobs
+//! lent by the tick.
 
-use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::collections::{BTreeMap, BTreeSet};
 
 use tracing::warn;
 
+use super::mba::role_of;
+pub use super::mba::MbaTarget;
 use super::{Event, TickCx};
-use crate::enforce::resctrl::{LodgerGroup, DEFAULT_CONTROL_GROUP};
-use crate::job::JobKind;
+use crate::job::JobId;
 use crate::policy::contention::{
     ContentionConfig, ContentionEliminator, ContentionObservations, HeldContention, JobObservation,
-    MbaGroup, Mechanism, NodeMembw, Role, Throttles,
+    Mechanism, NodeMembw, Role, Throttles,
 };
-use crate::sys::resctrlfs::MbaCaps;
-
-/// resctrl MBA, when the node has it.
-pub struct MbaTarget {
-    pub root: PathBuf,
-    pub caps: MbaCaps,
-    group: Option<LodgerGroup>,
-}
-
-impl MbaTarget {
-    pub fn new(root: PathBuf, caps: MbaCaps) -> Self {
-        Self {
-            root,
-            caps,
-            group: None,
-        }
-    }
-
-    /// Gives the throttled bandwidth back and removes lodger's group, if there is one.
-    /// `context` starts the warning when that fails.
-    fn remove_group(&mut self, context: &str) {
-        if let Some(group) = self.group.take() {
-            if let Err(e) = group.restore_and_remove() {
-                warn!("{context}cannot remove lodger's resctrl group: {e}");
-            }
-        }
-    }
-}
 
 /// Contention control and the sensing pass it last looked at.
 pub(super) struct Contention {
@@ -52,29 +25,34 @@ pub(super) struct Contention {
     mba: Option<MbaTarget>,
     /// Throttle steps taken, for Prometheus.
     actions: u64,
-    /// MBA throttles restored from an earlier lodgerd, applied at the first tick (not at the
-    /// first new sensing pass).
-    reapply_mba: bool,
+    /// MBA is to be made to match the throttles at this tick's [`Contention::apply_mba`]: at
+    /// the first tick (what an earlier lodgerd held), then after each new sensing pass.
+    mba_due: bool,
 }
 
 impl Contention {
     /// With `mba`, throttles with resctrl MBA (SODA §V-E: MBA first, core halving only where MBA
-    /// is absent). `held`: what an earlier lodgerd held (the state file's), taken up at once.
+    /// is absent). `held`: what an earlier lodgerd held (the state file's), taken up at once:
+    /// the groups of what the eliminator could restore are taken up (set, reconciled, or given
+    /// back at the first tick, in advise mode too), every other group of lodger's removed.
     pub(super) fn new(
         config: ContentionConfig,
-        mba: Option<MbaTarget>,
+        mut mba: Option<MbaTarget>,
         held: &HeldContention,
     ) -> Self {
         let mut eliminator =
             ContentionEliminator::new(config, mba.as_ref().map(|m| m.caps.clone()));
         eliminator.restore(held.clone());
-        let reapply_mba = eliminator.held().holds_mba();
+        if let Some(mba) = &mut mba {
+            let restored = eliminator.held();
+            mba.take_up(|g| restored.holds_mba_in(g));
+        }
         Self {
             eliminator,
             seen_ms: 0,
             mba,
             actions: 0,
-            reapply_mba,
+            mba_due: true,
         }
     }
 
@@ -134,10 +112,6 @@ impl Contention {
     /// `cx.state.contention` in step; returns whether a throttle changed (the state file must
     /// be written: what was learnt alone is written with the next write).
     pub(super) fn tick(&mut self, cx: &mut TickCx<'_>) -> bool {
-        if std::mem::take(&mut self.reapply_mba) {
-            let throttles = self.eliminator.throttles();
-            self.apply_mba(cx, &throttles);
-        }
         let obs = cx.observations;
         if obs.unix_ms <= self.seen_ms {
             return false;
@@ -148,6 +122,7 @@ impl Contention {
             return false;
         }
         self.seen_ms = obs.unix_ms;
+        self.mba_due = true;
         let membw = match (obs.node.membw_bytes_per_s, obs.node.membw_fraction_of_peak) {
             (Some(bytes_per_s), Some(fraction_of_peak)) => Some(NodeMembw {
                 bytes_per_s,
@@ -161,12 +136,7 @@ impl Contention {
             .jobs
             .values()
             .map(|s| {
-                let role = match s.job.spec.kind {
-                    JobKind::Training => Role::Training,
-                    JobKind::Online => Role::Online,
-                    JobKind::Offline => Role::Offline,
-                    JobKind::Batch => Role::Batch,
-                };
+                let role = role_of(s.job.spec.kind);
                 let cores = u32::try_from(s.job.cpus.len()).unwrap_or(u32::MAX);
                 let m = obs.jobs.get(&s.job.id);
                 let mut o = JobObservation::new(s.job.id.clone(), role, cores);
@@ -190,7 +160,6 @@ impl Contention {
         let actions = self
             .eliminator
             .step(obs.unix_ms, &ContentionObservations { membw, jobs });
-        let throttles = self.eliminator.throttles();
         for a in &actions {
             self.actions += 1;
             let verb = if a.advisory {
@@ -223,54 +192,44 @@ impl Contention {
             mechanism: a.mechanism.as_str().to_string(),
             level: a.level.to_string(),
         }));
-        self.apply_mba(cx, &throttles);
         let held = self.eliminator.held();
         let changed = !held.same_throttles(&cx.state.contention);
         cx.state.contention = held;
         changed
     }
 
-    /// Makes lodger's resctrl group hold the offline and batch jobs' processes at the decided MB
-    /// values (SODA §V-E: the lodgers throttled first), or
-    /// removes it when no MBA throttle is in force.
-    fn apply_mba(&mut self, cx: &TickCx<'_>, throttles: &Throttles) {
-        let Some(mba) = &mut self.mba else {
-            return;
-        };
-        match throttles.mba.get(&MbaGroup::Lodgers) {
-            Some(values) => {
-                if mba.group.is_none() {
-                    match LodgerGroup::create(&mba.root, DEFAULT_CONTROL_GROUP, mba.caps.clone()) {
-                        Ok((g, _)) => mba.group = Some(g),
-                        Err(e) => {
-                            warn!("contention: cannot create lodger's resctrl group: {e}");
-                            return;
-                        }
-                    }
-                }
-                let Some(group) = &mba.group else { return };
-                if let Err(e) = group.set_mb(values) {
-                    warn!("contention: cannot write the MB schemata: {e}");
-                }
-                let pids: Vec<u32> = cx
-                    .state
-                    .jobs
-                    .values()
-                    .filter(|s| matches!(s.job.spec.kind, JobKind::Offline | JobKind::Batch))
-                    .flat_map(|s| s.job.pids.iter().copied())
-                    .collect();
-                if let Err(e) = group.move_processes(cx.proc_root, &pids) {
-                    warn!("contention: cannot move lodgers into the resctrl group: {e}");
-                }
-            }
-            None => mba.remove_group("contention: "),
+    /// Makes lodger's resctrl groups match the throttles in force (SODA §V-E: the lodgers
+    /// throttled first, online inference last), after the tick's enforcement has refreshed the
+    /// jobs' processes (a pid from the state file is not trusted before that: it may have been
+    /// reused). A tier whose group cannot be made is throttled by halving instead. Returns
+    /// whether a throttle changed. `ended`: jobs whose processes are gone this tick (reaped at
+    /// its end), no members any more.
+    pub(super) fn apply_mba(&mut self, cx: &mut TickCx<'_>, ended: &BTreeSet<JobId>) -> bool {
+        if !std::mem::take(&mut self.mba_due) {
+            return false;
         }
+        let Some(mba) = &mut self.mba else {
+            return false;
+        };
+        let throttles = self.eliminator.throttles();
+        let failed = mba.apply(cx.proc_root, &cx.state.jobs, ended, &throttles);
+        if failed.is_empty() {
+            return false;
+        }
+        for (group, why) in failed {
+            warn!("contention: {group} cannot be throttled by MBA: {why}; halving its members' cores instead");
+            self.eliminator.mba_failed(group, why);
+        }
+        let held = self.eliminator.held();
+        let changed = !held.same_throttles(&cx.state.contention);
+        cx.state.contention = held;
+        changed
     }
 
     /// Contention control is switched off or lodger drained: lodger's resctrl group goes.
     pub(super) fn shutdown(&mut self) {
         if let Some(mba) = &mut self.mba {
-            mba.remove_group("");
+            mba.remove_all();
         }
     }
 
@@ -281,12 +240,5 @@ impl Contention {
         if !self.eliminator.held().holds_mba() {
             self.shutdown();
         }
-    }
-}
-
-/// A group left by an earlier lodgerd that holds no throttle any more.
-pub(super) fn remove_stale_group(mba: &MbaTarget) {
-    if let Err(e) = crate::enforce::resctrl::remove_stale_group(&mba.root, DEFAULT_CONTROL_GROUP) {
-        warn!("cannot remove lodger's stale resctrl group: {e}");
     }
 }

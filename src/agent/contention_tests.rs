@@ -396,20 +396,12 @@ fn contention_throttles_a_batch_job_with_mba() {
             1000,
         )
         .unwrap();
+    let pass = pressure_pass;
+    let mb = || std::fs::read_to_string(&schemata).unwrap();
     for (i, fraction) in [0.5, 0.95, 0.95].into_iter().enumerate() {
-        let mut obs = Observations {
-            unix_ms: 1000 + i as u64,
-            ..Observations::default()
-        };
-        obs.node.membw_bytes_per_s = Some(fraction * 100e9);
-        obs.node.membw_fraction_of_peak = Some(fraction);
-        agent.observations = std::sync::Arc::new(obs);
-        agent.tick();
+        pass(&mut agent, 1000 + i as u64, fraction);
     }
-    assert_ne!(
-        std::fs::read_to_string(&schemata).unwrap(),
-        "MB:0=100;1=100\n"
-    );
+    assert_ne!(mb(), "MB:0=100;1=100\n");
     let moved = std::fs::read_to_string(&tasks).unwrap();
     // In the order the fake task directory lists them, which its filesystem decides (the VM
     // suite listed 401 first).
@@ -421,4 +413,250 @@ fn contention_throttles_a_batch_job_with_mba() {
         .throttle
         .as_deref()
         .is_some_and(|t| t.contains(" MB:")));
+
+    // Finding 6: an offline lodger keeps the group throttled; the batch job is unregistered
+    // while its processes run on: its threads are given back to the default group (the
+    // fixture's tasks files only grow: the release is the write to the root's).
+    for tid in [300, 301] {
+        std::fs::create_dir_all(rig.proc_root.path().join(format!("300/task/{tid}"))).unwrap();
+    }
+    let train = agent.jobs().keys().next().unwrap().clone();
+    insert_lodger(&mut agent, &train, |job| job.pids = vec![300]);
+    pass(&mut agent, 1003, 0.95);
+    let root_tasks = resctrl.path().join("tasks");
+    assert!(!std::fs::read_to_string(&root_tasks)
+        .unwrap()
+        .ends_with("400\n401\n"));
+    agent.unregister(batch.id.as_str()).unwrap();
+    pass(&mut agent, 1004, 0.95);
+    assert_ne!(
+        mb(),
+        "MB:0=100;1=100\n",
+        "still throttled for the offline job"
+    );
+    let root = std::fs::read_to_string(&root_tasks).unwrap();
+    assert!(root.ends_with("400\n401\n"), "{root}");
+}
+
+/// Finding 6 (B): after a restart, a pid from the state file is not trusted before enforcement
+/// has looked at it: the batch job's process exited meanwhile and its pid now names another
+/// process, which must not be moved into the throttled group.
+#[test]
+fn a_restart_moves_no_reused_pid_into_the_mba_group() {
+    use crate::sys::resctrlfs::{CpuVendor, MbaCaps};
+    let resctrl = crate::testutil::copy_of(&crate::testutil::resctrl_fixture("intel-mba-mbm"));
+    let schemata = resctrl.path().join("lodger-lodgers/schemata");
+    let tasks = resctrl.path().join("lodger-lodgers/tasks");
+    std::fs::write(&schemata, "MB:0=100;1=100\n").unwrap();
+    std::fs::write(&tasks, "").unwrap();
+    let caps = MbaCaps::read(resctrl.path(), &CpuVendor::Intel).unwrap();
+    let rig = Rig::new();
+    rig.spawn(100);
+    rig.spawn(400);
+    for tid in [400, 401] {
+        std::fs::create_dir_all(rig.proc_root.path().join(format!("400/task/{tid}"))).unwrap();
+    }
+    let mut agent = rig
+        .builder()
+        .mba(MbaTarget::new(resctrl.path().to_path_buf(), caps.clone()))
+        .start()
+        .unwrap();
+    agent.register(spec(vec![100], 2), 0).unwrap();
+    agent
+        .register(
+            crate::job::JobSpec {
+                kind: JobKind::Batch,
+                ..spec(vec![400], 0)
+            },
+            1000,
+        )
+        .unwrap();
+    for (i, fraction) in [0.5, 0.95, 0.95].into_iter().enumerate() {
+        pressure_pass(&mut agent, 1000 + i as u64, fraction);
+    }
+    assert!(agent.state.contention.holds_mba());
+    agent.shutdown();
+    drop(agent);
+    // The job's process exits (the kernel empties the group's tasks); pid 400 is reused by
+    // a process that is not the job's (the enforcer's start-time check says so).
+    rig.kill(400);
+    std::fs::write(&tasks, "").unwrap();
+    for tid in [400, 401] {
+        std::fs::create_dir_all(rig.proc_root.path().join(format!("400/task/{tid}"))).unwrap();
+    }
+    let mut agent = rig
+        .builder()
+        .mba(MbaTarget::new(resctrl.path().to_path_buf(), caps))
+        .start()
+        .unwrap();
+    agent.tick();
+    assert_eq!(std::fs::read_to_string(&tasks).unwrap(), "");
+}
+
+/// One sensing pass with the node's memory bandwidth at `fraction` of its peak.
+fn pressure_pass(agent: &mut Agent, ms: u64, fraction: f64) {
+    let mut obs = Observations {
+        unix_ms: ms,
+        ..Observations::default()
+    };
+    obs.node.membw_bytes_per_s = Some(fraction * 100e9);
+    obs.node.membw_fraction_of_peak = Some(fraction);
+    agent.observations = std::sync::Arc::new(obs);
+    agent.tick();
+}
+
+/// Finding 5: a restart in advise mode gives back the MBA throttle an earlier lodgerd held:
+/// the restarted agent holds lodger's group, so it can restore and remove it.
+#[test]
+fn a_restart_in_advise_mode_gives_a_held_mba_throttle_back() {
+    use crate::sys::resctrlfs::{CpuVendor, MbaCaps};
+    let resctrl = crate::testutil::copy_of(&crate::testutil::resctrl_fixture("intel-mba-mbm"));
+    let schemata = resctrl.path().join("lodger-lodgers/schemata");
+    let tasks = resctrl.path().join("lodger-lodgers/tasks");
+    std::fs::write(&schemata, "MB:0=100;1=100\n").unwrap();
+    std::fs::write(&tasks, "").unwrap();
+    let caps = MbaCaps::read(resctrl.path(), &CpuVendor::Intel).unwrap();
+    let rig = Rig::new();
+    rig.spawn(100);
+    for tid in [300, 301] {
+        std::fs::create_dir_all(rig.proc_root.path().join(format!("300/task/{tid}"))).unwrap();
+    }
+    let mut agent = rig
+        .builder()
+        .mba(MbaTarget::new(resctrl.path().to_path_buf(), caps.clone()))
+        .start()
+        .unwrap();
+    let train = agent.register(spec(vec![100], 2), 0).unwrap();
+    insert_lodger(&mut agent, &train.id, |job| job.pids = vec![300]);
+    for (i, fraction) in [0.5, 0.95, 0.95].into_iter().enumerate() {
+        pressure_pass(&mut agent, 1000 + i as u64, fraction);
+    }
+    let mb = || std::fs::read_to_string(&schemata).unwrap();
+    assert_ne!(mb(), "MB:0=100;1=100\n");
+    agent.shutdown();
+    drop(agent);
+    assert_ne!(mb(), "MB:0=100;1=100\n", "a stop leaves the throttle");
+
+    let mut builder = rig
+        .builder()
+        .mba(MbaTarget::new(resctrl.path().to_path_buf(), caps));
+    let config = builder.settings.contention.clone().unwrap();
+    builder.settings.contention = Some(ContentionConfig {
+        mode: crate::policy::contention::Mode::Advise,
+        ..config
+    });
+    let mut agent = builder.start().unwrap();
+    agent.tick();
+    assert_eq!(mb(), "MB:0=100;1=100\n", "advise applies nothing");
+    let root = std::fs::read_to_string(resctrl.path().join("tasks")).unwrap();
+    assert!(root.ends_with("300\n301\n"), "threads given back: {root}");
+}
+
+/// An online inference job (SLO met, pid 300 with two threads) inserted beside the training
+/// job, on the Intel fixture at `resctrl`.
+fn online_beside_training(
+    rig: &Rig,
+    resctrl: &std::path::Path,
+    cpus: &str,
+) -> (Agent, JobId, JobId) {
+    use crate::sys::resctrlfs::{CpuVendor, MbaCaps};
+    let caps = MbaCaps::read(resctrl, &CpuVendor::Intel).unwrap();
+    rig.spawn(100);
+    for tid in [300, 301] {
+        std::fs::create_dir_all(rig.proc_root.path().join(format!("300/task/{tid}"))).unwrap();
+    }
+    let mut agent = rig
+        .builder()
+        .mba(MbaTarget::new(resctrl.to_path_buf(), caps))
+        .start()
+        .unwrap();
+    let train = agent.register(spec(vec![100], 2), 0).unwrap();
+    let online = insert_lodger(&mut agent, &train.id, |job| {
+        job.spec.kind = JobKind::Online;
+        job.spec.inference = Some(crate::job::InferenceSpec {
+            command: vec!["serve".into()],
+            slo_ms: Some(100.0),
+            rate_per_s: None,
+            max_batch: 1,
+            max_instances: None,
+            launch: Default::default(),
+            memory_max: None,
+        });
+        job.latency_ms = Some(crate::job::JobLatency {
+            p50: 10.0,
+            p99: 20.0,
+        });
+        job.pids = vec![300];
+        job.cpus = CpuSet::parse(cpus).unwrap();
+    });
+    (agent, train.id, online)
+}
+
+/// Finding 3: an MBA step for online inference (the only lodger here) is applied: lodger's
+/// `lodger-online` group gets the values and the job's threads.
+#[test]
+fn contention_throttles_online_inference_in_its_own_mba_group() {
+    let resctrl = crate::testutil::copy_of(&crate::testutil::resctrl_fixture("intel-mba-mbm"));
+    let group = resctrl.path().join("lodger-online");
+    // What mkdir makes the kernel write (a fixture directory stays as it is made).
+    std::fs::create_dir_all(&group).unwrap();
+    std::fs::write(group.join("schemata"), "MB:0=100;1=100\n").unwrap();
+    std::fs::write(group.join("tasks"), "").unwrap();
+    let rig = Rig::new();
+    let (mut agent, train, online) = online_beside_training(&rig, resctrl.path(), "2-5");
+    for (i, fraction) in [0.5, 0.95, 0.95].into_iter().enumerate() {
+        pressure_pass(&mut agent, 1000 + i as u64, fraction);
+    }
+    let throttles = agent.contention.as_ref().unwrap().throttles();
+    assert!(throttles.cores.is_empty(), "{throttles:?}");
+    assert_ne!(
+        std::fs::read_to_string(group.join("schemata")).unwrap(),
+        "MB:0=100;1=100\n"
+    );
+    let tasks = std::fs::read_to_string(group.join("tasks")).unwrap();
+    let mut tids = tasks.split_whitespace().collect::<Vec<_>>();
+    tids.sort_unstable();
+    assert_eq!(tids, ["300", "301"], "{tasks}");
+    assert!(agent.state.jobs[&online]
+        .job
+        .throttle
+        .as_deref()
+        .is_some_and(|t| t.contains("lodger-online")));
+    assert!(agent.state.jobs[&train].job.throttle.is_none());
+    // The batch/offline group was never made for it.
+    assert_eq!(
+        std::fs::read_to_string(resctrl.path().join("lodger-lodgers/tasks")).unwrap(),
+        std::fs::read_to_string(
+            crate::testutil::resctrl_fixture("intel-mba-mbm").join("lodger-lodgers/tasks")
+        )
+        .unwrap()
+    );
+}
+
+/// Finding 3: where the online group cannot be made, the eliminator is told: no MBA step is
+/// believed in force, and the next pressure halves the online job's cores instead.
+#[test]
+fn an_mba_group_that_cannot_be_made_is_throttled_by_halving() {
+    let resctrl = crate::testutil::copy_of(&crate::testutil::resctrl_fixture("intel-mba-mbm"));
+    // Something in the way: mkdir fails.
+    std::fs::write(resctrl.path().join("lodger-online"), "").unwrap();
+    let rig = Rig::new();
+    let (mut agent, _train, online) = online_beside_training(&rig, resctrl.path(), "2-5");
+    for (i, fraction) in [0.5, 0.95, 0.95].into_iter().enumerate() {
+        pressure_pass(&mut agent, 1000 + i as u64, fraction);
+    }
+    let c = agent.contention.as_ref().unwrap();
+    assert!(c.throttles().mba.is_empty(), "{:?}", c.throttles());
+    assert!(!agent.state.contention.holds_mba());
+    for i in 3..5u64 {
+        pressure_pass(&mut agent, 1000 + i, 0.95);
+    }
+    let throttles = agent.contention.as_ref().unwrap().throttles();
+    assert!(throttles.mba.is_empty(), "{throttles:?}");
+    assert_eq!(throttles.cores.get(&online), Some(&2), "{throttles:?}");
+    let text = agent.state.jobs[&online].job.throttle.clone().unwrap();
+    assert!(
+        text.contains("MBA cannot be applied to lodger-online"),
+        "{text}"
+    );
 }

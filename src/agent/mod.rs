@@ -22,6 +22,7 @@ mod handle;
 mod inference;
 mod layout;
 mod lending;
+mod mba;
 mod network;
 mod published;
 mod registry;
@@ -332,15 +333,17 @@ impl AgentBuilder {
             // Switched off since: nothing is held any more.
             state.contention = HeldContention::default();
         }
-        if let Some(mba) = &self.mba {
-            if !state.contention.holds_mba() {
-                contention::remove_stale_group(mba);
-            }
-        }
         let (events, _) = broadcast::channel(256);
+        // With contention control on, it takes up the groups of what it still holds and
+        // removes the others' (`Contention::new`).
         let (contention, idle_mba) = match self.settings.contention.clone() {
             Some(c) => (Some(Contention::new(c, self.mba, &state.contention)), None),
-            None => (None, self.mba),
+            None => {
+                if let Some(mba) = &self.mba {
+                    mba.remove_stale_groups();
+                }
+                (None, self.mba)
+            }
         };
         let mut agent = Agent {
             steady_plan: crate::policy::SteadyPlan::default(),

@@ -1,6 +1,7 @@
 //! The agent's loop: its thread, the commands handled between ticks, the tick itself (which
 //! only orchestrates the controllers, in a fixed order), status and shutdown.
 
+use std::collections::BTreeSet;
 use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc};
 use std::thread;
@@ -14,6 +15,7 @@ use super::registry::Change;
 use super::slurm::SlurmSeen;
 use super::{training, Agent, AgentError, AgentHandle, Caller, NodeStatus, Snapshot, TickCx};
 use crate::cpuset::CpuSet;
+use crate::job::JobId;
 use crate::policy::{self, contention::Throttles};
 
 /// How many pids, and how many bytes of an instance's command, an audit record names.
@@ -295,6 +297,16 @@ impl Agent {
             }
             None => Vec::new(),
         };
+        // MBA once training, inference and batch enforcement have refreshed the jobs' pids;
+        // the jobs that ended this tick (their pids no longer theirs) are not members.
+        if let Some(c) = &mut self.contention {
+            let ended: BTreeSet<JobId> = gone
+                .iter()
+                .chain(&batch_gone)
+                .map(|(id, _)| id.clone())
+                .collect();
+            dirty |= c.apply_mba(&mut cx, &ended);
+        }
         if let Some(network) = &mut self.network {
             let mut cpu_jobs = self
                 .inference

@@ -54,6 +54,8 @@ pub struct ContentionEliminator {
     pub(super) config: ContentionConfig,
     pub(super) ladder: Option<MbaLadder>,
     mba_unused: Option<String>,
+    /// MBA groups the enforcer could not apply (see [`Self::mba_failed`]), with why.
+    mba_failed: BTreeMap<MbaGroup, String>,
     tick: u64,
     pressure_run: u32,
     calm_run: u32,
@@ -86,6 +88,7 @@ impl ContentionEliminator {
             config,
             ladder,
             mba_unused,
+            mba_failed: BTreeMap::new(),
             tick: 0,
             pressure_run: 0,
             calm_run: 0,
@@ -132,6 +135,17 @@ impl ContentionEliminator {
             mba_floor_percent: self.config.mba_floor_percent,
             ..config
         };
+    }
+
+    /// The enforcer cannot apply MBA to `group` (its resctrl group cannot be made: no free
+    /// CLOSID, ...): the group's MBA steps are dropped (the next [`step`](Self::step) releases
+    /// its members), and escalation halves the members' cores instead until every step has
+    /// been given back; then MBA is tried again. `why` shows as the detection's `mba_unused`.
+    pub fn mba_failed(&mut self, group: MbaGroup, why: String) {
+        self.mba_levels.remove(&group);
+        self.steps
+            .retain(|s| !matches!(s, Step::Mba { group: g, .. } if *g == group));
+        self.mba_failed.insert(group, why);
     }
 
     /// The last tick's detection.
@@ -239,6 +253,7 @@ impl ContentionEliminator {
             self.pressure_run = 0;
             self.calm_run = 0;
             self.calm_needed = self.config.calm_ticks.max(1);
+            self.mba_failed.clear();
             self.detection = None;
             self.finish(&tick, &mut actions);
             return actions;
@@ -280,8 +295,10 @@ impl ContentionEliminator {
         } else if self.calm_run >= self.calm_needed {
             self.calm_run = 0;
             if self.steps.is_empty() {
-                // Calm with nothing held: relapses are forgiven.
+                // Calm with nothing held: relapses are forgiven, and MBA that could not be
+                // applied is tried again at the next pressure.
                 self.calm_needed = self.config.calm_ticks.max(1);
+                self.mba_failed.clear();
             } else {
                 let why = format!(
                     "calm for {} ticks ({}): one step given back",
@@ -304,7 +321,15 @@ impl ContentionEliminator {
             ranked_by: tick.ranked_by,
             victims: tick.victims.clone(),
             exhausted,
-            mba_unused: self.mba_unused.clone(),
+            mba_unused: self.mba_unused.clone().or_else(|| {
+                (!self.mba_failed.is_empty()).then(|| {
+                    self.mba_failed
+                        .iter()
+                        .map(|(g, why)| format!("{g}: {why}"))
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                })
+            }),
         });
         self.finish(&tick, &mut actions);
         actions
@@ -453,10 +478,19 @@ impl ContentionEliminator {
             if eligible.is_empty() {
                 continue;
             }
-            if eligible.len() == members.len() && self.step_mba(tick, tier, &evidence, actions) {
+            let failed = self.mba_failed.get(&tier).cloned();
+            if eligible.len() == members.len()
+                && failed.is_none()
+                && self.step_mba(tick, tier, &evidence, actions)
+            {
                 return true;
             }
-            if self.halve(tick, &eligible, &evidence, actions) {
+            let no_mba = match (&self.ladder, failed) {
+                (None, _) => " (no MBA)".to_string(),
+                (Some(_), Some(why)) => format!(" (MBA cannot be applied to {tier}: {why})"),
+                (Some(_), None) => " (its MBA group is at its floor)".to_string(),
+            };
+            if self.halve(tick, &eligible, &evidence, &no_mba, actions) {
                 return true;
             }
         }
@@ -519,6 +553,7 @@ impl ContentionEliminator {
         tick: &Tick<'_>,
         eligible: &[&JobObservation],
         evidence: &str,
+        no_mba: &str,
         actions: &mut Vec<ThrottleAction>,
     ) -> bool {
         let floor = self.config.min_cores;
@@ -545,13 +580,8 @@ impl ContentionEliminator {
             job: job.id.clone(),
         });
         let why = format!(
-            "{evidence}; {} cores halved {before} -> {count}{}",
-            job.id,
-            if self.ladder.is_none() {
-                " (no MBA)"
-            } else {
-                " (its MBA group is at its floor)"
-            }
+            "{evidence}; {} cores halved {before} -> {count}{no_mba}",
+            job.id
         );
         actions.push(self.action(job.id.clone(), Mechanism::Cores { count }, level, why));
         true

@@ -56,6 +56,13 @@ impl HeldContention {
             .any(|levels| levels.values().any(|&l| l > 0))
     }
 
+    /// Whether an MBA step is held for `group`.
+    pub fn holds_mba_in(&self, group: MbaGroup) -> bool {
+        self.mba_levels
+            .get(&group)
+            .is_some_and(|levels| levels.values().any(|&l| l > 0))
+    }
+
     /// The throttles only, not what was learnt: two states with the same throttles in force.
     pub fn same_throttles(&self, other: &HeldContention) -> bool {
         self.mba_levels == other.mba_levels && self.cuts == other.cuts && self.steps == other.steps

@@ -143,7 +143,8 @@ impl MbaGroup {
         }
     }
 
-    pub(super) const ALL: [MbaGroup; 2] = [MbaGroup::Lodgers, MbaGroup::Online];
+    /// Every group, in the order escalation throttles them.
+    pub const ALL: [MbaGroup; 2] = [MbaGroup::Lodgers, MbaGroup::Online];
 }
 
 impl fmt::Display for MbaGroup {
