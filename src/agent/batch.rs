@@ -190,6 +190,8 @@ impl Batch {
             .map(|s| CpuJob {
                 job: s.job.id.clone(),
                 pids: s.job.pids.clone(),
+                // Not lodger's to move out of their cgroup (v2): matched by their own cgroup.
+                instances: false,
                 cgroups: match &s.job.spec.target {
                     Target::Cgroup(c) => vec![c.clone()],
                     Target::Container(c) => vec![c.cgroup.clone()],

@@ -84,6 +84,7 @@ impl Inference {
             let entry = cpu_jobs.entry(st.job.clone()).or_insert_with(|| CpuJob {
                 job: st.job.clone(),
                 pids: Vec::new(),
+                instances: true,
                 cgroups: Vec::new(),
             });
             if let Some(cg) = &st.cgroup {

@@ -36,6 +36,12 @@ pub const VERIFY_TICKS: u32 = 10;
 pub const CPU_JOBS_MARK: u32 = ((DEFAULT_HANDLE as u32) << 16) | 0x20;
 /// The `net_cls` cgroup (under lodger's parent) holding CPU jobs' processes on v1.
 pub const NET_CLS_GROUP: &str = "cpu-jobs";
+/// What `lodgerctl show` says of a CPU job whose traffic no rule matches while shaping is on:
+/// on cgroup v2 a CPU job is told apart by a cgroup of its own, and lodger moves no process it
+/// did not start.
+pub const UNSHAPED: &str = "not shaped while multi-node training runs: on cgroup v2 a CPU job \
+     is matched by a cgroup of its own and this one has none (register it by cgroup, or with \
+     cgroup.pid_jobs = \"cgroup\")";
 
 /// How CPU jobs' processes are told apart.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -66,8 +72,13 @@ pub enum Classifier {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CpuJob {
     pub job: JobId,
-    /// Every process of its instances (v1 moves them into the `net_cls` cgroup).
+    /// Its processes (v1 moves them into the `net_cls` cgroup, a hierarchy of its own).
     pub pids: Vec<u32>,
+    /// Whether `pids` are lodger's own inference instances, which lodger may move between
+    /// cgroup2 directories ([`Classifier::OwnCgroupV2`]). Never a batch job's or a
+    /// container's: on v2 a move changes every controller (the Slurm job's memory limit,
+    /// accounting, kill by cgroup).
+    pub instances: bool,
     /// The cgroup2 directories (relative to the cgroup2 root) whose processes, and everything
     /// below, are this job's, matched exactly as given (v2): the directory holding its
     /// instances' cgroups ([`instances_directory`]), or a batch job's or container's own cgroup.
@@ -117,6 +128,8 @@ pub struct NetworkControl {
     since_verify: u32,
     /// CPU jobs told they are held.
     held: BTreeSet<JobId>,
+    /// CPU jobs no rule can cover on this node (see [`UNSHAPED`]).
+    unshaped: BTreeSet<JobId>,
     /// The last problem, logged once until it changes.
     problem: Option<String>,
 }
@@ -141,6 +154,7 @@ impl NetworkControl {
             applied_v2: Vec::new(),
             since_verify: 0,
             held: BTreeSet::new(),
+            unshaped: BTreeSet::new(),
             problem: None,
         })
     }
@@ -157,6 +171,7 @@ impl NetworkControl {
             applied_v2: Vec::new(),
             since_verify: 0,
             held: BTreeSet::new(),
+            unshaped: BTreeSet::new(),
             problem: None,
         }
     }
@@ -187,7 +202,13 @@ impl NetworkControl {
         if let Some(p) = &self.problem {
             return format!("not shaping: {p}");
         }
-        match (&self.method, self.active) {
+        let unshaped = match (self.active, self.unshaped.len()) {
+            (Some(true), n) if n > 0 => {
+                format!("; {n} CPU job(s) not shaped (no cgroup of their own)")
+            }
+            _ => String::new(),
+        };
+        let text = match (&self.method, self.active) {
             (Method::Shape { shaping, config }, Some(true)) => format!(
                 "shaping {}: training {}%, CPU jobs {}% (ceil {}%), steering {}",
                 self.links(),
@@ -207,13 +228,17 @@ impl NetworkControl {
             (Method::Route(_), _) => {
                 "idle: no multi-node training job (CPU jobs on their usual routes)".to_string()
             }
-        }
+        };
+        text + &unshaped
     }
 
     /// What a job's `lodgerctl show` says about the network while shaping is on.
     pub fn job_text(&self, id: &JobId, multi_node_training: bool) -> Option<String> {
         if self.active != Some(true) {
             return None;
+        }
+        if self.unshaped.contains(id) {
+            return Some(UNSHAPED.to_string());
         }
         match (&self.method, multi_node_training, self.held.contains(id)) {
             (Method::Shape { config, .. }, true, _) => Some(format!(
@@ -275,6 +300,19 @@ impl NetworkControl {
     }
 
     fn shape(&mut self, want: &NetworkWant) -> Result<Vec<NetworkEvent>, TcError> {
+        // Which CPU jobs a rule covers: on v1 every one (its processes are moved into the
+        // `net_cls` cgroup); on v2 those with a cgroup of their own, and under
+        // `OwnCgroupV2` also lodger's instances, moved into lodger's cgroup.
+        let covered = |j: &CpuJob| match &self.classifier {
+            Classifier::NetCls { .. } => true,
+            Classifier::CgroupV2 => !v2_directories(std::slice::from_ref(j)).is_empty(),
+            Classifier::OwnCgroupV2 { .. } => {
+                j.instances || !v2_directories(std::slice::from_ref(j)).is_empty()
+            }
+            Classifier::Unavailable(_) => false,
+        };
+        let (shaped, unshaped): (Vec<&CpuJob>, Vec<&CpuJob>) =
+            want.cpu_jobs.iter().partition(|j| covered(j));
         let cpu_jobs = match &self.classifier {
             Classifier::NetCls {
                 hierarchy,
@@ -296,8 +334,20 @@ impl NetworkControl {
                         source,
                     })?;
                 }
-                move_into(&dir, want.cpu_jobs.iter().flat_map(|j| j.pids.iter()))?;
-                CpuJobs::CgroupV2(vec![relative.clone()])
+                // Only lodger's instances: a batch job's or container's processes stay in
+                // their own cgroup, matched there.
+                move_into(
+                    &dir,
+                    want.cpu_jobs
+                        .iter()
+                        .filter(|j| j.instances)
+                        .flat_map(|j| j.pids.iter()),
+                )?;
+                let mut dirs = vec![relative.clone()];
+                dirs.extend(v2_directories(&want.cpu_jobs));
+                dirs.sort();
+                dirs.dedup();
+                CpuJobs::CgroupV2(dirs)
             }
             Classifier::Unavailable(_) => return Ok(Vec::new()),
         };
@@ -340,12 +390,23 @@ impl NetworkControl {
         } else {
             self.since_verify += 1;
         }
-        let now: BTreeSet<JobId> = want.cpu_jobs.iter().map(|j| j.job.clone()).collect();
-        let events = now
-            .difference(&self.held)
-            .map(|j| NetworkEvent::Held(j.clone()))
+        let now: BTreeSet<JobId> = shaped.iter().map(|j| j.job.clone()).collect();
+        let unshaped: BTreeSet<JobId> = unshaped.iter().map(|j| j.job.clone()).collect();
+        // Held before and no rule covers it now (its cgroup went): released.
+        let mut events: Vec<NetworkEvent> = self
+            .held
+            .intersection(&unshaped)
+            .map(|j| NetworkEvent::Released(j.clone()))
             .collect();
+        events.extend(
+            now.difference(&self.held)
+                .map(|j| NetworkEvent::Held(j.clone())),
+        );
         self.held = now;
+        for j in unshaped.difference(&self.unshaped) {
+            info!(job = %j, "network shaping: {UNSHAPED}");
+        }
+        self.unshaped = unshaped;
         Ok(events)
     }
 
@@ -404,6 +465,7 @@ impl NetworkControl {
             }
             self.active = Some(false);
             self.applied_v2.clear();
+            self.unshaped.clear();
             self.note_problem(None);
         } else {
             self.note_problem(Some(format!(

@@ -70,6 +70,7 @@ fn want(multi: &[&str], cpu: &[(&str, &[&str])]) -> NetworkWant {
             .map(|(j, cgroups)| CpuJob {
                 job: job(j),
                 pids: Vec::new(),
+                instances: true,
                 cgroups: cgroups.iter().map(|c| c.to_string()).collect(),
             })
             .collect(),
@@ -321,11 +322,13 @@ fn v2_directories_are_matched_as_given() {
         CpuJob {
             job: job("j2"),
             pids: vec![],
+            instances: true,
             cgroups: vec!["a/l".into(), "/a/l/".into()],
         },
         CpuJob {
             job: job("j3"),
             pids: vec![],
+            instances: false,
             // A Slurm job's own cgroup: never widened to its parent, which holds every job.
             cgroups: vec!["system.slice/slurmstepd.scope/job_42".into(), "/".into()],
         },
@@ -368,5 +371,92 @@ fn v2_shapes_a_batch_jobs_own_cgroup_not_its_parent() {
     assert!(
         !changes.contains("\"system.slice/slurmstepd.scope\""),
         "every Slurm job, training's too, would be in the CPU jobs' class: {changes}"
+    );
+}
+
+/// A batch job as `Batch::cpu_jobs` gives it: its processes, and its own cgroup if it has one.
+fn batch_job(id: &str, pids: &[u32], cgroups: &[&str]) -> CpuJob {
+    CpuJob {
+        job: job(id),
+        pids: pids.to_vec(),
+        instances: false,
+        cgroups: cgroups.iter().map(|c| c.to_string()).collect(),
+    }
+}
+
+/// Finding 4 (a): on v2 a pid batch job pinned by affinity has no cgroup of its own, so no
+/// rule covers its traffic: it is not told it is held, and `show` says it is not shaped.
+#[test]
+fn v2_a_batch_job_without_a_cgroup_is_not_held_and_says_so() {
+    let runner = Shared::default();
+    let mut ctl = control(&runner, Classifier::CgroupV2);
+    let mut w = want(&["j1"], &[]);
+    w.cpu_jobs = vec![
+        batch_job("j2", &[4242], &[]),
+        batch_job("j3", &[], &["system.slice/slurmstepd.scope/job_42"]),
+    ];
+    assert_eq!(ctl.reconcile(&w), [NetworkEvent::Held(job("j3"))]);
+    assert_eq!(ctl.job_text(&job("j2"), false).as_deref(), Some(UNSHAPED));
+    assert!(ctl
+        .job_text(&job("j3"), false)
+        .is_some_and(|t| t.starts_with("held to 25%")));
+    assert!(
+        ctl.status()
+            .ends_with("; 1 CPU job(s) not shaped (no cgroup of their own)"),
+        "{}",
+        ctl.status()
+    );
+    // Off: nothing to release for the job that was never held.
+    assert_eq!(
+        ctl.reconcile(&want(&[], &[])),
+        [NetworkEvent::Released(job("j3"))]
+    );
+    assert_eq!(ctl.job_text(&job("j2"), false), None);
+}
+
+/// Finding 4 (b): without systemd (`OwnCgroupV2`) only lodger's instances are moved into
+/// lodger's cgroup; a batch job's processes stay in their cgroup (on v2 a move would take them
+/// out of the Slurm job's memory limit and accounting), matched there when it has one.
+#[test]
+fn v2_without_systemd_moves_no_batch_process_out_of_its_cgroup() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let group = dir.path().join("lodger/lodgers");
+    std::fs::create_dir_all(&group).expect("group");
+    std::fs::write(group.join("cgroup.procs"), "").expect("procs");
+    let runner = Shared::default();
+    let mut ctl = control(
+        &runner,
+        Classifier::OwnCgroupV2 {
+            root: dir.path().to_path_buf(),
+            relative: "lodger/lodgers".into(),
+        },
+    );
+    let mut w = want(&["j1"], &[("j4", &[])]);
+    w.cpu_jobs[0].pids = vec![4343];
+    w.cpu_jobs.push(batch_job("j2", &[4242], &[]));
+    w.cpu_jobs.push(batch_job(
+        "j3",
+        &[4444],
+        &["system.slice/slurmstepd.scope/job_42"],
+    ));
+    let events = ctl.reconcile(&w);
+    assert_eq!(
+        std::fs::read_to_string(group.join("cgroup.procs")).expect("procs"),
+        "4343",
+        "only the instance was moved"
+    );
+    assert_eq!(
+        events,
+        [NetworkEvent::Held(job("j3")), NetworkEvent::Held(job("j4"))]
+    );
+    assert_eq!(ctl.job_text(&job("j2"), false).as_deref(), Some(UNSHAPED));
+    let changes = runner.changes().join("\n");
+    assert!(
+        changes.contains("socket cgroupv2 level 3 \"system.slice/slurmstepd.scope/job_42\""),
+        "{changes}"
+    );
+    assert!(
+        changes.contains("socket cgroupv2 level 2 \"lodger/lodgers\""),
+        "{changes}"
     );
 }

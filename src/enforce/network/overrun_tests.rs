@@ -71,7 +71,8 @@ fn an_overrunning_command_is_reported_and_retried_at_the_next_tick() {
         cpu_jobs: vec![CpuJob {
             job: job("j2"),
             pids: Vec::new(),
-            cgroups: vec!["lodger/lodgers/j2-0".into()],
+            instances: true,
+            cgroups: vec!["lodger/lodgers".into()],
         }],
     };
     assert!(ctl.reconcile(&want).is_empty());
