@@ -1,7 +1,7 @@
 //! What a previous lodgerd's network control left on the node, removed by a lodgerd that starts
 //! with it off: lodger's HTB tree on any interface, its nftables tables, its policy-routing
-//! rule and table, its v1 `net_cls` group. Runs the tools through a [`TcRunner`]; touches
-//! nothing else.
+//! rule and table, its v1 `net_cls` group; and by one that starts with another configuration,
+//! all of that but its own. Runs the tools through a [`TcRunner`]; touches nothing else.
 
 use std::path::Path;
 
@@ -25,6 +25,29 @@ pub fn remove_leftovers(
     runner: &mut dyn TcRunner,
     net_cls: Option<(&Path, &str)>,
 ) -> (Vec<String>, Vec<TcError>) {
+    remove_leftovers_but(runner, Own::default(), net_cls)
+}
+
+/// What a starting network control takes as its own of what an earlier lodgerd left (it
+/// adopts it for a multi-node job that still runs, or removes it itself), rather than a
+/// leftover of another configuration.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Own<'a> {
+    /// Interfaces it shapes: lodger's HTB root on them is its own.
+    pub interfaces: &'a [String],
+    /// The shaping nftables table `inet lodger`.
+    pub shaping_table: bool,
+    /// The CPU jobs' route to the slow network.
+    pub route: bool,
+}
+
+/// [`remove_leftovers`], but for what `own` names: what a configuration that shapes other
+/// interfaces, or routes instead of shaping (or the reverse), left.
+pub fn remove_leftovers_but(
+    runner: &mut dyn TcRunner,
+    own: Own<'_>,
+    net_cls: Option<(&Path, &str)>,
+) -> (Vec<String>, Vec<TcError>) {
     let mut removed = Vec::new();
     let mut errors = Vec::new();
     let mut said = |what: Result<bool, TcError>, words: &str| match what {
@@ -38,21 +61,28 @@ pub fn remove_leftovers(
     match runner.run(&argv(TC, "qdisc show")) {
         Ok(out) => {
             for dev in lodgers_roots(&out) {
+                if own.interfaces.iter().any(|i| i == dev) {
+                    continue;
+                }
                 let del = runner.run(&argv(TC, &format!("qdisc del dev {dev} root")));
                 said(del.map(|_| true), &format!("the HTB tree on {dev}"));
             }
         }
         Err(e) => said(Err(e), ""),
     }
-    let nft = NftSteering::new(DEFAULT_NFT_TABLE).remove(runner);
-    said(nft, &format!("the nftables table inet {DEFAULT_NFT_TABLE}"));
-    // The route's removal names no interface; any valid name builds it.
-    let slow = SlowNetwork {
-        interface: "lo".to_string(),
-        gateway: None,
-    };
-    let route = CpuJobsRoute::new(slow, CPU_JOBS_MARK).and_then(|r| r.remove(runner));
-    said(route, "the CPU jobs' route to the slow network");
+    if !own.shaping_table {
+        let nft = NftSteering::new(DEFAULT_NFT_TABLE).remove(runner);
+        said(nft, &format!("the nftables table inet {DEFAULT_NFT_TABLE}"));
+    }
+    if !own.route {
+        // The route's removal names no interface; any valid name builds it.
+        let slow = SlowNetwork {
+            interface: "lo".to_string(),
+            gateway: None,
+        };
+        let route = CpuJobsRoute::new(slow, CPU_JOBS_MARK).and_then(|r| r.remove(runner));
+        said(route, "the CPU jobs' route to the slow network");
+    }
     if let Some((hierarchy, relative)) = net_cls {
         let group = super::net_cls::remove_group(hierarchy, relative);
         said(group, &format!("the net_cls group {relative}"));

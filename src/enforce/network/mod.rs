@@ -60,7 +60,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 pub use self::htb::{parse_rate, ObservedClass, ObservedFilter, RootQdisc, Shaper, TcFilter};
-pub use self::leftovers::remove_leftovers;
+pub use self::leftovers::{remove_leftovers, remove_leftovers_but, Own};
 pub use self::net_cls::NetClsGroup;
 pub(crate) use self::net_cls::{dissolve_cgroup, read_pids, write_value};
 pub(crate) use self::nft::check_cgroup_path;

@@ -130,6 +130,8 @@ pub struct NetworkControl {
     held: BTreeSet<JobId>,
     /// CPU jobs no rule can cover on this node (see [`UNSHAPED`]).
     unshaped: BTreeSet<JobId>,
+    /// Whether what another configuration left was looked for (the first reconcile).
+    swept: bool,
     /// The last problem, logged once until it changes.
     problem: Option<String>,
 }
@@ -155,6 +157,7 @@ impl NetworkControl {
             since_verify: 0,
             held: BTreeSet::new(),
             unshaped: BTreeSet::new(),
+            swept: false,
             problem: None,
         })
     }
@@ -172,6 +175,7 @@ impl NetworkControl {
             since_verify: 0,
             held: BTreeSet::new(),
             unshaped: BTreeSet::new(),
+            swept: false,
             problem: None,
         }
     }
@@ -277,6 +281,9 @@ impl NetworkControl {
 
     /// One tick: shape while `want` has a multi-node training job, remove everything otherwise.
     pub fn reconcile(&mut self, want: &NetworkWant) -> Vec<NetworkEvent> {
+        if !std::mem::replace(&mut self.swept, true) {
+            self.remove_other_leftovers();
+        }
         if want.multi_node.is_empty() {
             return self.remove_all(false);
         }
@@ -408,6 +415,33 @@ impl NetworkControl {
         }
         self.unshaped = unshaped;
         Ok(events)
+    }
+
+    /// At the first reconcile: removes what an earlier lodgerd with another configuration left
+    /// (lodger's HTB root on an interface this control does not shape, the other method's tree
+    /// or route). What is this control's own is adopted or removed by it, as at any reconcile.
+    fn remove_other_leftovers(&mut self) {
+        let interfaces: Vec<String> = match &self.method {
+            Method::Shape { config, .. } => {
+                config.links.iter().map(|l| l.interface.clone()).collect()
+            }
+            Method::Route(_) => Vec::new(),
+        };
+        let own = super::Own {
+            interfaces: &interfaces,
+            shaping_table: matches!(self.method, Method::Shape { .. }),
+            route: matches!(self.method, Method::Route(_)),
+        };
+        let (removed, errors) = super::remove_leftovers_but(self.runner.as_mut(), own, None);
+        if !removed.is_empty() {
+            warn!(
+                "network shaping: removed what an earlier lodgerd with another configuration left: {}",
+                removed.join(", ")
+            );
+        }
+        for e in errors {
+            warn!("network shaping: cannot remove what an earlier lodgerd left: {e}");
+        }
     }
 
     fn status_when_on(&self) -> String {

@@ -16,6 +16,10 @@ impl Default for Shared {
             "qdisc noqueue 0: root refcnt 2 \n",
         )
         .fail(
+            &["nft", "list"],
+            "Error: No such file or directory\nlist table inet lodger_route\n",
+        )
+        .fail(
             &["nft", "-j", "list"],
             "Error: No such file or directory\nlist table inet lodger\n",
         );
@@ -459,4 +463,37 @@ fn v2_without_systemd_moves_no_batch_process_out_of_its_cgroup() {
         changes.contains("socket cgroupv2 level 2 \"lodger/lodgers\""),
         "{changes}"
     );
+}
+
+/// Finding 7: a restart with another `[[network.link]]` list (eth9 → eth0) removes lodger's
+/// tree from the interface no longer shaped at the first reconcile, and the other method's
+/// route; the configured interface's tree is this control's own.
+#[test]
+fn the_first_reconcile_removes_what_another_configuration_left() {
+    let runner = Shared::default();
+    runner.0.lock().expect("runner").reply(
+        &["tc", "qdisc", "show"],
+        "qdisc htb 4c44: dev eth9 root refcnt 2 r2q 10 default 0x10\n\
+         qdisc htb 4c44: dev eth0 root refcnt 2 r2q 10 default 0x10\n",
+    );
+    runner.0.lock().expect("runner").reply(
+        &["nft", "list", "table", "inet", "lodger_route"],
+        "table inet lodger_route {}\n",
+    );
+    let mut ctl = control(&runner, Classifier::CgroupV2);
+    ctl.reconcile(&want(&[], &[]));
+    let changes = runner.changes();
+    assert!(
+        changes.contains(&"tc qdisc del dev eth9 root".to_string()),
+        "{changes:?}"
+    );
+    assert!(
+        changes.contains(&"nft delete table inet lodger_route".to_string()),
+        "{changes:?}"
+    );
+    // Once: a later reconcile looks no more.
+    let before = runner.lines().len();
+    ctl.reconcile(&want(&[], &[]));
+    let later: Vec<String> = runner.lines()[before..].to_vec();
+    assert!(!later.iter().any(|l| l.contains("eth9")), "{later:?}");
 }

@@ -69,7 +69,7 @@ impl RecordingRunner {
     pub fn changes(&self) -> Vec<String> {
         self.lines()
             .into_iter()
-            .filter(|l| !l.contains(" show ") && !l.contains(" list "))
+            .filter(|l| !l.split(' ').any(|w| w == "show" || w == "list"))
             .collect()
     }
 }
