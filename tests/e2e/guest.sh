@@ -138,6 +138,8 @@ check "capabilities: bounding set is SYS_NICE SYS_ADMIN PERFMON NET_ADMIN KILL o
 check "NoNewPrivs set" grep -q '^NoNewPrivs:[[:space:]]*1$' /proc/"$lodgerd_pid"/status
 check "Delegate=yes: cpuset is among the controllers of lodgerd.service's cgroup" grep -qw cpuset \
     /sys/fs/cgroup/system.slice/lodgerd.service/cgroup.controllers
+check_eq "no device allow-list (NVML opens /dev/nvidia*; ProtectClock=yes made one before systemd 252)" \
+    "$(systemctl show -p DeviceAllow --value lodgerd)" ""
 check "watchdog armed (WatchdogSec=30s)" test "$(systemctl show -p WatchdogUSec --value lodgerd)" = 30s
 check "GPU utilization source: the training emulator's published records (gpu = \"emulated\")" \
     sh -c 'journalctl -b -u lodgerd -o cat -n 50 | grep "GPU sensing" | tail -n 1 | grep emulated'
