@@ -309,6 +309,11 @@ impl AgentHandle {
         self.ticks.load(Ordering::Relaxed)
     }
 
+    /// The tick length the loop uses now (`agent.interval_ms`, as a reload last set it).
+    pub fn interval(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.published.current().status.interval_ms)
+    }
+
     /// Asks the agent to finish its current work and stop. Jobs stay enforced (training keeps its
     /// cpuset and SCHED_RR while lodgerd is down) and are re-adopted at the next start.
     pub fn stop(&self) {

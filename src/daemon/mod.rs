@@ -2,15 +2,15 @@
 //! settings of enforce, sense, policy, agent and api, starts the agent and the sensing thread and
 //! serves `org.lodger1` (and the metrics endpoint) until SIGTERM/SIGINT. The one room that may
 //! import every other; `config` stays below it and knows nothing of the types it is wired into.
-//! Rooms: `settings` (the config's sections turned into each room's settings).
+//! Rooms: `settings` (the config's sections turned into each room's settings), `watchdog`
+//! (systemd's watchdog pings, while the agent loop makes progress).
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
-
 use tracing::{error, info, warn};
 
 mod settings;
+mod watchdog;
 
 use self::settings::{
     agent_settings, batch_settings, enforce_settings, instance_settings, sampler_settings,
@@ -468,7 +468,7 @@ fn serve(
             ));
         }
         if let Some(period) = sd_notify::watchdog_enabled() {
-            tokio::spawn(watchdog(handle.clone(), period, config.interval()));
+            tokio::spawn(watchdog::run(handle.clone(), period));
         }
         let mut running = config.clone();
         while wait_for_signal().await == Signal::Reload {
@@ -487,31 +487,6 @@ fn serve(
 fn notify(state: &[sd_notify::NotifyState]) {
     if let Err(e) = sd_notify::notify(state) {
         warn!("cannot notify systemd: {e}");
-    }
-}
-
-/// Pings systemd's watchdog only while the agent loop makes progress: a wedged agent (stuck in a
-/// kernel call, deadlocked) stops the pings and systemd restarts lodgerd. Not a bare timer.
-async fn watchdog(agent: AgentHandle, period: Duration, interval: Duration) {
-    let mut seen = agent.ticks();
-    let mut last_progress = Instant::now();
-    let mut every = tokio::time::interval(period / 2);
-    loop {
-        every.tick().await;
-        let now = agent.ticks();
-        if now != seen {
-            seen = now;
-            last_progress = Instant::now();
-        }
-        // A tick is due every `interval`; allow two to be late before going quiet.
-        if last_progress.elapsed() <= interval * 2 + period / 2 {
-            notify(&[sd_notify::NotifyState::Watchdog]);
-        } else {
-            warn!(
-                "agent loop made no progress for {:?}; not pinging the watchdog",
-                last_progress.elapsed()
-            );
-        }
     }
 }
 
@@ -591,6 +566,8 @@ async fn reload(
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
     use crate::enforce::network::Steering;
     use crate::enforce::{CgroupDriver, PidPinning};
