@@ -13,7 +13,8 @@ mod settings;
 mod watchdog;
 
 use self::settings::{
-    agent_settings, batch_settings, enforce_settings, instance_settings, sampler_settings,
+    agent_settings_on, batch_settings, enforce_settings, instance_settings, sampler_settings,
+    Enforceable,
 };
 
 use crate::agent::{Agent, AgentHandle, Enforce, LiveSettings, MbaTarget, NetworkReload};
@@ -337,11 +338,9 @@ pub fn run(prepared: Prepared, sim: bool) -> ExitCode {
         info!("no NVIDIA GPU found in sysfs: jobs get no GPU locality preference");
     }
 
-    let mut settings = agent_settings(&config);
+    let enforceable = Enforceable { batch_memory };
+    let mut settings = agent_settings_on(&config, enforceable);
     settings.lendable = Some(lendable);
-    if !batch_memory {
-        settings.trust.batch_memory_max = None;
-    }
     let store = Store::new(config.agent.state_dir.clone());
     let mut agent = Agent::builder(settings, topology, reserved, enforcer, store);
     if let Some(b) = batch {
@@ -403,7 +402,7 @@ pub fn run(prepared: Prepared, sim: bool) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let code = serve(&rt, &config, &handle, classifier);
+    let code = serve(&rt, &config, &handle, classifier, enforceable);
     handle.stop();
     if join.join().is_err() {
         error!("the agent thread panicked");
@@ -426,6 +425,7 @@ fn serve(
     config: &Config,
     handle: &AgentHandle,
     classifier: Option<Classifier>,
+    enforceable: Enforceable,
 ) -> ExitCode {
     let bus = Bus::from(config.api.bus);
     let auth = Authority::new(config.api.group.clone());
@@ -473,7 +473,7 @@ fn serve(
         let mut running = config.clone();
         while wait_for_signal().await == Signal::Reload {
             notify(&[sd_notify::NotifyState::Reloading]);
-            running = reload(&running, handle, &auth, classifier.as_ref()).await;
+            running = reload(&running, handle, &auth, classifier.as_ref(), enforceable).await;
             notify(&[sd_notify::NotifyState::Ready]);
         }
         notify(&[sd_notify::NotifyState::Stopping]);
@@ -520,12 +520,14 @@ async fn wait_for_signal() -> Signal {
 /// Re-reads the config file lodgerd was started with and applies what can change live
 /// (`config::reload`); a file that does not parse changes nothing. Returns the config now
 /// running. Registered jobs are never dropped. `classifier`: how CPU jobs' traffic is told apart,
-/// known when lodgerd shaped at start (`[network]` can then change live).
+/// known when lodgerd shaped at start (`[network]` can then change live); `enforceable`: what
+/// this node's enforcers can do, as at start.
 async fn reload(
     running: &Config,
     handle: &AgentHandle,
     auth: &Authority,
     classifier: Option<&Classifier>,
+    enforceable: Enforceable,
 ) -> Config {
     let Some(path) = running.origin().map(Path::to_path_buf) else {
         info!("reload: lodgerd runs on the built-in defaults (no config file): nothing to re-read");
@@ -546,11 +548,10 @@ async fn reload(
             }
             _ => NetworkReload::Keep,
         };
-        let live = LiveSettings {
-            sense_pace: Some((next.sense.interval(), next.sense.deadline())),
-            ..agent_settings(&next).live()
-        };
-        if let Err(e) = handle.reload(live, network).await {
+        if let Err(e) = handle
+            .reload(live_settings(&next, enforceable), network)
+            .await
+        {
             warn!("reload not applied: {e}");
             return running.clone();
         }
@@ -564,10 +565,20 @@ async fn reload(
     next
 }
 
+/// What a reload to `next` changes in the running agent, on a node whose enforcers can do what
+/// `node` says (the same adjustment as at start).
+fn live_settings(next: &Config, node: Enforceable) -> LiveSettings {
+    LiveSettings {
+        sense_pace: Some((next.sense.interval(), next.sense.deadline())),
+        ..agent_settings_on(next, node).live()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
 
+    use super::settings::agent_settings;
     use super::*;
     use crate::enforce::network::Steering;
     use crate::enforce::{CgroupDriver, PidPinning};
@@ -620,5 +631,28 @@ mod tests {
             GpuChoice::from(config::GpuSourceChoice::Emulated),
             GpuChoice::Emulated
         );
+    }
+
+    /// Where the batch enforcer cannot limit memory (v2 with affinity pinning, --sim), a batch
+    /// job may not ask for a limit: at start and after any reload that applies something. The
+    /// reload used to resolve batch.memory_max again and let such jobs register with a limit
+    /// nobody wrote.
+    #[test]
+    fn a_reload_keeps_batch_memory_limits_refused_where_none_is_written() {
+        let config = Config::default();
+        let none = Enforceable {
+            batch_memory: false,
+        };
+        assert_eq!(
+            agent_settings_on(&config, none).trust.batch_memory_max,
+            None
+        );
+        assert_eq!(live_settings(&config, none).trust.batch_memory_max, None);
+        // Where limits are written, the default share of the node is the most one may ask for.
+        let limits = Enforceable { batch_memory: true };
+        assert!(live_settings(&config, limits)
+            .trust
+            .batch_memory_max
+            .is_some());
     }
 }

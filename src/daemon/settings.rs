@@ -138,7 +138,27 @@ pub(super) fn instance_settings(
     (settings, probe)
 }
 
-/// `[agent]`, `[rightsize]` and `[contention]`: the agent loop's settings.
+/// What lodgerd's enforcers turned out able to do on this node at start. The settings from
+/// the config are adjusted to it at start and on every reload alike ([`agent_settings_on`]).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Enforceable {
+    /// The batch enforcer writes memory limits. Without, batch jobs get none, so none may ask
+    /// for one (`batch.memory_max` is not applied).
+    pub batch_memory: bool,
+}
+
+/// The agent loop's settings from `config` ([`agent_settings`]) on a node whose enforcers can do
+/// what `node` says: start and reload both come here.
+pub(super) fn agent_settings_on(config: &Config, node: Enforceable) -> AgentSettings {
+    let mut settings = agent_settings(config);
+    if !node.batch_memory {
+        settings.trust.batch_memory_max = None;
+    }
+    settings
+}
+
+/// `[agent]`, `[rightsize]` and `[contention]`: the agent loop's settings, as the config asks
+/// (see [`agent_settings_on`] for this node's).
 pub(super) fn agent_settings(config: &Config) -> AgentSettings {
     AgentSettings {
         interval: config.interval(),
