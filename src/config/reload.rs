@@ -42,72 +42,93 @@ impl Reload {
 /// threads, cgroups, the bus or the kernel at start, so a change there is refused and the running
 /// value kept.
 pub fn reload(running: &Config, new: &Config, network_live: bool) -> (Config, Reload) {
+    // Destructured so that a section added to `Config` does not build until it is applied live
+    // or refused below: a change nobody looks at would be neither, and the log would say
+    // "nothing changed".
+    let Config {
+        node,
+        training,
+        agent,
+        api,
+        cgroup,
+        log,
+        sense,
+        metrics,
+        inference,
+        rightsize,
+        contention,
+        network,
+        batch,
+        slurm,
+        kubernetes,
+        source: _,
+    } = new;
     let mut next = running.clone();
     let mut r = Reload::default();
-    if new.agent.interval_ms != running.agent.interval_ms {
-        next.agent.interval_ms = new.agent.interval_ms;
+    if agent.interval_ms != running.agent.interval_ms {
+        next.agent.interval_ms = agent.interval_ms;
         r.applied.push(format!(
             "agent.interval_ms = {} (was {})",
-            new.agent.interval_ms, running.agent.interval_ms
+            agent.interval_ms, running.agent.interval_ms
         ));
     }
-    if new.rightsize != running.rightsize {
-        next.rightsize = new.rightsize.clone();
+    if *rightsize != running.rightsize {
+        next.rightsize = rightsize.clone();
         r.applied.push("[rightsize]".to_string());
     }
-    if new.contention != running.contention {
-        next.contention = new.contention.clone();
+    if *contention != running.contention {
+        next.contention = contention.clone();
         r.applied.push("[contention]".to_string());
     }
-    if new.training.rt_headroom_percent != running.training.rt_headroom_percent {
-        next.training.rt_headroom_percent = new.training.rt_headroom_percent;
+    if training.rt_headroom_percent != running.training.rt_headroom_percent {
+        next.training.rt_headroom_percent = training.rt_headroom_percent;
         r.applied.push(format!(
             "training.rt_headroom_percent = {} (was {})",
-            new.training.rt_headroom_percent, running.training.rt_headroom_percent
+            training.rt_headroom_percent, running.training.rt_headroom_percent
         ));
     }
     let mut api_live = running.api.clone();
-    api_live.group = new.api.group.clone();
-    api_live.cgroup_roots = new.api.cgroup_roots.clone();
-    api_live.max_jobs_per_owner = new.api.max_jobs_per_owner;
-    api_live.max_instances_per_owner = new.api.max_instances_per_owner;
+    api_live.group = api.group.clone();
+    api_live.cgroup_roots = api.cgroup_roots.clone();
+    api_live.max_jobs_per_owner = api.max_jobs_per_owner;
+    api_live.max_instances_per_owner = api.max_instances_per_owner;
     if api_live != running.api {
         next.api = api_live;
         r.applied
             .push("[api] group/cgroup_roots/max_*_per_owner".to_string());
     }
-    let network_refused = new.network != running.network && !network_live;
-    if new.network != running.network && network_live {
-        next.network = new.network.clone();
+    let network_refused = *network != running.network && !network_live;
+    if *network != running.network && network_live {
+        next.network = network.clone();
         r.applied.push("[network]".to_string());
     }
-    let (live_sense, mut sense_rest) = (&new.sense, new.sense.clone());
-    if (live_sense.interval_ms, live_sense.deadline_ms)
+    if (sense.interval_ms, sense.deadline_ms)
         != (running.sense.interval_ms, running.sense.deadline_ms)
     {
-        next.sense.interval_ms = live_sense.interval_ms;
-        next.sense.deadline_ms = live_sense.deadline_ms;
+        next.sense.interval_ms = sense.interval_ms;
+        next.sense.deadline_ms = sense.deadline_ms;
         r.applied.push(format!(
             "sense.interval_ms = {}, sense.deadline_ms = {}",
-            live_sense.interval_ms, live_sense.deadline_ms
+            sense.interval_ms, sense.deadline_ms
         ));
     }
+    let mut sense_rest = sense.clone();
     sense_rest.interval_ms = running.sense.interval_ms;
     sense_rest.deadline_ms = running.sense.deadline_ms;
-    let mut agent_rest = new.agent.clone();
+    let mut agent_rest = agent.clone();
     agent_rest.interval_ms = running.agent.interval_ms;
-    if new.slurm.rules != running.slurm.rules {
+    if slurm.rules != running.slurm.rules {
         // The prolog reads them from the file at every run; lodgerd only keeps the text.
-        next.slurm.rules = new.slurm.rules.clone();
+        next.slurm.rules = slurm.rules.clone();
         r.applied
             .push("[[slurm.rule]] (read by the next prolog)".to_string());
     }
-    let mut slurm_rest = new.slurm.clone();
+    let mut slurm_rest = slurm.clone();
     slurm_rest.rules = running.slurm.rules.clone();
-    let mut training_rest = new.training.clone();
+    let mut training_rest = training.clone();
     training_rest.rt_headroom_percent = running.training.rt_headroom_percent;
     let refused = [
-        ("[node]", new.node != running.node),
+        ("[node]", *node != running.node),
         (
             "[training] (but rt_headroom_percent)",
             training_rest != running.training,
@@ -116,21 +137,23 @@ pub fn reload(running: &Config, new: &Config, network_live: bool) -> (Config, Re
             "[agent] state_dir/command_timeout_ms",
             agent_rest != running.agent,
         ),
-        ("api.bus", new.api.bus != running.api.bus),
-        ("[cgroup]", new.cgroup != running.cgroup),
-        ("[log]", new.log != running.log),
+        ("api.bus", api.bus != running.api.bus),
+        ("[cgroup]", *cgroup != running.cgroup),
+        ("[log]", *log != running.log),
         (
             "[sense] (but interval_ms and deadline_ms)",
             sense_rest != running.sense,
         ),
-        ("[metrics]", new.metrics != running.metrics),
-        ("[inference]", new.inference != running.inference),
-        ("[batch]", new.batch != running.batch),
+        ("[metrics]", *metrics != running.metrics),
+        ("[inference]", *inference != running.inference),
+        ("[batch]", *batch != running.batch),
         ("[slurm] (but [[slurm.rule]])", slurm_rest != running.slurm),
         (
             "[network] (shaping was off at start: a restart turns it on)",
             network_refused,
         ),
+        // The NRI plugin connects to the runtime once, at start.
+        ("[kubernetes]", *kubernetes != running.kubernetes),
     ];
     r.refused = refused
         .into_iter()
@@ -239,5 +262,16 @@ mod tests {
         assert_eq!(next.batch, running.batch);
         assert_eq!(r.applied, ["[[slurm.rule]] (read by the next prolog)"]);
         assert_eq!(r.refused, ["[batch]", "[slurm] (but [[slurm.rule]])"]);
+    }
+
+    /// The NRI plugin starts (or not) with lodgerd: turning it on by a reload is refused by
+    /// name, not logged as "nothing changed".
+    #[test]
+    fn kubernetes_changes_are_refused() {
+        let running = parse("");
+        let (next, r) = reload(&running, &parse("[kubernetes]\nnri = true\n"), true);
+        assert!(!next.kubernetes.nri);
+        assert!(r.applied.is_empty(), "{r:?}");
+        assert_eq!(r.refused, ["[kubernetes]"]);
     }
 }
