@@ -17,8 +17,11 @@ use super::{ConfigError, Cx};
 pub const INTERVAL_MS_RANGE: RangeInclusive<i64> = 10..=60_000;
 
 /// Valid `agent.command_timeout_ms`: long enough for `tc`/`nft` on a busy node, short enough
-/// that a hung one is noticed within the watchdog's patience.
-pub const COMMAND_TIMEOUT_MS_RANGE: RangeInclusive<i64> = 100..=600_000;
+/// that a hung one is noticed within the watchdog's patience. Commands run inside the agent's
+/// tick: the watchdog stops pinging after 2 ticks and 15 s of no progress (the default 1 s tick:
+/// 17 s) and systemd kills lodgerd 30 s (`WatchdogSec=`) after the last ping, which restarts it
+/// into the same hung command. 10 s leaves room for a second command in the same tick.
+pub const COMMAND_TIMEOUT_MS_RANGE: RangeInclusive<i64> = 100..=10_000;
 
 /// Longest group name accepted (shadow-utils' default limit).
 const GROUP_NAME_MAX: usize = 32;
@@ -177,7 +180,14 @@ impl Cx<'_> {
                 "agent.command_timeout_ms",
                 raw.command_timeout_ms,
                 d.command_timeout_ms,
-                |v| in_range(v, &COMMAND_TIMEOUT_MS_RANGE),
+                |v| {
+                    in_range(v, &COMMAND_TIMEOUT_MS_RANGE).map_err(|e| {
+                        format!(
+                            "{e}; a command runs inside the agent's tick, and a longer stall \
+                             gets lodgerd killed by systemd's watchdog"
+                        )
+                    })
+                },
             )?,
         })
     }

@@ -458,6 +458,12 @@ fn bad_input_names_file_line_and_key() {
              60001)",
         ),
         (
+            "[agent]\ncommand_timeout_ms = 600000\n",
+            "/etc/lodger/lodger.toml:2: agent.command_timeout_ms: must be between 100 and 10000 \
+             (got 600000); a command runs inside the agent's tick, and a longer stall gets \
+             lodgerd killed by systemd's watchdog",
+        ),
+        (
             "[training]\ngrant_rt_budget_us = 1000000\n",
             "/etc/lodger/lodger.toml:2: training.grant_rt_budget_us: must be between 0 and \
              999999 (got 1000000); 0 = never grant, otherwise below the 1000000 us period",
