@@ -64,6 +64,61 @@ fn top_shows_the_emulated_gpu_and_cpu_of_a_job() {
     assert!(table.contains("gpu: emulated"), "{table}");
 }
 
+/// `lodgerctl top | head -n 5`: the reader goes away while top refreshes. lodgerctl ends
+/// quietly with status 0, not with print!'s panic (status 101) at its next write.
+#[test]
+fn top_into_a_pipe_whose_reader_went_away_ends_quietly() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    if !need_root("top_into_a_pipe_whose_reader_went_away_ends_quietly") {
+        return;
+    }
+    let bus = PrivateBus::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = Daemon::start(
+        &bus,
+        dir.path(),
+        DaemonOptions {
+            sim: true,
+            ..DaemonOptions::default()
+        },
+    );
+    let mut top = Command::new(bin("lodgerctl"))
+        .args(["top", "--refresh", "0.1"])
+        .env("DBUS_SYSTEM_BUS_ADDRESS", &d.bus_address)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("lodgerctl top");
+    // As head does: read the first line, then close the pipe.
+    let mut reader = BufReader::new(top.stdout.take().expect("stdout"));
+    let mut first = String::new();
+    reader.read_line(&mut first).expect("top's first line");
+    assert!(!first.is_empty(), "top printed nothing");
+    drop(reader);
+    let deadline = std::time::Instant::now() + WAIT;
+    let status = loop {
+        if let Some(status) = top.try_wait().expect("wait for lodgerctl") {
+            break Some(status);
+        }
+        if std::time::Instant::now() >= deadline {
+            let _ = top.kill();
+            let _ = top.wait();
+            break None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let mut stderr = String::new();
+    top.stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut stderr)
+        .expect("stderr");
+    let status = status.unwrap_or_else(|| panic!("lodgerctl top went on writing: {stderr}"));
+    assert!(!stderr.contains("panicked"), "{status}: {stderr}");
+    assert_eq!(status.code(), Some(0), "{stderr}");
+}
+
 #[test]
 fn without_nvml_lodgerd_starts_and_says_gpu_sensing_is_off() {
     if !need_root("without_nvml") {

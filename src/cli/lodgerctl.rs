@@ -110,10 +110,15 @@ pub struct UnregisterArgs {
     pub all: bool,
 }
 
+/// The longest `drain --timeout`: a day (longer waits on nothing a drain could still end).
+pub const DRAIN_TIMEOUT_MAX: u64 = 86_400;
+
 #[derive(Args, Debug)]
 pub struct DrainArgs {
-    /// Seconds to wait for the instances to stop (each gets lodgerd's stop grace, then SIGKILL).
-    #[arg(long, default_value_t = 60, value_name = "SECONDS")]
+    /// Seconds to wait for the instances to stop (each gets lodgerd's stop grace, then SIGKILL);
+    /// at most a day.
+    #[arg(long, default_value_t = 60, value_name = "SECONDS",
+          value_parser = clap::value_parser!(u64).range(0..=DRAIN_TIMEOUT_MAX))]
     pub timeout: u64,
 }
 
@@ -281,5 +286,16 @@ mod tests {
         assert!(parse(&["lodgerctl", "unregister", "--all"]).is_ok());
         assert!(parse(&["lodgerctl", "unregister"]).is_err());
         assert!(parse(&["lodgerctl", "unregister", "j1", "--all"]).is_err());
+    }
+
+    /// A timeout past any deadline an Instant can hold was accepted and panicked in drain.
+    #[test]
+    fn drain_timeout_is_at_most_a_day() {
+        let parse = |t: &str| Cli::try_parse_from(["lodgerctl", "drain", "--timeout", t]);
+        assert!(parse("0").is_ok());
+        assert!(parse("86400").is_ok());
+        let err = parse("18446744073709551615").expect_err("refused");
+        assert!(err.to_string().contains("--timeout"), "{err}");
+        assert!(parse("86401").is_err());
     }
 }

@@ -10,14 +10,48 @@ use zbus::zvariant::{OwnedValue, Value};
 use lodger::api::proxy::ManagerProxy;
 use lodger::cli::lodgerctl::{Cli, Command, InferenceArgs, OwnerArgs, Register, UnregisterArgs};
 
-mod slurm;
-mod top;
-
 /// A failure, with the exit code it maps to.
 struct Failure {
     code: u8,
     message: String,
 }
+
+impl Failure {
+    /// Writing to stdout failed. Its reader going away is no failure of lodgerctl's
+    /// (`lodgerctl top | head -n 5`): status 0, nothing said.
+    fn stdout(e: std::io::Error) -> Self {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            return Failure {
+                code: 0,
+                message: String::new(),
+            };
+        }
+        Failure {
+            code: 2,
+            message: format!("cannot write to stdout: {e}"),
+        }
+    }
+}
+
+/// `print!`, but a failed write returns [`Failure::stdout`] from the enclosing function instead
+/// of panicking as `print!` does when stdout's reader has gone.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        write!(std::io::stdout(), $($arg)*).map_err(crate::Failure::stdout)?
+    }};
+}
+
+/// `println!` as [`out!`] is `print!`.
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout(), $($arg)*).map_err(crate::Failure::stdout)?
+    }};
+}
+
+mod slurm;
+mod top;
 
 fn from_zbus(action: &str, e: zbus::Error) -> Failure {
     match e {
@@ -125,9 +159,13 @@ fn get(d: &HashMap<String, OwnedValue>, k: &str) -> String {
 
 /// Prints the array of dictionaries under `key` of `d` as a table with these (header, field)
 /// columns, after a blank line; nothing when the key is absent.
-fn print_dict_table(d: &HashMap<String, OwnedValue>, key: &str, columns: &[(&str, &str)]) {
+fn print_dict_table(
+    d: &HashMap<String, OwnedValue>,
+    key: &str,
+    columns: &[(&str, &str)],
+) -> Result<(), Failure> {
     let Some(Value::Array(items)) = d.get(key).map(|v| &**v) else {
-        return;
+        return Ok(());
     };
     let rows: Vec<Vec<String>> = items
         .iter()
@@ -147,13 +185,15 @@ fn print_dict_table(d: &HashMap<String, OwnedValue>, key: &str, columns: &[(&str
         })
         .collect();
     let header: Vec<&str> = columns.iter().map(|(h, _)| *h).collect();
-    println!();
-    print!("{}", render_table(&header, &rows));
+    outln!();
+    out!("{}", render_table(&header, &rows));
+    Ok(())
 }
 
 /// Prints rows as aligned columns, like `kubectl get`.
-fn print_table(header: &[&str], rows: &[Vec<String>]) {
-    print!("{}", render_table(header, rows));
+fn print_table(header: &[&str], rows: &[Vec<String>]) -> Result<(), Failure> {
+    out!("{}", render_table(header, rows));
+    Ok(())
 }
 
 /// Rows as aligned columns, one line each, the header first.
@@ -254,20 +294,20 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 .await
                 .map_err(|e| from_zbus(&format!("unregister {id}"), e))?;
             if cli.json {
-                println!("{}", serde_json::json!({ "unregistered": id }));
+                outln!("{}", serde_json::json!({ "unregistered": id }));
             } else {
-                println!("unregistered {id}");
+                outln!("unregistered {id}");
             }
         }
         Command::Unregister(UnregisterArgs { id: None, .. }) => {
             let released = unregister_all(&proxy, "unregister --all").await?;
             if cli.json {
-                println!("{}", serde_json::json!({ "unregistered": released }));
+                outln!("{}", serde_json::json!({ "unregistered": released }));
             } else if released.is_empty() {
-                println!("No jobs registered.");
+                outln!("No jobs registered.");
             } else {
                 for id in released {
-                    println!("unregistered {id}");
+                    outln!("unregistered {id}");
                 }
             }
         }
@@ -282,9 +322,9 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             }
             if cli.json {
                 let v: Vec<_> = details.iter().map(dict_to_json).collect();
-                println!("{}", serde_json::Value::Array(v));
+                outln!("{}", serde_json::Value::Array(v));
             } else if details.is_empty() {
-                println!("No jobs registered.");
+                outln!("No jobs registered.");
             } else {
                 let rows: Vec<Vec<String>> = details
                     .iter()
@@ -313,7 +353,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                         "RR/THREADS",
                     ],
                     &rows,
-                );
+                )?;
             }
         }
         Command::Show { id } => {
@@ -322,10 +362,10 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 .await
                 .map_err(|e| from_zbus(&format!("show {id}"), e))?;
             if cli.json {
-                println!("{}", dict_to_json(&d));
+                outln!("{}", dict_to_json(&d));
             } else {
                 let name = get(&d, "name");
-                println!(
+                outln!(
                     "● {id}{} - {} job",
                     if name.is_empty() {
                         String::new()
@@ -400,10 +440,10 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                     {
                         continue;
                     }
-                    println!("  {label:>12}: {v}");
+                    outln!("  {label:>12}: {v}");
                 }
                 if get(&d, "exclusive") == "yes" {
-                    println!(
+                    outln!(
                         "  {:>12}: yes (its cores are lent to no lodger)",
                         "Exclusive"
                     );
@@ -414,14 +454,14 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                         .and_then(|v| f64::try_from(&**v).ok())
                         .map(|s| format!(" ({:.0}% of its cores' idle time)", s * 100.0))
                         .unwrap_or_default();
-                    println!(
+                    outln!(
                         "  {:>12}: {} CPU-s to lodgers{share}",
                         "Lent",
                         get(&d, "lent_cpu_s")
                     );
                 }
                 if d.contains_key("lodged_cpu_s") {
-                    println!(
+                    outln!(
                         "  {:>12}: {} CPU-s, {} on training cores",
                         "CPU used",
                         get(&d, "lodged_cpu_s"),
@@ -435,30 +475,30 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                         .map_or("no limit".to_string(), |b| {
                             format!("{} per instance", lodger::job::memory::show_size(b))
                         });
-                    println!(
+                    outln!(
                         "  {:>12}: {limit}, {} OOM kill(s)",
                         "Memory",
                         get(&d, "oom_kills")
                     );
                 } else if let Some(b) = d.get("memory_max").and_then(|v| u64::try_from(&**v).ok()) {
                     // A batch job's own limit (otherwise the node's batch.memory_max).
-                    println!(
+                    outln!(
                         "  {:>12}: {} limit, the job's own",
                         "Memory",
                         lodger::job::memory::show_size(b)
                     );
                 }
                 if d.contains_key("rightsize") {
-                    println!("  {:>12}: {}", "Right-sizing", get(&d, "rightsize"));
+                    outln!("  {:>12}: {}", "Right-sizing", get(&d, "rightsize"));
                 }
                 if d.contains_key("throttle") {
-                    println!("  {:>12}: {}", "Throttled", get(&d, "throttle"));
+                    outln!("  {:>12}: {}", "Throttled", get(&d, "throttle"));
                 }
                 if d.contains_key("network") {
-                    println!("  {:>12}: {}", "Network", get(&d, "network"));
+                    outln!("  {:>12}: {}", "Network", get(&d, "network"));
                 }
                 if d.contains_key("rt") {
-                    println!("  {:>12}: {}", "RT limit", get(&d, "rt"));
+                    outln!("  {:>12}: {}", "RT limit", get(&d, "rt"));
                 }
                 print_dict_table(
                     &d,
@@ -469,7 +509,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                         ("NOISE", "noise"),
                         ("DECISION", "decision"),
                     ],
-                );
+                )?;
                 print_dict_table(
                     &d,
                     "instances",
@@ -485,7 +525,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                         ("RESTARTS", "restarts"),
                         ("OOM KILLS", "oom_kills"),
                     ],
-                );
+                )?;
             }
         }
         Command::Top(args) => top::top(&proxy, cli.json, args).await?,
@@ -516,12 +556,12 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 });
             }
             if cli.json {
-                println!(
+                outln!(
                     "{}",
                     serde_json::json!({ "unregistered": released, "drained": true })
                 );
             } else {
-                println!(
+                outln!(
                     "drained: {} job(s) released, no instance running",
                     released.len()
                 );
@@ -533,9 +573,9 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 .await
                 .map_err(|e| from_zbus("status", e))?;
             if cli.json {
-                println!("{}", dict_to_json(&s));
+                outln!("{}", dict_to_json(&s));
             } else {
-                println!("● lodgerd {}", get(&s, "version"));
+                outln!("● lodgerd {}", get(&s, "version"));
                 for (label, key) in [
                     ("CPUs", "cpus"),
                     ("Reserved", "reserved"),
@@ -554,7 +594,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                     ("Sample age", "sensing"),
                 ] {
                     let v = get(&s, key);
-                    println!("  {label:>12}: {}", if v.is_empty() { "-" } else { &v });
+                    outln!("  {label:>12}: {}", if v.is_empty() { "-" } else { &v });
                 }
             }
         }
@@ -666,9 +706,9 @@ async fn register_and_show(
         if let serde_json::Value::Object(m) = &mut v {
             m.insert("path".into(), path.as_str().into());
         }
-        println!("{v}");
+        outln!("{v}");
     } else {
-        println!("{}", summary(&id, &job));
+        outln!("{}", summary(&id, &job));
     }
     Ok(())
 }
@@ -720,6 +760,8 @@ fn main() -> ExitCode {
     };
     match rt.block_on(run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
+        // stdout's reader went away (see Failure::stdout).
+        Err(f) if f.code == 0 => ExitCode::SUCCESS,
         Err(f) => {
             eprintln!("lodgerctl: {}", f.message);
             ExitCode::from(f.code)

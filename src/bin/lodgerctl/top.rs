@@ -169,9 +169,9 @@ pub(crate) async fn top(
 ) -> Result<(), Failure> {
     use std::io::IsTerminal;
     if args.once || json {
-        print!("{}", top_once(proxy, json).await?);
+        out!("{}", top_once(proxy, json).await?);
         if json {
-            println!();
+            outln!();
         }
         return Ok(());
     }
@@ -180,11 +180,11 @@ pub(crate) async fn top(
         let screen = top_once(proxy, false).await?;
         if clear {
             // Home the cursor and clear the screen, like top(1).
-            print!("\x1b[H\x1b[2J");
+            out!("\x1b[H\x1b[2J");
         }
-        print!("{screen}");
+        out!("{screen}");
         if !clear {
-            println!();
+            outln!();
         }
         tokio::time::sleep(std::time::Duration::from_secs_f64(args.refresh)).await;
     }
