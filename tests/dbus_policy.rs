@@ -821,9 +821,49 @@ fn members_change_only_what_they_own() {
     ]);
     assert!(refused_by_bus(&out, "RegisterJob"), "{}", text(&out));
 
-    // The member may unregister its own job.
-    let out = as_member(&["unregister", &member_job]);
+    // A member's `unregister --all` releases every job of theirs, the ones listed after
+    // another user's job included, and says which it skipped: here j1 (the member's), j2 (the
+    // other user's), j3 (the member's batch job).
+    let members = Killed(
+        Command::new("setpriv")
+            .arg(format!("--reuid={}", member.1))
+            .arg(format!("--regid={}", member.2))
+            .args(["--clear-groups", "--", "sleep", "600"])
+            .spawn()
+            .expect("the member's process"),
+    );
+    let out = as_member(&[
+        "--json",
+        "register",
+        "batch",
+        "--pid",
+        &members.0.id().to_string(),
+    ]);
     assert!(out.status.success(), "{}", text(&out));
+    let job: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let member_batch = job["id"].as_str().expect("id").to_string();
+    let out = as_member(&["unregister", "--all"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let said = String::from_utf8_lossy(&out.stdout);
+    for line in [
+        format!("unregistered {member_job}"),
+        format!("unregistered {member_batch}"),
+        format!("skipped {others_job}: belongs to uid {}", other.1),
+    ] {
+        assert!(said.lines().any(|l| l == line), "'{line}' in: {said}");
+    }
+    let out = run_as(None, &bus, &ctl, &["--json", "list"]);
+    let list: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let ids: Vec<&str> = list
+        .as_array()
+        .expect("array")
+        .iter()
+        .filter_map(|j| j["id"].as_str())
+        .collect();
+    assert_eq!(ids, [others_job.as_str()], "{list}");
+    // Drain is root's: a member is told so, and nothing changes.
+    refused(&as_member(&["drain"]), &["run it as root"]);
+    drop(members);
 
     // Ten thousand refused registrations (LODGER_REFUSED_CALLS: fewer in the emulated VM, where
     // each takes about 40 ms) leave lodgerd's memory where it was.

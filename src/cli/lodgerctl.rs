@@ -48,7 +48,7 @@ pub enum Command {
     /// Undo everything lodgerd did, on purpose: release every job (threads back to SCHED_OTHER,
     /// cgroups restored, network shaping removed) and wait until every inference instance has
     /// stopped. Run it before stopping lodgerd for good (the packages' removal does); a plain
-    /// stop or restart undoes nothing, and instances run on for the next lodgerd.
+    /// stop or restart undoes nothing, and instances run on for the next lodgerd. Root only.
     Drain(DrainArgs),
     /// Live measurements per job (CPU %, IPC, cache-miss %, GPU %, memory bandwidth), refreshed
     /// like top; `--once` or `--json` print one sample for scripts.
@@ -105,7 +105,9 @@ pub struct UnregisterArgs {
     /// The job's id, as `lodgerctl list` shows it (e.g. j3).
     pub id: Option<String>,
     /// Release every registered job (the packages' removal scripts use it before stopping
-    /// lodgerd, which otherwise leaves its jobs pinned on purpose).
+    /// lodgerd, which otherwise leaves its jobs pinned on purpose). As anyone but root: every
+    /// job of yours; other users' jobs are listed as skipped. Exits 1 only if one of the jobs it
+    /// acts on could not be released, after releasing the rest.
     #[arg(long)]
     pub all: bool,
 }
