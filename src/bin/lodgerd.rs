@@ -71,6 +71,9 @@ fn main() -> ExitCode {
         }
     };
     if cli.check_config {
+        for w in &prepared.warnings {
+            eprintln!("lodgerd: warning: {w}");
+        }
         println!("configuration OK: {}", prepared.summary());
         return ExitCode::SUCCESS;
     }

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use toml::Spanned;
 
 use super::value::{absolute, in_range, named_enum, one_of};
-use super::{ConfigError, Cx};
+use super::{Config, ConfigError, Cx};
 
 /// Valid `agent.interval_ms`. Below 10 ms the agent would spend its time sensing; above a
 /// minute it would react to nothing.
@@ -22,6 +22,10 @@ pub const INTERVAL_MS_RANGE: RangeInclusive<i64> = 10..=60_000;
 /// 17 s) and systemd kills lodgerd 30 s (`WatchdogSec=`) after the last ping, which restarts it
 /// into the same hung command. 10 s leaves room for a second command in the same tick.
 pub const COMMAND_TIMEOUT_MS_RANGE: RangeInclusive<i64> = 100..=10_000;
+
+/// `api.group`'s default: the group the packages create (packaging/sysusers.d) and the shipped
+/// D-Bus policy names.
+pub const DEFAULT_GROUP: &str = "lodger";
 
 /// Longest group name accepted (shadow-utils' default limit).
 const GROUP_NAME_MAX: usize = 32;
@@ -85,10 +89,40 @@ named_enum! {
     }
 }
 
+impl Config {
+    /// `api.group` against the node's group database, as `exists` answers for a name (`Err`: the
+    /// database cannot say). A missing group is refused at the line that names it: a typo would
+    /// lock every member out while lodgerd reports nothing wrong. Only warned about (`Ok(Some)`):
+    /// a missing default group, which means lodger is not set up yet (started from source, or
+    /// before the packages' scripts ran; those create it before lodgerd is ever started) and
+    /// refusing would keep root out too; and a lookup that failed (NSS unavailable).
+    pub fn check_group(
+        &self,
+        exists: impl FnOnce(&str) -> Result<bool, String>,
+    ) -> Result<Option<String>, ConfigError> {
+        let group = &self.api.group;
+        match exists(group) {
+            Ok(true) => Ok(None),
+            Ok(false) if group == DEFAULT_GROUP => Ok(Some(format!(
+                "api.group: no group \"{group}\" on this node: only root may register or \
+                 unregister jobs until it is created (groupadd --system {group})"
+            ))),
+            Ok(false) => Err(self.error_at(
+                "api.group",
+                format!("no such group \"{group}\" on this node (getent group {group})"),
+            )),
+            Err(e) => Ok(Some(format!(
+                "api.group: cannot look up group \"{group}\": {e}; members are checked at \
+                 each call"
+            ))),
+        }
+    }
+}
+
 impl Default for ApiConfig {
     fn default() -> Self {
         Self {
-            group: "lodger".to_string(),
+            group: DEFAULT_GROUP.to_string(),
             bus: BusKind::System,
             // Slurm's jobs on cgroup v2 (docs/slurm.md).
             cgroup_roots: vec!["/system.slice/slurmstepd.scope".to_string()],

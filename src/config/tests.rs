@@ -749,6 +749,35 @@ fn error_at_points_at_the_key() {
     );
 }
 
+/// A group the node does not have: refused at its line, unless it is the default one (not set
+/// up yet: a warning) or the database cannot answer (a warning).
+#[test]
+fn api_group_is_checked_against_the_group_database() {
+    let typo = parse("[api]\n\ngroup = \"lodgr\"\n").expect("parses");
+    assert_eq!(
+        typo.check_group(|_| Ok(false))
+            .expect_err("refused")
+            .to_string(),
+        "/etc/lodger/lodger.toml:3: api.group: no such group \"lodgr\" on this node (getent \
+         group lodgr)"
+    );
+    assert_eq!(typo.check_group(|_| Ok(true)).expect("found"), None);
+    let warned = typo
+        .check_group(|_| Err("LDAP is down".into()))
+        .expect("a warning")
+        .expect("said");
+    assert!(warned.contains("LDAP is down"), "{warned}");
+    let default = parse("[api]\ngroup = \"lodger\"\n").expect("parses");
+    let warned = default
+        .check_group(|name| {
+            assert_eq!(name, "lodger");
+            Ok(false)
+        })
+        .expect("a warning")
+        .expect("said");
+    assert!(warned.contains("groupadd --system lodger"), "{warned}");
+}
+
 #[test]
 fn pid_jobs_auto_follows_the_hierarchy() {
     assert_eq!(PidJobs::Auto.effective(false), PidJobs::Cgroup);

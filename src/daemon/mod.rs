@@ -42,6 +42,9 @@ pub struct Prepared {
     pub reserved: CpuSet,
     /// The CPUs lodgers may use (`node.lendable_cpus`, resolved, less the reserved).
     pub lendable: CpuSet,
+    /// What is wrong but does not stop lodgerd (a missing default `api.group`): logged at start,
+    /// printed by `--check-config`.
+    pub warnings: Vec<String>,
 }
 
 /// Why lodgerd cannot start on this node with this config (exit status 2).
@@ -73,6 +76,7 @@ pub fn prepare(path: Option<&Path>) -> Result<Prepared, PrepareError> {
             }
         }
     };
+    let warnings = config.check_group(group_exists)?.into_iter().collect();
     let mut topology =
         Topology::read(&config.node.sysfs_root).map_err(|source| PrepareError::Topology {
             root: config.node.sysfs_root.clone(),
@@ -97,7 +101,15 @@ pub fn prepare(path: Option<&Path>) -> Result<Prepared, PrepareError> {
         topology,
         reserved,
         lendable,
+        warnings,
     })
+}
+
+/// Whether the node's group database (NSS) has a group `name`; `Err` when it cannot say.
+fn group_exists(name: &str) -> Result<bool, String> {
+    nix::unistd::Group::from_name(name)
+        .map(|g| g.is_some())
+        .map_err(|e| e.to_string())
 }
 
 impl Prepared {
@@ -288,7 +300,11 @@ pub fn run(prepared: Prepared, sim: bool) -> ExitCode {
         topology,
         reserved,
         lendable,
+        warnings,
     } = prepared;
+    for w in warnings {
+        warn!("{w}");
+    }
     pin_self(&reserved);
 
     let mut runner = None;
@@ -540,6 +556,7 @@ async fn reload(
             return running.clone();
         }
     };
+    let new = vet_group(running, new, group_exists);
     let (next, what) = config::reload(running, &new, classifier.is_some());
     if !what.applied.is_empty() {
         let network = match classifier {
@@ -563,6 +580,28 @@ async fn reload(
         warn!("reloaded {}: {}", path.display(), what.describe());
     }
     next
+}
+
+/// A reloaded config's `api.group`, checked as at start ([`Config::check_group`]): a new group
+/// the node does not have is refused (logged, naming the line) and the running one kept; the
+/// other keys are `new`'s.
+fn vet_group(
+    running: &Config,
+    mut new: Config,
+    exists: impl FnOnce(&str) -> Result<bool, String>,
+) -> Config {
+    if new.api.group == running.api.group {
+        return new;
+    }
+    match new.check_group(exists) {
+        Ok(None) => {}
+        Ok(Some(w)) => warn!("reload: {w}"),
+        Err(e) => {
+            warn!("reload: {e}; api.group stays \"{}\"", running.api.group);
+            new.api.group = running.api.group.clone();
+        }
+    }
+    new
 }
 
 /// What a reload to `next` changes in the running agent, on a node whose enforcers can do what
@@ -654,5 +693,52 @@ mod tests {
             .trust
             .batch_memory_max
             .is_some());
+    }
+
+    /// A reload naming a group the node does not have keeps the running group; the rest of the
+    /// file applies. A group that exists is taken.
+    #[test]
+    fn a_reload_to_a_missing_group_keeps_the_running_one() {
+        let path = Path::new("/etc/lodger/lodger.toml");
+        let running = Config::parse("[api]\ngroup = \"trainers\"\n", path).expect("parses");
+        let new = Config::parse(
+            "[agent]\ninterval_ms = 250\n[api]\ngroup = \"trainres\"\n",
+            path,
+        )
+        .expect("parses");
+        let vetted = vet_group(&running, new.clone(), |name| Ok(name == "trainers"));
+        assert_eq!(vetted.api.group, "trainers");
+        assert_eq!(vetted.agent.interval_ms, 250);
+        let (next, what) = config::reload(&running, &vetted, false);
+        assert_eq!(next.api.group, "trainers");
+        assert_eq!(what.applied, ["agent.interval_ms = 250 (was 1000)"]);
+        let vetted = vet_group(&running, new, |_| Ok(true));
+        assert_eq!(vetted.api.group, "trainres");
+    }
+
+    /// A group the node does not have fails prepare (the start and `--check-config`) at the line
+    /// that names it, before anything else is read.
+    #[test]
+    fn prepare_refuses_a_group_the_node_does_not_have() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("lodger.toml");
+        let group = "lodger-no-such-group";
+        assert_eq!(
+            group_exists(group),
+            Ok(false),
+            "{group} exists on this host"
+        );
+        std::fs::write(&path, format!("[api]\n\ngroup = \"{group}\"\n")).expect("config");
+        let err = match prepare(Some(&path)) {
+            Ok(_) => panic!("prepared with api.group = {group}"),
+            Err(e) => e.to_string(),
+        };
+        assert_eq!(
+            err,
+            format!(
+                "{}:3: api.group: no such group \"{group}\" on this node (getent group {group})",
+                path.display()
+            )
+        );
     }
 }
