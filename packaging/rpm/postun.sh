@@ -10,7 +10,7 @@ if [ "$1" -eq 0 ]; then
     systemctl reset-failed lodgerd.service >/dev/null 2>&1 || :
     rm -rf /var/lib/lodger
     # Directories the package does not own; left in place if an admin put files there.
-    rmdir /etc/lodger /usr/share/doc/lodger 2>/dev/null || :
+    rmdir /etc/lodger /usr/share/doc/lodger /usr/libexec/lodger 2>/dev/null || :
     members=$(getent group lodger | cut -d: -f4)
     if getent group lodger >/dev/null; then
         if [ -z "$members" ]; then
