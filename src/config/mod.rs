@@ -55,9 +55,7 @@ pub use network::{NetSteering, NetworkSection};
 pub use node::{GpuOverride, NodeConfig, ReservedCpus};
 pub use reload::{reload, Reload};
 pub use rightsize::{RightsizeConfig, RightsizeMode};
-pub use sense::{
-    GpuSourceChoice, SenseConfig, HISTORY_RANGE, PERF_MAX_FDS_RANGE, SENSE_INTERVAL_MS_RANGE,
-};
+pub use sense::{GpuSourceChoice, SenseConfig, PERF_MAX_FDS_RANGE, SENSE_INTERVAL_MS_RANGE};
 pub use slurm::{SlurmConfig, SlurmKind, SlurmRule};
 pub use training::{
     TrainingConfig, TrainingPolicy, RT_BUDGET_US_RANGE, RT_PERIOD_US, RT_PRIORITY_RANGE,
@@ -102,6 +100,14 @@ pub struct Config {
     #[serde(skip)]
     source: Source,
 }
+
+/// Keys lodger no longer reads, still accepted so that the files that set them keep loading
+/// (`deny_unknown_fields` would refuse them, and lodgerd would not start after an upgrade that
+/// kept an edited lodger.toml), with why.
+pub const OBSOLETE_KEYS: &[(&str, &str)] = &[(
+    "sense.history",
+    "ignored: no sensing history is kept (the key never had an effect)",
+)];
 
 /// Settings only: two configs with the same values are equal wherever they were read from.
 impl PartialEq for Config {
@@ -194,6 +200,18 @@ impl Config {
             path: self.source.path.clone(),
             line: self.source.lines.get(key).copied(),
         }
+    }
+
+    /// What the file sets that does nothing, one line each, naming the line: the keys in
+    /// [`OBSOLETE_KEYS`]. lodgerd logs them at start and `--check-config` prints them.
+    pub fn warnings(&self) -> Vec<String> {
+        OBSOLETE_KEYS
+            .iter()
+            .filter_map(|(key, why)| {
+                let at = self.location_of(key);
+                at.line.map(|_| format!("{at}: {key}: {why}; remove it"))
+            })
+            .collect()
     }
 
     /// An error about `key` found after loading (e.g. `api.group` names no group), pointing

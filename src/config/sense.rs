@@ -1,5 +1,5 @@
 //! config::sense: `[sense]`: what lodger measures (GPU source, perf counters, memory
-//! bandwidth), how often, and how much history it keeps. Touches no file.
+//! bandwidth) and how often. Touches no file.
 
 use std::ops::RangeInclusive;
 use std::path::PathBuf;
@@ -20,8 +20,9 @@ pub const SENSE_DEADLINE_MS_RANGE: RangeInclusive<i64> = 100..=600_000;
 /// Valid `sense.perf_max_fds`.
 pub const PERF_MAX_FDS_RANGE: RangeInclusive<i64> = 0..=1_048_576;
 
-/// Valid `sense.history`.
-pub const HISTORY_RANGE: RangeInclusive<i64> = 1..=86_400;
+/// Valid `sense.history`, a key that was never read: still accepted (with a warning, see
+/// [`super::OBSOLETE_KEYS`]) so that the files that set it keep loading.
+const HISTORY_RANGE: RangeInclusive<i64> = 1..=86_400;
 
 /// `[sense]`: what lodger measures and how often.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -38,8 +39,6 @@ pub struct SenseConfig {
     pub resctrl_root: PathBuf,
     /// Node memory-bandwidth peak in bytes/s; 0: unknown (no fraction of peak is reported).
     pub membw_peak_bytes_per_s: u64,
-    /// Sensing passes kept in memory (per node; `lodgerctl top` and the API show the latest).
-    pub history: u64,
     /// How much older than the interval a source's newest pass may be before it is stale.
     pub deadline_ms: u64,
 }
@@ -77,7 +76,6 @@ impl Default for SenseConfig {
             perf_max_fds: 65536,
             resctrl_root: PathBuf::from("/sys/fs/resctrl"),
             membw_peak_bytes_per_s: 0,
-            history: 300,
             deadline_ms: 5000,
         }
     }
@@ -93,6 +91,7 @@ pub(super) struct RawSense {
     perf_max_fds: Option<Spanned<i64>>,
     resctrl_root: Option<Spanned<String>>,
     membw_peak_bytes_per_s: Option<Spanned<i64>>,
+    /// Obsolete: accepted and ignored.
     history: Option<Spanned<i64>>,
     deadline_ms: Option<Spanned<i64>>,
 }
@@ -101,6 +100,10 @@ impl Cx<'_> {
     pub(super) fn sense(&mut self, raw: Option<RawSense>) -> Result<SenseConfig, ConfigError> {
         let d = SenseConfig::default();
         let Some(raw) = raw else { return Ok(d) };
+        // Checked as before and recorded (its line, for the warning), but not kept.
+        self.field::<i64, u64>("sense.history", raw.history, 0, |v| {
+            in_range(v, &HISTORY_RANGE)
+        })?;
         Ok(SenseConfig {
             interval_ms: self.field("sense.interval_ms", raw.interval_ms, d.interval_ms, |v| {
                 in_range(v, &SENSE_INTERVAL_MS_RANGE)
@@ -133,9 +136,6 @@ impl Cx<'_> {
                 d.membw_peak_bytes_per_s,
                 |v| in_range(v, &(0..=i64::MAX)),
             )?,
-            history: self.field("sense.history", raw.history, d.history, |v| {
-                in_range(v, &HISTORY_RANGE)
-            })?,
             deadline_ms: self.field("sense.deadline_ms", raw.deadline_ms, d.deadline_ms, |v| {
                 in_range(v, &SENSE_DEADLINE_MS_RANGE)
             })?,

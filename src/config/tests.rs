@@ -73,7 +73,6 @@ fn every_default() {
     assert_eq!(c.sense.perf_max_fds, 65536);
     assert_eq!(c.sense.resctrl_root, Path::new("/sys/fs/resctrl"));
     assert_eq!(c.sense.membw_peak_bytes_per_s, 0);
-    assert_eq!(c.sense.history, 300);
     assert_eq!(c.sense.deadline(), Duration::from_secs(5));
     assert_eq!(c.metrics.listen, "");
     assert_eq!(c.metrics.address(), None);
@@ -136,6 +135,12 @@ fn shipped_file_lists_every_key() {
                 ["account", "kind", "partition"]
             );
         }
+        // Obsolete keys are accepted, not shipped.
+        want.retain(|k| {
+            !super::OBSOLETE_KEYS
+                .iter()
+                .any(|(key, _)| *key == format!("{}.{k}", section.get_ref()))
+        });
         assert_eq!(keys_of(table), want, "[{}]", section.get_ref());
     }
 }
@@ -776,6 +781,26 @@ fn api_group_is_checked_against_the_group_database() {
         .expect("a warning")
         .expect("said");
     assert!(warned.contains("groupadd --system lodger"), "{warned}");
+}
+
+/// sense.history was never read: a file that sets it (every packaged lodger.toml did) still
+/// loads, with a warning naming the line; a value refused before is refused still.
+#[test]
+fn the_obsolete_sense_history_loads_with_a_warning() {
+    let old = parse("[sense]\ninterval_ms = 500\nhistory = 300\n").expect("still loads");
+    assert_eq!(old.sense.interval_ms, 500);
+    assert_eq!(
+        old.warnings(),
+        [
+            "/etc/lodger/lodger.toml:3: sense.history: ignored: no sensing history is kept (the \
+          key never had an effect); remove it"
+        ]
+    );
+    assert!(parse("[sense]\ninterval_ms = 500\n")
+        .expect("parses")
+        .warnings()
+        .is_empty());
+    assert!(refused("[sense]\nhistory = 0\n").contains("sense.history: must be between 1"));
 }
 
 #[test]

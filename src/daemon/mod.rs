@@ -42,8 +42,8 @@ pub struct Prepared {
     pub reserved: CpuSet,
     /// The CPUs lodgers may use (`node.lendable_cpus`, resolved, less the reserved).
     pub lendable: CpuSet,
-    /// What is wrong but does not stop lodgerd (a missing default `api.group`): logged at start,
-    /// printed by `--check-config`.
+    /// What is wrong but does not stop lodgerd (an obsolete key, a missing default
+    /// `api.group`): logged at start, printed by `--check-config`.
     pub warnings: Vec<String>,
 }
 
@@ -76,7 +76,8 @@ pub fn prepare(path: Option<&Path>) -> Result<Prepared, PrepareError> {
             }
         }
     };
-    let warnings = config.check_group(group_exists)?.into_iter().collect();
+    let mut warnings = config.warnings();
+    warnings.extend(config.check_group(group_exists)?);
     let mut topology =
         Topology::read(&config.node.sysfs_root).map_err(|source| PrepareError::Topology {
             root: config.node.sysfs_root.clone(),

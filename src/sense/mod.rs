@@ -14,7 +14,7 @@ pub mod rtlimit;
 pub mod sampler;
 pub mod sources;
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
@@ -155,64 +155,4 @@ pub struct SensedJob {
     /// to the hierarchy root.
     pub cgroup: Option<String>,
     pub gpus: Vec<u32>,
-}
-
-/// A bounded history of samples, oldest first.
-#[derive(Debug, Clone)]
-pub struct History<T> {
-    cap: usize,
-    items: VecDeque<T>,
-}
-
-impl<T> History<T> {
-    pub fn new(cap: usize) -> Self {
-        Self {
-            cap: cap.max(1),
-            items: VecDeque::with_capacity(cap.max(1)),
-        }
-    }
-
-    pub fn push(&mut self, item: T) {
-        if self.items.len() == self.cap {
-            self.items.pop_front();
-        }
-        self.items.push_back(item);
-    }
-
-    pub fn latest(&self) -> Option<&T> {
-        self.items.back()
-    }
-
-    pub fn iter(&self) -> impl DoubleEndedIterator<Item = &T> {
-        self.items.iter()
-    }
-
-    pub fn len(&self) -> usize {
-        self.items.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.items.is_empty()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn history_is_bounded_and_ordered() {
-        let mut h = History::new(3);
-        assert!(h.is_empty());
-        for i in 0..5 {
-            h.push(i);
-        }
-        assert_eq!(h.iter().copied().collect::<Vec<_>>(), vec![2, 3, 4]);
-        assert_eq!(h.latest(), Some(&4));
-        assert_eq!(h.len(), 3);
-        let mut zero = History::new(0);
-        zero.push(1);
-        zero.push(2);
-        assert_eq!(zero.iter().copied().collect::<Vec<_>>(), vec![2]);
-    }
 }
