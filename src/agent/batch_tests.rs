@@ -445,3 +445,31 @@ fn a_process_or_cgroup_of_a_slurm_job_is_not_registered_apart_from_it() {
     );
     assert!(agent.jobs().contains_key(&prolog.id));
 }
+
+/// A Slurm job registered with no count runs on its whole cpuset; a core the RT guard adds keeps
+/// it there (it cannot grow beyond Slurm's cpuset), never cuts it to that one core.
+#[test]
+fn an_rt_guard_core_keeps_a_whole_cpuset_slurm_job_on_its_whole_cpuset() {
+    let rig = Rig::new();
+    let mut agent = rig.agent();
+    let job = agent.register(slurm(JobKind::Training, 77), 1000).unwrap();
+    rig.node.lock().unwrap().slurm.insert(
+        77,
+        SlurmCgroup {
+            path: "/slurm/uid_1000/job_77".into(),
+            cpus: Some(set("2-4,10-12")),
+        },
+    );
+    agent.tick();
+    assert_eq!(agent.jobs()[&job.id].cpus, set("2-4,10-12"));
+    agent.state.jobs.get_mut(&job.id).unwrap().job.rt = Some(crate::job::RtStanding {
+        extra_cores: 1,
+        ..Default::default()
+    });
+    agent.tick();
+    assert_eq!(
+        agent.jobs()[&job.id].cpus,
+        set("2-4,10-12"),
+        "the guard's core cut the job"
+    );
+}

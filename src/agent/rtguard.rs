@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use tracing::{info, warn};
 
-use super::training::views;
+use super::training::{view_cores, views};
 use super::TickCx;
 use crate::job::{JobId, JobState, Role, RtStanding};
 use crate::policy;
@@ -188,9 +188,7 @@ impl RtGuard {
             watch.near_ticks = 0;
             let share = share * 100.0;
             let limit_pct = limit.unwrap_or(1.0) * 100.0;
-            // At most doubling what the job asked for: a job that keeps every core it gets
-            // busy is not held back by the RT limit but by its own demand.
-            let cap = stored.job.spec.cores.max(1);
+            let cap = grow_cap(stored.job.spec.cores, cx.slurm.cpus(&id).as_ref());
             let extra = stored.job.rt.as_ref().map_or(0, |r| r.extra_cores);
             if extra < cap && try_grow(cx, &id, rightsize_enforce) {
                 info!(
@@ -206,8 +204,9 @@ impl RtGuard {
                     job = %id,
                     "uses {share:.0}% of each of its {cpus} CPU(s), near the RT limit \
                      ({limit_pct:.0}%): its SCHED_RR threads are throttled up to \
-                     {:.0} ms a second and no core is free to grow it; free a core, or run \
-                     training as SCHED_OTHER (training.policy = \"other\")",
+                     {:.0} ms a second and no core is free to grow it (or its Slurm cpuset has \
+                     none left); free a core, or run training as SCHED_OTHER \
+                     (training.policy = \"other\")",
                     (1.0 - limit_pct / 100.0) * 1000.0
                 );
             }
@@ -255,13 +254,33 @@ fn holds_for_rightsizing(
         && tuning.is_some_and(|t| t.tuner.settled().is_none())
 }
 
-/// Gives `id` one more core if the plan then still places every job it placed.
+/// The most cores the guard adds to a job that asked for `cores`: at most doubling it (a job
+/// that keeps every core it gets busy is not held back by the RT limit but by its own demand).
+/// A Slurm job that asked for none asked for its whole cpuset (`within`): up to that size, of
+/// which [`try_grow`] adds only what the cpuset still has.
+fn grow_cap(cores: u32, within: Option<&crate::cpuset::CpuSet>) -> u32 {
+    match within {
+        Some(w) if cores == 0 => u32::try_from(w.len()).unwrap_or(u32::MAX).max(1),
+        _ => cores.max(1),
+    }
+}
+
+/// Gives `id` one more core if that adds a core (a Slurm job never grows beyond its cpuset) and
+/// the plan then still places every job it placed.
 fn try_grow(cx: &mut TickCx<'_>, id: &JobId, rightsize_enforce: Option<bool>) -> bool {
+    let within = cx.slurm.cpus(id);
     let Some(stored) = cx.state.jobs.get_mut(id) else {
         return false;
     };
+    let before = view_cores(stored, rightsize_enforce, within.as_ref());
     let rt = stored.job.rt.get_or_insert_with(RtStanding::default);
     rt.extra_cores += 1;
+    if view_cores(stored, rightsize_enforce, within.as_ref()) <= before {
+        if let Some(rt) = stored.job.rt.as_mut() {
+            rt.extra_cores -= 1;
+        }
+        return false;
+    }
     let plan = policy::decide(
         cx.topology,
         cx.reserved,
@@ -282,7 +301,8 @@ fn try_grow(cx: &mut TickCx<'_>, id: &JobId, rightsize_enforce: Option<bool>) ->
 mod tests {
     use std::time::Duration;
 
-    use super::holds_for_rightsizing;
+    use super::{grow_cap, holds_for_rightsizing};
+    use crate::cpuset::CpuSet;
     use crate::policy::rightsize::{Tuner, TunerSettings};
     use crate::store::Tuning;
 
@@ -292,6 +312,17 @@ mod tests {
             last_sample_ms: 0,
             recorded: false,
         }
+    }
+
+    /// A whole-cpuset Slurm job (no count asked) may be grown within its cpuset, not by one
+    /// core only; a job that asked for a count, by at most that count.
+    #[test]
+    fn the_guard_grows_a_whole_cpuset_job_within_its_cpuset() {
+        let cpuset = CpuSet::parse("2-4,10-12").unwrap();
+        assert_eq!(grow_cap(0, Some(&cpuset)), 6);
+        assert_eq!(grow_cap(2, Some(&cpuset)), 2);
+        assert_eq!(grow_cap(0, None), 1);
+        assert_eq!(grow_cap(4, None), 4);
     }
 
     /// The guard waits for a search that can run, never for figures that cannot come.

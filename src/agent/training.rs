@@ -200,24 +200,40 @@ pub(super) fn views(
         .filter(|s| !slurm.waits(&s.job.id))
         .map(|s| {
             let within = slurm.cpus(&s.job.id);
-            // The RT guard's extra cores keep a SCHED_RR job under the RT limit (agent::rtguard).
-            let mut cores = match (&s.tuning, rightsize_enforce) {
-                (Some(t), Some(true)) => t.tuner.cores(),
-                _ => s.job.spec.cores,
-            } + s.job.rt.as_ref().map_or(0, |r| r.extra_cores);
-            if let Some(w) = &within {
-                // A Slurm job: its whole cpuset when it asked for none, never more.
-                let size = u32::try_from(w.len()).unwrap_or(u32::MAX);
-                cores = if cores == 0 { size } else { cores.min(size) };
-            }
             TrainingJobView {
                 id: s.job.id.clone(),
-                cores,
+                cores: view_cores(s, rightsize_enforce, within.as_ref()),
                 gpus: s.job.spec.gpus.clone(),
                 within,
             }
         })
         .collect()
+}
+
+/// The cores a training job is placed on: the tuner's or its own count (see [`views`]), its
+/// whole cpuset for a Slurm job that asked for none (`within`), then the RT guard's extra
+/// cores, never beyond that cpuset. The base is settled before the extra is added: a
+/// whole-cpuset job's "0 + 1 core" is its cpuset, not one CPU.
+pub(super) fn view_cores(
+    s: &StoredJob,
+    rightsize_enforce: Option<bool>,
+    within: Option<&CpuSet>,
+) -> u32 {
+    let base = match (&s.tuning, rightsize_enforce) {
+        (Some(t), Some(true)) => t.tuner.cores(),
+        _ => s.job.spec.cores,
+    };
+    // The RT guard's extra cores keep a SCHED_RR job under the RT limit (agent::rtguard).
+    let extra = s.job.rt.as_ref().map_or(0, |r| r.extra_cores);
+    match within {
+        // A Slurm job: its whole cpuset when it asked for none, never more.
+        Some(w) => {
+            let size = u32::try_from(w.len()).unwrap_or(u32::MAX);
+            let base = if base == 0 { size } else { base.min(size) };
+            base.saturating_add(extra).min(size)
+        }
+        None => base.saturating_add(extra),
+    }
 }
 
 /// Whether the job is where `placement` puts it, shows what enforcement found at its last
