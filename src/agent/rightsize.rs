@@ -173,6 +173,49 @@ impl Rightsize {
         changed
     }
 
+    /// Tells each searching tuner the most cores its job can have in the plan now: its own CPUs
+    /// and the free ones (online, not reserved, no other training job's), within a Slurm job's
+    /// cpuset (`Tuner::limit_max`). Called before the tuners step, so no probe is sized beyond
+    /// them, and after each decide, so a probe the plan could not give in full is measured at
+    /// what it got. Returns whether any tuner changed.
+    pub(super) fn limit_to_plan(&self, cx: &mut TickCx<'_>) -> bool {
+        if self.settings.enforce != Some(true) {
+            return false;
+        }
+        let state = &mut *cx.state;
+        let searching =
+            |t: &Option<Tuning>| t.as_ref().is_some_and(|t| t.tuner.settled().is_none());
+        if !state.jobs.values().any(|s| searching(&s.tuning)) {
+            return false;
+        }
+        let now = wall_clock();
+        let free = state
+            .plan
+            .training
+            .values()
+            .fold(cx.topology.online().difference(cx.reserved), |free, p| {
+                free.difference(&p.cpus)
+            });
+        let mut changed = false;
+        for stored in state.jobs.values_mut() {
+            if !searching(&stored.tuning) {
+                continue;
+            }
+            let own = state.plan.training.get(&stored.job.id).map(|p| &p.cpus);
+            let could_have = match cx.slurm.cpus(&stored.job.id) {
+                Some(w) => {
+                    free.intersection(&w).len() + own.map_or(0, |o| o.intersection(&w).len())
+                }
+                None => free.len() + own.map_or(0, CpuSet::len),
+            };
+            if let Some(t) = &mut stored.tuning {
+                let n = u32::try_from(could_have).unwrap_or(u32::MAX);
+                changed |= t.tuner.limit_max(n, now);
+            }
+        }
+        changed
+    }
+
     /// Feeds each right-sized training job's newest GPU utilization sample to its tuner
     /// (SODA §V-B-2). `throttled`: a contention throttle is active on the node (handed over by
     /// the contention controller). Returns whether any tuner changed what the state file holds.
@@ -180,15 +223,15 @@ impl Rightsize {
         let Some(enforce) = self.settings.enforce else {
             return false;
         };
+        let mut changed = self.limit_to_plan(cx);
         let now = wall_clock();
         let obs = cx.observations;
         // Issue 16: while GPU utilization (the tuner's one input) is stale, every search holds
         // where it is instead of judging a window on old or missing figures.
         if obs.is_stale("gpu") {
-            return false;
+            return changed;
         }
         let state = &mut *cx.state;
-        let mut changed = false;
         for stored in state.jobs.values_mut() {
             let Some(tuning) = &mut stored.tuning else {
                 continue;

@@ -288,7 +288,11 @@ fn try_grow(cx: &mut TickCx<'_>, id: &JobId, rightsize_enforce: Option<bool>) ->
         &cx.state.plan,
     );
     let placed_before = cx.state.plan.training.len();
-    let fits = plan.training.contains_key(id) && plan.training.len() >= placed_before;
+    // A job that asks for more keeps its CPUs where no more fit (`policy::decide`): grown
+    // only if its placement did grow.
+    let had = cx.state.plan.training.get(id).map_or(0, |p| p.cpus.len());
+    let fits = plan.training.get(id).is_some_and(|p| p.cpus.len() > had)
+        && plan.training.len() >= placed_before;
     if !fits {
         if let Some(rt) = cx.state.jobs.get_mut(id).and_then(|s| s.job.rt.as_mut()) {
             rt.extra_cores -= 1;

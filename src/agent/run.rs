@@ -272,6 +272,8 @@ impl Agent {
         ) {
             dirty |= plan != cx.state.plan;
             cx.state.plan = plan;
+            // A probe the plan could not give in full is measured at what it got.
+            dirty |= self.rightsize.limit_to_plan(&mut cx);
         }
         let (changed, gone) = self.training.tick(&mut cx);
         dirty |= changed;

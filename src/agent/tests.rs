@@ -470,6 +470,72 @@ fn idle_sensing_passes_with_a_right_sized_job_write_nothing() {
     assert_eq!(agent.jobs()[&job.id].cpus.len(), cores as usize);
 }
 
+/// Finding 1 (review at cc00f65): a right-sized job's probes are sized against the CPUs it can
+/// have now, not those free when it registered. A (4 cores, alone: 14 could be its) is joined
+/// by B (8 cores): A's step up from 40 % GPU utilization stops at its 4 and the 2 free. It used
+/// to ask for 14, be un-placed (its threads running on CPUs the plan then called free), and
+/// settle at 4 on a window measured at 4.
+#[test]
+fn a_probe_beyond_the_free_cpus_never_unplaces_the_job() {
+    let rig = Rig::new();
+    rig.spawn(100);
+    rig.spawn(200);
+    let mut builder = rig.builder();
+    builder.settings.rightsize = RightsizeSettings {
+        enforce: Some(true),
+        warmup: Duration::ZERO,
+        window: Duration::ZERO,
+        ..RightsizeSettings::default()
+    };
+    let mut agent = builder.start().unwrap();
+    let a = agent.register(spec(vec![100], 4), 0).unwrap();
+    let b = agent.register(spec(vec![200], 8), 0).unwrap();
+    let settled = |agent: &Agent| {
+        agent.state.jobs[&a.id]
+            .tuning
+            .as_ref()
+            .and_then(|t| t.tuner.settled())
+    };
+    let mut ms = 1;
+    while settled(&agent).is_none() && ms < 1000 {
+        let cpus = agent.state.jobs[&a.id].job.cpus.len();
+        let mut obs = Observations {
+            unix_ms: ms,
+            ..Observations::default()
+        };
+        let alternation = if ms % 2 == 0 { 0.4 } else { -0.4 };
+        obs.jobs.insert(
+            a.id.clone(),
+            crate::sense::JobMetrics {
+                gpu_percent: Some((10.0 * cpus as f64).min(100.0) + alternation),
+                ..Default::default()
+            },
+        );
+        agent.observations = std::sync::Arc::new(obs);
+        agent.tick();
+        let job = &agent.jobs()[&a.id];
+        assert!(
+            agent.state.plan.training.contains_key(&a.id),
+            "pass {ms}: A un-placed: {:?}",
+            agent.state.plan.unplaced
+        );
+        assert_eq!(
+            job.state,
+            JobState::Running,
+            "pass {ms}: {:?}",
+            job.last_error
+        );
+        assert!(
+            job.cpus.is_disjoint(&agent.jobs()[&b.id].cpus),
+            "pass {ms}: A on B's CPUs"
+        );
+        ms += 1;
+    }
+    let cores = settled(&agent).expect("settled within 1000 passes");
+    assert!(cores >= 6, "settled at {cores}, its 4 and the 2 free are 6");
+    assert_eq!(agent.jobs()[&a.id].cpus.len(), cores as usize);
+}
+
 /// Issue 16: an upgrade keeps every job. A state file written by the first state version (a
 /// right-sized training job mid-window, one not right-sized, an owner's history) is migrated:
 /// both jobs are re-adopted on the CPUs they had, the search goes on, ids are not reused, and

@@ -86,6 +86,10 @@ impl SteadyPlan {
 /// (`JobId::seq`). A running training job is never moved to make room: moving its cpuset costs
 /// it more than a newcomer waiting. Jobs absent from `jobs` are dropped, which frees their CPUs.
 ///
+/// A placed job that asks for more (a right-sizing probe, an RT guard core) keeps its CPUs
+/// through the pass, so no other job takes them, and gets the most it asked for that fits: its
+/// own CPUs and the free ones, else it stays where it is. Asking for more never un-places it.
+///
 /// Pure and idempotent: `decide(.., &decide(..)) == decide(..)`.
 pub fn decide(
     topo: &Topology,
@@ -101,16 +105,26 @@ pub fn decide(
 
     let mut plan = Plan::default();
     let mut taken = CpuSet::new();
+    // Placed jobs that ask for more, each holding its CPUs until its turn.
+    let mut growing: BTreeMap<&JobId, &CpuSet> = BTreeMap::new();
     for job in &ordered {
         let Some(prev) = previous.training.get(&job.id) else {
             continue;
         };
-        let same_size = u32::try_from(prev.cpus.len()) == Ok(job.cores);
+        let had = u32::try_from(prev.cpus.len()).unwrap_or(u32::MAX);
         let inside = job.within.as_ref().map_or(true, |w| prev.cpus.is_subset(w));
-        if same_size && inside && prev.cpus.is_subset(&usable) && prev.cpus.is_disjoint(&taken) {
+        if had <= job.cores
+            && inside
+            && prev.cpus.is_subset(&usable)
+            && prev.cpus.is_disjoint(&taken)
+        {
             taken = taken.union(&prev.cpus);
-            plan.training
-                .insert(job.id.clone(), placement(topo, prev.cpus.clone()));
+            if had == job.cores {
+                plan.training
+                    .insert(job.id.clone(), placement(topo, prev.cpus.clone()));
+            } else {
+                growing.insert(&job.id, &prev.cpus);
+            }
         }
     }
 
@@ -119,10 +133,27 @@ pub fn decide(
         if plan.training.contains_key(&job.id) {
             continue;
         }
-        let ask = TrainingAsk {
+        let mut ask = TrainingAsk {
             cores: job.cores,
             gpus: &job.gpus,
         };
+        if let Some(held) = growing.get(&job.id) {
+            // Its own CPUs and the free ones: the most it can have. Where that is no more than
+            // it has, it stays (a new placement of the same size would only move it).
+            taken = taken.difference(held);
+            let free = topo
+                .online()
+                .difference(&off_limits(topo, reserved, job))
+                .difference(&taken);
+            let fits = u32::try_from(free.len()).unwrap_or(u32::MAX);
+            ask.cores = ask.cores.min(fits);
+            if u32::try_from(held.len()) == Ok(ask.cores) {
+                taken = taken.union(held);
+                plan.training
+                    .insert(job.id.clone(), placement(topo, (*held).clone()));
+                continue;
+            }
+        }
         match consolidate::place(topo, &off_limits(topo, reserved, job), &taken, &ask) {
             Ok(cpus) => {
                 taken = taken.union(&cpus);
@@ -327,10 +358,48 @@ mod tests {
         assert_eq!(back, plan);
     }
 
+    /// Finding 1 (review at cc00f65): a placed job whose probe asks for more than its CPUs and
+    /// the free ones keeps its placement and gets what fits, and keeps it when decided again.
+    /// It used to be un-placed, its CPUs left to others while its threads ran on.
+    #[test]
+    fn a_placed_job_that_asks_for_more_than_fits_keeps_its_cpus_and_gets_the_free_ones() {
+        // 16 CPUs, 0 and 8 reserved: 14 usable.
+        let topo = Topology::synthetic(2, 1, 4, 2, 0);
+        let reserved = set("0,8");
+        let jobs = [job(1, 4, &[]), job(2, 8, &[])];
+        let plan = decide(&topo, &reserved, &jobs, &Plan::default());
+        let (a, b) = (cpus_of(&plan, 1), cpus_of(&plan, 2));
+        // A's probe asks for all 14.
+        let grown = [job(1, 14, &[]), job(2, 8, &[])];
+        let next = decide(&topo, &reserved, &grown, &plan);
+        assert!(next.unplaced.is_empty(), "{:?}", next.unplaced);
+        assert_eq!(cpus_of(&next, 2), b, "B is not moved");
+        let a_now = &next.training[&JobId::from_seq(1)].cpus;
+        assert_eq!(a_now.len(), 6, "its 4 and the 2 free: {a_now} (had {a})");
+        assert_eq!(decide(&topo, &reserved, &grown, &next), next, "idempotent");
+        // Nothing free: it stays where it is.
+        let full = [job(1, 6, &[]), job(2, 8, &[]), job(3, 0, &[])];
+        let tight = decide(&topo, &reserved, &full, &next);
+        let more = [job(1, 9, &[]), job(2, 8, &[]), job(3, 0, &[])];
+        let kept = decide(&topo, &reserved, &more, &tight);
+        assert_eq!(
+            kept.training[&JobId::from_seq(1)],
+            tight.training[&JobId::from_seq(1)]
+        );
+    }
+
     #[derive(Debug, Clone)]
     enum Op {
-        Add { cores: u32, gpu_mask: u8 },
+        Add {
+            cores: u32,
+            gpu_mask: u8,
+        },
         Remove(usize),
+        /// A placed job asks for more cores (a probe, an RT guard core).
+        Grow {
+            job: usize,
+            by: u32,
+        },
     }
 
     fn ops() -> impl Strategy<Value = Vec<Op>> {
@@ -339,24 +408,46 @@ mod tests {
                 3 => (any::<u32>(), any::<u8>())
                     .prop_map(|(cores, gpu_mask)| Op::Add { cores, gpu_mask }),
                 1 => any::<usize>().prop_map(Op::Remove),
+                1 => (any::<usize>(), any::<u32>())
+                    .prop_map(|(job, by)| Op::Grow { job, by }),
             ],
             1..16,
         )
     }
 
-    /// Checks what every plan must satisfy.
+    /// Whether `id` was placed in `previous` on fewer CPUs than it asks for: a job that asked
+    /// for more than fitted, which may get more as CPUs come free.
+    fn short(previous: &Plan, jobs: &[TrainingJobView], id: &JobId) -> bool {
+        let asked = jobs.iter().find(|j| &j.id == id).map_or(0, |j| j.cores);
+        previous
+            .training
+            .get(id)
+            .is_some_and(|p| p.cpus.len() < asked as usize)
+    }
+
+    /// Checks what every plan must satisfy. `previous`: the plan it was decided from.
     fn check_plan(
         topo: &Topology,
         reserved: &CpuSet,
         jobs: &[TrainingJobView],
+        previous: &Plan,
         plan: &Plan,
     ) -> Result<(), TestCaseError> {
         let usable = topo.online().difference(reserved);
         let mut all = CpuSet::new();
+        let mut cut_short = false;
         for (id, p) in &plan.training {
             let job = jobs.iter().find(|j| &j.id == id);
             prop_assert!(job.is_some(), "{} placed but not registered", id);
-            prop_assert_eq!(p.cpus.len(), job.unwrap().cores as usize, "{} size", id);
+            let asked = job.unwrap().cores as usize;
+            match previous.training.get(id) {
+                // Asked for more than it had: at least what it had, at most what it asked.
+                Some(prev) if prev.cpus.len() < asked && p.cpus.len() < asked => {
+                    prop_assert!(p.cpus.len() >= prev.cpus.len(), "{} shrank", id);
+                    cut_short = true;
+                }
+                _ => prop_assert_eq!(p.cpus.len(), asked, "{} size", id),
+            }
             prop_assert!(
                 p.cpus.is_subset(&usable),
                 "{} on reserved/offline CPUs: {}",
@@ -368,6 +459,12 @@ mod tests {
             all = all.union(&p.cpus);
         }
         let free = usable.difference(&all).len();
+        // A job short of what it asked for got every free CPU.
+        prop_assert!(
+            !cut_short || free == 0,
+            "{} CPUs free beside a job cut short",
+            free
+        );
         for job in jobs {
             let placed = plan.training.contains_key(&job.id);
             let unplaced = plan.unplaced.get(&job.id);
@@ -411,7 +508,7 @@ mod tests {
                         let gpus: Vec<u32> = (0..8).filter(|i| gpu_mask & (1 << i) != 0).collect();
                         jobs.push(job(seq, cores % (ncpus / 2 + 1) + 1, &gpus));
                         let next = decide(&topo, &reserved, &jobs, &plan);
-                        check_plan(&topo, &reserved, &jobs, &next)?;
+                        check_plan(&topo, &reserved, &jobs, &plan, &next)?;
                         // Running jobs stay where they are.
                         for (id, p) in &plan.training {
                             prop_assert_eq!(Some(p), next.training.get(id), "{} moved", id);
@@ -421,19 +518,21 @@ mod tests {
                     Op::Remove(i) if !jobs.is_empty() => {
                         let gone = jobs.remove(i % jobs.len());
                         let next = decide(&topo, &reserved, &jobs, &plan);
-                        check_plan(&topo, &reserved, &jobs, &next)?;
+                        check_plan(&topo, &reserved, &jobs, &plan, &next)?;
                         if let Some(old) = plan.training.get(&gone.id) {
-                            // Its CPUs go only to jobs that were waiting.
+                            // Its CPUs go only to jobs that were waiting for CPUs.
                             for (id, p) in &next.training {
                                 if !p.cpus.is_disjoint(&old.cpus) {
                                     prop_assert!(
-                                        plan.unplaced.contains_key(id),
+                                        plan.unplaced.contains_key(id) || short(&plan, &jobs, id),
                                         "{} took released CPUs", id
                                     );
                                 }
                             }
                             // With no one waiting, a job of the same shape fits in its place.
-                            if plan.unplaced.is_empty() {
+                            let waiting = plan.training.keys().any(|id| short(&plan, &jobs, id));
+                            let was_short = old.cpus.len() < gone.cores as usize;
+                            if plan.unplaced.is_empty() && !waiting && !was_short {
                                 let mut with = jobs.clone();
                                 with.push(job(seq + 1_000, gone.cores, &gone.gpus));
                                 let refill = decide(&topo, &reserved, &with, &next);
@@ -446,6 +545,25 @@ mod tests {
                         plan = next;
                     }
                     Op::Remove(_) => {}
+                    Op::Grow { job: i, by } if !jobs.is_empty() => {
+                        let i = i % jobs.len();
+                        jobs[i].cores = jobs[i].cores.saturating_add(by % ncpus + 1);
+                        let id = jobs[i].id.clone();
+                        let next = decide(&topo, &reserved, &jobs, &plan);
+                        check_plan(&topo, &reserved, &jobs, &plan, &next)?;
+                        prop_assert!(
+                            !plan.training.contains_key(&id) || next.training.contains_key(&id),
+                            "{} un-placed for asking more", id
+                        );
+                        // The others placed stay where they are.
+                        for (other, p) in plan.training.iter().filter(|(o, _)| **o != id) {
+                            if !short(&plan, &jobs, other) {
+                                prop_assert_eq!(Some(p), next.training.get(other), "{} moved", other);
+                            }
+                        }
+                        plan = next;
+                    }
+                    Op::Grow { .. } => {}
                 }
                 prop_assert_eq!(&decide(&topo, &reserved, &jobs, &plan), &plan, "idempotent");
             }

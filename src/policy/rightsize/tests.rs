@@ -895,6 +895,48 @@ fn settling_is_final_and_stop_settles_at_the_recommendation() {
     );
 }
 
+/// Finding 1 (review at cc00f65): the most cores a job can have changes as other jobs come.
+/// A probe is never sized beyond it; one made before it shrank is cut to it and measured
+/// there, not judged on samples taken at another count; a count above it starts over there.
+#[test]
+fn a_probe_beyond_the_cores_the_job_can_have_is_cut_to_them() {
+    let util = |c: u32| (10.0 * f64::from(c)).min(100.0);
+    // Limited before the first probe: the step up from 40 % stops at 6.
+    let mut t = Tuner::new(settings(4, 1, 14, 1), Duration::ZERO);
+    assert!(t.limit_max(6, Duration::ZERO));
+    assert!(!t.limit_max(6, Duration::ZERO), "nothing new");
+    assert_eq!(t.cores(), 4);
+    let actions = feed(&mut t, 0, 91, util, false);
+    assert!(actions.contains(&TunerAction::Resize(6)), "{actions:?}");
+    feed(&mut t, 91, 300, util, false);
+    assert_eq!(t.settled(), Some(6), "{}", describe(t.history()));
+
+    // Limited after the probe to 14 began: cut to 6, measured there, settled there.
+    let mut t = Tuner::new(settings(4, 1, 14, 1), Duration::ZERO);
+    let actions = feed(&mut t, 0, 91, util, false);
+    assert!(actions.contains(&TunerAction::Resize(14)), "{actions:?}");
+    assert!(t.limit_max(6, Duration::from_secs(91)));
+    assert_eq!(t.cores(), 6);
+    feed(&mut t, 91, 300, util, false);
+    assert_eq!(t.settled(), Some(6), "{}", describe(t.history()));
+    let judged: Vec<u32> = t.history().iter().map(|p| p.cores).collect();
+    assert_eq!(judged, [4, 6], "{}", describe(t.history()));
+
+    // A baseline above the ceiling starts over at it.
+    let mut t = Tuner::new(settings(8, 1, 14, 1), Duration::ZERO);
+    feed(&mut t, 0, 40, util, false);
+    assert!(t.limit_max(5, Duration::from_secs(40)));
+    assert_eq!((t.cores(), t.recommendation()), (5, 5));
+    feed(&mut t, 40, 120, util, false);
+    assert_eq!(t.history()[0].cores, 5, "{}", describe(t.history()));
+
+    // A settled tuner keeps its count.
+    let mut t = Tuner::new(settings(4, 1, 14, 1), Duration::ZERO);
+    t.stop();
+    assert!(!t.limit_max(2, Duration::ZERO));
+    assert_eq!(t.cores(), 4);
+}
+
 /// The state file keeps the search, not the samples of the window under way: a tuner read
 /// back is the same on disk, starts that window again at its next step (judging a whole
 /// window, not part of one), and ends where the original does.

@@ -10,6 +10,7 @@ use super::noise::WindowStats;
 use super::types::{Decision, HoldReason, Probe, TunerAction, TunerSettings};
 
 mod disk;
+mod limit;
 
 /// Fewest utilization samples a window needs before it is judged; below that its noise cannot
 /// be estimated. A window that ends with fewer stays open until it has them; a window measured
@@ -353,7 +354,7 @@ impl Tuner {
         self.phase = Phase::Throttled { cores, purpose };
         // A probe below the best count known would leave the job short of cores for as long as
         // the contention lasts: go back to that count until the window can be run again.
-        let safe = self.search.hi;
+        let safe = self.search.hi.min(self.settings.max);
         if self.cores < safe {
             self.cores = safe;
             return TunerAction::Resize(safe);
