@@ -113,10 +113,19 @@ impl Enforcer {
                         )
                     })
                     .unwrap_or_else(|| (cpus.clone(), mems.clone()));
-                (
-                    within(&current_cpus, &p_cpus),
-                    within(&current_mems, &p_mems),
-                )
+                let saved = |g: &str| rec.saved.iter().find(|x| x.cgroup == g);
+                match (saved(c), saved(parent)) {
+                    // Cut by lodger before: it follows its parent again, so a job that grows
+                    // takes its descendants with it (the write order grows parents first).
+                    (Some(own), Some(up)) => (
+                        Some(follow(&own.cpus, &up.cpus, &p_cpus)),
+                        Some(follow(&own.mems, &up.mems, &p_mems)),
+                    ),
+                    _ => (
+                        within(&current_cpus, &p_cpus),
+                        within(&current_mems, &p_mems),
+                    ),
+                }
             } else {
                 // v2: a descendant's effective set is always within the job's.
                 (None, None)
@@ -413,5 +422,21 @@ impl Enforcer {
             // shrink and the ancestor keeps them.
             warn!("cannot restore the cpuset of an ancestor of {cg}: {e}");
         }
+    }
+}
+
+/// A v1 descendant's value once lodger has written it: what it had before lodger (`saved`),
+/// against its parent's then (`parent_saved`) and now (`parent_now`). One that had all its
+/// parent had follows the parent; one with a part of its own keeps what remains of that part,
+/// or takes the parent's when none remains.
+fn follow(saved: &CpuSet, parent_saved: &CpuSet, parent_now: &CpuSet) -> CpuSet {
+    if parent_saved.is_subset(saved) {
+        return parent_now.clone();
+    }
+    let kept = saved.intersection(parent_now);
+    if kept.is_empty() {
+        parent_now.clone()
+    } else {
+        kept
     }
 }

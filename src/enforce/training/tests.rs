@@ -986,6 +986,46 @@ fn v1_pid_job_pinned_by_affinity() {
     assert_threads(&moved.pids, None, &unpinned());
 }
 
+/// Finding 2 (review at cc00f65): on v1 a cgroup job's descendant that lodger cut to the job's
+/// placement follows it again when the job grows (it had what its parent had before lodger),
+/// instead of staying on the CPUs of the smallest placement. A tempdir v1 tree, no root.
+#[test]
+fn v1_descendants_cut_to_a_job_grow_back_with_it() {
+    let v1 = tempfile::tempdir().expect("tempdir");
+    let root = v1.path().join("cpuset");
+    for dir in ["", "job", "job/task", "job/pinned"] {
+        let d = root.join(dir);
+        fs::create_dir_all(&d).expect("mkdir");
+        fs::write(d.join("cpuset.cpus"), "0-3\n").expect("write");
+        fs::write(d.join("cpuset.mems"), "0\n").expect("write");
+        fs::write(d.join("cgroup.procs"), "").expect("write");
+    }
+    // One that had CPUs of its own inside the job's: it keeps those that remain.
+    fs::write(root.join("job/pinned/cpuset.cpus"), "2-3\n").expect("write");
+    let e = enforcer(EnforceSettings {
+        cgroup_root: v1.path().to_path_buf(),
+        ..EnforceSettings::default()
+    });
+    let target = Target::Cgroup("/job".into());
+    let mut record = JobRecord::default();
+    let id = job(1);
+    e.apply(&id, &target, &set("1"), &set("0"), &mut record)
+        .expect("apply");
+    let cpus = |c: &str| read_trim(root.join(c).join("cpuset.cpus"));
+    assert_eq!(cpus("job"), "1");
+    assert_eq!(cpus("job/task"), "1", "cut with the job");
+    assert_eq!(cpus("job/pinned"), "1", "none of its own left: the job's");
+    e.apply(&id, &target, &set("0-3"), &set("0"), &mut record)
+        .expect("apply");
+    assert_eq!(cpus("job"), "0-3");
+    assert_eq!(cpus("job/task"), "0-3", "grown back with the job");
+    assert_eq!(cpus("job/pinned"), "2-3", "its own again");
+    e.apply(&id, &target, &set("2"), &set("0"), &mut record)
+        .expect("apply");
+    assert_eq!(cpus("job/task"), "2");
+    assert_eq!(cpus("job/pinned"), "2");
+}
+
 #[test]
 fn v1_cgroup_job_grows_parents_and_restores_nested_cpusets() {
     if !need_root("v1_cgroup_job_grows_parents_and_restores_nested_cpusets")
@@ -1026,13 +1066,14 @@ fn v1_cgroup_job_grows_parents_and_restores_nested_cpusets() {
         .expect("apply");
     assert!(!again.changed, "{again:?}");
 
-    // Growing the job back to both CPUs leaves the child as it is (still within).
+    // Growing the job to both CPUs grows the child it cut with it (it had all its parent had).
     let grown = e
         .apply(&id, &target, &set("0-1"), &set("0"), &mut record)
         .expect("apply");
     assert!(grown.changed);
     assert_eq!(read_trim(t.join("job/cpuset.cpus")), "0-1");
-    assert_eq!(read_trim(t.join("job/task/cpuset.cpus")), "1");
+    assert_eq!(read_trim(t.join("job/task/cpuset.cpus")), "0-1");
+    assert_threads(&[w.pid], Some(7), "0-1");
 
     e.release(&id, &target, &record).expect("release");
     assert_eq!(read_trim(t.join("job/task/cpuset.cpus")), "0");
