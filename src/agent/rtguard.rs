@@ -170,8 +170,15 @@ impl RtGuard {
                 watch.told = false;
             }
             record_standing(stored, share, limit, watch.runq_wait_ms_per_s, near);
-            // Right-sizing can search only where the node senses GPUs at all.
-            let figures = !cx.observations.sources.gpu.starts_with("unavailable");
+            // Right-sizing can search only on this job's own GPU figures: the node senses GPUs,
+            // its newest pass is fresh and gave the job a figure (finding 4: a job whose figures
+            // stopped was held throttled for good). Before the first pass that is not known
+            // yet, and the guard waits.
+            let obs = cx.observations;
+            let figures = obs.unix_ms == 0
+                || (!obs.sources.gpu.starts_with("unavailable")
+                    && !obs.is_stale("gpu")
+                    && obs.jobs.get(&id).and_then(|m| m.gpu_percent).is_some());
             if holds_for_rightsizing(stored.tuning.as_ref(), rightsize_enforce, figures) {
                 watch.near_ticks = 0;
                 // The right-sizer owns the count while it searches: a core added before a new
@@ -242,7 +249,9 @@ fn record_standing(
 /// first GPU figure came), and the search itself sees a throttled count as a slower one (SODA
 /// §V-B). Once the search settles, where right-sizing is off or advises only, or where the node
 /// has no GPU sensing (the search would wait for figures that never come: lodgers benchmark (e),
-/// session 8, a job above the RT limit left throttled for good), the guard acts. The job's
+/// session 8, a job above the RT limit left throttled for good), or for this job (its
+/// utilization not attributed, its GPU lost, the source stale: `figures` is per job), or where
+/// the search waits for samples that stopped (`Tuner::stalled`), the guard acts. The job's
 /// standing is measured and shown either way.
 fn holds_for_rightsizing(
     tuning: Option<&Tuning>,
@@ -251,7 +260,7 @@ fn holds_for_rightsizing(
 ) -> bool {
     rightsize_enforce == Some(true)
         && figures
-        && tuning.is_some_and(|t| t.tuner.settled().is_none())
+        && tuning.is_some_and(|t| t.tuner.settled().is_none() && !t.tuner.stalled())
 }
 
 /// The most cores the guard adds to a job that asked for `cores`: at most doubling it (a job

@@ -680,6 +680,58 @@ fn a_job_near_the_rt_limit_is_grown_by_a_core() {
     assert_eq!(jobs[&quiet.id].cpus.len(), quiet.cpus.len());
 }
 
+/// Finding 4 (review at cc00f65): right-sizing enforcing, the node's GPU sensing working, but no
+/// GPU figure for this job (its utilization not attributed, its GPU lost): its search cannot
+/// run, so the RT guard does not wait for it and grows the job near the limit. It used to hold
+/// for good, the job left throttled.
+#[test]
+fn a_job_near_the_rt_limit_without_gpu_figures_is_grown_while_right_sizing() {
+    use super::rtguard::GROW_AFTER;
+    let rig = Rig::new();
+    let root = rig.proc_root.path();
+    std::fs::create_dir_all(root.join("sys/kernel")).unwrap();
+    std::fs::write(root.join("sys/kernel/sched_rt_runtime_us"), "950000\n").unwrap();
+    std::fs::write(root.join("sys/kernel/sched_rt_period_us"), "1000000\n").unwrap();
+    let stat = |pid: u32, on_cpu_ns: u64| {
+        let dir = root.join(format!("{pid}/task/{pid}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("schedstat"), format!("{on_cpu_ns} 7000000 3\n")).unwrap();
+    };
+    rig.spawn(100);
+    stat(100, 0);
+    let mut builder = rig.builder();
+    builder.settings.rightsize = RightsizeSettings {
+        enforce: Some(true),
+        warmup: Duration::ZERO,
+        window: Duration::ZERO,
+        ..RightsizeSettings::default()
+    };
+    let mut agent = builder.start().unwrap();
+    if let Some(guard) = agent.rt_guard.as_mut() {
+        guard.clock = crate::sense::rtlimit::schedstat_clock;
+        guard.rate_window = std::time::Duration::ZERO;
+    }
+    let busy = agent.register(spec(vec![100], 1), 0).unwrap();
+    assert!(agent.state.jobs[&busy.id].tuning.is_some(), "right-sized");
+    let mut on_cpu = 0u64;
+    for tick in 1..=u64::from(GROW_AFTER) + 1 {
+        // Sensing passes that see GPUs on the node but give this job no figure.
+        let mut obs = Observations {
+            unix_ms: tick,
+            ..Observations::default()
+        };
+        obs.sources.gpu = "nvml".into();
+        agent.observations = std::sync::Arc::new(obs);
+        on_cpu += 1_000_000_000_000;
+        stat(100, on_cpu);
+        agent.tick();
+    }
+    let job = &agent.jobs()[&busy.id];
+    let rt = job.rt.clone().expect("measured");
+    assert!(rt.near_limit, "{rt:?}");
+    assert_eq!(rt.extra_cores, 1, "not grown: {rt:?}");
+}
+
 /// Issue 16: while the GPU source is stale, right-sizing holds. The same passes that settle the
 /// job when fresh change nothing (no probe, no resize, no write) while marked stale.
 #[test]

@@ -895,6 +895,52 @@ fn settling_is_final_and_stop_settles_at_the_recommendation() {
     );
 }
 
+/// Finding 4 (review at cc00f65): a job's samples stop mid-probe (its utilization can no longer
+/// be attributed, a GPU is lost, the source goes stale). The tuner used to hold at the probe,
+/// below the knee perhaps, for good; after two windows it goes back to the best count known and
+/// waits there, and the probe's window starts again when samples come back.
+#[test]
+fn samples_that_stop_send_a_probe_back_to_the_best_count_known() {
+    let mut t = Tuner::new(from_history(8, 1, 16, 1), Duration::ZERO);
+    let mut now = 0;
+    while t.cores() >= 8 && now < 600 {
+        feed(&mut t, now, 1, |_| 80.0, false);
+        now += 1;
+    }
+    let probe = t.cores();
+    assert!(probe < 8, "{}", describe(t.history()));
+    let mut actions = Vec::new();
+    for _ in 0..10 * 60 {
+        now += 1;
+        actions.push(t.step(Duration::from_secs(now), &[], false));
+    }
+    assert_eq!(t.cores(), 8, "last: {:?}", actions.last());
+    assert!(t.stalled());
+    assert_eq!(
+        actions.last(),
+        Some(&TunerAction::Hold(HoldReason::NoSamples))
+    );
+    assert_eq!(
+        actions
+            .iter()
+            .filter(|a| **a == TunerAction::Resize(8))
+            .count(),
+        1
+    );
+    // Samples again: the probe is made again and measured afresh.
+    assert_eq!(
+        t.step(Duration::from_secs(now + 1), &[80.0], false),
+        TunerAction::Resize(probe)
+    );
+    assert!(!t.stalled());
+    feed(&mut t, now + 1, 400, |_| 80.0, false);
+    assert!(
+        t.settled().is_some() || t.history().len() > 1,
+        "{}",
+        describe(t.history())
+    );
+}
+
 /// Finding 1 (review at cc00f65): the most cores a job can have changes as other jobs come.
 /// A probe is never sized beyond it; one made before it shrank is cut to it and measured
 /// there, not judged on samples taken at another count; a count above it starts over there.

@@ -8,9 +8,11 @@ use serde::{Deserialize, Serialize};
 use super::fit;
 use super::noise::WindowStats;
 use super::types::{Decision, HoldReason, Probe, TunerAction, TunerSettings};
+use stall::stall_after;
 
 mod disk;
 mod limit;
+mod stall;
 
 /// Fewest utilization samples a window needs before it is judged; below that its noise cannot
 /// be estimated. A window that ends with fewer stays open until it has them; a window measured
@@ -107,9 +109,13 @@ enum Phase {
         extended: u32,
     },
     /// A throttle stopped the window measuring `cores`; it restarts when the throttle ends.
+    /// `stalled`: no throttle, but the window got too few samples for too long (see
+    /// `Tuner::stall`); it restarts with the next sample.
     Throttled {
         cores: u32,
         purpose: Purpose,
+        #[serde(default)]
+        stalled: bool,
     },
     Settled(u32),
 }
@@ -227,13 +233,25 @@ impl Tuner {
                 };
                 TunerAction::Wait
             }
-            Phase::Throttled { cores, purpose } => {
+            Phase::Throttled {
+                cores,
+                purpose,
+                stalled,
+            } => {
                 let (cores, purpose) = (*cores, *purpose);
+                // A stalled window starts again with the sample that ended the stall.
+                let fresh: Vec<f64> = match stalled {
+                    true => samples.iter().copied().filter(|s| s.is_finite()).collect(),
+                    false => Vec::new(),
+                };
+                if *stalled && fresh.is_empty() {
+                    return TunerAction::Hold(HoldReason::NoSamples);
+                }
                 self.phase = Phase::Measuring {
                     cores,
                     purpose,
                     started: now,
-                    samples: Some(Vec::new()),
+                    samples: Some(fresh),
                     extended: 0,
                 };
                 if self.cores == cores {
@@ -268,6 +286,9 @@ impl Tuner {
                 // A window measured on holds that many windows' worth of samples at least.
                 let need = MIN_WINDOW_SAMPLES.saturating_mul(1 + *extended as usize);
                 if window.len() < need {
+                    if now - *started >= stall_after(length) {
+                        return self.stall();
+                    }
                     return TunerAction::Hold(HoldReason::TooFewSamples {
                         have: window.len(),
                         need,
@@ -294,30 +315,6 @@ impl Tuner {
                 self.judge(stats, purpose);
                 self.next(now)
             }
-        }
-    }
-
-    /// Whether [`Tuner::step`] at `now` leaves all that the state file holds as it is (it may
-    /// add samples to the window, which are not written): settled; warming up before the end;
-    /// measuring inside the window, unthrottled. A caller that persists a tuner when it changes
-    /// need not keep a copy to compare with then (issue 21: a clone of every training job's
-    /// tuner each tick was a tenth of an idle agent's tick). Conservative: false wherever `step`
-    /// might change it.
-    pub fn step_keeps_disk(&self, now: Duration, throttle_active: bool) -> bool {
-        match &self.phase {
-            Phase::Settled(_) => true,
-            _ if throttle_active => false,
-            Phase::WarmUp { until } => now < *until,
-            Phase::Measuring {
-                started,
-                samples: Some(_),
-                extended,
-                ..
-            } => {
-                now >= *started
-                    && now - *started < self.settings.window.saturating_mul(1 + *extended)
-            }
-            _ => false,
         }
     }
 
@@ -351,7 +348,11 @@ impl Tuner {
             }
             _ => self.history.push(interrupted),
         }
-        self.phase = Phase::Throttled { cores, purpose };
+        self.phase = Phase::Throttled {
+            cores,
+            purpose,
+            stalled: false,
+        };
         // A probe below the best count known would leave the job short of cores for as long as
         // the contention lasts: go back to that count until the window can be run again.
         let safe = self.search.hi.min(self.settings.max);

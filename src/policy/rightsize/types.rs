@@ -114,6 +114,9 @@ pub enum HoldReason {
     /// The window has ended with too few utilization samples to estimate its noise; it stays
     /// open until it has them.
     TooFewSamples { have: usize, need: usize },
+    /// The window stayed short of samples for two window lengths (at least two minutes): the
+    /// job is back at the best count known, and the window starts again with the next sample.
+    NoSamples,
 }
 
 impl fmt::Display for HoldReason {
@@ -126,6 +129,9 @@ impl fmt::Display for HoldReason {
                     "{have} GPU utilization samples in the window, {need} needed"
                 )
             }
+            HoldReason::NoSamples => f.write_str(
+                "no GPU utilization samples for two windows: back at the best count known until                  they come",
+            ),
         }
     }
 }

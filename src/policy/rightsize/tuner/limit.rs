@@ -50,9 +50,10 @@ impl Tuner {
         self.cores = max;
         self.phase = match self.phase {
             Phase::WarmUp { until } => Phase::WarmUp { until },
-            Phase::Throttled { .. } => Phase::Throttled {
+            Phase::Throttled { stalled, .. } => Phase::Throttled {
                 cores: max,
                 purpose,
+                stalled,
             },
             _ => Phase::Measuring {
                 cores: max,
