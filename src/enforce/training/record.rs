@@ -63,6 +63,9 @@ pub struct PidJobRecord {
     pub processes: Vec<TrackedProcess>,
     /// Processes were moved at the last apply: scan /proc once more for children forked meanwhile.
     pub rescan: bool,
+    /// Affinity pinning: the mask lodger last pinned the job to. A child first seen with it
+    /// inherited it, after a move too (absent from older state files: `None`).
+    pub pinned: Option<CpuSet>,
 }
 
 impl Default for PidJobRecord {
@@ -74,6 +77,7 @@ impl Default for PidJobRecord {
             missing_roots: Vec::new(),
             processes: Vec::new(),
             rescan: false,
+            pinned: None,
         }
     }
 }

@@ -486,6 +486,7 @@ fn record_survives_serialization() {
                 },
             ],
             rescan: true,
+            pinned: Some(set("2-3")),
         }),
         rt_grants: vec![RtGrant {
             cgroup: "/a".into(),
@@ -910,6 +911,35 @@ fn v1_pid_job_pinned_by_cgroup() {
         !Path::new(CPUSET_V1).join(&parent).exists(),
         "parent removed"
     );
+}
+
+/// Finding 6 (review at cc00f65): a child forked after lodger pinned its parent, first seen at
+/// the apply that moves the job, inherited lodger's old mask: that is not its own. It gets its
+/// parent's original mask, and the release gives it back (it used to get lodger's old mask).
+#[test]
+fn a_child_forked_before_a_move_gets_its_parents_original_mask_back() {
+    let name = "a_child_forked_before_a_move_gets_its_parents_original_mask_back";
+    if !need_root(name) || !crate::privileged::need_cgroup_v1(name) {
+        return;
+    }
+    let parent = unique("pidmove");
+    let _guard = CgroupGuard::new(CPUSET_V1, &parent);
+    let e = enforcer(settings(&parent, PidPinning::Affinity));
+    let mut w = Workload::start(1);
+    let id = job(13);
+    let target = Target::Pids(vec![w.pid]);
+    let mut record = JobRecord::default();
+    e.apply(&id, &target, &set("0"), &set("0"), &mut record)
+        .expect("apply");
+    assert_threads(&[w.pid], Some(7), "0");
+    let child = w.spawn_child();
+    let moved = e
+        .apply(&id, &target, &set("1"), &set("0"), &mut record)
+        .expect("apply");
+    assert!(moved.pids.contains(&child), "{:?}", moved.pids);
+    assert_threads(&[child], Some(7), "1");
+    e.release(&id, &target, &record).expect("release");
+    assert_threads(&[w.pid, child], None, &unpinned());
 }
 
 #[test]
