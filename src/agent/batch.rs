@@ -114,7 +114,8 @@ impl Batch {
                     }
                 }
                 (None, Some(Err(why))) => {
-                    // Left where it runs: lodger never puts it on training's cores.
+                    // Left where it runs, which may now be training's cores (training's
+                    // SCHED_RR pre-empts it there): a known limit, docs/design.md.
                     stored.job.state = JobState::Error;
                     stored.job.last_error = Some(format!("not placed: {why}"));
                 }
