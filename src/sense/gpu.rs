@@ -134,6 +134,10 @@ pub struct GpuSnapshot {
     pub taken_unix_ms: u64,
     pub devices: Vec<GpuDevice>,
     pub processes: Vec<GpuProcess>,
+    /// GPUs that did not answer this pass, each with why (NVML: one fallen off the bus, Xid
+    /// 79): left out, the others' figures kept.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failed: Vec<(u32, String)>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -206,6 +210,7 @@ impl GpuSnapshot {
         GpuStatus::On {
             source: self.source,
             devices: self.devices.len(),
+            failed: self.failed.clone(),
         }
     }
 }
@@ -219,6 +224,9 @@ pub enum GpuStatus {
     On {
         source: GpuSourceKind,
         devices: usize,
+        /// GPUs that did not answer the last pass, with why.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        failed: Vec<(u32, String)>,
     },
 }
 
@@ -237,10 +245,18 @@ impl fmt::Display for GpuStatus {
             GpuStatus::On {
                 source: GpuSourceKind::Nvml,
                 devices,
-            } => write!(f, "nvml: {devices} GPU(s)"),
+                failed,
+            } => {
+                write!(f, "nvml: {devices} GPU(s)")?;
+                for (index, why) in failed {
+                    write!(f, "; GPU {index} left out: {why}")?;
+                }
+                Ok(())
+            }
             GpuStatus::On {
                 source: GpuSourceKind::Emulated,
                 devices,
+                ..
             } => write!(
                 f,
                 "emulated (train_emulator, no real GPU): {devices} emulated GPU(s)"
@@ -375,84 +391,119 @@ impl NvmlSource {
             .nvml
             .device_count()
             .map_err(nvml_err(None, "nvmlDeviceGetCount"))?;
-        let mut devices = Vec::new();
-        let mut processes = Vec::new();
-        for index in 0..count {
-            let dev = self
-                .nvml
-                .device_by_index(index)
-                .map_err(nvml_err(Some(index), "nvmlDeviceGetHandleByIndex"))?;
-            let at = |call| move |e| nvml_err(Some(index), call)(e);
-            let util = optional(dev.utilization_rates()).map_err(at("utilization_rates"))?;
-            let memory = optional(dev.memory_info()).map_err(at("memory_info"))?;
-            let (tx, rx) = if self.pcie {
-                (
-                    optional(dev.pcie_throughput(PcieUtilCounter::Send))
-                        .map_err(at("pcie_throughput"))?,
-                    optional(dev.pcie_throughput(PcieUtilCounter::Receive))
-                        .map_err(at("pcie_throughput"))?,
-                )
-            } else {
-                (None, None)
-            };
-            devices.push(GpuDevice {
-                index,
-                name: optional(dev.name()).map_err(at("name"))?,
-                uuid: optional(dev.uuid()).map_err(at("uuid"))?,
-                util_gpu: util.as_ref().map(|u| percent(u.gpu)),
-                util_memory: util.as_ref().map(|u| percent(u.memory)),
-                sm_clock_mhz: optional(dev.clock_info(Clock::SM)).map_err(at("clock_info"))?,
-                memory_used_bytes: memory.as_ref().map(|m| m.used),
-                memory_total_bytes: memory.as_ref().map(|m| m.total),
-                power_mw: optional(dev.power_usage()).map_err(at("power_usage"))?,
-                pcie_tx_kb_per_s: tx,
-                pcie_rx_kb_per_s: rx,
-            });
+        let read: Vec<(u32, Result<Device, GpuError>)> = (0..count)
+            .map(|index| (index, self.read_device(index)))
+            .collect();
+        assemble(GpuSourceKind::Nvml, unix_ms(), read)
+    }
 
-            let running = optional(dev.running_compute_processes())
-                .map_err(at("running_compute_processes"))?
-                .unwrap_or_default();
-            let since = self.last_seen_us.get(&index).copied();
-            // NotFound means "no samples in the period": an empty answer, not a failure.
-            let samples = match dev.process_utilization_stats(since) {
-                Ok(samples) => Some(samples),
-                Err(NvmlError::NotFound) => Some(Vec::new()),
-                Err(e) if not_reported(&e) => None,
-                Err(e) => return Err(at("process_utilization_stats")(e)),
-            };
-            if let Some(newest) = samples
-                .as_ref()
-                .and_then(|s| s.iter().map(|s| s.timestamp).max())
-            {
-                self.last_seen_us.insert(index, newest);
-            }
-            let used: Vec<(u32, Option<u64>)> = running
-                .iter()
-                .map(|p| {
-                    let bytes = match p.used_gpu_memory {
-                        UsedGpuMemory::Used(bytes) => Some(bytes),
-                        UsedGpuMemory::Unavailable => None,
-                    };
-                    (p.pid, bytes)
-                })
-                .collect();
-            let util: Option<Vec<UtilSample>> = samples.map(|s| {
-                s.iter()
-                    .map(|s| UtilSample {
-                        pid: s.pid,
-                        sm_percent: s.sm_util,
-                        mem_percent: s.mem_util,
-                    })
-                    .collect()
-            });
-            processes.extend(merge_processes(index, &used, util.as_deref()));
+    /// One GPU's figures and its processes'.
+    fn read_device(&mut self, index: u32) -> Result<Device, GpuError> {
+        let dev = self
+            .nvml
+            .device_by_index(index)
+            .map_err(nvml_err(Some(index), "nvmlDeviceGetHandleByIndex"))?;
+        let at = |call| move |e| nvml_err(Some(index), call)(e);
+        let util = optional(dev.utilization_rates()).map_err(at("utilization_rates"))?;
+        let memory = optional(dev.memory_info()).map_err(at("memory_info"))?;
+        let (tx, rx) = if self.pcie {
+            (
+                optional(dev.pcie_throughput(PcieUtilCounter::Send))
+                    .map_err(at("pcie_throughput"))?,
+                optional(dev.pcie_throughput(PcieUtilCounter::Receive))
+                    .map_err(at("pcie_throughput"))?,
+            )
+        } else {
+            (None, None)
+        };
+        let device = GpuDevice {
+            index,
+            name: optional(dev.name()).map_err(at("name"))?,
+            uuid: optional(dev.uuid()).map_err(at("uuid"))?,
+            util_gpu: util.as_ref().map(|u| percent(u.gpu)),
+            util_memory: util.as_ref().map(|u| percent(u.memory)),
+            sm_clock_mhz: optional(dev.clock_info(Clock::SM)).map_err(at("clock_info"))?,
+            memory_used_bytes: memory.as_ref().map(|m| m.used),
+            memory_total_bytes: memory.as_ref().map(|m| m.total),
+            power_mw: optional(dev.power_usage()).map_err(at("power_usage"))?,
+            pcie_tx_kb_per_s: tx,
+            pcie_rx_kb_per_s: rx,
+        };
+
+        let running = optional(dev.running_compute_processes())
+            .map_err(at("running_compute_processes"))?
+            .unwrap_or_default();
+        let since = self.last_seen_us.get(&index).copied();
+        // NotFound means "no samples in the period": an empty answer, not a failure.
+        let samples = match dev.process_utilization_stats(since) {
+            Ok(samples) => Some(samples),
+            Err(NvmlError::NotFound) => Some(Vec::new()),
+            Err(e) if not_reported(&e) => None,
+            Err(e) => return Err(at("process_utilization_stats")(e)),
+        };
+        if let Some(newest) = samples
+            .as_ref()
+            .and_then(|s| s.iter().map(|s| s.timestamp).max())
+        {
+            self.last_seen_us.insert(index, newest);
         }
-        Ok(GpuSnapshot {
-            source: GpuSourceKind::Nvml,
-            taken_unix_ms: unix_ms(),
-            devices,
-            processes,
-        })
+        let used: Vec<(u32, Option<u64>)> = running
+            .iter()
+            .map(|p| {
+                let bytes = match p.used_gpu_memory {
+                    UsedGpuMemory::Used(bytes) => Some(bytes),
+                    UsedGpuMemory::Unavailable => None,
+                };
+                (p.pid, bytes)
+            })
+            .collect();
+        let util: Option<Vec<UtilSample>> = samples.map(|s| {
+            s.iter()
+                .map(|s| UtilSample {
+                    pid: s.pid,
+                    sm_percent: s.sm_util,
+                    mem_percent: s.mem_util,
+                })
+                .collect()
+        });
+        Ok((device, merge_processes(index, &used, util.as_deref())))
+    }
+}
+
+/// One GPU as read: its figures and its processes'.
+type Device = (GpuDevice, Vec<GpuProcess>);
+
+/// The snapshot from every GPU's reading: a GPU that did not answer is left out (its error kept
+/// in `failed`) and the others' figures kept, so one GPU fallen off the bus does not blind the
+/// jobs on the rest. An error only when no GPU answered.
+fn assemble(
+    source: GpuSourceKind,
+    taken_unix_ms: u64,
+    read: Vec<(u32, Result<Device, GpuError>)>,
+) -> Result<GpuSnapshot, GpuError> {
+    let mut snapshot = GpuSnapshot {
+        source,
+        taken_unix_ms,
+        devices: Vec::new(),
+        processes: Vec::new(),
+        failed: Vec::new(),
+    };
+    let mut first_error = None;
+    for (index, r) in read {
+        match r {
+            Ok((device, processes)) => {
+                snapshot.devices.push(device);
+                snapshot.processes.extend(processes);
+            }
+            Err(e) => {
+                snapshot.failed.push((index, e.to_string()));
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    match first_error {
+        Some(e) if snapshot.devices.is_empty() => Err(e),
+        _ => Ok(snapshot),
     }
 }
 

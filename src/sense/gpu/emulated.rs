@@ -249,5 +249,6 @@ fn emulated_snapshot(now_ms: u64, mut records: Vec<EmulatedGpuRecord>) -> GpuSna
         taken_unix_ms: now_ms,
         devices,
         processes,
+        failed: Vec::new(),
     }
 }

@@ -38,6 +38,7 @@ fn snapshot(devices: Vec<GpuDevice>, processes: Vec<GpuProcess>) -> GpuSnapshot 
         taken_unix_ms: 0,
         devices,
         processes,
+        failed: Vec::new(),
     }
 }
 
@@ -115,11 +116,13 @@ fn source_kinds_parse_and_say_what_they_are() {
     let nvml = GpuStatus::On {
         source: GpuSourceKind::Nvml,
         devices: 8,
+        failed: Vec::new(),
     };
     assert_eq!(nvml.to_string(), "nvml: 8 GPU(s)");
     let emulated = GpuStatus::On {
         source: GpuSourceKind::Emulated,
         devices: 1,
+        failed: Vec::new(),
     };
     assert!(emulated.to_string().starts_with("emulated"), "{emulated}");
     assert!(emulated.to_string().contains("no real GPU"), "{emulated}");
@@ -330,4 +333,46 @@ fn emulated_two_processes_on_one_gpu_sum_and_attribute() {
     assert_eq!(job.source, GpuSourceKind::Emulated);
     assert_eq!(job.per_gpu, BTreeMap::from([(0, 0.6)]));
     assert_eq!(job.iters_per_s, Some(20.0));
+}
+
+/// One GPU that does not answer (fallen off the bus) is left out of the snapshot, with why; the
+/// others' figures and their processes' attribution stay. Only when no GPU answers is the
+/// snapshot an error.
+#[test]
+fn a_lost_gpu_is_left_out_and_the_others_are_kept() {
+    let lost = |index| GpuError::Nvml {
+        gpu: Some(index),
+        call: "utilization_rates",
+        source: NvmlError::GpuLost,
+    };
+    let read: Vec<_> = (0..8)
+        .map(|i| {
+            if i == 3 {
+                (i, Err(lost(i)))
+            } else {
+                (
+                    i,
+                    Ok((device(i, 0.5), vec![process(100 + i, i, Some(0.5))])),
+                )
+            }
+        })
+        .collect();
+    let snap = assemble(GpuSourceKind::Nvml, 1, read).expect("seven GPUs answered");
+    let indices: Vec<u32> = snap.devices.iter().map(|d| d.index).collect();
+    assert_eq!(indices, [0, 1, 2, 4, 5, 6, 7]);
+    assert_eq!(snap.failed.len(), 1);
+    assert_eq!(snap.failed[0].0, 3);
+    let on_7 = job_utilization(&snap, &BTreeSet::from([107]));
+    assert_eq!(on_7.per_gpu.get(&7), Some(&0.5), "{on_7:?}");
+    let status = snap.status().to_string();
+    assert!(
+        status.starts_with("nvml: 7 GPU(s); GPU 3 left out: NVML utilization_rates"),
+        "{status}"
+    );
+
+    let none = assemble(GpuSourceKind::Nvml, 1, vec![(0, Err(lost(0)))]);
+    assert!(
+        matches!(none, Err(GpuError::Nvml { gpu: Some(0), .. })),
+        "{none:?}"
+    );
 }
