@@ -899,6 +899,26 @@ fn settling_is_final_and_stop_settles_at_the_recommendation() {
 /// be attributed, a GPU is lost, the source goes stale). The tuner used to hold at the probe,
 /// below the knee perhaps, for good; after two windows it goes back to the best count known and
 /// waits there, and the probe's window starts again when samples come back.
+/// A window that fills slowly (one sample per 30-s sensing pass: six take three minutes, past
+/// the two-window stall bound) has not stalled: samples keep coming, and the search goes on.
+#[test]
+fn a_window_filled_by_slow_sensing_passes_is_not_a_stall() {
+    let mut t = Tuner::new(from_history(8, 1, 16, 1), Duration::ZERO);
+    let mut now = 0;
+    let mut actions = Vec::new();
+    while now < 3 * 3600 && t.settled().is_none() {
+        now += 30;
+        let u = if t.cores() >= 4 { 80.0 } else { 40.0 };
+        actions.push(t.step(Duration::from_secs(now), &[u], false));
+        assert!(!t.stalled(), "stalled at {now} s: {:?}", actions.last());
+    }
+    assert!(
+        !actions.contains(&TunerAction::Hold(HoldReason::NoSamples)),
+        "{actions:?}"
+    );
+    assert!(t.history().len() > 1, "{}", describe(t.history()));
+}
+
 #[test]
 fn samples_that_stop_send_a_probe_back_to_the_best_count_known() {
     let mut t = Tuner::new(from_history(8, 1, 16, 1), Duration::ZERO);

@@ -103,6 +103,11 @@ enum Phase {
         /// rather than judging it on part of itself.
         #[serde(skip)]
         samples: Option<Vec<f64>>,
+        /// When the window last got a sample (in memory only, as `samples`): a window whose
+        /// samples stopped coming has stalled, one that fills slowly (long sensing intervals)
+        /// has not.
+        #[serde(skip)]
+        last_sample: Option<Duration>,
         /// Times the window was measured on because it ended undecided; it lasts
         /// `window * (1 + extended)`.
         #[serde(default)]
@@ -229,6 +234,7 @@ impl Tuner {
                     purpose: Purpose::Baseline,
                     started: now,
                     samples: Some(Vec::new()),
+                    last_sample: None,
                     extended: 0,
                 };
                 TunerAction::Wait
@@ -252,6 +258,7 @@ impl Tuner {
                     purpose,
                     started: now,
                     samples: Some(fresh),
+                    last_sample: Some(now),
                     extended: 0,
                 };
                 if self.cores == cores {
@@ -266,6 +273,7 @@ impl Tuner {
                 purpose,
                 started,
                 samples: kept,
+                last_sample,
                 extended,
             } => {
                 // A clock stepped back restarts the window rather than stretching it, and so
@@ -278,7 +286,11 @@ impl Tuner {
                         kept.insert(Vec::new())
                     }
                 };
+                let before = window.len();
                 window.extend(samples.iter().copied().filter(|s| s.is_finite()));
+                if window.len() > before {
+                    *last_sample = Some(now);
+                }
                 let length = self.settings.window.saturating_mul(1 + *extended);
                 if now - *started < length {
                     return TunerAction::Wait;
@@ -286,7 +298,10 @@ impl Tuner {
                 // A window measured on holds that many windows' worth of samples at least.
                 let need = MIN_WINDOW_SAMPLES.saturating_mul(1 + *extended as usize);
                 if window.len() < need {
-                    if now - *started >= stall_after(length) {
+                    // Stalled when no sample came for that long, not when the window fills
+                    // slowly: one sample per sensing pass, and a pass may be 60 s.
+                    let quiet_since = last_sample.unwrap_or(*started).max(*started);
+                    if now.saturating_sub(quiet_since) >= stall_after(length) {
                         return self.stall();
                     }
                     return TunerAction::Hold(HoldReason::TooFewSamples {
@@ -729,6 +744,7 @@ impl Tuner {
             purpose,
             started: now,
             samples: Some(Vec::new()),
+            last_sample: None,
             extended: 0,
         };
         TunerAction::Resize(cores)

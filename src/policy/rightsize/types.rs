@@ -130,7 +130,8 @@ impl fmt::Display for HoldReason {
                 )
             }
             HoldReason::NoSamples => f.write_str(
-                "no GPU utilization samples for two windows: back at the best count known until                  they come",
+                "no GPU utilization samples for two windows: back at the best count known until \
+                 they come",
             ),
         }
     }

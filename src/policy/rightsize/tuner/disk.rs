@@ -63,6 +63,7 @@ impl Phase {
                     purpose,
                     started,
                     samples: _,
+                    last_sample: _,
                     extended,
                 },
                 Phase::Measuring {
@@ -70,6 +71,7 @@ impl Phase {
                     purpose: other_purpose,
                     started: other_started,
                     samples: _,
+                    last_sample: _,
                     extended: other_extended,
                 },
             ) => {

@@ -60,6 +60,7 @@ impl Tuner {
                 purpose,
                 started: now,
                 samples: Some(Vec::new()),
+                last_sample: None,
                 extended: 0,
             },
         };
