@@ -1277,6 +1277,30 @@ fn a_working_directory_on_a_mount_that_never_answers_fails_the_start_instead_of_
     wanted.identity.launch = Box::new(launch);
     f.start_backs_off(wanted, "the child's chdir", "did not answer");
 
+    // A program on the hung mount: the check that it is executable (at registration, and
+    // before each start) names it instead of blocking in a stat.
+    let mut wanted = spec(
+        "j10",
+        0,
+        vec![hung.path().join("serve").display().to_string()],
+        "1",
+        1,
+    );
+    wanted.identity.launch = Box::new(lodger::job::Launch::default());
+    let mut inst = f.inst.take().expect("instances");
+    let (tx, rx) = mpsc::channel();
+    let starter = std::thread::spawn(move || {
+        let outcome = inst.reconcile(&[wanted]).map(|o| format!("{:?}", o.errors));
+        let _ = tx.send(outcome);
+        inst
+    });
+    let errors = rx
+        .recv_timeout(WAIT)
+        .expect("reconcile did not return: the program's stat holds it")
+        .expect("reconcile");
+    f.inst = Some(starter.join().expect("starter"));
+    assert!(errors.contains("did not answer"), "{errors}");
+
     assert!(lodger::sys::stall::stuck() >= 1, "the looks still wait");
     drop(hung);
     wait_until(WAIT, "the looks at the aborted mount to return", || {

@@ -552,6 +552,19 @@ async fn run(cli: Cli) -> Result<(), Failure> {
             }
             let mut done = release::unregister_all(&proxy, "drain", caller).await;
             done.result()?;
+            if !done.skipped.is_empty() {
+                // A job lodgerd refused to release would keep the node from emptying: say so
+                // now rather than wait out the timeout.
+                let refused: Vec<String> = done
+                    .skipped
+                    .iter()
+                    .map(|(id, why)| format!("{id}: {why}"))
+                    .collect();
+                return Err(Failure {
+                    code: 1,
+                    message: format!("drain: lodgerd refused to release {}", refused.join("; ")),
+                });
+            }
             let released = done.released;
             let deadline = std::time::Instant::now() + std::time::Duration::from_secs(args.timeout);
             let left = loop {

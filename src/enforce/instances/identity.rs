@@ -129,15 +129,16 @@ pub fn check_launch(owner: u32, launch: &Launch) -> Result<(), String> {
     if !path.is_absolute() {
         return Err(format!("working directory {cwd} is not an absolute path"));
     }
-    // Registration runs on the agent's loop: a hung mount under the path must not stop it.
-    crate::sys::stall::answers_within(&[path], crate::sys::stall::PATH_PATIENCE)
-        .map_err(|e| format!("working directory {e}"))?;
     // From the root down, each directory looked at only once the owner may enter the one above
     // it: lodgerd (root) says nothing about a path its owner could not look at (whether
     // another user's file exists, or is a file).
     let mut dirs: Vec<&Path> = path.ancestors().collect();
     dirs.reverse();
     for dir in dirs {
+        // Registration runs on the agent's loop: a hung mount on the way must not stop it. Each
+        // directory is looked at only once the owner may enter the one above it, as below.
+        crate::sys::stall::answers_within(&[dir], crate::sys::stall::PATH_PATIENCE)
+            .map_err(|e| format!("working directory {cwd}: {e}"))?;
         let meta = match std::fs::metadata(dir) {
             Ok(meta) => meta,
             // Hidden from lodgerd, not from the unit: systemd checks it when the unit starts.

@@ -112,10 +112,13 @@ impl Host {
         )?;
         // The child's chdir, open and exec block on a filesystem that does not answer, and
         // lodgerd's spawn waits for the exec: look at those paths first, within a bound.
-        let program_path = program.contains('/').then(|| Path::new(program.as_str()));
+        // A program named by a relative path is looked up from the instance's directory.
+        let program_path = program
+            .contains('/')
+            .then(|| Path::new(creds.cwd()).join(program.as_str()));
         let paths: Vec<&Path> = [Some(Path::new(creds.cwd())), creds.output().map(Path::new)]
             .into_iter()
-            .chain([program_path])
+            .chain([program_path.as_deref()])
             .flatten()
             .collect();
         crate::sys::stall::answers_within(&paths, crate::sys::stall::PATH_PATIENCE).map_err(

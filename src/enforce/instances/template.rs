@@ -197,6 +197,8 @@ pub(super) fn search_path() -> String {
 }
 
 pub(super) fn executable(path: &Path) -> Result<(), String> {
+    // On the agent's loop (registration, reconcile): a program on a hung mount must not stop it.
+    crate::sys::stall::answers_within(&[path], crate::sys::stall::PATH_PATIENCE)?;
     let meta = fs::metadata(path).map_err(|e| e.to_string())?;
     if !meta.is_file() {
         return Err("not a regular file".to_string());
