@@ -373,7 +373,9 @@ impl Host {
         let mut good = 0;
         let mut read = 0;
         while read < MAX_REPORT_BYTES_PER_POLL {
-            match pipe.read(&mut self.buf) {
+            // Never past the cap: the last read is cut to what is left of it.
+            let room = self.buf.len().min(MAX_REPORT_BYTES_PER_POLL - read);
+            match pipe.read(&mut self.buf[..room]) {
                 Ok(0) => {
                     run.report = None;
                     break;
