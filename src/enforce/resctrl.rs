@@ -198,7 +198,9 @@ impl LodgerGroup {
     /// Moves threads into the group, one write per TID not already in it. resctrl moves single
     /// threads: pass every TID of a process, or use [`LodgerGroup::move_processes`].
     pub fn move_threads(&self, tids: &[u32]) -> Result<TaskMove, ResctrlError> {
-        let present = self.tasks()?;
+        // A set: a throttled tier can hold a thousand threads, and a list's `contains` per TID
+        // made every pass quadratic in them.
+        let present: std::collections::HashSet<u32> = self.tasks()?.into_iter().collect();
         let wanted: Vec<u32> = tids
             .iter()
             .copied()
