@@ -281,10 +281,18 @@ fn per_job_memory_bandwidth_from_a_resctrl_fixture_tree() {
         let (c0, c1) = (counter("mon_L3_00"), counter("mon_L3_01"));
         std::thread::spawn(move || {
             let mut n: u64 = 0;
+            // Written whole, as the kernel's counters read: `fs::write` truncates before it
+            // writes, and a read in between saw an empty file, a parse error that left the job
+            // without a bandwidth for that pass (the metrics page then lacked its series).
+            let set = |path: &std::path::Path, value: u64| {
+                let next = path.with_extension("next");
+                let _ = std::fs::write(&next, format!("{value}\n"))
+                    .and_then(|()| std::fs::rename(&next, path));
+            };
             while running.load(Ordering::SeqCst) {
                 n += 1;
-                let _ = std::fs::write(&c0, format!("{}\n", n * 50_000_000));
-                let _ = std::fs::write(&c1, format!("{}\n", n * 100_000_000));
+                set(&c0, n * 50_000_000);
+                set(&c1, n * 100_000_000);
                 std::thread::sleep(std::time::Duration::from_millis(50));
             }
         })
