@@ -8,13 +8,19 @@
 //! call and is unmaintained); the protocol is three fixed C structs, defined below from the
 //! kernel's UAPI headers (`linux/netlink.h`, `linux/connector.h`, `linux/cn_proc.h`).
 //!
-//! Subscribing needs CAP_NET_ADMIN (lodgerd has it); without it, [`ProcEvents::open`] fails and
-//! the caller sweeps /proc every tick as before. Events are lost when the socket's buffer
-//! overflows between reads (a fork storm): [`Drained::lost`] says so, and the caller must then
-//! treat every process as touched.
+//! Subscribing needs CAP_NET_ADMIN before Linux 6.6, and the initial pid and user namespaces
+//! always: the kernel reports pids as the initial namespace sees them, and ignores a subscription
+//! from any other namespace (a container) without a word. Its answer to a subscription is an
+//! acknowledgement, and [`ProcEvents::open`] waits for it ([`CONFIRM_WITHIN`]): without one, or
+//! with a refusal, it fails and the caller sweeps /proc every tick as before. A socket whose
+//! subscription the kernel ignored still receives other subscribers' events (in another
+//! namespace's pids) or none at all. Events are lost when the socket's buffer overflows between
+//! reads (a fork storm): [`Drained::lost`] says so, and the caller must then treat every process
+//! as touched.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::time::{Duration, Instant};
 
 /// `struct nlmsghdr`: 16 bytes.
 const NLMSG_HDR: usize = 16;
@@ -25,6 +31,8 @@ const EVENT_DATA: usize = 16;
 const CN_IDX_PROC: u32 = 1;
 const CN_VAL_PROC: u32 = 1;
 const PROC_CN_MCAST_LISTEN: u32 = 1;
+/// `PROC_EVENT_NONE`: the kernel's acknowledgement of a subscription, its error in `ack.err`.
+const PROC_EVENT_NONE: u32 = 0;
 const PROC_EVENT_FORK: u32 = 0x0000_0001;
 const PROC_EVENT_EXEC: u32 = 0x0000_0002;
 const PROC_EVENT_EXIT: u32 = 0x8000_0000;
@@ -36,6 +44,10 @@ const BATCH: usize = 64;
 const DATAGRAM: usize = 256;
 /// Asked for (root may exceed `net.core.rmem_max`): about a thousand events between two reads.
 const RECV_BUFFER: libc::c_int = 1 << 20;
+/// How long [`ProcEvents::open`] waits for the kernel to acknowledge the subscription. The
+/// kernel answers while handling the request, so the answer is there at once; it never comes
+/// where the kernel ignores the request (another pid or user namespace).
+pub const CONFIRM_WITHIN: Duration = Duration::from_secs(1);
 
 /// What one drain found.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -53,7 +65,8 @@ pub struct ProcEvents {
 }
 
 impl ProcEvents {
-    /// Opens a non-blocking connector socket and subscribes to process events.
+    /// Opens a non-blocking connector socket and subscribes to process events; fails unless
+    /// the kernel acknowledges the subscription within [`CONFIRM_WITHIN`].
     pub fn open() -> io::Result<ProcEvents> {
         // SAFETY: plain socket(2) call; the result is checked before use.
         let raw = unsafe {
@@ -96,8 +109,8 @@ impl ProcEvents {
         if rc < 0 {
             return Err(io::Error::last_os_error());
         }
-        attach(&fd, &filter())?;
-        let listen = listen_message();
+        let cookie = cookie();
+        let listen = listen_message(cookie);
         let kernel = sockaddr(0);
         // SAFETY: the message and the address are valid for the lengths given.
         let sent = unsafe {
@@ -113,6 +126,10 @@ impl ProcEvents {
         if sent < 0 {
             return Err(io::Error::last_os_error());
         }
+        confirm(&fd, cookie, CONFIRM_WITHIN)?;
+        // Only now: the filter drops acknowledgements. Events queued before it are read by the
+        // first drain; a thread's exit among them touches its process once, which costs a sweep.
+        attach(&fd, &filter())?;
         Ok(ProcEvents {
             fd,
             buf: vec![0; BATCH * DATAGRAM],
@@ -247,8 +264,108 @@ fn sockaddr(groups: u32) -> libc::sockaddr_nl {
     addr
 }
 
-/// nlmsghdr + cn_msg + `PROC_CN_MCAST_LISTEN`, in native byte order as netlink wants.
-fn listen_message() -> Vec<u8> {
+/// A value to recognise the kernel's acknowledgement of this socket's subscription by: every
+/// subscriber receives every acknowledgement, and the kernel overwrites the sequence number
+/// (it answers with `ack` + 1).
+fn cookie() -> u32 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    std::process::id().rotate_left(16) ^ nanos
+}
+
+/// Waits up to `within` for the kernel's acknowledgement of the subscription sent with `cookie`:
+/// `Ok` when it accepted, its error when it refused, and an error saying why it may never answer
+/// when nothing came. Other datagrams (events, other subscribers' acknowledgements) are dropped.
+fn confirm(fd: &OwnedFd, cookie: u32, within: Duration) -> io::Result<()> {
+    let deadline = Instant::now() + within;
+    let mut buf = [0u8; DATAGRAM];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!(
+                    "the kernel did not acknowledge the subscription within {} ms: lodgerd is \
+                     not in the initial pid and user namespaces (a container), or lacks \
+                     CAP_NET_ADMIN on a kernel before 6.6",
+                    within.as_millis()
+                ),
+            ));
+        }
+        let mut pfd = libc::pollfd {
+            fd: fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = libc::c_int::try_from(left.as_millis().max(1)).unwrap_or(libc::c_int::MAX);
+        // SAFETY: one valid pollfd, for the length given.
+        if unsafe { libc::poll(&mut pfd, 1, ms) } < 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            return Err(e);
+        }
+        // SAFETY: `buf` is valid for writes of its length.
+        let n = unsafe {
+            libc::recv(
+                fd.as_raw_fd(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                libc::MSG_DONTWAIT,
+            )
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            match e.raw_os_error() {
+                // Nothing yet, or events dropped before the answer: wait on.
+                Some(libc::EAGAIN | libc::EINTR | libc::ENOBUFS) => continue,
+                _ => return Err(e),
+            }
+        }
+        let len = usize::try_from(n).unwrap_or(0).min(buf.len());
+        match acknowledgement(&buf[..len], cookie) {
+            Some(0) => return Ok(()),
+            Some(err) => {
+                return Err(io::Error::new(
+                    io::Error::from_raw_os_error(err).kind(),
+                    format!(
+                        "the kernel refused the subscription ({})",
+                        io::Error::from_raw_os_error(err)
+                    ),
+                ))
+            }
+            None => {}
+        }
+    }
+}
+
+/// The error the kernel's acknowledgement of the subscription sent with `cookie` carries (0:
+/// accepted), if `datagram` holds it.
+fn acknowledgement(datagram: &[u8], cookie: u32) -> Option<i32> {
+    let mut at = 0;
+    while let Some(len) = u32_at(datagram, at).and_then(|l| usize::try_from(l).ok()) {
+        if len < NLMSG_HDR || at + len > datagram.len() {
+            return None;
+        }
+        let msg = &datagram[at..at + len];
+        let ev = NLMSG_HDR + CN_MSG_HDR;
+        if u32_at(msg, NLMSG_HDR) == Some(CN_IDX_PROC)
+            && u32_at(msg, NLMSG_HDR + 12) == Some(cookie.wrapping_add(1))
+            && u32_at(msg, ev) == Some(PROC_EVENT_NONE)
+        {
+            let err = u32_at(msg, ev + EVENT_DATA)?;
+            return Some(i32::from_ne_bytes(err.to_ne_bytes()));
+        }
+        at += (len + 3) & !3;
+    }
+    None
+}
+
+/// nlmsghdr + cn_msg + `PROC_CN_MCAST_LISTEN`, in native byte order as netlink wants; the
+/// kernel's acknowledgement carries `cookie` + 1.
+fn listen_message(cookie: u32) -> Vec<u8> {
     let total = NLMSG_HDR + CN_MSG_HDR + 4;
     let mut m = Vec::with_capacity(total);
     m.extend_from_slice(&(total as u32).to_ne_bytes());
@@ -259,7 +376,7 @@ fn listen_message() -> Vec<u8> {
     m.extend_from_slice(&CN_IDX_PROC.to_ne_bytes());
     m.extend_from_slice(&CN_VAL_PROC.to_ne_bytes());
     m.extend_from_slice(&0u32.to_ne_bytes()); // seq
-    m.extend_from_slice(&0u32.to_ne_bytes()); // ack
+    m.extend_from_slice(&cookie.to_ne_bytes()); // ack
     m.extend_from_slice(&4u16.to_ne_bytes()); // len of the payload
     m.extend_from_slice(&0u16.to_ne_bytes()); // flags
     m.extend_from_slice(&PROC_CN_MCAST_LISTEN.to_ne_bytes());
@@ -359,6 +476,137 @@ mod tests {
         assert_eq!(parse(&other, &mut |t| seen.push(t)), 0);
         assert_eq!(parse(&[], &mut |t| seen.push(t)), 0);
         assert!(seen.is_empty());
+    }
+
+    /// The kernel's acknowledgement of a subscription: `event` with `ack` set to `cookie` + 1.
+    fn acknowledged(cookie: u32, err: u32) -> Vec<u8> {
+        let mut d = event(PROC_EVENT_NONE, &[err]);
+        d[NLMSG_HDR + 12..NLMSG_HDR + 16].copy_from_slice(&cookie.wrapping_add(1).to_ne_bytes());
+        d
+    }
+
+    #[test]
+    fn the_acknowledgement_is_recognised_by_its_cookie() {
+        assert_eq!(acknowledgement(&acknowledged(41, 0), 41), Some(0));
+        let eperm = u32::try_from(libc::EPERM).expect("errno");
+        assert_eq!(
+            acknowledgement(&acknowledged(41, eperm), 41),
+            Some(libc::EPERM)
+        );
+        // Another subscriber's, an event, a truncated one: not ours.
+        assert_eq!(acknowledgement(&acknowledged(7, 0), 41), None);
+        assert_eq!(
+            acknowledgement(&event(PROC_EVENT_EXEC, &[42, 42]), 41),
+            None
+        );
+        let ours = acknowledged(41, 0);
+        assert_eq!(acknowledgement(&ours[..ours.len() - 8], 41), None);
+        assert_eq!(acknowledgement(&[], 41), None);
+        // The cookie goes out in the subscription's `ack` field.
+        let listen = listen_message(41);
+        assert_eq!(u32_at(&listen, NLMSG_HDR + 12), Some(41));
+    }
+
+    /// `confirm` on a Unix datagram pair standing in for the kernel: other datagrams are passed
+    /// over, an acceptance confirms, a refusal is its error, silence is an error that says why.
+    #[test]
+    fn confirm_waits_for_this_subscriptions_answer() {
+        let pair = || {
+            let mut fds = [0; 2];
+            // SAFETY: `fds` has room for the two descriptors socketpair writes.
+            let rc = unsafe {
+                libc::socketpair(
+                    libc::AF_UNIX,
+                    libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                    0,
+                    fds.as_mut_ptr(),
+                )
+            };
+            assert_eq!(rc, 0, "socketpair: {}", io::Error::last_os_error());
+            // SAFETY: both descriptors were just opened and are owned here.
+            unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) }
+        };
+        let send = |fd: &OwnedFd, d: &[u8]| {
+            // SAFETY: the datagram is valid for its length.
+            let sent = unsafe { libc::send(fd.as_raw_fd(), d.as_ptr().cast(), d.len(), 0) };
+            assert_eq!(sent, d.len() as isize);
+        };
+        let (tx, rx) = pair();
+        send(&tx, &event(PROC_EVENT_FORK, &[1, 1, 2, 2]));
+        send(&tx, &acknowledged(7, 0));
+        send(&tx, &acknowledged(41, 0));
+        confirm(&rx, 41, CONFIRM_WITHIN).expect("accepted");
+
+        let (tx, rx) = pair();
+        send(
+            &tx,
+            &acknowledged(41, u32::try_from(libc::EPERM).expect("errno")),
+        );
+        let err = confirm(&rx, 41, CONFIRM_WITHIN).expect_err("refused");
+        assert_eq!(err.kind(), io::ErrorKind::PermissionDenied, "{err}");
+
+        let (tx, rx) = pair();
+        send(&tx, &acknowledged(7, 0));
+        let err = confirm(&rx, 41, Duration::from_millis(20)).expect_err("no answer");
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut, "{err}");
+        assert!(err.to_string().contains("namespaces"), "{err}");
+    }
+
+    const CHILD_ENV: &str = "LODGER_TEST_PROCEVENTS_CHILD";
+
+    /// Run by `a_subscription_from_another_pid_namespace_is_refused` inside a new pid
+    /// namespace: says whether `open` succeeded.
+    #[test]
+    #[ignore = "run by a_subscription_from_another_pid_namespace_is_refused in a child pid namespace"]
+    fn open_in_this_namespace() {
+        assert_eq!(
+            std::env::var(CHILD_ENV).as_deref(),
+            Ok("1"),
+            "run by its parent test"
+        );
+        match ProcEvents::open() {
+            Ok(_) => println!("PROCEVENTS: opened"),
+            Err(e) => println!("PROCEVENTS: refused: {e}"),
+        }
+    }
+
+    /// As root: in a pid namespace of its own (lodgerd in a container) the kernel ignores the
+    /// subscription, and what the socket receives (other subscribers' events, in the initial
+    /// namespace's pids, or nothing) must not pass for events: `open` fails with why.
+    #[test]
+    fn a_subscription_from_another_pid_namespace_is_refused() {
+        const TEST: &str = "a_subscription_from_another_pid_namespace_is_refused";
+        if !crate::privileged::need_root(TEST) {
+            return;
+        }
+        // A subscriber of our own in the initial namespace, so that events flow meanwhile.
+        let _here = ProcEvents::open().expect("subscribe in the initial pid namespace");
+        let exe = std::env::current_exe().expect("test binary");
+        let out = match std::process::Command::new("unshare")
+            .args(["--pid", "--fork", "--kill-child"])
+            .arg(exe)
+            .args([
+                "--exact",
+                "sys::procevents::tests::open_in_this_namespace",
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(CHILD_ENV, "1")
+            .output()
+        {
+            Ok(out) => out,
+            Err(e) => {
+                crate::privileged::skip(TEST, &format!("cannot run unshare(1): {e}"));
+                return;
+            }
+        };
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stdout.contains("PROCEVENTS: refused") && stdout.contains("namespaces"),
+            "open in a child pid namespace: {stdout}\n{stderr}"
+        );
     }
 
     /// The socket filter, run by the kernel on a Unix datagram socket (same classic BPF, same
