@@ -31,6 +31,10 @@ const PCI_VENDOR: &str = "vendor";
 const PCI_CLASS: &str = "class";
 const PCI_NUMA_NODE: &str = "numa_node";
 const PCI_LOCAL_CPULIST: &str = "local_cpulist";
+/// A symlink to the driver bound to the device (`bus/pci/drivers/<name>`); absent when none is.
+const PCI_DRIVER: &str = "driver";
+/// The driver that makes a GPU NVML's (and `nvidia-smi`'s, and CUDA's).
+const NVIDIA_DRIVER: &str = "nvidia";
 
 const NVIDIA_VENDOR: u32 = 0x10de;
 /// PCI class codes (base class, sub-class) of a GPU: VGA-compatible controller (0x0300, most
@@ -78,8 +82,8 @@ pub struct NumaNode {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Gpu {
-    /// Position in PCI bus order: the index NVML and `nvidia-smi` use with
-    /// `CUDA_DEVICE_ORDER=PCI_BUS_ID`.
+    /// Position in PCI bus order among the GPUs the host can use (see [`Topology::read`]): the
+    /// index NVML and `nvidia-smi` use with `CUDA_DEVICE_ORDER=PCI_BUS_ID`.
     pub index: u32,
     /// `domain:bus:device.function`, e.g. `0000:18:00.0`; empty for a GPU declared only by
     /// configuration (`override_gpu`) and not found on the PCI bus.
@@ -116,7 +120,10 @@ pub enum TopologyError {
 
 impl Topology {
     /// Reads the topology from `sysfs_root`, the directory mounted at `/sys` (or a fixture tree
-    /// of the same layout).
+    /// of the same layout). A GPU is an NVIDIA display or 3D controller on the PCI bus that is
+    /// bound to the `nvidia` driver, or to none yet (a host booting, or without the driver): one
+    /// bound to another driver (`vfio-pci`, passed through to a VM; `nouveau`) is not this host's
+    /// to use, NVML does not count it, and counting it would shift every later GPU's index.
     pub fn read(sysfs_root: &Path) -> Result<Topology, TopologyError> {
         let online_path = sysfs_root.join(CPU_ONLINE);
         let online = read_cpulist(&online_path)?;
@@ -521,6 +528,9 @@ fn read_gpus(root: &Path, online: &CpuSet) -> Result<Vec<Gpu>, TopologyError> {
         if !GPU_CLASSES.contains(&(read_hex(&dev.join(PCI_CLASS))? >> 8)) {
             continue; // audio function, NVSwitch, USB-C controller of the same board
         }
+        if bound_elsewhere(&dev) {
+            continue;
+        }
         let node_path = dev.join(PCI_NUMA_NODE);
         let numa_node = if node_path.exists() {
             match read_i64(&node_path)? {
@@ -545,6 +555,14 @@ fn read_gpus(root: &Path, online: &CpuSet) -> Result<Vec<Gpu>, TopologyError> {
         });
     }
     Ok(gpus)
+}
+
+/// Whether the PCI device at `dev` is bound to a driver other than `nvidia`.
+fn bound_elsewhere(dev: &Path) -> bool {
+    fs::read_link(dev.join(PCI_DRIVER))
+        .ok()
+        .and_then(|target| target.file_name().map(|n| n != NVIDIA_DRIVER))
+        .unwrap_or(false)
 }
 
 fn read_string(path: &Path) -> Result<String, TopologyError> {

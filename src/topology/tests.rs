@@ -317,6 +317,31 @@ fn gpus_in_pci_order_and_filtered() {
     assert_eq!(t.gpu(2).unwrap().numa_node, Some(0));
 }
 
+/// A GPU bound to another driver than `nvidia` (passed through to a VM) is not the host's: NVML
+/// does not count it, so neither does the topology, and the GPUs after it keep NVML's indices.
+/// Bound to `nvidia`, or to nothing yet, it counts.
+#[test]
+fn gpus_bound_to_another_driver_are_not_counted() {
+    let dir = small_tree();
+    let r = dir.path();
+    gpu(r, "0000:1a:00.0", "0x10de", "0x030200", "0", "0,2");
+    gpu(r, "0000:c2:00.0", "0x10de", "0x030200", "1", "1,3");
+    let bind = |addr: &str, driver: &str| {
+        std::os::unix::fs::symlink(
+            format!("../../../bus/pci/drivers/{driver}"),
+            r.join("bus/pci/devices").join(addr).join("driver"),
+        )
+        .unwrap();
+    };
+    bind("0000:1a:00.0", "vfio-pci");
+    bind("0000:3b:00.0", "nvidia");
+    let t = Topology::read(r).unwrap();
+    let addrs: Vec<&str> = t.gpus.iter().map(|g| g.pci_address.as_str()).collect();
+    assert_eq!(addrs, ["0000:3b:00.0", "0000:c2:00.0"]);
+    assert_eq!(t.gpu(0).unwrap().numa_node, Some(1));
+    assert_eq!(t.gpu(1).unwrap().pci_address, "0000:c2:00.0");
+}
+
 #[test]
 fn no_pci_bus_means_no_gpus() {
     let dir = small_tree();
