@@ -52,8 +52,14 @@ pub const EMULATED_DEVICE_NAME: &str = "emulated GPU (train_emulator)";
 #[derive(Debug, thiserror::Error)]
 pub enum GpuError {
     /// NVML cannot be used on this host; lodgerd logs `GPU sensing off: <this error>` once.
+    /// `lasting`: the library is absent or too old, so opening it again fails the same way;
+    /// otherwise (the kernel driver not loaded yet, its device files not made yet) it may pass.
     #[error("NVML unavailable ({library}): {reason}")]
-    NvmlUnavailable { library: String, reason: String },
+    NvmlUnavailable {
+        library: String,
+        reason: String,
+        lasting: bool,
+    },
     #[error("NVML {call}{} failed: {source}", gpu_suffix(*.gpu))]
     Nvml {
         gpu: Option<u32>,
@@ -64,6 +70,14 @@ pub enum GpuError {
     EmulatedDir { path: PathBuf, source: io::Error },
     #[error("'{value}' is not a GPU source (expected \"nvml\" or \"emulated\")")]
     UnknownSource { value: String },
+}
+
+impl GpuError {
+    /// Whether opening the source again later may succeed: NVML failed for a reason other than
+    /// a missing or too old library.
+    pub fn may_pass(&self) -> bool {
+        matches!(self, GpuError::NvmlUnavailable { lasting: false, .. })
+    }
 }
 
 fn gpu_suffix(gpu: Option<u32>) -> String {
@@ -608,6 +622,10 @@ fn nvml_err(gpu: Option<u32>, call: &'static str) -> impl FnOnce(NvmlError) -> G
 }
 
 fn nvml_unavailable(library: &str, e: NvmlError) -> GpuError {
+    let lasting = matches!(
+        e,
+        NvmlError::LibloadingError(_) | NvmlError::FailedToLoadSymbol(_)
+    );
     let reason = match e {
         NvmlError::LibloadingError(e) => {
             format!("cannot load the NVML library ({e}); the NVIDIA driver is not installed")
@@ -624,6 +642,7 @@ fn nvml_unavailable(library: &str, e: NvmlError) -> GpuError {
     GpuError::NvmlUnavailable {
         library: library.to_string(),
         reason,
+        lasting,
     }
 }
 

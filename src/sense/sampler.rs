@@ -5,7 +5,10 @@
 //! many fds can block, and a slow source must never delay enforcement (STYLE §7).
 //!
 //! Each missing feature (no NVML, no PMU, no resctrl, no PSI) is said once, at start, with the
-//! reason; afterwards it is reported as `unavailable: <why>` in [`SourceStatus`].
+//! reason; afterwards it is reported as `unavailable: <why>` in [`SourceStatus`]. NVML that is
+//! installed but does not answer at start (the kernel driver not loaded yet, its device files
+//! not made yet: lodgerd may neither load modules nor make device files) is opened again every
+//! [`GPU_REOPEN_EVERY`], quietly, and said once more when it answers.
 //!
 //! Where resctrl counts memory bandwidth, each job gets a monitoring group (`lodger-<job>`,
 //! [`JobMonGroups`]) kept in step with its threads every pass; groups left by an earlier lodgerd
@@ -103,6 +106,20 @@ pub const IDLE_READ_EVERY: u32 = 3;
 
 const ANOTHER_WORKER: &str = "read by another sensing worker";
 
+/// How often NVML is opened again after it failed for a reason that may pass
+/// ([`gpu::GpuError::may_pass`]).
+pub const GPU_REOPEN_EVERY: Duration = Duration::from_secs(30);
+
+/// Opens the GPU source again (NVML; a stand-in in the tests).
+type OpenGpu = Box<dyn FnMut() -> Result<Box<dyn GpuSource>, gpu::GpuError> + Send>;
+
+/// NVML to be opened again: when, how often, and how.
+struct GpuReopen {
+    next: Instant,
+    every: Duration,
+    open: OpenGpu,
+}
+
 /// Where GPU utilization comes from (`sense.gpu`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GpuChoice {
@@ -156,6 +173,8 @@ pub struct Sampler {
     /// cgroup v2: jobs' own `memory.pressure` (a v1 hierarchy has none).
     cgroups: Option<CgroupCpuReader>,
     gpu: Result<Box<dyn GpuSource>, String>,
+    /// Set while NVML failed for a reason that may pass: it is opened again.
+    gpu_reopen: Option<GpuReopen>,
     perf: Result<PerfCounters, String>,
     membw: Result<MbmReader, String>,
     mbm: Option<MbmSample>,
@@ -186,7 +205,7 @@ impl Sampler {
     pub fn constant(&self) -> bool {
         match self.only {
             Some(SourceKind::Perf) => self.perf.is_err(),
-            Some(SourceKind::Gpu) => self.gpu.is_err(),
+            Some(SourceKind::Gpu) => self.gpu.is_err() && self.gpu_reopen.is_none(),
             Some(SourceKind::Membw) => self.membw.is_err(),
             Some(SourceKind::Cpu | SourceKind::Net) | None => false,
         }
@@ -199,6 +218,14 @@ impl Sampler {
     fn open_for(settings: SamplerSettings, only: Option<SourceKind>) -> Sampler {
         // A worker opens (and says why it cannot open) its own source only.
         let owns = |k: SourceKind| only.map_or(true, |o| o == k);
+        let open_nvml = {
+            let (dir, proc_root) = (
+                settings.emulated_gpu_dir.clone(),
+                settings.proc_root.clone(),
+            );
+            move || gpu::open_source(GpuSourceKind::Nvml, &dir, &proc_root)
+        };
+        let mut gpu_reopen = None;
         let gpu: Result<Box<dyn GpuSource>, String> = match settings.gpu {
             _ if !owns(SourceKind::Gpu) => Err(ANOTHER_WORKER.into()),
             GpuChoice::Off => Err("off (sense.gpu = \"off\")".into()),
@@ -208,12 +235,24 @@ impl Sampler {
                 &settings.proc_root,
             )
             .map_err(|e| e.to_string()),
-            GpuChoice::Nvml | GpuChoice::Auto => gpu::open_source(
-                GpuSourceKind::Nvml,
-                &settings.emulated_gpu_dir,
-                &settings.proc_root,
+            GpuChoice::Nvml | GpuChoice::Auto => open_nvml().map_err(|e| {
+                if e.may_pass() {
+                    gpu_reopen = Some(GpuReopen {
+                        next: Instant::now() + GPU_REOPEN_EVERY,
+                        every: GPU_REOPEN_EVERY,
+                        open: Box::new(open_nvml),
+                    });
+                }
+                e.to_string()
+            }),
+        };
+        let again = if gpu_reopen.is_some() {
+            format!(
+                " (opened again every {} s until it answers)",
+                GPU_REOPEN_EVERY.as_secs()
             )
-            .map_err(|e| e.to_string()),
+        } else {
+            String::new()
         };
         match (&gpu, settings.gpu) {
             _ if !owns(SourceKind::Gpu) => {}
@@ -222,8 +261,8 @@ impl Sampler {
                 settings.emulated_gpu_dir.display()
             ),
             (Ok(_), _) => info!("GPU sensing: NVML"),
-            (Err(e), GpuChoice::Nvml) => warn!("GPU sensing off: {e}"),
-            (Err(e), _) => info!("GPU sensing off: {e}"),
+            (Err(e), GpuChoice::Nvml) => warn!("GPU sensing off: {e}{again}"),
+            (Err(e), _) => info!("GPU sensing off: {e}{again}"),
         }
 
         let perf = if !owns(SourceKind::Perf) {
@@ -313,6 +352,7 @@ impl Sampler {
             psi_available,
             cgroups,
             gpu,
+            gpu_reopen,
             perf,
             membw,
             mbm: None,
@@ -326,6 +366,45 @@ impl Sampler {
         };
         s.sources = s.source_status(None);
         s
+    }
+
+    /// Opens NVML again when it failed for a reason that may pass and the time has come: said
+    /// once when it answers, and once if it now fails for good; quiet otherwise.
+    fn reopen_gpu(&mut self) {
+        let Some(reopen) = &mut self.gpu_reopen else {
+            return;
+        };
+        let now = Instant::now();
+        if now < reopen.next {
+            return;
+        }
+        match (reopen.open)() {
+            Ok(g) => {
+                info!("GPU sensing: NVML (it answers now; it did not when lodgerd started)");
+                self.gpu = Ok(g);
+                self.gpu_reopen = None;
+            }
+            Err(e) if e.may_pass() => {
+                reopen.next = now + reopen.every;
+                self.gpu = Err(e.to_string());
+            }
+            Err(e) => {
+                info!("GPU sensing off: {e}");
+                self.gpu = Err(e.to_string());
+                self.gpu_reopen = None;
+            }
+        }
+    }
+
+    /// Makes the GPU source be opened by `open`, every `every`, from the next pass on (the
+    /// tests' stand-in for NVML answering late).
+    #[cfg(test)]
+    fn reopen_gpu_with(&mut self, open: OpenGpu, every: Duration) {
+        self.gpu_reopen = Some(GpuReopen {
+            next: Instant::now(),
+            every,
+            open,
+        });
     }
 
     fn source_status(&self, gpu: Option<&GpuStatus>) -> SourceStatus {
@@ -512,6 +591,7 @@ impl Sampler {
         }
 
         // GPU.
+        self.reopen_gpu();
         let mut gpu_status = None;
         if let Ok(g) = &mut self.gpu {
             match g.sample() {

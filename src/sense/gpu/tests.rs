@@ -59,6 +59,30 @@ fn nvml_absent_library_is_a_clear_error_not_a_panic() {
     );
 }
 
+/// NVML that is missing or too old fails the same way next time; a driver not loaded yet, or
+/// device files lodgerd may not make, may pass (the sampler opens NVML again).
+#[test]
+fn nvml_failures_that_may_pass_are_told_from_lasting_ones() {
+    for (e, may_pass) in [
+        (NvmlError::DriverNotLoaded, true),
+        (NvmlError::NoPermission, true),
+        (NvmlError::Unknown, true),
+        (NvmlError::FailedToLoadSymbol("nvmlInit_v2".into()), false),
+    ] {
+        let shown = format!("{e:?}");
+        assert_eq!(
+            nvml_unavailable(NVML_LIBRARY, e).may_pass(),
+            may_pass,
+            "{shown}"
+        );
+    }
+    let missing = NvmlSource::open_library("/nonexistent/libnvidia-ml.so.1").err();
+    assert!(
+        missing.as_ref().is_some_and(|e| !e.may_pass()),
+        "{missing:?}"
+    );
+}
+
 #[test]
 fn nvml_default_open_fails_cleanly_without_a_driver() {
     const NAME: &str = "nvml_default_open_fails_cleanly_without_a_driver";

@@ -365,3 +365,56 @@ fn an_idle_jobs_cpu_time_is_read_every_few_passes_and_a_busy_ones_every_pass() {
         "read after its processes changed: {after}"
     );
 }
+
+/// NVML that did not answer at start (the driver not loaded yet) is opened again, and GPU
+/// sensing comes on when it answers: the worker is not constant meanwhile. A stand-in opener
+/// fails once the way a driver not yet loaded does, then gives an emulated source.
+#[test]
+fn nvml_that_answers_late_is_opened_again() {
+    use crate::sense::gpu::{write_emulated_record, EmulatedGpuRecord, EmulatedSource, GpuError};
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let root = tmp.path().join("resctrl");
+    let mut sampler = Sampler::open_only(settings(tmp.path(), root), SourceKind::Gpu);
+    assert!(sampler.constant());
+    let me = std::process::id();
+    let dir = tmp.path().join("gpu");
+    write_emulated_record(&dir, &EmulatedGpuRecord::now(me, 0, 0.5, 10.0)).expect("record");
+    let mut tries = 0;
+    sampler.reopen_gpu_with(
+        Box::new(move || {
+            tries += 1;
+            if tries == 1 {
+                return Err(GpuError::NvmlUnavailable {
+                    library: "libnvidia-ml.so.1".into(),
+                    reason: "the NVIDIA kernel driver is not loaded".into(),
+                    lasting: false,
+                });
+            }
+            Ok(Box::new(EmulatedSource::new(&dir, "/proc")) as Box<dyn GpuSource>)
+        }),
+        Duration::ZERO,
+    );
+    assert!(
+        !sampler.constant(),
+        "a source that may answer later is sampled on"
+    );
+    sampler.set_jobs(vec![sensed(1, &[me])]);
+
+    let obs = sampler.pass();
+    assert!(
+        obs.sources.gpu.contains("driver is not loaded"),
+        "{}",
+        obs.sources.gpu
+    );
+    assert!(!sampler.constant());
+
+    let obs = sampler.pass();
+    assert!(
+        obs.sources.gpu.starts_with("emulated"),
+        "{}",
+        obs.sources.gpu
+    );
+    assert_eq!(obs.node.gpus.len(), 1);
+    assert_eq!(obs.jobs[&JobId::from_seq(1)].gpu_percent, Some(50.0));
+    assert!(!sampler.constant());
+}
