@@ -186,7 +186,7 @@ impl EmulatedSource {
             .parse()
             .map_err(|_| malformed(format!("'{stem}' is not a pid")))?;
         let mut text = String::new();
-        match File::open(path)
+        match open_record(path)
             .and_then(|f| f.take(EMULATED_RECORD_MAX_BYTES).read_to_string(&mut text))
         {
             Ok(_) => {}
@@ -205,6 +205,25 @@ impl EmulatedSource {
         }
         Ok(Some(record))
     }
+}
+
+/// Opens a record file for reading: a regular file only, never through a symlink, and without
+/// blocking. The directory may be writable by the emulators' users: a FIFO named like a record
+/// blocked the GPU worker in `open` for good (its source stale from then on), and a symlink had
+/// lodgerd read whatever it pointed at.
+fn open_record(path: &Path) -> io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
+        .open(path)?;
+    if !file.metadata()?.is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not a regular file",
+        ));
+    }
+    Ok(file)
 }
 
 impl GpuSource for EmulatedSource {

@@ -282,6 +282,40 @@ fn emulated_reads_fresh_records_and_ignores_the_rest() {
     assert_eq!(source.ignored().len(), 4, "{:?}", source.ignored());
 }
 
+/// A FIFO or a symlink named like a record (the directory may be writable by emulators' users)
+/// is passed over as malformed: the FIFO used to block the sample in `open` for good.
+#[test]
+fn emulated_passes_over_fifos_and_symlinks() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let procs = proc_with(&[100, 101, 102]);
+    publish(dir.path(), 100, 0, 0.5, Duration::ZERO);
+    let fifo = std::ffi::CString::new(
+        dir.path()
+            .join("101.json")
+            .into_os_string()
+            .into_encoded_bytes(),
+    )
+    .expect("path");
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0, "mkfifo");
+    let elsewhere = dir.path().join("elsewhere");
+    fs::create_dir(&elsewhere).expect("dir");
+    publish(&elsewhere, 102, 0, 0.5, Duration::ZERO);
+    std::os::unix::fs::symlink(elsewhere.join("102.json"), dir.path().join("102.json"))
+        .expect("symlink");
+    let mut source = EmulatedSource::new(dir.path(), procs.path());
+    let s = source.sample().expect("sample");
+    let pids: Vec<u32> = s.processes.iter().map(|p| p.pid).collect();
+    assert_eq!(pids, [100]);
+    let malformed: Vec<&Path> = source
+        .ignored()
+        .iter()
+        .filter(|i| matches!(i.why, Ignored::Malformed { .. }))
+        .map(|i| i.path.as_path())
+        .collect();
+    assert_eq!(malformed.len(), 2, "{:?}", source.ignored());
+}
+
 #[test]
 fn emulated_rejects_out_of_range_and_mismatched_records() {
     let dir = tempfile::tempdir().expect("tempdir");
