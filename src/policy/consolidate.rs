@@ -110,6 +110,19 @@ pub fn place(
     taken: &CpuSet,
     ask: &TrainingAsk,
 ) -> Result<CpuSet, NoCapacity> {
+    place_beside(topo, reserved, taken, &CpuSet::new(), ask)
+}
+
+/// [`place`] for CPUs added to a placed job's `own` (which `taken` holds): an odd remainder
+/// goes first to the sibling of the job's own half-used core, where [`place`] would take it
+/// beside another job only as a last resort.
+pub(crate) fn place_beside(
+    topo: &Topology,
+    reserved: &CpuSet,
+    taken: &CpuSet,
+    own: &CpuSet,
+    ask: &TrainingAsk,
+) -> Result<CpuSet, NoCapacity> {
     let free = topo.online().difference(reserved).difference(taken);
     let wanted = usize::try_from(ask.cores).unwrap_or(usize::MAX);
     if free.len() < wanted {
@@ -134,7 +147,7 @@ pub fn place(
             node,
             &free,
             taken,
-            &CpuSet::new(),
+            own,
             k,
             Lean::TowardTraining,
         ));

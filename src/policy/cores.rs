@@ -62,7 +62,8 @@ struct Run {
 /// [`whole_core_order`]), and an odd remainder from a half-available core that is not beside
 /// training (that half could not be lent as a whole core anyway): with
 /// [`Lean::AwayFromTraining`] the best-ranked such core beside the job's `own` threads or a
-/// reserved thread, then the smallest; with [`Lean::TowardTraining`] the first. Half-available
+/// reserved thread, then the smallest; with [`Lean::TowardTraining`] the first beside `own`,
+/// else the first. Half-available
 /// cores beside training are used only as a last resort.
 pub(crate) fn pick_in_node(
     topo: &Topology,
@@ -92,11 +93,12 @@ pub(crate) fn pick_in_node(
     // The odd remainder first.
     let remainder = if threads > 1 { k % threads } else { 0 };
     if remainder > 0 {
-        let mut fits = slots
+        let fits = slots
             .iter()
             .filter(|s| s.fragment() && s.free.len() >= remainder && s.fragment_rank(own) < 2);
         let best = match lean {
-            Lean::TowardTraining => fits.next(),
+            // The first core in order, beside the job's own threads before any other.
+            Lean::TowardTraining => fits.min_by_key(|s| s.fragment_rank(own)),
             Lean::AwayFromTraining => {
                 fits.min_by_key(|s| (s.fragment_rank(own), s.free.len(), s.free.first()))
             }

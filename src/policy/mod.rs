@@ -81,14 +81,17 @@ impl SteadyPlan {
 /// core allocation table (the previous plan) and taking cores for new jobs from the unallocated
 /// ones.
 ///
-/// Keeps every previous placement that is still valid (same size, inside online CPUs minus
-/// reserved, disjoint from the others kept), then places the others in id order
-/// (`JobId::seq`). A running training job is never moved to make room: moving its cpuset costs
-/// it more than a newcomer waiting. Jobs absent from `jobs` are dropped, which frees their CPUs.
+/// Keeps every previous placement that is still valid (inside online CPUs minus reserved,
+/// disjoint from the others kept), then places the others in id order (`JobId::seq`). A
+/// running training job is never moved to make room: moving its cpuset costs it more than a
+/// newcomer waiting. Jobs absent from `jobs` are dropped, which frees their CPUs.
 ///
-/// A placed job that asks for more (a right-sizing probe, an RT guard core) keeps its CPUs
-/// through the pass, so no other job takes them, and gets the most it asked for that fits: its
-/// own CPUs and the free ones, else it stays where it is. Asking for more never un-places it.
+/// A placed job that asks for fewer keeps part of its CPUs (whole cores, next to the other
+/// training jobs, as a new placement of that size would choose among them). A placed job that
+/// asks for more (a right-sizing probe, an RT guard core) keeps its CPUs through the pass, so no
+/// other job takes them, and gets the most it asked for that fits beside them: its own CPUs and
+/// free ones, else it stays where it is. Resizing never moves a job's threads off the CPUs it
+/// keeps, and asking for more never un-places it.
 ///
 /// Pure and idempotent: `decide(.., &decide(..)) == decide(..)`.
 pub fn decide(
@@ -113,18 +116,32 @@ pub fn decide(
         };
         let had = u32::try_from(prev.cpus.len()).unwrap_or(u32::MAX);
         let inside = job.within.as_ref().map_or(true, |w| prev.cpus.is_subset(w));
-        if had <= job.cores
-            && inside
-            && prev.cpus.is_subset(&usable)
-            && prev.cpus.is_disjoint(&taken)
-        {
-            taken = taken.union(&prev.cpus);
-            if had == job.cores {
-                plan.training
-                    .insert(job.id.clone(), placement(topo, prev.cpus.clone()));
-            } else {
-                growing.insert(&job.id, &prev.cpus);
+        if !(inside && prev.cpus.is_subset(&usable) && prev.cpus.is_disjoint(&taken)) {
+            continue;
+        }
+        if had > job.cores {
+            // Shrunk (a right-sizing probe, a core the RT guard gives back): the part of its
+            // CPUs a placement of the new size would take, so its threads stay where they ran
+            // and nothing else moves for it. Placed afresh it could land anywhere free, on an
+            // online instance's cores among them.
+            let outside =
+                off_limits(topo, reserved, job).union(&topo.online().difference(&prev.cpus));
+            let ask = TrainingAsk {
+                cores: job.cores,
+                gpus: &job.gpus,
+            };
+            if let Ok(cpus) = consolidate::place(topo, &outside, &taken, &ask) {
+                taken = taken.union(&cpus);
+                plan.training.insert(job.id.clone(), placement(topo, cpus));
             }
+            continue;
+        }
+        taken = taken.union(&prev.cpus);
+        if had == job.cores {
+            plan.training
+                .insert(job.id.clone(), placement(topo, prev.cpus.clone()));
+        } else {
+            growing.insert(&job.id, &prev.cpus);
         }
     }
 
@@ -133,26 +150,37 @@ pub fn decide(
         if plan.training.contains_key(&job.id) {
             continue;
         }
-        let mut ask = TrainingAsk {
+        let ask = TrainingAsk {
             cores: job.cores,
             gpus: &job.gpus,
         };
         if let Some(held) = growing.get(&job.id) {
-            // Its own CPUs and the free ones: the most it can have. Where that is no more than
-            // it has, it stays (a new placement of the same size would only move it).
-            taken = taken.difference(held);
+            // Its own CPUs and the free ones: the most it can have. It keeps its own and gets
+            // the rest beside them (a new placement would move its threads, and could take an
+            // online instance's cores it did not need). Where nothing is free, it stays.
             let free = topo
                 .online()
                 .difference(&off_limits(topo, reserved, job))
                 .difference(&taken);
-            let fits = u32::try_from(free.len()).unwrap_or(u32::MAX);
-            ask.cores = ask.cores.min(fits);
-            if u32::try_from(held.len()) == Ok(ask.cores) {
-                taken = taken.union(held);
-                plan.training
-                    .insert(job.id.clone(), placement(topo, (*held).clone()));
-                continue;
+            let had = held.len();
+            let more = u32::try_from(free.len()).unwrap_or(u32::MAX).min(
+                job.cores
+                    .saturating_sub(u32::try_from(had).unwrap_or(u32::MAX)),
+            );
+            let mut cpus = (*held).clone();
+            if more > 0 {
+                let extra = TrainingAsk {
+                    cores: more,
+                    gpus: &job.gpus,
+                };
+                let off = off_limits(topo, reserved, job);
+                if let Ok(added) = consolidate::place_beside(topo, &off, &taken, held, &extra) {
+                    cpus = cpus.union(&added);
+                }
             }
+            taken = taken.union(&cpus);
+            plan.training.insert(job.id.clone(), placement(topo, cpus));
+            continue;
         }
         match consolidate::place(topo, &off_limits(topo, reserved, job), &taken, &ask) {
             Ok(cpus) => {
@@ -280,7 +308,7 @@ mod tests {
         let topo = server64();
         let previous = Plan {
             training: BTreeMap::from([
-                // Wrong size now (the job was resized to 4).
+                // Shrunk to 4: keeps 4 of these.
                 (
                     JobId::from_seq(1),
                     Placement {
@@ -322,7 +350,8 @@ mod tests {
         ];
         let plan = decide(&topo, &set("0,32"), &jobs, &previous);
         assert_eq!(cpus_of(&plan, 3), "8-9,40-41");
-        assert_eq!(cpus_of(&plan, 1), "16-17,48-49");
+        // Whole cores of its own; the rest freed.
+        assert_eq!(cpus_of(&plan, 1), "20-21,52-53");
         // Beside j3, in the smaller of the two gaps around it.
         assert_eq!(cpus_of(&plan, 2), "10-11,42-43");
         assert_eq!(cpus_of(&plan, 4), "12-13,44-45");
@@ -388,6 +417,46 @@ mod tests {
         );
     }
 
+    /// Review finding (placement): a placed job that was resized was placed afresh, so a
+    /// right-sizing probe or an RT guard core moved its threads to other CPUs (in 582 of 1,080
+    /// resizes of a three-job node), onto cores online instances held among them. It now keeps
+    /// what it had: a shrink keeps part of its CPUs, a growth adds beside them (the sibling of
+    /// its half-used core first).
+    #[test]
+    fn a_resized_job_keeps_its_cpus() {
+        let topo = server64();
+        let reserved = set("0,32");
+        let mut jobs = vec![job(1, 1, &[0]), job(2, 1, &[0]), job(3, 4, &[0])];
+        let plan = decide(&topo, &reserved, &jobs, &Plan::default());
+        assert_eq!(cpus_of(&plan, 1), "1");
+        assert_eq!(cpus_of(&plan, 3), "3-4,35-36");
+        // Grows by one: the sibling of its own CPU (placed afresh: 5-6,37 for three).
+        jobs[0].cores = 2;
+        let grown = decide(&topo, &reserved, &jobs, &plan);
+        assert_eq!(cpus_of(&grown, 1), "1,33");
+        // Grows to 6, then shrinks to 3: inside what it had.
+        jobs[0].cores = 6;
+        let six = decide(&topo, &reserved, &jobs, &grown);
+        let had = six.training[&JobId::from_seq(1)].cpus.clone();
+        assert_eq!(had.len(), 6);
+        assert!(grown.training[&JobId::from_seq(1)].cpus.is_subset(&had));
+        jobs[0].cores = 3;
+        let shrunk = decide(&topo, &reserved, &jobs, &six);
+        let now = &shrunk.training[&JobId::from_seq(1)].cpus;
+        assert_eq!(now.len(), 3);
+        assert!(now.is_subset(&had), "{now} not inside {had}");
+        // The others never move.
+        for p in [&grown, &six, &shrunk] {
+            assert_eq!(cpus_of(p, 2), "2");
+            assert_eq!(cpus_of(p, 3), "3-4,35-36");
+        }
+        assert_eq!(
+            decide(&topo, &reserved, &jobs, &shrunk),
+            shrunk,
+            "idempotent"
+        );
+    }
+
     #[derive(Debug, Clone)]
     enum Op {
         Add {
@@ -397,6 +466,11 @@ mod tests {
         Remove(usize),
         /// A placed job asks for more cores (a probe, an RT guard core).
         Grow {
+            job: usize,
+            by: u32,
+        },
+        /// A placed job asks for fewer (a probe, a guard core given back).
+        Shrink {
             job: usize,
             by: u32,
         },
@@ -410,6 +484,8 @@ mod tests {
                 1 => any::<usize>().prop_map(Op::Remove),
                 1 => (any::<usize>(), any::<u32>())
                     .prop_map(|(job, by)| Op::Grow { job, by }),
+                1 => (any::<usize>(), any::<u32>())
+                    .prop_map(|(job, by)| Op::Shrink { job, by }),
             ],
             1..16,
         )
@@ -555,6 +631,13 @@ mod tests {
                             !plan.training.contains_key(&id) || next.training.contains_key(&id),
                             "{} un-placed for asking more", id
                         );
+                        // It keeps the CPUs it had: growing adds beside them.
+                        if let (Some(before), Some(after)) = (plan.training.get(&id), next.training.get(&id)) {
+                            prop_assert!(
+                                before.cpus.is_subset(&after.cpus),
+                                "{} moved to grow: {} -> {}", id, before.cpus, after.cpus
+                            );
+                        }
                         // The others placed stay where they are.
                         for (other, p) in plan.training.iter().filter(|(o, _)| **o != id) {
                             if !short(&plan, &jobs, other) {
@@ -564,6 +647,34 @@ mod tests {
                         plan = next;
                     }
                     Op::Grow { .. } => {}
+                    Op::Shrink { job: i, by } if !jobs.is_empty() => {
+                        let i = i % jobs.len();
+                        let id = jobs[i].id.clone();
+                        let Some(before) = plan.training.get(&id).map(|p| p.cpus.clone()) else {
+                            continue;
+                        };
+                        // Below what it holds now (a job cut short holds less than it asks).
+                        let had = u32::try_from(before.len()).unwrap();
+                        let fewer = had.saturating_sub(by % had + 1).max(1);
+                        if fewer >= had {
+                            continue;
+                        }
+                        jobs[i].cores = fewer;
+                        let next = decide(&topo, &reserved, &jobs, &plan);
+                        check_plan(&topo, &reserved, &jobs, &plan, &next)?;
+                        let after = &next.training[&id].cpus;
+                        prop_assert!(
+                            after.is_subset(&before),
+                            "{} moved to shrink: {} -> {}", id, before, after
+                        );
+                        for (other, p) in plan.training.iter().filter(|(o, _)| **o != id) {
+                            if !short(&plan, &jobs, other) {
+                                prop_assert_eq!(Some(p), next.training.get(other), "{} moved", other);
+                            }
+                        }
+                        plan = next;
+                    }
+                    Op::Shrink { .. } => {}
                 }
                 prop_assert_eq!(&decide(&topo, &reserved, &jobs, &plan), &plan, "idempotent");
             }
