@@ -34,13 +34,14 @@ impl Batch {
     }
 
     /// The cores batch jobs may use: the node's lendable ones, minus training's and online
-    /// inference's (offline instances share them).
+    /// instances' cores (offline instances share them): `batch::leftover`.
     pub(super) fn leftover(cx: &TickCx<'_>) -> CpuSet {
-        cx.topology
-            .online()
-            .difference(&cx.closed_to_lodgers())
-            .difference(&training_cpus(&cx.state.plan))
-            .difference(&cx.state.inference.online_cpus())
+        batch::leftover(
+            cx.topology,
+            &cx.closed_to_lodgers(),
+            &training_cpus(&cx.state.plan),
+            &cx.state.inference,
+        )
     }
 
     /// Places every batch job and makes its processes match. Returns whether anything persisted

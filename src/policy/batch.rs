@@ -9,6 +9,7 @@ use crate::cpuset::CpuSet;
 use crate::job::JobId;
 use crate::topology::Topology;
 
+use super::inference::InferencePlan;
 use super::Placement;
 
 /// What batch placement needs to know about one batch job.
@@ -23,6 +24,22 @@ pub struct BatchJobView {
 
 /// Where each batch job runs, or why it cannot run anywhere lodger allows.
 pub type BatchPlan = BTreeMap<JobId, Result<Placement, String>>;
+
+/// The CPUs batch jobs may use: online CPUs not `closed` to lodgers (reserved, not lendable,
+/// exclusive training jobs'), not training's, and not on a core an online instance holds (its
+/// CPUs and their SMT siblings, as offline instances keep off them: a batch job beside an
+/// online instance on one core would share its execution units and caches).
+pub fn leftover(
+    topo: &Topology,
+    closed: &CpuSet,
+    training: &CpuSet,
+    inference: &InferencePlan,
+) -> CpuSet {
+    topo.online()
+        .difference(closed)
+        .difference(training)
+        .difference(&inference.online_cores(topo))
+}
 
 /// Places every job on `leftover` (within its confinement), cut to its cap in whole cores.
 pub fn place(topo: &Topology, leftover: &CpuSet, jobs: &[BatchJobView]) -> BatchPlan {
@@ -131,6 +148,41 @@ mod tests {
         // A cap of 0 still leaves the job one CPU.
         let plan = place(&topo, &leftover, &[view(1, None, Some(0))]);
         assert_eq!(plan[&JobId::from_seq(1)].as_ref().unwrap().cpus.len(), 1);
+    }
+
+    /// Review finding (placement): batch jobs were given the SMT sibling of an online
+    /// instance's CPU (only the instance's CPUs were taken out), so a noisy batch job shared a
+    /// core with latency-bound inference that offline instances keep off.
+    #[test]
+    fn leftover_keeps_off_training_and_online_instances_cores() {
+        use crate::policy::inference::{Instance, JobInstances};
+        let topo = node();
+        let mut inference = InferencePlan::default();
+        // One online instance on CPU 5 alone: core 5 is CPUs 5 and 21.
+        let instance = Instance {
+            cpus: set("5"),
+            mems: set("0"),
+            threads: 1,
+            batch: 1,
+        };
+        inference.online.insert(
+            JobId::from_seq(7),
+            JobInstances::from([(0, instance.clone())]),
+        );
+        // An offline instance's CPU stays open to batch jobs.
+        inference.offline.insert(
+            JobId::from_seq(8),
+            JobInstances::from([(
+                0,
+                Instance {
+                    cpus: set("6"),
+                    ..instance
+                },
+            )]),
+        );
+        let left = leftover(&topo, &set("0,16"), &set("1-2,17-18"), &inference);
+        assert_eq!(left.to_string(), "3-4,6-15,19-20,22-31");
+        assert!(!left.contains(21), "the online instance's sibling");
     }
 
     #[test]

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use crate::cpuset::CpuSet;
 use crate::job::JobId;
 use crate::policy::Plan;
+use crate::topology::Topology;
 
 // ---------------------------------------------------------------------------------------------
 // Layouts and placement
@@ -129,6 +130,20 @@ impl InferencePlan {
     /// CPUs held by online instances.
     pub fn online_cpus(&self) -> CpuSet {
         union_of(self.online.values().flat_map(|j| j.values()))
+    }
+
+    /// The cores online instances hold: their CPUs and those CPUs' SMT siblings. An online
+    /// instance's cores are its own (Cloud Reamer §III-A: predictable latency), so no other
+    /// lodger, offline instance or batch job, runs on a sibling beside it.
+    pub fn online_cores(&self, topo: &Topology) -> CpuSet {
+        let cpus = self.online_cpus();
+        let mut cores = cpus.clone();
+        for cpu in &cpus {
+            if let Some(siblings) = topo.siblings(cpu) {
+                cores.extend(siblings.iter());
+            }
+        }
+        cores
     }
 
     /// CPUs used by offline instances.
