@@ -83,6 +83,7 @@ impl Inference {
                     &self.runner,
                     observations.jobs.get(id),
                     self.probe_window,
+                    now.saturating_duration_since(run.since),
                 );
                 let overdue = now.duration_since(run.since) > self.probe_window * 3;
                 if measured.is_none() && !overdue {
@@ -158,7 +159,8 @@ impl Inference {
 /// only once the probe is ready: the latency the job's requests see, from all the batches the
 /// window holds), IPC and cache misses
 /// from the sensor. `None` until every instance of the probed layout has run for most of a
-/// window.
+/// window, and until the probe has been in force for a whole window (`age`), so that the
+/// window holds nothing measured under the layout before it ([`probe_ready`]).
 ///
 /// Pooled, not the worst instance's own p99: with many instances each holding a few dozen
 /// batches, the worst of their p99s is near the largest of all the batches, well above the
@@ -171,16 +173,10 @@ fn probe_result(
     runner: &Instances,
     sensed: Option<&crate::sense::JobMetrics>,
     window: Duration,
+    age: Duration,
 ) -> Option<ProbeResult> {
     let mine: Vec<&InstanceStats> = stats.iter().filter(|s| s.job == *id).collect();
-    let ready = u32::try_from(mine.len()).unwrap_or(0) == probe.instances
-        && mine.iter().all(|s| {
-            matches!(s.state, InstanceState::Running)
-                && s.threads == probe.cores_per_instance
-                && s.batch == probe.batch
-                && s.span * 5 >= window * 4
-        });
-    if !ready || probe.instances == 0 {
+    if !probe_ready(probe, &mine, age, window) {
         return None;
     }
     let pooled = runner.pooled_latency(id)?;
@@ -193,4 +189,96 @@ fn probe_result(
         latency_samples: u32::try_from(pooled.batches).unwrap_or(u32::MAX),
         p50_latency_ms: Some(pooled.p50_ms),
     })
+}
+
+/// Whether `mine` (the job's instances) measure `probe`, which has been in force for `age`:
+/// exactly its instances, each running its threads and batch for most of a window, and the
+/// probe for a whole window. The last matters when a probe runs fewer instances of the same
+/// size and batch: the instances it keeps run on, their windows filled under the previous
+/// layout with more instances beside them, and would be taken as this probe's measurement as
+/// soon as the others are gone.
+fn probe_ready(
+    probe: LayoutConfig,
+    mine: &[&InstanceStats],
+    age: Duration,
+    window: Duration,
+) -> bool {
+    probe.instances > 0
+        && age >= window
+        && u32::try_from(mine.len()).unwrap_or(0) == probe.instances
+        && mine.iter().all(|s| {
+            matches!(s.state, InstanceState::Running)
+                && s.threads == probe.cores_per_instance
+                && s.batch == probe.batch
+                && s.span * 5 >= window * 4
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const WINDOW: Duration = Duration::from_secs(10);
+
+    /// A running instance of job 1 with `threads` threads and batch 8, whose window is full.
+    fn inst(index: u32, threads: u32) -> InstanceStats {
+        InstanceStats {
+            job: JobId::from_seq(1),
+            index,
+            pid: Some(1000 + index),
+            cpus: (index * threads..(index + 1) * threads).collect(),
+            threads,
+            batch: 8,
+            cgroup: None,
+            unit: None,
+            state: InstanceState::Running,
+            restarts: 0,
+            failures: 0,
+            backoff: Duration::ZERO,
+            last_exit: None,
+            memory_max: None,
+            oom_kills: 0,
+            last_error: None,
+            uptime: WINDOW * 6,
+            span: WINDOW,
+            items_per_s: 100.0,
+            latency_p50_ms: Some(10.0),
+            latency_p99_ms: Some(20.0),
+            latency_samples: 50,
+            queue_p99_ms: None,
+            items_total: 5000,
+            reports_total: 500,
+            bad_reports: 0,
+        }
+    }
+
+    fn layout(cores_per_instance: u32, instances: u32) -> LayoutConfig {
+        LayoutConfig {
+            cores_per_instance,
+            instances,
+            batch: 8,
+        }
+    }
+
+    /// Review finding (placement): a probe of fewer instances of the same size and batch kept
+    /// the first ones running, their windows full of what they served beside the others, and
+    /// was judged on that as soon as the others were reaped, a tick or two into the probe.
+    #[test]
+    fn a_probe_is_measured_only_once_it_filled_a_window() {
+        let stats = [inst(0, 2), inst(1, 2)];
+        let mine: Vec<&InstanceStats> = stats.iter().collect();
+        // 4 → 2 instances of 2 CPUs: the two kept ones look measured at once.
+        let probe = layout(2, 2);
+        assert!(!probe_ready(probe, &mine, Duration::from_secs(1), WINDOW));
+        assert!(!probe_ready(probe, &mine, WINDOW * 4 / 5, WINDOW));
+        assert!(probe_ready(probe, &mine, WINDOW, WINDOW));
+        // Other instances than the probe's, or one still young: not yet, however long.
+        assert!(!probe_ready(layout(2, 3), &mine, WINDOW * 2, WINDOW));
+        assert!(!probe_ready(layout(1, 2), &mine, WINDOW * 2, WINDOW));
+        let mut young = [inst(0, 2), inst(1, 2)];
+        young[1].span = WINDOW / 2;
+        let young: Vec<&InstanceStats> = young.iter().collect();
+        assert!(!probe_ready(probe, &young, WINDOW * 2, WINDOW));
+        assert!(!probe_ready(layout(2, 0), &[], WINDOW * 2, WINDOW));
+    }
 }
