@@ -1,7 +1,8 @@
 //! Issue 17, a restart never interrupts inference, as root on a private bus: lodgerd killed
 //! (SIGKILL) or stopped (SIGTERM, what `systemctl stop` sends) leaves its inference instances
 //! running; the next lodgerd adopts them (the same processes, nothing restarted) and hears their
-//! reports again through their FIFOs; `lodgerctl drain` undoes everything on purpose.
+//! reports again through their FIFOs; `lodgerctl drain` undoes everything on purpose. A second
+//! lodgerd on the same state directory stops at start, before it touches anything.
 
 mod common;
 
@@ -112,4 +113,98 @@ fn instances_outlive_lodgerd_are_adopted_and_drain_undoes_everything() {
         kill_marked(&d.parent).is_empty(),
         "a marked process outlived the drain"
     );
+}
+
+/// Runs another lodgerd (`--sim`: it changes nothing on the node) with `config` on `d`'s bus
+/// until it exits, killed when the test fails meanwhile: its exit code and what it logged.
+fn second_lodgerd(d: &Daemon, config: &std::path::Path) -> (Option<i32>, String) {
+    let log = d.dir.join("second-lodgerd.log");
+    let child = std::process::Command::new(bin("lodgerd"))
+        .arg("--config")
+        .arg(config)
+        .arg("--sim")
+        .env("DBUS_SYSTEM_BUS_ADDRESS", &d.bus_address)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("its log"))
+        .spawn()
+        .expect("spawn a second lodgerd");
+    let mut second = Workload::adopt(child);
+    let mut status = None;
+    wait_until_explained(
+        WAIT,
+        "the second lodgerd to exit",
+        || {
+            status = second.child.try_wait().expect("wait");
+            status.is_some()
+        },
+        || std::fs::read_to_string(&log).unwrap_or_default(),
+    );
+    (
+        status.and_then(|s| s.code()),
+        std::fs::read_to_string(&log).expect("its log"),
+    )
+}
+
+/// A second lodgerd on a running one's state directory (started by hand beside the service, or
+/// `--sim` to try a setting out) exits at once with why, having read nothing. It used to
+/// re-adopt the running one's jobs and tick, then wait in the bus's queue for the name, its
+/// agent running on the same jobs as the first one's.
+#[test]
+fn a_second_lodgerd_on_the_same_state_dir_stops_before_touching_anything() {
+    if !need_root("a_second_lodgerd_on_the_same_state_dir_stops_before_touching_anything") {
+        return;
+    }
+    let bus = PrivateBus::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = Daemon::start(&bus, dir.path(), DaemonOptions::default());
+    let w = Workload::light();
+    let id = d.register_pid(w.pid(), 1);
+    let cpus = d.job(&id)["cpus"].as_str().expect("cpus").to_string();
+
+    let (code, err) = second_lodgerd(&d, &d.config);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains(&format!(
+            "another lodgerd (pid {}) is running on the state directory",
+            d.pid()
+        )),
+        "{err}"
+    );
+    assert!(
+        !err.contains("re-adopted") && !err.contains("read state"),
+        "it read the running lodgerd's jobs: {err}"
+    );
+    // The running lodgerd and its job are as they were.
+    let job = d.job(&id);
+    assert_eq!(job["state"], "running");
+    assert_eq!(job["cpus"].as_str(), Some(cpus.as_str()));
+    assert!(all_rr_on(w.pid(), 10, &cpus), "the job's threads left RR");
+}
+
+/// A second lodgerd on a bus where org.lodger1 is owned (another state directory) fails to
+/// start, saying so, and the first one keeps the name. It used to take a place in the bus's
+/// queue for the name, report itself started and wait, serving nothing.
+#[test]
+fn a_second_lodgerd_on_the_same_bus_fails_to_start() {
+    if !need_root("a_second_lodgerd_on_the_same_bus_fails_to_start") {
+        return;
+    }
+    let bus = PrivateBus::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = Daemon::start(&bus, dir.path(), DaemonOptions::default());
+    let state = dir.path().join("state").display().to_string();
+    let config = dir.path().join("second.toml");
+    let text = std::fs::read_to_string(&d.config).expect("config");
+    assert!(text.contains(&state), "{text}");
+    std::fs::write(&config, text.replace(&state, &format!("{state}-second"))).expect("config");
+
+    let (code, err) = second_lodgerd(&d, &config);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("cannot serve org.lodger1") && err.contains("name already taken"),
+        "{err}"
+    );
+    // The first one still answers.
+    let status = d.ctl_json(&["status"]);
+    assert_eq!(status["jobs"].as_u64(), Some(0), "{status}");
 }

@@ -15,6 +15,7 @@ use std::sync::{Arc, RwLock};
 
 use tokio::sync::broadcast::error::RecvError;
 use tracing::{debug, warn};
+use zbus::fdo::{RequestNameFlags, RequestNameReply};
 use zbus::message::Header;
 use zbus::object_server::SignalEmitter;
 use zbus::zvariant::{ObjectPath, OwnedObjectPath, OwnedValue, Value};
@@ -510,11 +511,17 @@ pub async fn serve(
     };
     // Subscribe before exporting so no event between the two is lost.
     let events = agent.subscribe();
-    let conn = builder
-        .serve_at(MANAGER_PATH, manager)?
-        .name(BUS_NAME)?
-        .build()
-        .await?;
+    let conn = builder.serve_at(MANAGER_PATH, manager)?.build().await?;
+    // Not the builder's `name`: it asks without DoNotQueue (zbus 5.19, whatever its docs say)
+    // and takes a place in the queue for success, so a second lodgerd said READY and waited,
+    // serving nothing, to take over the name when the first one stopped.
+    match conn
+        .request_name_with_flags(BUS_NAME, RequestNameFlags::DoNotQueue.into())
+        .await?
+    {
+        RequestNameReply::PrimaryOwner | RequestNameReply::AlreadyOwner => {}
+        RequestNameReply::Exists | RequestNameReply::InQueue => return Err(zbus::Error::NameTaken),
+    }
     if let Ok(jobs) = agent.list().await {
         for job in jobs {
             add_job_object(&conn, &agent, &job.id, &sched).await;

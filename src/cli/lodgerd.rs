@@ -24,7 +24,8 @@ pub struct Cli {
 const AFTER_HELP: &str = "\
 Exit status:
   0  stopped by SIGTERM or SIGINT, or --check-config found the configuration valid
-  1  could not start: enforcement unavailable, the state file unreadable, the bus name taken
+  1  could not start: enforcement unavailable, the state file unreadable, another lodgerd
+     running on the same state directory, the bus name taken
   2  the configuration or the node's topology is invalid
 
 Environment:
@@ -33,4 +34,5 @@ Environment:
 
 Files:
   /etc/lodger/lodger.toml  the configuration
-  /var/lib/lodger/         the state (registered jobs and what was changed for them)";
+  /var/lib/lodger/         the state (registered jobs and what was changed for them); its
+                           lodgerd.lock keeps a second lodgerd off it (agent.state_dir)";

@@ -2,13 +2,15 @@
 //! settings of enforce, sense, policy, agent and api, starts the agent and the sensing thread and
 //! serves `org.lodger1` (and the metrics endpoint) until SIGTERM/SIGINT. The one room that may
 //! import every other; `config` stays below it and knows nothing of the types it is wired into.
-//! Rooms: `settings` (the config's sections turned into each room's settings), `watchdog`
-//! (systemd's watchdog pings, while the agent loop makes progress).
+//! Rooms: `lock` (one lodgerd per state directory), `settings` (the config's sections turned
+//! into each room's settings), `watchdog` (systemd's watchdog pings, while the agent loop makes
+//! progress).
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use tracing::{error, info, warn};
 
+mod lock;
 mod settings;
 mod watchdog;
 
@@ -306,6 +308,17 @@ pub fn run(prepared: Prepared, sim: bool) -> ExitCode {
     for w in warnings {
         warn!("{w}");
     }
+    // Before anything touches the node: a second lodgerd (started by hand beside the service,
+    // or `--sim` on the same state directory) would otherwise re-adopt the first one's jobs,
+    // undo what it takes for an interrupted registration and run its loop on them beside the
+    // first one's, then find the bus name taken.
+    let _lock = match lock::lock_state_dir(&config.agent.state_dir) {
+        Ok(l) => l,
+        Err(e) => {
+            error!("{e}");
+            return ExitCode::from(1);
+        }
+    };
     pin_self(&reserved);
 
     let mut runner = None;
