@@ -3,8 +3,8 @@
 //! serves `org.lodger1` (and the metrics endpoint) until SIGTERM/SIGINT. The one room that may
 //! import every other; `config` stays below it and knows nothing of the types it is wired into.
 //! Rooms: `lock` (one lodgerd per state directory), `settings` (the config's sections turned
-//! into each room's settings), `watchdog` (systemd's watchdog pings, while the agent loop makes
-//! progress).
+//! into each room's settings), `signals` (SIGTERM/SIGINT/SIGHUP, listened to from before READY
+//! to the end), `watchdog` (systemd's watchdog pings, while the agent loop makes progress).
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -12,12 +12,14 @@ use tracing::{error, info, warn};
 
 mod lock;
 mod settings;
+mod signals;
 mod watchdog;
 
 use self::settings::{
     agent_settings_on, batch_settings, enforce_settings, instance_settings, sampler_settings,
     Enforceable,
 };
+use self::signals::{Signal, Signals};
 
 use crate::agent::{Agent, AgentHandle, Enforce, LiveSettings, MbaTarget, NetworkReload};
 use crate::api::{self, Authority, Bus};
@@ -461,6 +463,9 @@ fn serve(
     let auth = Authority::new(config.api.group.clone());
     let sched = api::spec::SchedLabels::new(&config.training).with_batch(&config.batch);
     rt.block_on(async {
+        // Installed before READY and listened to until the end: a SIGHUP as soon as systemd
+        // allows one, or a SIGTERM during a reload, is not lost.
+        let mut signals = Signals::new();
         let conn = match api::serve(bus, handle.clone(), auth.clone(), sched).await {
             Ok(c) => c,
             Err(e) => {
@@ -501,7 +506,7 @@ fn serve(
             tokio::spawn(watchdog::run(handle.clone(), period));
         }
         let mut running = config.clone();
-        while wait_for_signal().await == Signal::Reload {
+        while signals.next().await == Signal::Reload {
             notify(&[sd_notify::NotifyState::Reloading]);
             running = reload(&running, handle, &auth, classifier.as_ref(), enforceable).await;
             notify(&[sd_notify::NotifyState::Ready]);
@@ -517,33 +522,6 @@ fn serve(
 fn notify(state: &[sd_notify::NotifyState]) {
     if let Err(e) = sd_notify::notify(state) {
         warn!("cannot notify systemd: {e}");
-    }
-}
-
-/// What a signal asks of lodgerd.
-#[derive(Debug, PartialEq, Eq)]
-enum Signal {
-    /// SIGTERM, SIGINT.
-    Stop,
-    /// SIGHUP (`systemctl reload lodgerd`).
-    Reload,
-}
-
-async fn wait_for_signal() -> Signal {
-    use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int), Ok(mut hup)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::hangup()),
-    ) else {
-        // Without signal handlers the default action (exit) still stops lodgerd.
-        std::future::pending::<()>().await;
-        return Signal::Stop;
-    };
-    tokio::select! {
-        _ = term.recv() => Signal::Stop,
-        _ = int.recv() => Signal::Stop,
-        _ = hup.recv() => Signal::Reload,
     }
 }
 
