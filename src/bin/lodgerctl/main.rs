@@ -51,14 +51,18 @@ macro_rules! outln {
 }
 
 mod release;
+mod render;
 mod slurm;
 mod top;
+
+use render::{dict_to_json, get, render_table, show_value};
 
 fn from_zbus(action: &str, e: zbus::Error) -> Failure {
     match e {
         zbus::Error::MethodError(name, msg, _) => {
             let short = name.as_str().rsplit('.').next().unwrap_or("").to_string();
-            let text = msg.unwrap_or(short.clone());
+            // lodgerd's message may name what a caller chose (a path, a command): shown safe.
+            let text = render::printable(&msg.unwrap_or(short.clone()));
             if name.as_str().starts_with("org.lodger1.Error.") {
                 Failure {
                     code: 1,
@@ -108,56 +112,6 @@ async fn connect(session: bool) -> Result<ManagerProxy<'static>, Failure> {
         .map_err(|e| from_zbus("connecting to lodgerd", e))
 }
 
-/// Renders an `a{sv}` value for people: strings bare, lists comma-separated.
-fn show_value(v: &Value<'_>) -> String {
-    match v {
-        Value::F64(x) => format!("{x:.2}"),
-        Value::Str(s) => s.to_string(),
-        Value::Array(a) => a.iter().map(show_value).collect::<Vec<_>>().join(","),
-        Value::Bool(b) => if *b { "yes" } else { "no" }.to_string(),
-        Value::U32(n) => n.to_string(),
-        Value::I32(n) => n.to_string(),
-        Value::U64(n) => n.to_string(),
-        Value::I64(n) => n.to_string(),
-        Value::Value(inner) => show_value(inner),
-        other => other.to_string(),
-    }
-}
-
-fn to_json(v: &Value<'_>) -> serde_json::Value {
-    match v {
-        Value::F64(x) => serde_json::Number::from_f64(*x)
-            .map(serde_json::Value::Number)
-            .unwrap_or(serde_json::Value::Null),
-        Value::Dict(d) => {
-            serde_json::Value::Object(d.iter().map(|(k, v)| (show_value(k), to_json(v))).collect())
-        }
-        Value::Str(s) => serde_json::Value::from(s.as_str()),
-        Value::Array(a) => serde_json::Value::Array(a.iter().map(to_json).collect()),
-        Value::Bool(b) => serde_json::Value::from(*b),
-        Value::U32(n) => serde_json::Value::from(*n),
-        Value::I32(n) => serde_json::Value::from(*n),
-        Value::U64(n) => serde_json::Value::from(*n),
-        Value::I64(n) => serde_json::Value::from(*n),
-        Value::Value(inner) => to_json(inner),
-        other => serde_json::Value::from(other.to_string()),
-    }
-}
-
-fn dict_to_json(d: &HashMap<String, OwnedValue>) -> serde_json::Value {
-    serde_json::Value::Object(d.iter().map(|(k, v)| (k.clone(), to_json(v))).collect())
-}
-
-fn get(d: &HashMap<String, OwnedValue>, k: &str) -> String {
-    match (k, d.get(k).map(|v| &**v)) {
-        // A command reads as the shell line it is.
-        ("command", Some(Value::Array(a))) => {
-            a.iter().map(show_value).collect::<Vec<_>>().join(" ")
-        }
-        (_, v) => v.map(show_value).unwrap_or_default(),
-    }
-}
-
 /// Prints the array of dictionaries under `key` of `d` as a table with these (header, field)
 /// columns, after a blank line; nothing when the key is absent.
 fn print_dict_table(
@@ -195,32 +149,6 @@ fn print_dict_table(
 fn print_table(header: &[&str], rows: &[Vec<String>]) -> Result<(), Failure> {
     out!("{}", render_table(header, rows));
     Ok(())
-}
-
-/// Rows as aligned columns, one line each, the header first.
-fn render_table(header: &[&str], rows: &[Vec<String>]) -> String {
-    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
-    for row in rows {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.chars().count());
-        }
-    }
-    let line = |cells: Vec<String>| {
-        let mut out = String::new();
-        for (i, (cell, w)) in cells.iter().zip(&widths).enumerate() {
-            if i + 1 == cells.len() {
-                out.push_str(cell);
-            } else {
-                out.push_str(&format!("{cell:<w$}  "));
-            }
-        }
-        format!("{}\n", out.trim_end())
-    };
-    let mut text = line(header.iter().map(|h| h.to_string()).collect());
-    for row in rows {
-        text.push_str(&line(row.clone()));
-    }
-    text
 }
 
 async fn run(cli: Cli) -> Result<(), Failure> {

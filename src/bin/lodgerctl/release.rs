@@ -83,8 +83,8 @@ pub(crate) async fn unregister_all(
             Err(zbus::Error::MethodError(name, msg, _))
                 if name.as_str() == "org.lodger1.Error.AccessDenied" =>
             {
-                done.skipped
-                    .push((id, msg.unwrap_or_else(|| "access denied".into())));
+                let why = msg.unwrap_or_else(|| "access denied".into());
+                done.skipped.push((id, crate::render::printable(&why)));
             }
             Err(e) => done.failed.push(from_zbus(&format!("unregister {id}"), e)),
         }

@@ -4,7 +4,8 @@ use std::collections::HashMap;
 
 use zbus::zvariant::{OwnedValue, Value};
 
-use super::{dict_to_json, from_zbus, get, render_table, show_value, to_json, Failure};
+use super::{from_zbus, Failure};
+use crate::render::{dict_to_json, get, render_table, show_value, to_json};
 use lodger::api::proxy::ManagerProxy;
 use lodger::cli::lodgerctl::TopArgs;
 
