@@ -10,7 +10,7 @@
 //! a sweep can never interleave.
 //!
 //! A small core (the registry of jobs, the store, the loop: `registry`, `run`) and one controller
-//! per concern, each owning its state and stepped once a tick through a [`TickCx`] that lends it
+//! per concern, each owning its state and stepped once a tick through a `TickCx` that lends it
 //! the jobs, the observations, the topology and an event buffer: `training`, `rightsize`,
 //! `contention`, `inference` (with `layout`), `network`. What one concern hands another
 //! (contention's throttles, the instances' processes) is passed as a value by `run::tick`.

@@ -3,7 +3,7 @@
 //! process events (`sys::procevents`) instead of listing every job's threads every tick; keeps
 //! a slow full sweep ([`FULL_SWEEP_EVERY`]) as the safety net. Touches the events socket, the
 //! job cgroups' `cgroup.procs` (through the hierarchy it is handed), the processes'
-//! `/proc/PID/task` (listed or counted, [`Quiet::threads`]) and, with thread roles, the latency
+//! `/proc/PID/task` (listed or counted, `Quiet::threads`) and, with thread roles, the latency
 //! threads' schedstat (through `roles`).
 //!
 //! A job is swept in full when any of these holds, and skipped otherwise (its last outcome
@@ -21,7 +21,7 @@
 //!   is read;
 //! - its safety-net sweep is due: what no event reports (an owner who set a thread back to
 //!   SCHED_OTHER, changed its affinity) is put right within [`FULL_SWEEP_EVERY`]. Each job has
-//!   one of [`SWEEP_SLOTS`] slots of that period ([`next_sweep`]), the least used when it was
+//!   one of [`SWEEP_SLOTS`] slots of that period (`next_sweep`), the least used when it was
 //!   first swept, and is due at its slot's first instant after its last sweep. Jobs swept
 //!   together (lodgerd starting, events lost, many registered at once) were otherwise swept
 //!   together every period after: one tick listing every thread of every job while commands
@@ -31,7 +31,7 @@
 //! Slurm jobs are always swept: their processes are found in cgroups lodger does not own and
 //! pinned by affinity (`slurm_jobs`).
 //!
-//! A sweep need not list a process's threads again ([`Quiet::threads`]): the last listing
+//! A sweep need not list a process's threads again (`Quiet::threads`): the last listing
 //! stands while no event touched the process since (a new thread is a fork, which is
 //! reported) and the kernel counts as many threads as it listed (a thread's end is not
 //! reported, but lowers the count). Listing `/proc/PID/task` was most of the safety net's

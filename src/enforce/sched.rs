@@ -205,7 +205,7 @@ fn set_policy(tid: u32, policy: i32, priority: i32) -> Result<(), Errno> {
     Ok(())
 }
 
-/// What [`ensure_rr`] found.
+/// What [`needs_rr`] or [`set_rr`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RrState {
     /// Already SCHED_RR at the priority: nothing written.

@@ -162,7 +162,7 @@ fn valid_cgroup_path(path: &str) -> bool {
 
 /// An absolute `path` with doubled and trailing `/` dropped: how a caller's cgroup is recorded
 /// and checked (`//a/b/` is `/a/b`). What else is wrong with it
-/// ([`valid_cgroup_path`]) is left for validation to say.
+/// (`valid_cgroup_path`) is left for validation to say.
 pub fn canonical_cgroup_path(path: &str) -> String {
     if !path.starts_with('/') {
         return path.to_string();

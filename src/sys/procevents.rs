@@ -1,6 +1,6 @@
 //! The kernel's process events: the netlink proc connector (`linux/cn_proc.h`), which reports
 //! every fork (a new process or a new thread), exec and exit on the node. Read without blocking,
-//! as the processes they touch. A socket filter ([`filter`]) lets only forks, execs and the exits
+//! as the processes they touch. A socket filter (`filter`) lets only forks, execs and the exits
 //! of whole processes through: a thread's exit, a rename and the rest wake nobody. Touches one
 //! netlink socket and nothing else.
 //!
@@ -140,7 +140,7 @@ impl ProcEvents {
     /// sides of a fork (a new thread's process, a new process and its parent), an exec, a
     /// process's exit. Never blocks.
     ///
-    /// Up to [`BATCH`] datagrams a syscall (`recvmmsg`): every process event on the node that
+    /// Up to `BATCH` (64) datagrams a syscall (`recvmmsg`): every process event on the node that
     /// passes the filter is one datagram, and on a node running builds or short-lived jobs a
     /// `recv` each was most of an idle lodgerd's agent thread (issue 21).
     pub fn drain(&mut self, mut touched: impl FnMut(u32)) -> io::Result<Drained> {

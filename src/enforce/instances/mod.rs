@@ -19,7 +19,7 @@
 //!   subtree rather than lodgerd's cgroup, so a stop of lodgerd's cgroup leaves it running.
 //!
 //! Where systemd is PID 1 no instance is forked: systemd starts each as a transient unit in
-//! `lodger-instances.slice` ([`unit`], docs/security.md), as its owner, placed by CPU affinity and
+//! `lodger-instances.slice` ([`unit`](mod@unit), docs/security.md), as its owner, placed by CPU affinity and
 //! followed through a pidfd; stopping lodgerd's own unit leaves it running.
 //!
 //! Instances outlive lodgerd (issue 17: a restart, an upgrade or a crash is no outage): no death
@@ -38,7 +38,7 @@
 //! Rooms: [`template`] (command templates and finding the program), [`report`] (the report
 //! protocol and per-window rates), `supervisor` (the slots and [`Instances`]' reconcile and
 //! poll), `stop` (stopping, the start-up sweep, `Drop`), `host` (cgroups and signals),
-//! `spawn` (fork/exec and the child's setup), `identity` (the owner it runs as), [`unit`] (transient units of systemd), [`error`]. May touch `sys/`,
+//! `spawn` (fork/exec and the child's setup), `identity` (the owner it runs as), [`unit`](mod@unit) (transient units of systemd), [`error`]. May touch `sys/`,
 //! `enforce::{cpusets, sched, procs}`; nothing above enforce.
 
 mod adopt;

@@ -13,8 +13,8 @@ pub enum Mode {
     /// Decide and have the enforcer apply.
     #[default]
     Enforce,
-    /// Decide and report what would be done ([`ThrottleAction::advisory`]), apply nothing:
-    /// [`ContentionEliminator::throttles`] stays empty.
+    /// Decide and report what would be done ([`ThrottleAction::advisory`](super::ThrottleAction::advisory)), apply nothing:
+    /// [`ContentionEliminator::throttles`](super::ContentionEliminator::throttles) stays empty.
     Advise,
 }
 

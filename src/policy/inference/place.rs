@@ -13,7 +13,7 @@ use crate::policy::cores::{pick_in_node, Lean};
 use crate::topology::Topology;
 
 /// Places every inference instance. `training` is the union of the training jobs' cpusets
-/// ([`training_cpus`]); `previous` is the last plan (the empty plan at start).
+/// ([`training_cpus`](super::training_cpus)); `previous` is the last plan (the empty plan at start).
 ///
 /// Online jobs (Cloud Reamer §III-A: online inference on the idle cores, for predictable
 /// latency):

@@ -53,7 +53,7 @@ impl fmt::Display for LayoutConfig {
 #[derive(Debug, Clone)]
 pub struct OnlineJobView {
     pub id: JobId,
-    /// The layout chosen for it (by [`LayoutSearch`], a cached outcome, or the job's spec).
+    /// The layout chosen for it (by [`LayoutSearch`](super::LayoutSearch), a cached outcome, or the job's spec).
     pub layout: LayoutConfig,
 }
 

@@ -18,12 +18,12 @@ pub const DEFAULT_WINDOW: Duration = Duration::from_secs(60);
 /// count down to `tolerance + 1` candidates and keeps the largest (the one known to be enough).
 pub const DEFAULT_TOLERANCE: u32 = 1;
 
-/// How a [`Tuner`] searches.
+/// How a [`Tuner`](super::Tuner) searches.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TunerSettings {
-    /// The count the job runs at from the start ([`start_cores`]).
+    /// The count the job runs at from the start ([`start_cores`](super::start_cores)).
     pub start: u32,
-    /// Never fewer ([`default_floor`]).
+    /// Never fewer ([`default_floor`](super::default_floor)).
     pub floor: u32,
     /// Never more: the CPUs the job could get.
     pub max: u32,
@@ -41,7 +41,7 @@ pub struct TunerSettings {
     pub min_change: f64,
     /// `start` is the owner's history (SODA §V-B-1: the largest count the owner's earlier jobs
     /// of the category settled on), not a category default or the requested count: the search
-    /// then tries fewer cores first, else more (see [`Tuner`]). Absent from older state files:
+    /// then tries fewer cores first, else more (see [`Tuner`](super::Tuner)). Absent from older state files:
     /// false.
     #[serde(default)]
     pub from_history: bool,
@@ -75,8 +75,8 @@ impl TunerSettings {
     }
 }
 
-/// What the caller should do after a [`Tuner::step`]. In every case the job's count should be
-/// [`Tuner::cores`] afterwards; the action says why.
+/// What the caller should do after a [`Tuner::step`](super::Tuner::step). In every case the job's count should be
+/// [`Tuner::cores`](super::Tuner::cores) afterwards; the action says why.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum TunerAction {
@@ -103,7 +103,7 @@ impl fmt::Display for TunerAction {
     }
 }
 
-/// Why a [`Tuner`] is not measuring.
+/// Why a [`Tuner`](super::Tuner) is not measuring.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum HoldReason {

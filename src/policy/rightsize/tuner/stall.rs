@@ -40,7 +40,7 @@ impl Tuner {
         TunerAction::Hold(HoldReason::NoSamples)
     }
 
-    /// Whether the search waits for samples that stopped coming (see [`Tuner::stall`]): it
+    /// Whether the search waits for samples that stopped coming (see `Tuner::stall`): it
     /// measures nothing until they come back, so it does not own the job's count meanwhile.
     pub fn stalled(&self) -> bool {
         matches!(self.phase, Phase::Throttled { stalled: true, .. })
