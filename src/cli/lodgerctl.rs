@@ -212,7 +212,7 @@ pub struct InferenceArgs {
     #[arg(long = "env", value_name = "NAME=VALUE")]
     pub env: Vec<String>,
     /// Append the instances' stdout and stderr to FILE, opened as the job's owner (default:
-    /// where lodgerd's [inference] output setting sends them).
+    /// lodgerd's own stderr, the journal under systemd).
     #[arg(long, value_name = "FILE")]
     pub output: Option<std::path::PathBuf>,
     #[command(flatten)]
