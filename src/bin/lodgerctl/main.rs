@@ -370,7 +370,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                     ]);
                 }
                 for (label, key) in keys {
-                    let v = get(&d, key);
+                    let v = render::shown_field(&d, key);
                     if matches!(
                         key,
                         "last_error" | "slo_ms" | "rate_per_s" | "latency_p99_ms"

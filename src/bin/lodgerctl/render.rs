@@ -79,6 +79,22 @@ pub(crate) fn get(d: &HashMap<String, OwnedValue>, k: &str) -> String {
     }
 }
 
+/// A job's field as `lodgerctl show` prints it: as [`get`] renders it, but a `cores` of 0 says
+/// what it means (a batch job without --cores: every leftover CPU; a Slurm training job: all of
+/// its Slurm cpuset) rather than "0", and an empty CPU or GPU list is "-" as in `status`.
+pub(crate) fn shown_field(d: &HashMap<String, OwnedValue>, key: &str) -> String {
+    let v = get(d, key);
+    match key {
+        "cores" if v == "0" => match get(d, "kind").as_str() {
+            "batch" => "no cap (every leftover CPU)".into(),
+            _ if d.contains_key("slurm_job") => "all of its Slurm cpuset".into(),
+            _ => v,
+        },
+        "cpus" | "gpus" | "mems" if v.is_empty() => "-".into(),
+        _ => v,
+    }
+}
+
 /// Rows as aligned columns, one line each, the header first.
 pub(crate) fn render_table(header: &[&str], rows: &[Vec<String>]) -> String {
     let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
@@ -108,6 +124,44 @@ pub(crate) fn render_table(header: &[&str], rows: &[Vec<String>]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn job(fields: &[(&str, Value<'static>)]) -> HashMap<String, OwnedValue> {
+        fields
+            .iter()
+            .map(|(k, v)| {
+                (
+                    k.to_string(),
+                    OwnedValue::try_from(v.clone()).expect("owned"),
+                )
+            })
+            .collect()
+    }
+
+    /// A batch job registered without --cores showed "Most cores: 0", as if it might use none;
+    /// a job with no GPU an empty "GPUs:".
+    #[test]
+    fn show_says_what_a_zero_or_empty_field_means() {
+        let batch = job(&[("kind", Value::from("batch")), ("cores", Value::from(0u32))]);
+        assert_eq!(shown_field(&batch, "cores"), "no cap (every leftover CPU)");
+        let capped = job(&[("kind", Value::from("batch")), ("cores", Value::from(4u32))]);
+        assert_eq!(shown_field(&capped, "cores"), "4");
+        let slurm = job(&[
+            ("kind", Value::from("training")),
+            ("cores", Value::from(0u32)),
+            ("slurm_job", Value::from(42u64)),
+        ]);
+        assert_eq!(shown_field(&slurm, "cores"), "all of its Slurm cpuset");
+        let training = job(&[
+            ("kind", Value::from("training")),
+            ("cores", Value::from(8u32)),
+            ("gpus", Value::from(Vec::<u32>::new())),
+            ("cpus", Value::from("2-9")),
+        ]);
+        assert_eq!(shown_field(&training, "cores"), "8");
+        assert_eq!(shown_field(&training, "gpus"), "-");
+        assert_eq!(shown_field(&training, "cpus"), "2-9");
+        assert_eq!(shown_field(&training, "last_error"), "");
+    }
 
     /// A string lodgerd answers is shown with its control characters escaped: an escape
     /// sequence in another user's command or cgroup path reached the terminal of whoever ran
