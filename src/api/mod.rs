@@ -491,6 +491,37 @@ async fn add_job_object(conn: &Connection, agent: &AgentHandle, id: &JobId, sche
     }
 }
 
+/// How long [`own_name`] waits for `org.lodger1` held by another connection.
+const NAME_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+/// How often it asks again meanwhile.
+const NAME_RETRY: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Takes `org.lodger1`, or fails with `NameTaken` when another connection keeps it for
+/// [`NAME_WAIT`]. Not the connection builder's `name`: it asks without DoNotQueue (zbus 5.19,
+/// whatever its docs say) and takes a place in the queue for success, so a second lodgerd said
+/// READY and waited, serving nothing, to take over the name when the first one stopped. Asked
+/// again for a while because a lodgerd started as soon as its predecessor died finds the name
+/// held until the bus daemon has seen the old connection close.
+async fn own_name(conn: &Connection) -> zbus::Result<()> {
+    let deadline = std::time::Instant::now() + NAME_WAIT;
+    loop {
+        match conn
+            .request_name_with_flags(BUS_NAME, RequestNameFlags::DoNotQueue.into())
+            .await
+        {
+            Ok(RequestNameReply::PrimaryOwner | RequestNameReply::AlreadyOwner) => return Ok(()),
+            Ok(RequestNameReply::Exists | RequestNameReply::InQueue)
+            | Err(zbus::Error::NameTaken) => {
+                if std::time::Instant::now() >= deadline {
+                    return Err(zbus::Error::NameTaken);
+                }
+                tokio::time::sleep(NAME_RETRY).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// Connects to the bus, exports the manager and the existing jobs, owns `org.lodger1`, and starts
 /// forwarding agent events as signals. Returns once the name is owned.
 pub async fn serve(
@@ -512,16 +543,7 @@ pub async fn serve(
     // Subscribe before exporting so no event between the two is lost.
     let events = agent.subscribe();
     let conn = builder.serve_at(MANAGER_PATH, manager)?.build().await?;
-    // Not the builder's `name`: it asks without DoNotQueue (zbus 5.19, whatever its docs say)
-    // and takes a place in the queue for success, so a second lodgerd said READY and waited,
-    // serving nothing, to take over the name when the first one stopped.
-    match conn
-        .request_name_with_flags(BUS_NAME, RequestNameFlags::DoNotQueue.into())
-        .await?
-    {
-        RequestNameReply::PrimaryOwner | RequestNameReply::AlreadyOwner => {}
-        RequestNameReply::Exists | RequestNameReply::InQueue => return Err(zbus::Error::NameTaken),
-    }
+    own_name(&conn).await?;
     if let Ok(jobs) = agent.list().await {
         for job in jobs {
             add_job_object(&conn, &agent, &job.id, &sched).await;
