@@ -9,6 +9,7 @@
 //! into a fresh struct (and a `String` for the command name) per call. The crate is used where it
 //! fits (`/proc/PID/cgroup`, in `enforce::cgroup` and `enforce::rtgroup`).
 
+use std::collections::HashSet;
 use std::fs::{self, File};
 use std::io::{self, Read};
 use std::os::unix::fs::FileExt;
@@ -330,6 +331,8 @@ impl ProcessTable {
     /// Appends to `out` every descendant of the processes in `roots` that is not already in `out`
     /// (`out` may hold the roots themselves).
     pub fn descendants(&self, roots: &[u32], out: &mut Vec<u32>) {
+        // A set, not `contains` on the vectors: a job can have thousands of processes.
+        let mut seen: HashSet<u32> = out.iter().chain(roots).copied().collect();
         let mut stack: Vec<u32> = roots.to_vec();
         while let Some(p) = stack.pop() {
             let start = self.children.partition_point(|&(pp, _)| pp < p);
@@ -337,7 +340,7 @@ impl ProcessTable {
                 if pp != p {
                     break;
                 }
-                if !out.contains(&child) && !roots.contains(&child) {
+                if seen.insert(child) {
                     out.push(child);
                     stack.push(child);
                 }
