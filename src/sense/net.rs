@@ -9,13 +9,14 @@
 //! bytes from another's, and lodger's cgroup classification (`enforce::shaping`) groups all CPU
 //! jobs into one class rather than counting each.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
+use tracing::{info, warn};
 
 /// Where interfaces live under the sysfs root.
 const CLASS_NET: &str = "class/net";
@@ -109,6 +110,10 @@ impl NetSource for NetReader {
 #[derive(Debug, Clone)]
 pub struct NetReader {
     sysfs_root: PathBuf,
+    /// (interface, error) already logged as unreadable, so a veth that keeps failing while it
+    /// is torn down is logged once, not every pass. Forgotten when the interface leaves the
+    /// listing, so the set stays as small as the node's interface list.
+    unreadable: BTreeSet<(String, String)>,
 }
 
 impl NetReader {
@@ -116,17 +121,22 @@ impl NetReader {
     pub fn new(sysfs_root: impl Into<PathBuf>) -> Self {
         Self {
             sysfs_root: sysfs_root.into(),
+            unreadable: BTreeSet::new(),
         }
     }
 
-    /// Reads every interface. An interface that disappears while being read is left out.
-    pub fn sample(&self) -> Result<NetSample, NetError> {
+    /// Reads every interface. An interface that disappears while being read is left out, and so
+    /// is one whose files answer an error (a veth being torn down answers EINVAL or ENODEV):
+    /// logged once per interface and error, the other interfaces kept. A counter that is not a
+    /// number still fails the pass: the kernel does not write one, so it is a format to learn.
+    pub fn sample(&mut self) -> Result<NetSample, NetError> {
         let dir = self.sysfs_root.join(CLASS_NET);
         let entries = fs::read_dir(&dir).map_err(|source| NetError::Io {
             path: dir.clone(),
             source,
         })?;
         let mut interfaces = BTreeMap::new();
+        let mut listed = BTreeSet::new();
         for entry in entries {
             let entry = entry.map_err(|source| NetError::Io {
                 path: dir.clone(),
@@ -136,14 +146,41 @@ impl NetReader {
                 // Interface names are ASCII; anything else is not an interface we can report.
                 continue;
             };
-            if let Some(sample) = read_interface(&entry.path())? {
-                interfaces.insert(name, sample);
+            match read_interface(&entry.path()) {
+                Ok(Some(sample)) => {
+                    interfaces.insert(name.clone(), sample);
+                }
+                Ok(None) => {}
+                Err(NetError::Io { path, source }) => {
+                    if self.first_report(&name, &source) {
+                        let what = format!(
+                            "network interface left out of sensing while it cannot be read: \
+                             {}: {source}",
+                            path.display()
+                        );
+                        // A pod's veth going away is routine; a NIC that cannot be read is not.
+                        if entry.path().join(DEVICE_LINK).exists() {
+                            warn!(interface = %name, "{what}");
+                        } else {
+                            info!(interface = %name, "{what}");
+                        }
+                    }
+                }
+                Err(e) => return Err(e),
             }
+            listed.insert(name);
         }
+        self.unreadable.retain(|(name, _)| listed.contains(name));
         Ok(NetSample {
             at: Instant::now(),
             interfaces,
         })
+    }
+
+    /// Whether this error on this interface is new, and so worth a log line.
+    fn first_report(&mut self, interface: &str, error: &io::Error) -> bool {
+        self.unreadable
+            .insert((interface.to_string(), error.to_string()))
     }
 }
 
@@ -499,6 +536,42 @@ mod tests {
         write_eth(tmp.path(), "eth0", "1\n", "1\n", "1000\n");
         let s = NetReader::new(tmp.path()).sample().expect("sample");
         assert_eq!(s.interfaces.keys().collect::<Vec<_>>(), ["eth0"]);
+    }
+
+    #[test]
+    fn an_unreadable_interface_is_left_out_once_logged_and_the_others_kept() {
+        // A veth being torn down answers EINVAL on its statistics; a directory where the file
+        // should be answers EISDIR: an error other than NotFound, as the kernel's.
+        let tmp = tempfile::tempdir().expect("tempdir");
+        write_eth(tmp.path(), "eth0", "1\n", "2\n", "1000\n");
+        interface(tmp.path(), "veth9", &[(TX_BYTES, "6\n")]);
+        let broken = tmp.path().join(CLASS_NET).join("veth9").join(RX_BYTES);
+        fs::create_dir(&broken).expect("a directory as rx_bytes");
+        let mut reader = NetReader::new(tmp.path());
+        for pass in 0..2 {
+            let s = reader.sample().expect("the other interfaces are read");
+            assert_eq!(
+                s.interfaces.keys().collect::<Vec<_>>(),
+                ["eth0"],
+                "pass {pass}"
+            );
+            assert_eq!(
+                reader.unreadable.len(),
+                1,
+                "one report per interface and error"
+            );
+        }
+        let again = io::Error::from_raw_os_error(libc::EISDIR);
+        assert!(!reader.first_report("veth9", &again), "already logged");
+        let other = io::Error::from_raw_os_error(libc::ENODEV);
+        assert!(
+            reader.first_report("veth9", &other),
+            "another error is logged"
+        );
+        // Gone from the listing: forgotten, so the set does not grow with pod churn.
+        fs::remove_dir_all(tmp.path().join(CLASS_NET).join("veth9")).expect("remove veth9");
+        reader.sample().expect("sample");
+        assert!(reader.unreadable.is_empty());
     }
 
     #[test]
