@@ -145,6 +145,27 @@ pub struct SamplerSettings {
     pub cgroup_root: PathBuf,
 }
 
+/// Opens a job's counters on its processes; the refusal to log, if it is not the one logged
+/// last for this job.
+fn attach_perf(entry: &mut Tracked, perf: &mut dyn Counters) -> Option<String> {
+    let target = PerfTarget::Processes(entry.job.pids.clone());
+    match perf.attach(&entry.job.id, &target) {
+        Ok(_) => {
+            entry.perf_pids = entry.job.pids.clone();
+            entry.perf = None;
+            entry.perf_error = None;
+            None
+        }
+        Err(e) => {
+            let e = e.to_string();
+            (entry.perf_error.as_ref() != Some(&e)).then(|| {
+                entry.perf_error = Some(e.clone());
+                e
+            })
+        }
+    }
+}
+
 /// A job as the sampler tracks it.
 struct Tracked {
     job: SensedJob,
@@ -155,12 +176,31 @@ struct Tracked {
     perf: Option<PerfSample>,
     /// The pids the perf counters were opened on (inherit follows their children).
     perf_pids: Vec<u32>,
+    /// Why its counters could not be opened, as last logged: the attach is tried again at every
+    /// change of the job list, and the same refusal is not logged again.
+    perf_error: Option<String>,
     /// Its own network namespace's counters at the last pass.
     netns: Option<net::NetnsSample>,
     /// Why its traffic cannot be attributed, which process told and when ([`NETNS_RECHECK`]).
     net_verdict: Option<(u32, Instant, std::sync::Arc<str>)>,
     /// Its cgroup's memory pressure at the last pass (cgroup v2).
     memory_pressure: Option<PressureSample>,
+}
+
+impl Tracked {
+    fn new(job: SensedJob) -> Tracked {
+        Tracked {
+            job,
+            cpu: None,
+            cpu_figure: None,
+            perf: None,
+            perf_pids: Vec::new(),
+            perf_error: None,
+            netns: None,
+            net_verdict: None,
+            memory_pressure: None,
+        }
+    }
 }
 
 pub struct Sampler {
@@ -470,16 +510,10 @@ impl Sampler {
             }
         }
         for job in jobs {
-            let entry = self.jobs.entry(job.id.clone()).or_insert_with(|| Tracked {
-                job: job.clone(),
-                cpu: None,
-                cpu_figure: None,
-                perf: None,
-                perf_pids: Vec::new(),
-                netns: None,
-                net_verdict: None,
-                memory_pressure: None,
-            });
+            let entry = self
+                .jobs
+                .entry(job.id.clone())
+                .or_insert_with(|| Tracked::new(job.clone()));
             if entry.job.pids != job.pids {
                 entry.cpu_figure = None;
             }
@@ -489,15 +523,8 @@ impl Sampler {
             let still_counted = entry.perf_pids.iter().any(|p| entry.job.pids.contains(p));
             if !still_counted && !entry.job.pids.is_empty() {
                 if let Ok(p) = &mut self.perf {
-                    match p.attach(
-                        &entry.job.id,
-                        &PerfTarget::Processes(entry.job.pids.clone()),
-                    ) {
-                        Ok(_) => {
-                            entry.perf_pids = entry.job.pids.clone();
-                            entry.perf = None;
-                        }
-                        Err(e) => warn!(job = %entry.job.id, "perf counters not opened: {e}"),
+                    if let Some(e) = attach_perf(entry, p) {
+                        warn!(job = %entry.job.id, "perf counters not opened: {e}");
                     }
                 }
             }

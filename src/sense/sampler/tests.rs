@@ -418,3 +418,58 @@ fn nvml_that_answers_late_is_opened_again() {
     assert_eq!(obs.jobs[&JobId::from_seq(1)].gpu_percent, Some(50.0));
     assert!(!sampler.constant());
 }
+
+/// Counters that refuse every attach with the error they hold.
+struct Refusing(fn(&JobId) -> crate::sense::perf::PerfError);
+
+impl Counters for Refusing {
+    fn attach(
+        &mut self,
+        job: &JobId,
+        _: &PerfTarget,
+    ) -> Result<crate::sense::perf::Attached, crate::sense::perf::PerfError> {
+        Err((self.0)(job))
+    }
+    fn detach(&mut self, _: &JobId) -> bool {
+        false
+    }
+    fn read(&mut self) -> Vec<(JobId, PerfSample)> {
+        Vec::new()
+    }
+    fn status(&self) -> crate::sense::perf::PerfStatus {
+        crate::sense::perf::ScriptedCounters::default().status()
+    }
+}
+
+#[test]
+fn a_perf_refusal_is_logged_once_per_job_and_error_though_the_attach_is_tried_again() {
+    use crate::sense::perf::{PerfError, ScriptedCounters};
+    let mut job = Tracked::new(sensed(1, &[100]));
+    let gone = |job: &JobId| PerfError::TargetGone {
+        job: job.clone(),
+        target: "pids 100".into(),
+    };
+    let mut refusing = Refusing(gone);
+    let first = attach_perf(&mut job, &mut refusing).expect("the first refusal is logged");
+    assert!(first.contains("no process"), "{first}");
+    // The job list changed (another job came): the attach is tried again, the same refusal
+    // is not logged again.
+    for _ in 0..3 {
+        assert_eq!(attach_perf(&mut job, &mut refusing), None);
+    }
+    let budget = |job: &JobId| PerfError::FdBudget {
+        job: job.clone(),
+        target: "pids 100".into(),
+        needed: 8,
+        available: 2,
+        cap: 10,
+    };
+    let mut other = Refusing(budget);
+    assert!(attach_perf(&mut job, &mut other).is_some(), "another error");
+    assert_eq!(attach_perf(&mut job, &mut other), None);
+    // Opened at last: a later refusal is news again.
+    let mut scripted = ScriptedCounters::default();
+    assert_eq!(attach_perf(&mut job, &mut scripted), None);
+    assert_eq!(job.perf_pids, vec![100]);
+    assert!(attach_perf(&mut job, &mut other).is_some());
+}
