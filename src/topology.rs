@@ -18,6 +18,9 @@ pub const DEFAULT_SYSFS: &str = "/sys";
 
 const CPU_DIR: &str = "devices/system/cpu";
 const CPU_ONLINE: &str = "devices/system/cpu/online";
+/// The CPUs the kernel keeps out of load balancing (`isolcpus=` on the boot line); absent on
+/// kernels before 4.x, empty when none are.
+const CPU_ISOLATED: &str = "devices/system/cpu/isolated";
 const NODE_DIR: &str = "devices/system/node";
 const PCI_DEVICES: &str = "bus/pci/devices";
 /// Newer kernels (5.x+) name the SMT sibling list `core_cpus_list`; `thread_siblings_list` is the
@@ -52,6 +55,9 @@ pub struct Topology {
     pub numa_nodes: BTreeMap<u32, NumaNode>,
     /// NVIDIA GPUs, ordered by index.
     pub gpus: Vec<Gpu>,
+    /// Online CPUs the kernel does not load-balance (`isolcpus=`): a process allowed several of
+    /// them runs every thread on one, so lodger places no job there (as on reserved CPUs).
+    pub isolated: CpuSet,
 }
 
 /// One online logical CPU (a hardware thread).
@@ -201,11 +207,15 @@ impl Topology {
         }
 
         let gpus = read_gpus(sysfs_root, &online)?;
+        let isolated = read_optional_cpulist(&sysfs_root.join(CPU_ISOLATED))?
+            .unwrap_or_default()
+            .intersection(&online);
         Ok(Topology {
             cpus,
             cores,
             numa_nodes,
             gpus,
+            isolated,
         })
     }
 
@@ -337,6 +347,7 @@ impl Topology {
             cores,
             numa_nodes,
             gpus,
+            isolated: CpuSet::new(),
         }
     }
 }

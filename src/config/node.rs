@@ -108,26 +108,39 @@ impl Default for NodeConfig {
 }
 
 impl Config {
-    /// The CPUs to keep free of jobs on this node. `online` is the node's online CPUs and
-    /// `cpu0_siblings` CPU 0's SMT siblings (with or without CPU 0 itself).
+    /// The CPUs to keep free of jobs on this node, where lodgerd keeps its own threads. `online`
+    /// is the node's online CPUs, `cpu0_siblings` CPU 0's SMT siblings (with or without CPU 0
+    /// itself) and `isolated` the online CPUs the kernel does not load-balance (`isolcpus=`),
+    /// which no job is placed on either: the caller keeps them off with the reserved ones.
     ///
-    /// A list must name only online CPUs and leave at least one for jobs. `auto` adapts
-    /// instead of failing: CPU 0 and its siblings, or just CPU 0 if they are every online CPU
-    /// (a 2-thread VM), or nothing on a single-CPU node.
+    /// A list must name only online CPUs and leave at least one that is not isolated for jobs.
+    /// `auto` adapts instead of failing: CPU 0 and its siblings, or just CPU 0 if they are every
+    /// CPU left (a 2-thread VM), or nothing on a single-CPU node; isolated CPUs are not counted.
     pub fn resolve_reserved(
         &self,
         online: &CpuSet,
         cpu0_siblings: &CpuSet,
+        isolated: &CpuSet,
     ) -> Result<CpuSet, ConfigError> {
         const KEY: &str = "node.reserved_cpus";
+        let usable = online.difference(isolated);
+        if usable.is_empty() && !online.is_empty() {
+            return Err(self.error_at(
+                KEY,
+                format!(
+                    "every online CPU ({online}) is isolated by the kernel (isolcpus=), and \
+                     lodger places no job on isolated CPUs; leave some out of isolcpus="
+                ),
+            ));
+        }
         match &self.node.reserved_cpus {
             ReservedCpus::Auto => {
                 let mut core0 = cpu0_siblings.clone();
                 core0.insert(0);
-                let core0 = core0.intersection(online);
-                if core0.len() < online.len() {
+                let core0 = core0.intersection(&usable);
+                if core0.len() < usable.len() {
                     Ok(core0)
-                } else if online.len() > 1 {
+                } else if usable.len() > 1 {
                     Ok(core0.first().into_iter().collect())
                 } else {
                     Ok(CpuSet::new())
@@ -153,6 +166,16 @@ impl Config {
                         KEY,
                         format!(
                             "reserves every online CPU ({online}); leave at least one for jobs"
+                        ),
+                    ));
+                }
+                if usable.is_subset(wanted) {
+                    return Err(self.error_at(
+                        KEY,
+                        format!(
+                            "reserves every online CPU ({online}) but the isolated ones \
+                             ({isolated}, isolcpus=), where lodger places no job; leave at \
+                             least one for jobs"
                         ),
                     ));
                 }

@@ -310,7 +310,7 @@ fn empty_reserved_cpus_is_none() {
     let c = parse("[node]\nreserved_cpus = \"\"\n").expect("empty list");
     assert_eq!(c.node.reserved_cpus, ReservedCpus::List(CpuSet::new()));
     let got = c
-        .resolve_reserved(&cpus("0-3"), &cpus("0,2"))
+        .resolve_reserved(&cpus("0-3"), &cpus("0,2"), &CpuSet::new())
         .expect("none reserved");
     assert!(got.is_empty());
 }
@@ -658,7 +658,7 @@ fn load_reads_and_names_the_file() {
 fn reserved_list_must_exist_and_leave_cpus() {
     let c = parse("\n[node]\nreserved_cpus = \"0,64-65\"\n").expect("parses");
     let e = c
-        .resolve_reserved(&cpus("0-63"), &cpus("0,32"))
+        .resolve_reserved(&cpus("0-63"), &cpus("0,32"), &CpuSet::new())
         .expect_err("64-65 absent");
     assert_eq!(
         e.to_string(),
@@ -668,7 +668,7 @@ fn reserved_list_must_exist_and_leave_cpus() {
 
     let c = parse("[node]\nreserved_cpus = \"0-1\"\n").expect("parses");
     let e = c
-        .resolve_reserved(&cpus("0-1"), &cpus("0"))
+        .resolve_reserved(&cpus("0-1"), &cpus("0"), &CpuSet::new())
         .expect_err("all reserved");
     assert_eq!(
         e.to_string(),
@@ -676,7 +676,9 @@ fn reserved_list_must_exist_and_leave_cpus() {
          leave at least one for jobs"
     );
 
-    let got = c.resolve_reserved(&cpus("0-3"), &cpus("0")).expect("fits");
+    let got = c
+        .resolve_reserved(&cpus("0-3"), &cpus("0"), &CpuSet::new())
+        .expect("fits");
     assert_eq!(got, cpus("0-1"));
 }
 
@@ -685,32 +687,72 @@ fn reserved_auto_adapts_to_the_node() {
     let c = Config::default();
     // CPU 0 and its SMT sibling.
     assert_eq!(
-        c.resolve_reserved(&cpus("0-63"), &cpus("0,32"))
+        c.resolve_reserved(&cpus("0-63"), &cpus("0,32"), &CpuSet::new())
             .expect("auto"),
         cpus("0,32")
     );
     // Siblings given without CPU 0 itself.
     assert_eq!(
-        c.resolve_reserved(&cpus("0-63"), &cpus("32"))
+        c.resolve_reserved(&cpus("0-63"), &cpus("32"), &CpuSet::new())
             .expect("auto"),
         cpus("0,32")
     );
     // No SMT.
     assert_eq!(
-        c.resolve_reserved(&cpus("0-1"), &cpus("0")).expect("auto"),
+        c.resolve_reserved(&cpus("0-1"), &cpus("0"), &CpuSet::new())
+            .expect("auto"),
         cpus("0")
     );
     // One core with two threads: keep just CPU 0.
     assert_eq!(
-        c.resolve_reserved(&cpus("0-1"), &cpus("0-1"))
+        c.resolve_reserved(&cpus("0-1"), &cpus("0-1"), &CpuSet::new())
             .expect("auto"),
         cpus("0")
     );
     // A single CPU: nothing.
     assert!(c
-        .resolve_reserved(&cpus("0"), &cpus("0"))
+        .resolve_reserved(&cpus("0"), &cpus("0"), &CpuSet::new())
         .expect("auto")
         .is_empty());
+}
+
+#[test]
+fn isolated_cpus_are_left_to_the_caller_and_must_leave_cpus_for_jobs() {
+    let c = Config::default();
+    // auto counts only the CPUs the kernel balances: CPU 0 on a 2-CPU node with CPU 1
+    // isolated is the last CPU for jobs, so it is not reserved.
+    assert!(c
+        .resolve_reserved(&cpus("0-1"), &cpus("0"), &cpus("1"))
+        .expect("auto")
+        .is_empty());
+    assert_eq!(
+        c.resolve_reserved(&cpus("0-7"), &cpus("0,4"), &cpus("6-7"))
+            .expect("auto"),
+        cpus("0,4")
+    );
+    let e = c
+        .resolve_reserved(&cpus("0-3"), &cpus("0"), &cpus("0-3"))
+        .expect_err("every CPU isolated");
+    assert!(
+        e.to_string().contains("every online CPU (0-3) is isolated"),
+        "{e}"
+    );
+
+    let c = parse("[node]\nreserved_cpus = \"0-1\"\n").expect("parses");
+    let e = c
+        .resolve_reserved(&cpus("0-3"), &cpus("0"), &cpus("2-3"))
+        .expect_err("the rest is isolated");
+    assert_eq!(
+        e.to_string(),
+        "/etc/lodger/lodger.toml:2: node.reserved_cpus: reserves every online CPU (0-3) but \
+         the isolated ones (2-3, isolcpus=), where lodger places no job; leave at least one for \
+         jobs"
+    );
+    assert_eq!(
+        c.resolve_reserved(&cpus("0-4"), &cpus("0"), &cpus("2-3"))
+            .expect("CPU 4 left"),
+        cpus("0-1")
+    );
 }
 
 #[test]
@@ -718,7 +760,7 @@ fn errors_on_defaults_say_so() {
     let mut c = Config::default();
     c.node.reserved_cpus = ReservedCpus::List(cpus("5"));
     let e = c
-        .resolve_reserved(&cpus("0-3"), &cpus("0"))
+        .resolve_reserved(&cpus("0-3"), &cpus("0"), &CpuSet::new())
         .expect_err("absent");
     assert_eq!(
         e.to_string(),

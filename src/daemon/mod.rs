@@ -42,7 +42,8 @@ use crate::topology::{Topology, TopologyError};
 pub struct Prepared {
     pub config: Config,
     pub topology: Topology,
-    /// The CPUs kept free of jobs (`node.reserved_cpus`, resolved on this node).
+    /// The CPUs kept free of jobs: `node.reserved_cpus`, resolved on this node, and the CPUs
+    /// the kernel isolates (`topology.isolated`).
     pub reserved: CpuSet,
     /// The CPUs lodgers may use (`node.lendable_cpus`, resolved, less the reserved).
     pub lendable: CpuSet,
@@ -99,7 +100,9 @@ pub fn prepare(path: Option<&Path>) -> Result<Prepared, PrepareError> {
         .first()
         .and_then(|c| topology.siblings(c).cloned())
         .unwrap_or_default();
-    let reserved = config.resolve_reserved(&topology.online(), &cpu0_siblings)?;
+    let reserved = config
+        .resolve_reserved(&topology.online(), &cpu0_siblings, &topology.isolated)?
+        .union(&topology.isolated);
     let lendable = config.resolve_lendable(&topology.online(), &reserved)?;
     Ok(Prepared {
         config,
@@ -120,16 +123,20 @@ fn group_exists(name: &str) -> Result<bool, String> {
 impl Prepared {
     /// One line on what lodgerd found: CPUs, NUMA nodes, GPUs and the reserved CPUs.
     pub fn summary(&self) -> String {
+        let list = |set: &CpuSet| {
+            if set.is_empty() {
+                "none".to_string()
+            } else {
+                set.to_string()
+            }
+        };
         format!(
-            "{} CPUs, {} NUMA node(s), {} GPU(s), reserved CPUs {}",
+            "{} CPUs, {} NUMA node(s), {} GPU(s), reserved CPUs {} (isolated by the kernel: {})",
             self.topology.online().len(),
             self.topology.numa_nodes.len(),
             self.topology.gpus.len(),
-            if self.reserved.is_empty() {
-                "none".to_string()
-            } else {
-                self.reserved.to_string()
-            }
+            list(&self.reserved),
+            list(&self.topology.isolated)
         )
     }
 }
@@ -321,7 +328,15 @@ pub fn run(prepared: Prepared, sim: bool) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    pin_self(&reserved);
+    // Not on the isolated CPUs: the kernel would run every lodgerd thread on one of them.
+    pin_self(&reserved.difference(&topology.isolated));
+    if !topology.isolated.is_empty() {
+        info!(
+            "CPUs {} are isolated by the kernel (isolcpus=): no job is placed on them, as on \
+             reserved CPUs",
+            topology.isolated
+        );
+    }
 
     let mut runner = None;
     let mut batch: Option<Box<dyn Enforce>> = None;
@@ -706,6 +721,39 @@ mod tests {
         assert_eq!(what.applied, ["agent.interval_ms = 250 (was 1000)"]);
         let vetted = vet_group(&running, new, |_| Ok(true));
         assert_eq!(vetted.api.group, "trainres");
+    }
+
+    /// The kernel's isolated CPUs (`isolcpus=`) are kept free of jobs with the reserved ones,
+    /// and none is lent.
+    #[test]
+    fn prepare_keeps_isolated_cpus_free_of_jobs() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let sys = dir.path().join("sys");
+        let cpu_dir = sys.join("devices/system/cpu");
+        for cpu in 0..4 {
+            let t = cpu_dir.join(format!("cpu{cpu}/topology"));
+            std::fs::create_dir_all(&t).expect("cpu dir");
+            std::fs::write(t.join("physical_package_id"), "0\n").expect("package");
+            std::fs::write(t.join("thread_siblings_list"), format!("{cpu}\n")).expect("siblings");
+        }
+        std::fs::write(cpu_dir.join("online"), "0-3\n").expect("online");
+        std::fs::write(cpu_dir.join("isolated"), "2-3\n").expect("isolated");
+        let path = dir.path().join("lodger.toml");
+        std::fs::write(
+            &path,
+            format!(
+                "[api]\ngroup = \"root\"\n[node]\nreserved_cpus = \"0\"\nsysfs_root = \"{}\"\n",
+                sys.display()
+            ),
+        )
+        .expect("config");
+        let prepared = match prepare(Some(&path)) {
+            Ok(p) => p,
+            Err(e) => panic!("prepare: {e}"),
+        };
+        assert_eq!(prepared.reserved.to_string(), "0,2-3");
+        assert_eq!(prepared.lendable.to_string(), "1");
+        assert!(prepared.summary().contains("isolated by the kernel: 2-3"));
     }
 
     /// A group the node does not have fails prepare (the start and `--check-config`) at the line

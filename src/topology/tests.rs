@@ -375,6 +375,27 @@ fn override_gpu_sets_or_adds() {
 }
 
 #[test]
+fn isolated_cpus_are_read_and_a_missing_or_empty_file_means_none() {
+    let dir = small_tree();
+    assert!(
+        Topology::read(dir.path()).unwrap().isolated.is_empty(),
+        "no file"
+    );
+    write(dir.path(), "devices/system/cpu/isolated", "\n");
+    assert!(
+        Topology::read(dir.path()).unwrap().isolated.is_empty(),
+        "empty"
+    );
+    // isolcpus=1,3,9: CPU 9 is not online here.
+    write(dir.path(), "devices/system/cpu/isolated", "1,3,9\n");
+    let t = Topology::read(dir.path()).unwrap();
+    assert_eq!(t.isolated.to_string(), "1,3");
+    assert_eq!(t.online().to_string(), "0-3", "still online CPUs");
+    write(dir.path(), "devices/system/cpu/isolated", "1-x\n");
+    assert_names(&err_of(&dir), "cpu/isolated", Some("1-x"));
+}
+
+#[test]
 fn synthetic_shapes() {
     let t = Topology::synthetic(2, 1, 16, 2, 4);
     assert_eq!(t.cpus.len(), 64);
