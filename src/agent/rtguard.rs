@@ -149,11 +149,12 @@ impl RtGuard {
                 continue;
             };
             let share = rtlimit::share_per_cpu(&watch.cpu, &cur, cpus);
+            let at = cur.at;
             watch.cpu = cur;
             let Some(share) = share else { continue };
             let near = limit.is_some_and(|l| share >= l - self.headroom);
             let close = limit.is_some_and(|l| share >= l - 2.0 * self.headroom);
-            let due = cur.at.saturating_duration_since(watch.detail.at) >= DETAIL_PERIOD;
+            let due = at.saturating_duration_since(watch.detail.at) >= DETAIL_PERIOD;
             if due && share < DETAIL_MIN_SHARE && !close {
                 // Idle: its threads hardly asked to run, so they hardly waited. Not read (a
                 // thousand files at 100 idle jobs, issue 21), and shown without a wait.

@@ -83,10 +83,11 @@ pub fn thread_times(proc_root: &Path, pids: &[u32]) -> ThreadTimes {
 /// a fake proc tree in tests, the threads' schedstat files ([`schedstat_clock`]).
 pub type CpuClock = fn(&Path, u32) -> Option<u64>;
 
-/// A job's CPU time, summed over its processes, at an instant.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A job's CPU time per process, at an instant.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CpuSample {
-    pub on_cpu_ns: u64,
+    /// (pid, its CPU time in ns), sorted by pid; a process whose clock cannot be read is absent.
+    pub processes: Vec<(u32, u64)>,
     pub at: Instant,
 }
 
@@ -105,26 +106,42 @@ pub fn schedstat_clock(proc_root: &Path, pid: u32) -> Option<u64> {
     (t.threads > 0).then_some(t.on_cpu_ns)
 }
 
-/// The CPU time of `pids` together by `clock`, now. A process that is gone adds nothing.
+/// The CPU time of each of `pids` by `clock`, now. A process that is gone is left out.
 pub fn cpu_sample(clock: CpuClock, proc_root: &Path, pids: &[u32]) -> CpuSample {
-    let on_cpu_ns = pids
+    let mut processes: Vec<(u32, u64)> = pids
         .iter()
-        .filter_map(|&pid| clock(proc_root, pid))
-        .fold(0u64, u64::saturating_add);
+        .filter_map(|&pid| Some((pid, clock(proc_root, pid)?)))
+        .collect();
+    processes.sort_unstable();
+    processes.dedup_by_key(|(pid, _)| *pid);
     CpuSample {
-        on_cpu_ns,
+        processes,
         at: Instant::now(),
     }
 }
 
-/// CPU time per CPU of `cpus` between two samples, 0..; `None` when no time passed or no CPU.
+/// CPU time per CPU of `cpus` between two samples, 0..; `None` when no time passed, no CPU, or
+/// no process is in both. Per process, as `sense::cpu::JobCpuRate`: only processes in both
+/// samples count, so one that left (a DataLoader worker re-created under a new pid) does not make
+/// the share dip to 0, and one that joined with CPU time behind it does not make it spike.
 pub fn share_per_cpu(prev: &CpuSample, cur: &CpuSample, cpus: usize) -> Option<f64> {
     let wall = cur.at.checked_duration_since(prev.at)?.as_secs_f64();
     if wall <= 0.0 || cpus == 0 {
         return None;
     }
-    let run = cur.on_cpu_ns.saturating_sub(prev.on_cpu_ns) as f64 / 1e9;
-    Some(run / wall / cpus as f64)
+    let mut matched = false;
+    let mut run_ns = 0u64;
+    for &(pid, now) in &cur.processes {
+        let Ok(i) = prev.processes.binary_search_by_key(&pid, |&(p, _)| p) else {
+            continue;
+        };
+        let Some(&(_, before)) = prev.processes.get(i) else {
+            continue;
+        };
+        matched = true;
+        run_ns = run_ns.saturating_add(now.saturating_sub(before));
+    }
+    matched.then(|| run_ns as f64 / 1e9 / wall / cpus as f64)
 }
 
 /// `<on cpu ns> <waiting ns> <slices>`: the first two.
@@ -222,15 +239,59 @@ mod tests {
     #[test]
     fn share_per_cpu_from_two_samples() {
         let at = Instant::now();
-        let prev = CpuSample { on_cpu_ns: 0, at };
+        let prev = CpuSample {
+            processes: vec![(10, 0)],
+            at,
+        };
         let cur = CpuSample {
-            on_cpu_ns: 1_900_000_000,
+            processes: vec![(10, 1_900_000_000)],
             at: at + Duration::from_secs(1),
         };
         let share = share_per_cpu(&prev, &cur, 2).expect("share");
         assert!((share - 0.95).abs() < 1e-9);
         assert_eq!(share_per_cpu(&cur, &prev, 2), None, "time went backwards");
         assert_eq!(share_per_cpu(&prev, &cur, 0), None);
+    }
+
+    #[test]
+    fn a_process_leaving_or_joining_makes_the_share_neither_dip_nor_spike() {
+        let at = Instant::now();
+        let second = |processes: Vec<(u32, u64)>| CpuSample {
+            processes,
+            at: at + Duration::from_secs(1),
+        };
+        // The trainer (10) and a DataLoader worker (11) with 5 s of CPU time behind it.
+        let prev = CpuSample {
+            processes: vec![(10, 20_000_000_000), (11, 5_000_000_000)],
+            at,
+        };
+        // The worker is re-created as 12 within the second: the trainer ran 0.9 s of it.
+        let cur = second(vec![(10, 20_900_000_000), (12, 50_000_000)]);
+        let share = share_per_cpu(&prev, &cur, 1).expect("share");
+        assert!((share - 0.9).abs() < 1e-9, "dipped: {share}");
+        // A process that joins the job with 100 s behind it adds nothing this window.
+        let cur = second(vec![
+            (10, 20_900_000_000),
+            (11, 5_000_000_000),
+            (13, 100_000_000_000),
+        ]);
+        let share = share_per_cpu(&prev, &cur, 1).expect("share");
+        assert!((share - 0.9).abs() < 1e-9, "spiked: {share}");
+        // No process in both: no figure rather than 0.
+        assert_eq!(share_per_cpu(&prev, &second(vec![(14, 1)]), 1), None);
+    }
+
+    #[test]
+    fn a_sample_keeps_each_readable_process_once_in_pid_order() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path();
+        for (pid, line) in [(30, "300 0 1\n"), (20, "200 0 1\n")] {
+            let d = root.join(format!("{pid}/task/{pid}"));
+            std::fs::create_dir_all(&d).expect("mkdir");
+            std::fs::write(d.join("schedstat"), line).expect("write");
+        }
+        let s = cpu_sample(schedstat_clock, root, &[30, 99, 20, 30]);
+        assert_eq!(s.processes, vec![(20, 200), (30, 300)]);
     }
 
     #[test]
