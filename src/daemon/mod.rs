@@ -13,6 +13,7 @@ use tracing::{error, info, warn};
 mod lock;
 mod settings;
 mod signals;
+mod status_line;
 mod watchdog;
 
 use self::settings::{
@@ -519,6 +520,10 @@ fn serve(
         }
         if let Some(period) = sd_notify::watchdog_enabled() {
             tokio::spawn(watchdog::run(handle.clone(), period));
+        }
+        // The line `systemctl status lodgerd` shows: only systemd reads it.
+        if std::env::var_os("NOTIFY_SOCKET").is_some() {
+            tokio::spawn(status_line::run(handle.clone()));
         }
         let mut running = config.clone();
         while signals.next().await == Signal::Reload {

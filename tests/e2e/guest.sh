@@ -167,6 +167,11 @@ check "$job_a: every thread SCHED_RR/10 on its CPUs" all_rr_on "$pid_a" 10 "$cpu
 check "$job_a: process left in its own unit's cgroup (v2: pinned by affinity)" \
     test "$(cat /proc/"$pid_a"/cgroup)" = "$cgroup_a"
 ps -L -o tid,cls,rtprio,psr,comm -p "$pid_a" | note
+# sd_notify STATUS=, read every 10 s: the line systemctl status shows under the unit.
+check "systemctl status shows lodgerd's line: jobs, instances, training's CPUs" sh -c 'for _ in $(seq 30); do
+    systemctl show -p StatusText --value lodgerd |
+        grep -Eq "^[0-9]+ jobs?, [0-9]+ instances?; training on CPUs [0-9,-]+ \([0-9]+\), [0-9]+ free; contention .*; network " && exit 0
+    sleep 1; done; systemctl show -p StatusText --value lodgerd; exit 1'
 
 phase "a second one registered with busctl: GPU 1, so NUMA node 0 less the reserved CPUs"
 pid_b=$(start_training train-b 1)
