@@ -164,10 +164,8 @@ impl Quiet {
             return;
         }
         self.drained = Some(now);
-        let touched = &mut self.touched;
-        match events.drain(|tgid| {
-            touched.insert(tgid, now);
-        }) {
+        let (touched, listed) = (&mut self.touched, &mut self.listed);
+        match events.drain(|tgid| touch(touched, listed, tgid, now)) {
             Ok(d) if d.lost => {
                 debug!("process events were lost: every job is swept");
                 self.swept.clear();
@@ -181,8 +179,14 @@ impl Quiet {
                 self.listed.clear();
             }
         }
-        // No job's last sweep is older than FULL_SWEEP_EVERY: older entries can go. At most
-        // once a second, so a node forking thousands of processes does not pay it per apply.
+        self.prune(now);
+    }
+
+    /// Forgets what no sweep can need any more, at most once a second, so a node forking
+    /// thousands of processes does not pay it per apply. An event's record may go before the
+    /// listing it outdated would have: that listing went with the event ([`touch`]).
+    fn prune(&mut self, now: Instant) {
+        // No job's last sweep is older than FULL_SWEEP_EVERY: older entries can go.
         let due = self.pruned.map_or(true, |p| {
             now.saturating_duration_since(p) >= Duration::from_secs(1)
         });
@@ -214,18 +218,15 @@ impl Quiet {
         tids.clear();
         self.drain(now);
         if self.events.is_some() {
-            if let Some((known, at)) = self.listed.get_mut(&pid) {
-                let untouched = self.touched.get(&pid).map_or(true, |t| *t <= *at);
-                if untouched {
-                    match reader.thread_count(pid)? {
-                        None => return Ok(false),
-                        Some(n) if n == known.len() as u64 => {
-                            tids.extend_from_slice(known);
-                            *at = now;
-                            return Ok(true);
-                        }
-                        Some(_) => {}
+            if let Some((known, at)) = self.listing(pid) {
+                match reader.thread_count(pid)? {
+                    None => return Ok(false),
+                    Some(n) if n == known.len() as u64 => {
+                        tids.extend_from_slice(known);
+                        *at = now;
+                        return Ok(true);
                     }
+                    Some(_) => {}
                 }
             }
         }
@@ -241,6 +242,14 @@ impl Quiet {
             self.listed.insert(pid, (tids.clone(), now));
         }
         Ok(true)
+    }
+
+    /// `pid`'s last listing and when it was made, if no event touched `pid` since.
+    fn listing(&mut self, pid: u32) -> Option<&mut (Vec<u32>, Instant)> {
+        let touched = self.touched.get(&pid).copied();
+        self.listed
+            .get_mut(&pid)
+            .filter(|(_, at)| touched.map_or(true, |t| t <= *at))
     }
 
     /// How many times [`Quiet::threads`] listed a process's threads.
@@ -381,6 +390,20 @@ impl Quiet {
     }
 }
 
+/// Records an event of process `tgid` read at `now`, and drops its threads' listing: the
+/// process forked, exec'd or exited, and a listing kept past the event's record (pruned after
+/// [`FULL_SWEEP_EVERY`], a listing after twice that) would be handed to a process reusing the
+/// pid with as many threads: the dead process's thread ids.
+fn touch(
+    touched: &mut HashMap<u32, Instant>,
+    listed: &mut HashMap<u32, (Vec<u32>, Instant)>,
+    tgid: u32,
+    now: Instant,
+) {
+    touched.insert(tgid, now);
+    listed.remove(&tgid);
+}
+
 /// The slot fewest jobs have (the lowest of those), for a job swept for the first time.
 fn least_used<'a>(taken: impl Iterator<Item = &'a u32>) -> u32 {
     let mut count = [0usize; SWEEP_SLOTS as usize];
@@ -425,6 +448,37 @@ fn cgroup_of(target: &Target) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A process lists its threads, then exits; past 4,096 events its exit's record is pruned
+    /// (over FULL_SWEEP_EVERY old) while its listing would still stand (under two periods): a
+    /// process reusing its pid with as many threads must not get the dead one's thread ids. Its
+    /// listing goes with its event; another process's listing with no event since stays.
+    #[test]
+    fn a_pruned_exit_leaves_no_listing_for_a_reused_pid() {
+        let mut q = Quiet::new(false);
+        let t0 = Instant::now();
+        let (dead, calm) = (100_000u32, 100_001u32);
+        q.listed.insert(dead, (vec![dead, dead + 7], t0));
+        q.listed.insert(calm, (vec![calm], t0));
+        for pid in 0..70 {
+            q.listed.insert(200_000 + pid, (vec![200_000 + pid], t0));
+        }
+        let exit = t0 + Duration::from_secs(1);
+        touch(&mut q.touched, &mut q.listed, dead, exit);
+        for pid in 0..5000 {
+            touch(&mut q.touched, &mut q.listed, 300_000 + pid, exit);
+        }
+        q.prune(exit + FULL_SWEEP_EVERY + Duration::from_secs(1));
+        assert!(
+            !q.touched.contains_key(&dead),
+            "the exit's record was not pruned"
+        );
+        assert!(
+            q.listing(dead).is_none(),
+            "a reused pid would get the dead process's threads"
+        );
+        assert_eq!(q.listing(calm).map(|(t, _)| t.clone()), Some(vec![calm]));
+    }
 
     /// Wherever a sweep falls, the next is in the job's slot and at most one period later; a
     /// job swept in its slot is next swept exactly one period later.
