@@ -645,6 +645,100 @@ fn stop_leaves_no_process_and_no_cgroup() {
     );
 }
 
+/// Online cores are exclusive (Cloud Reamer §III-A), also while an instance stops: an online
+/// instance does not start on a CPU where a stopping one still runs (for up to `stop_grace`,
+/// then SIGKILL), neither another job's new instance nor a re-layout's restart; an offline one
+/// starts at once. The stopping instances here ignore SIGTERM, so they hold their CPU for the
+/// whole grace period.
+#[test]
+fn an_online_instance_waits_for_a_stopping_instance_to_leave_its_cpus() {
+    const TEST: &str = "an_online_instance_waits_for_a_stopping_instance_to_leave_its_cpus";
+    let Some(mut f) = Fixture::new(TEST, InstancePlacement::Affinity) else {
+        return;
+    };
+    let mut s = f.settings(InstancePlacement::Affinity);
+    s.stop_grace = Duration::from_millis(700);
+    f.inst = Some(Instances::new(s).expect("Instances"));
+    let stubborn = || strings(&["/bin/sh", "-c", "trap '' TERM; sleep 300 & wait"]);
+    let up = |s: &InstanceStats| s.state == InstanceState::Running && s.pid.is_some();
+    // The shell ignores SIGTERM once it has started its child, not before.
+    let trapped = |s: &[InstanceStats], j: &str, i: u32| {
+        s.iter()
+            .find(|x| x.job == job(j) && x.index == i)
+            .and_then(|x| x.pid)
+            .and_then(|p| std::fs::read_to_string(format!("/proc/{p}/task/{p}/children")).ok())
+            .is_some_and(|c| !c.trim().is_empty())
+    };
+    let find = |s: &[InstanceStats], j: &str, i: u32| {
+        s.iter().find(|x| x.job == job(j) && x.index == i).cloned()
+    };
+    // Polls until `key` runs; fails if it was started while `holder` was still listed, and
+    // says whether it was seen waiting.
+    let start_after = |f: &mut Fixture, key: (&str, u32), holder: (&str, u32)| {
+        let mut waited = false;
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let out = f.inst().poll();
+            assert!(out.errors.is_empty(), "poll errors: {:?}", out.errors);
+            let stats = f.inst().stats();
+            let it = find(&stats, key.0, key.1).expect("still wanted");
+            waited |= it.state == InstanceState::Waiting;
+            if find(&stats, holder.0, holder.1).is_some() {
+                assert_ne!(
+                    it.state,
+                    InstanceState::Running,
+                    "started beside a stopping instance: {stats:#?}"
+                );
+            } else if up(&it) {
+                return waited;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{key:?} never started: {stats:#?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    f.inst()
+        .reconcile(&[
+            spec("j10", 0, stubborn(), "0", 1),
+            spec("j10", 1, worker(&[]), "1", 1),
+        ])
+        .expect("reconcile");
+    f.poll_until("both running, j10-0 ignoring SIGTERM", |s| {
+        s.len() == 2 && s.iter().all(up) && trapped(s, "j10", 0)
+    });
+
+    // Another job's online instance, and an offline one, on j10-0's CPU as it stops.
+    let mut offline = spec("j12", 0, worker(&[]), "0", 1);
+    offline.offline = true;
+    let mut desired = vec![
+        spec("j10", 1, worker(&[]), "1", 1),
+        spec("j11", 0, stubborn(), "0", 1),
+        offline,
+    ];
+    let out = f.inst().reconcile(&desired).expect("reconcile");
+    let keys = |k: &[lodger::enforce::instances::InstanceKey]| {
+        k.iter().map(|k| k.to_string()).collect::<Vec<_>>()
+    };
+    assert_eq!(keys(&out.stopping), ["j10-0"], "{out:?}");
+    assert_eq!(keys(&out.waiting), ["j11-0"], "{out:?}");
+    assert_eq!(keys(&out.started), ["j12-0"], "{out:?}");
+    assert!(start_after(&mut f, ("j11", 0), ("j10", 0)));
+    f.poll_until("j11-0 ignoring SIGTERM", |s| trapped(s, "j11", 0));
+
+    // A re-layout: j11-0 goes (it ignores SIGTERM too), j10-1 restarts with two threads on
+    // both CPUs once its old process is gone, and then waits for j11-0.
+    desired[0] = spec("j10", 1, worker(&[]), "0-1", 2);
+    desired.remove(1);
+    let out = f.inst().reconcile(&desired).expect("reconcile");
+    assert_eq!(keys(&out.stopping), ["j11-0"], "{out:?}");
+    assert_eq!(keys(&out.restarting), ["j10-1"], "{out:?}");
+    assert!(start_after(&mut f, ("j10", 1), ("j11", 0)));
+    let stats = f.inst().stats();
+    assert_eq!(find(&stats, "j10", 1).map(|s| s.threads), Some(2));
+}
+
 /// Issue 17: a supervisor that goes away without stopping anything (a crashed or restarted
 /// lodgerd) leaves its instances running; the next one adopts the instance its plan still wants
 /// (same process, heard again through its report FIFO, nothing restarted) and kills and removes

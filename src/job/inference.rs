@@ -124,7 +124,8 @@ pub struct InstanceView {
     pub cpus: CpuSet,
     pub threads: u32,
     pub batch: u32,
-    /// running, backing-off, stopping.
+    /// running, backing-off, stopping, waiting (online, for a stopping instance to leave its
+    /// CPUs).
     pub state: String,
     pub restarts: u32,
     /// Times the OOM killer took it (since this lodgerd started supervising it).

@@ -288,6 +288,9 @@ pub enum InstanceState {
     Stopping {
         restarting: bool,
     },
+    /// An online instance not started yet: a stopping instance still runs on some of its
+    /// CPUs (for up to `stop_grace`); it starts once they are free.
+    Waiting,
 }
 
 impl InstanceState {
@@ -296,6 +299,7 @@ impl InstanceState {
             InstanceState::Running => "running",
             InstanceState::BackingOff { .. } => "backing-off",
             InstanceState::Stopping { .. } => "stopping",
+            InstanceState::Waiting => "waiting",
         }
     }
 }
@@ -365,6 +369,9 @@ pub struct ReconcileOutcome {
     pub stopping: Vec<InstanceKey>,
     /// Not wanted any more and not running: removed at once.
     pub removed: Vec<InstanceKey>,
+    /// Online instances not started: a stopping instance still runs on their CPUs (`poll`
+    /// starts them once it is gone).
+    pub waiting: Vec<InstanceKey>,
     pub errors: Vec<InstanceError>,
 }
 

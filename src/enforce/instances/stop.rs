@@ -35,7 +35,7 @@ impl Instances {
             match &mut slot.state {
                 SlotState::Running => self.host.terminate(slot, now, None),
                 SlotState::Stopping { next, .. } => *next = None,
-                SlotState::BackingOff { .. } => {
+                SlotState::BackingOff { .. } | SlotState::Waiting => {
                     let slot = self.slots.remove(i);
                     self.host.discard(&slot, &mut errors);
                     continue;
@@ -59,7 +59,7 @@ impl Instances {
             match &mut slot.state {
                 SlotState::Running => self.host.terminate(slot, start, None),
                 SlotState::Stopping { next, .. } => *next = None,
-                SlotState::BackingOff { .. } => {}
+                SlotState::BackingOff { .. } | SlotState::Waiting => {}
             }
         }
         loop {

@@ -23,6 +23,7 @@ use super::{
     InstanceKey, InstancePlacement, InstanceSettings, InstanceSpec, InstanceState, InstanceStats,
     PollOutcome, ReconcileOutcome, KILL_WAIT, LODGERS_CGROUP,
 };
+use crate::cpuset::CpuSet;
 use crate::enforce::cpusets::{self, CpusetFile};
 use crate::enforce::PinMethod;
 use crate::job::JobId;
@@ -109,6 +110,9 @@ pub(super) enum SlotState {
     BackingOff {
         at: Instant,
     },
+    /// Wanted, online, not started: a stopping instance still runs on some of its CPUs, and an
+    /// online instance has its cores to itself. Starts once they are free ([`must_wait`]).
+    Waiting,
     Stopping {
         kill_at: Instant,
         killed_at: Option<Instant>,
@@ -173,6 +177,7 @@ impl Slot {
             SlotState::BackingOff { at } => InstanceState::BackingOff {
                 retry_in: at.saturating_duration_since(now),
             },
+            SlotState::Waiting => InstanceState::Waiting,
             SlotState::Stopping { next, .. } => InstanceState::Stopping {
                 restarting: next.is_some(),
             },
@@ -361,7 +366,9 @@ impl Instances {
     /// ones, stops unwanted ones, restarts changed ones. A change of CPUs or memory nodes alone
     /// is applied in place, unless the template passes `{cpus}` on (the program may have pinned
     /// its threads itself); anything else restarts the instance once the old process is gone.
-    /// Stops are asynchronous: SIGTERM here, the rest in `poll`. Idempotent.
+    /// Stops are asynchronous: SIGTERM here, the rest in `poll`. An online instance to start on
+    /// a CPU a stopping instance still runs on waits until it is gone (`poll` starts it; see
+    /// [`must_wait`]). Idempotent.
     ///
     /// Every spec is checked first; a bad one (threads, batch, CPUs, a duplicate: the plan's
     /// mistakes) fails the whole call before anything is done. A new or changed command whose
@@ -420,7 +427,7 @@ impl Instances {
                         out.changed = true;
                     }
                 }
-                SlotState::BackingOff { .. } => {
+                SlotState::BackingOff { .. } | SlotState::Waiting => {
                     let slot = self.slots.remove(i);
                     self.host.discard(&slot, &mut out.errors);
                     out.removed.push(key);
@@ -439,13 +446,9 @@ impl Instances {
             let pos = match self.slots.binary_search_by(|s| s.spec.cmp_instance(spec)) {
                 Ok(pos) => pos,
                 Err(pos) => {
-                    let mut slot =
-                        Slot::new(spec.clone(), template, SlotState::BackingOff { at: now });
+                    // Started below, once every instance this call stops is stopping.
+                    let slot = Slot::new(spec.clone(), template, SlotState::Waiting);
                     out.changed = true;
-                    match self.host.start(&mut slot, now) {
-                        Ok(()) => out.started.push(key),
-                        Err(e) => out.errors.push(e),
-                    }
                     self.slots.insert(pos, slot);
                     continue;
                 }
@@ -462,14 +465,18 @@ impl Instances {
                 }
                 SlotState::BackingOff { .. } => {
                     if slot.spec != *spec {
-                        // The new spec may be what fixes it: try at once.
+                        // The new spec may be what fixes it: try at once (below).
+                        slot.spec = spec.clone();
+                        slot.template = template;
+                        slot.state = SlotState::Waiting;
+                        out.changed = true;
+                    }
+                }
+                SlotState::Waiting => {
+                    if slot.spec != *spec {
                         slot.spec = spec.clone();
                         slot.template = template;
                         out.changed = true;
-                        match self.host.start(slot, now) {
-                            Ok(()) => out.started.push(key),
-                            Err(e) => out.errors.push(e),
-                        }
                     }
                 }
                 SlotState::Running => {
@@ -500,6 +507,26 @@ impl Instances {
                 }
             }
         }
+        // New instances after the loop, not in it: an instance this call restarts further
+        // down the list still runs on its old CPUs until it has been signalled.
+        let held = held_by_stopping(&self.slots, None);
+        for slot in &mut self.slots {
+            if !matches!(slot.state, SlotState::Waiting) {
+                continue;
+            }
+            if must_wait(&slot.spec, &held) {
+                debug!(
+                    instance = %slot.key(),
+                    "waits for a stopping instance to leave its CPUs"
+                );
+                out.waiting.push(slot.key());
+                continue;
+            }
+            match self.host.start(slot, now) {
+                Ok(()) => out.started.push(slot.key()),
+                Err(e) => out.errors.push(e),
+            }
+        }
         Ok(out)
     }
 
@@ -515,6 +542,18 @@ impl Instances {
         let slice_ooms = self.host.oom_kills(None);
         let mut i = 0;
         while i < self.slots.len() {
+            // Only for a slot that may start now: it is a pass over every slot.
+            let may_start = match &self.slots[i].state {
+                SlotState::Running => false,
+                SlotState::BackingOff { at } => now >= *at,
+                SlotState::Waiting => true,
+                SlotState::Stopping { next, .. } => next.is_some(),
+            };
+            let held = if may_start {
+                held_by_stopping(&self.slots, Some(i))
+            } else {
+                CpuSet::new()
+            };
             let slot = &mut self.slots[i];
             out.reports += self.host.read_reports(slot, now);
             slot.reports.trim(now, self.host.settings.window);
@@ -537,12 +576,20 @@ impl Instances {
                     }
                 }
                 SlotState::BackingOff { at } => {
-                    if now >= *at {
+                    if now >= *at && !must_wait(&slot.spec, &held) {
                         match self.host.start(slot, now) {
                             Ok(()) => {
                                 slot.restarts += 1;
                                 out.started.push(key);
                             }
+                            Err(e) => out.errors.push(e),
+                        }
+                    }
+                }
+                SlotState::Waiting => {
+                    if !must_wait(&slot.spec, &held) {
+                        match self.host.start(slot, now) {
+                            Ok(()) => out.started.push(key),
                             Err(e) => out.errors.push(e),
                         }
                     }
@@ -564,9 +611,17 @@ impl Instances {
                                 // Measurements start afresh with the new process.
                                 slot.spec = spec;
                                 slot.template = template;
-                                match self.host.start(slot, now) {
-                                    Ok(()) => out.started.push(key),
-                                    Err(e) => out.errors.push(e),
+                                if must_wait(&slot.spec, &held) {
+                                    debug!(
+                                        instance = %key,
+                                        "waits for a stopping instance to leave its CPUs"
+                                    );
+                                    slot.state = SlotState::Waiting;
+                                } else {
+                                    match self.host.start(slot, now) {
+                                        Ok(()) => out.started.push(key),
+                                        Err(e) => out.errors.push(e),
+                                    }
                                 }
                             }
                             None => {
@@ -637,6 +692,29 @@ impl Instances {
             .and_then(|i| self.slots.get(i))
     }
 }
+
+/// The CPUs stopping instances' processes still run on, `except`'s aside (a slot deciding
+/// its own next start). A process that SIGKILL did not end within `KILL_WAIT` (reported
+/// `Unkillable`) no longer counts: it is stuck in the kernel, not computing, and would hold
+/// its CPUs' next instance off for good.
+fn held_by_stopping(slots: &[Slot], except: Option<usize>) -> CpuSet {
+    let mut held = CpuSet::new();
+    for (i, slot) in slots.iter().enumerate() {
+        let stopping = matches!(slot.state, SlotState::Stopping { stuck: false, .. });
+        if stopping && slot.run.is_some() && Some(i) != except {
+            held = held.union(&slot.spec.cpus);
+        }
+    }
+    held
+}
+
+/// Whether `spec` must wait before it starts: an online instance (exclusive cores, Cloud Reamer
+/// §III-A) on a CPU a stopping instance still runs on, for up to `stop_grace` (SIGKILL after
+/// it). An offline instance shares its cores anyway, training's included, and starts at once.
+fn must_wait(spec: &InstanceSpec, held: &CpuSet) -> bool {
+    !spec.offline && !spec.cpus.is_disjoint(held)
+}
+
 pub(super) fn invalid(key: &InstanceKey, problem: String) -> InstanceError {
     InstanceError::InvalidSpec {
         key: key.clone(),
