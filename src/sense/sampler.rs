@@ -251,6 +251,16 @@ impl Sampler {
         }
     }
 
+    /// A GPU worker whose NVML did not answer and will be opened again: nothing to read
+    /// until then ([`crate::sense::sources::Source::quiet_until`]), so its worker does not wake every
+    /// interval meanwhile (issue 21's idle cost).
+    pub fn quiet_until(&self) -> Option<Instant> {
+        match (self.only, &self.gpu, &self.gpu_reopen) {
+            (Some(SourceKind::Gpu), Err(_), Some(reopen)) => Some(reopen.next),
+            _ => None,
+        }
+    }
+
     fn reads(&self, kind: SourceKind) -> bool {
         self.only.map_or(true, |k| k == kind)
     }

@@ -156,6 +156,13 @@ pub trait Source: Send {
     fn constant(&self) -> bool {
         false
     }
+    /// When a source that measures nothing now will try again (NVML that did not answer at
+    /// start is opened again later): until then its passes would say the same, so its worker
+    /// sleeps until that instant, taking the jobs, and its pass does not go stale meanwhile.
+    /// `None`: sampled every interval.
+    fn quiet_until(&self) -> Option<Instant> {
+        None
+    }
 }
 
 impl Source for Sampler {
@@ -167,6 +174,9 @@ impl Source for Sampler {
     }
     fn constant(&self) -> bool {
         Sampler::constant(self)
+    }
+    fn quiet_until(&self) -> Option<Instant> {
+        Sampler::quiet_until(self)
     }
 }
 
@@ -192,7 +202,8 @@ struct Pass {
     /// When it ended.
     at: Instant,
     obs: Arc<Observations>,
-    /// The source's last pass ([`Source::constant`]): never stale.
+    /// The source's last pass ([`Source::constant`]), or its last until it tries again
+    /// ([`Source::quiet_until`]): never stale.
     constant: bool,
 }
 
@@ -286,11 +297,12 @@ fn work(open: OpenSource, jobs: mpsc::Receiver<Vec<SensedJob>>, latest: &Latest,
         if now >= next {
             let obs = source.sample();
             let constant = source.constant();
+            let quiet = (!constant).then(|| source.quiet_until()).flatten();
             if let Ok(mut l) = latest.lock() {
                 *l = Some(Pass {
                     at: Instant::now(),
                     obs: Arc::new(obs),
-                    constant,
+                    constant: constant || quiet.is_some(),
                 });
             }
             if constant {
@@ -299,7 +311,7 @@ fn work(open: OpenSource, jobs: mpsc::Receiver<Vec<SensedJob>>, latest: &Latest,
                 }
                 return;
             }
-            next = Instant::now() + pace.interval();
+            next = quiet.unwrap_or_else(|| Instant::now() + pace.interval());
             continue;
         }
         match jobs.recv_timeout(next - now) {

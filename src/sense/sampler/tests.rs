@@ -407,6 +407,11 @@ fn nvml_that_answers_late_is_opened_again() {
         obs.sources.gpu
     );
     assert!(!sampler.constant());
+    // Nothing to read until the next try: its worker sleeps until then.
+    assert!(
+        sampler.quiet_until().is_some(),
+        "a worker waiting to open NVML again woke every interval"
+    );
 
     let obs = sampler.pass();
     assert!(
@@ -417,6 +422,11 @@ fn nvml_that_answers_late_is_opened_again() {
     assert_eq!(obs.node.gpus.len(), 1);
     assert_eq!(obs.jobs[&JobId::from_seq(1)].gpu_percent, Some(50.0));
     assert!(!sampler.constant());
+    assert_eq!(
+        sampler.quiet_until(),
+        None,
+        "sampled every interval once it answers"
+    );
 }
 
 /// Counters that refuse every attach with the error they hold.

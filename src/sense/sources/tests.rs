@@ -158,6 +158,81 @@ impl Source for Unavailable {
     }
 }
 
+/// A source that measures nothing until `until` (NVML to be opened again then): counts its
+/// passes.
+struct Reopening {
+    passes: std::sync::Arc<std::sync::atomic::AtomicU32>,
+    until: Instant,
+}
+
+impl Source for Reopening {
+    fn set_jobs(&mut self, _: Vec<SensedJob>) {}
+    fn sample(&mut self) -> Observations {
+        self.passes
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let mut obs = Observations::default();
+        obs.sources.gpu = "unavailable: the NVIDIA kernel driver is not loaded".into();
+        obs
+    }
+    fn quiet_until(&self) -> Option<Instant> {
+        (Instant::now() < self.until).then_some(self.until)
+    }
+}
+
+/// A worker whose source will only try again later sleeps until then, and its pass does not
+/// go stale meanwhile; it was sampled every interval (issue 21's idle cost). Then it wakes.
+#[test]
+fn a_source_that_tries_again_later_sleeps_until_then_and_does_not_go_stale() {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    let run = |until: Instant| {
+        let passes = std::sync::Arc::new(AtomicU32::new(0));
+        let counted = passes.clone();
+        let sources: Vec<(SourceKind, OpenSource)> = vec![
+            (
+                SourceKind::Cpu,
+                Box::new(|| Box::new(Counting(0.0)) as Box<dyn Source>),
+            ),
+            (
+                SourceKind::Gpu,
+                Box::new(move || {
+                    Box::new(Reopening {
+                        passes: counted,
+                        until,
+                    }) as Box<dyn Source>
+                }),
+            ),
+        ];
+        let pace = Pace::new(Duration::from_millis(10), Duration::from_millis(30));
+        let (link, join) = spawn_sources(sources, pace).expect("spawn");
+        (passes, link, join)
+    };
+    // Far off: one pass over merges spanning many intervals and deadlines.
+    let (passes, link, join) = run(Instant::now() + Duration::from_secs(3600));
+    let next = || link.observations.recv_timeout(HANG_GUARD).expect("a pass");
+    let first = next();
+    let mut last = next();
+    while last.unix_ms < first.unix_ms + 200 {
+        last = next();
+    }
+    assert!(!last.is_stale("gpu"), "{:?}", last.ages);
+    assert_eq!(
+        passes.load(Ordering::SeqCst),
+        1,
+        "sampled once until it tries again"
+    );
+    drop(link);
+    join.join().expect("coordinator");
+    // Soon: it wakes then and is sampled every interval again.
+    let (passes, link, join) = run(Instant::now() + Duration::from_millis(50));
+    let deadline = Instant::now() + HANG_GUARD;
+    while passes.load(Ordering::SeqCst) < 3 {
+        assert!(Instant::now() < deadline, "it never woke");
+        let _ = link.observations.recv_timeout(HANG_GUARD);
+    }
+    drop(link);
+    join.join().expect("coordinator");
+}
+
 #[test]
 fn a_source_that_cannot_measure_is_sampled_once_and_never_goes_stale() {
     use std::sync::atomic::{AtomicU32, Ordering};
