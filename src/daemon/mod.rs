@@ -11,6 +11,7 @@ use std::process::ExitCode;
 use tracing::{error, info, warn};
 
 mod lock;
+mod reload;
 mod settings;
 mod signals;
 mod status_line;
@@ -22,7 +23,7 @@ use self::settings::{
 };
 use self::signals::{Signal, Signals};
 
-use crate::agent::{Agent, AgentHandle, Enforce, LiveSettings, MbaTarget, NetworkReload};
+use crate::agent::{Agent, AgentHandle, Enforce, MbaTarget};
 use crate::api::{self, Authority, Bus};
 use crate::config::{self, Config, ConfigError};
 use crate::cpuset::CpuSet;
@@ -526,9 +527,18 @@ fn serve(
             tokio::spawn(status_line::run(handle.clone()));
         }
         let mut running = config.clone();
+        let reader = reload::Bounded::new(reload::READ_BOUND);
         while signals.next().await == Signal::Reload {
             notify(&[sd_notify::NotifyState::Reloading]);
-            running = reload(&running, handle, &auth, classifier.as_ref(), enforceable).await;
+            running = reload::reload(
+                &running,
+                &reader,
+                handle,
+                &auth,
+                classifier.as_ref(),
+                enforceable,
+            )
+            .await;
             notify(&[sd_notify::NotifyState::Ready]);
         }
         notify(&[sd_notify::NotifyState::Stopping]);
@@ -542,86 +552,6 @@ fn serve(
 fn notify(state: &[sd_notify::NotifyState]) {
     if let Err(e) = sd_notify::notify(state) {
         warn!("cannot notify systemd: {e}");
-    }
-}
-
-/// Re-reads the config file lodgerd was started with and applies what can change live
-/// (`config::reload`); a file that does not parse changes nothing. Returns the config now
-/// running. Registered jobs are never dropped. `classifier`: how CPU jobs' traffic is told apart,
-/// known when lodgerd shaped at start (`[network]` can then change live); `enforceable`: what
-/// this node's enforcers can do, as at start.
-async fn reload(
-    running: &Config,
-    handle: &AgentHandle,
-    auth: &Authority,
-    classifier: Option<&Classifier>,
-    enforceable: Enforceable,
-) -> Config {
-    let Some(path) = running.origin().map(Path::to_path_buf) else {
-        info!("reload: lodgerd runs on the built-in defaults (no config file): nothing to re-read");
-        return running.clone();
-    };
-    let new = match Config::load(&path) {
-        Ok(c) => c,
-        Err(e) => {
-            warn!("reload refused, the running config is kept: {e}");
-            return running.clone();
-        }
-    };
-    let new = vet_group(running, new, group_exists);
-    let (next, what) = config::reload(running, &new, classifier.is_some());
-    if !what.applied.is_empty() {
-        let network = match classifier {
-            Some(c) if next.network != running.network => {
-                NetworkReload::Replace(shaping_control(&next, c.clone()).map(Box::new))
-            }
-            _ => NetworkReload::Keep,
-        };
-        if let Err(e) = handle
-            .reload(live_settings(&next, enforceable), network)
-            .await
-        {
-            warn!("reload not applied: {e}");
-            return running.clone();
-        }
-        auth.set_group(next.api.group.clone());
-    }
-    if what.refused.is_empty() {
-        info!("reloaded {}: {}", path.display(), what.describe());
-    } else {
-        warn!("reloaded {}: {}", path.display(), what.describe());
-    }
-    next
-}
-
-/// A reloaded config's `api.group`, checked as at start ([`Config::check_group`]): a new group
-/// the node does not have is refused (logged, naming the line) and the running one kept; the
-/// other keys are `new`'s.
-fn vet_group(
-    running: &Config,
-    mut new: Config,
-    exists: impl FnOnce(&str) -> Result<bool, String>,
-) -> Config {
-    if new.api.group == running.api.group {
-        return new;
-    }
-    match new.check_group(exists) {
-        Ok(None) => {}
-        Ok(Some(w)) => warn!("reload: {w}"),
-        Err(e) => {
-            warn!("reload: {e}; api.group stays \"{}\"", running.api.group);
-            new.api.group = running.api.group.clone();
-        }
-    }
-    new
-}
-
-/// What a reload to `next` changes in the running agent, on a node whose enforcers can do what
-/// `node` says (the same adjustment as at start).
-fn live_settings(next: &Config, node: Enforceable) -> LiveSettings {
-    LiveSettings {
-        sense_pace: Some((next.sense.interval(), next.sense.deadline())),
-        ..agent_settings_on(next, node).live()
     }
 }
 
@@ -682,50 +612,6 @@ mod tests {
             GpuChoice::from(config::GpuSourceChoice::Emulated),
             GpuChoice::Emulated
         );
-    }
-
-    /// Where the batch enforcer cannot limit memory (v2 with affinity pinning, --sim), a batch
-    /// job may not ask for a limit: at start and after any reload that applies something. The
-    /// reload used to resolve batch.memory_max again and let such jobs register with a limit
-    /// nobody wrote.
-    #[test]
-    fn a_reload_keeps_batch_memory_limits_refused_where_none_is_written() {
-        let config = Config::default();
-        let none = Enforceable {
-            batch_memory: false,
-        };
-        assert_eq!(
-            agent_settings_on(&config, none).trust.batch_memory_max,
-            None
-        );
-        assert_eq!(live_settings(&config, none).trust.batch_memory_max, None);
-        // Where limits are written, the default share of the node is the most one may ask for.
-        let limits = Enforceable { batch_memory: true };
-        assert!(live_settings(&config, limits)
-            .trust
-            .batch_memory_max
-            .is_some());
-    }
-
-    /// A reload naming a group the node does not have keeps the running group; the rest of the
-    /// file applies. A group that exists is taken.
-    #[test]
-    fn a_reload_to_a_missing_group_keeps_the_running_one() {
-        let path = Path::new("/etc/lodger/lodger.toml");
-        let running = Config::parse("[api]\ngroup = \"trainers\"\n", path).expect("parses");
-        let new = Config::parse(
-            "[agent]\ninterval_ms = 250\n[api]\ngroup = \"trainres\"\n",
-            path,
-        )
-        .expect("parses");
-        let vetted = vet_group(&running, new.clone(), |name| Ok(name == "trainers"));
-        assert_eq!(vetted.api.group, "trainers");
-        assert_eq!(vetted.agent.interval_ms, 250);
-        let (next, what) = config::reload(&running, &vetted, false);
-        assert_eq!(next.api.group, "trainers");
-        assert_eq!(what.applied, ["agent.interval_ms = 250 (was 1000)"]);
-        let vetted = vet_group(&running, new, |_| Ok(true));
-        assert_eq!(vetted.api.group, "trainres");
     }
 
     /// The kernel's isolated CPUs (`isolcpus=`) are kept free of jobs with the reserved ones,

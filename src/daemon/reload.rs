@@ -1,0 +1,322 @@
+//! SIGHUP: re-reading lodgerd's config file and applying what can change live. The file read and
+//! the `api.group` look-up (NSS: files, LDAP, sssd) run on a thread of their own, bounded, so a
+//! hung mount or directory server never holds one of the runtime's workers that serve D-Bus.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+use tracing::{info, warn};
+
+use super::settings::{agent_settings_on, Enforceable};
+use super::{group_exists, shaping_control};
+use crate::agent::{AgentHandle, LiveSettings, NetworkReload};
+use crate::api::Authority;
+use crate::config::{self, Config};
+use crate::enforce::network::node::Classifier;
+
+/// How long a reload may spend reading the file and looking its group up before it gives up and
+/// keeps the running config.
+pub(super) const READ_BOUND: Duration = Duration::from_secs(10);
+
+/// Why blocking work run by [`Bounded::run`] gave no answer.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub(super) enum BoundedError {
+    #[error("it did not finish within {0:?} (a hung mount or name service?)")]
+    TimedOut(Duration),
+    #[error("the one before is still running, past its bound (a hung mount or name service?)")]
+    Busy,
+    #[error("cannot start a thread for it: {0}")]
+    Spawn(String),
+    #[error("it panicked")]
+    Panicked,
+}
+
+/// Runs blocking work on a thread of its own and waits for it at most a bound, one at a time.
+/// A thread rather than `spawn_blocking`: a read that never returns would otherwise also keep the
+/// runtime from shutting down, as dropping it waits for its blocking tasks. One at a time: while
+/// a hung read's thread lives, a new one is refused rather than stacking threads up.
+#[derive(Debug)]
+pub(super) struct Bounded {
+    bound: Duration,
+    busy: Arc<AtomicBool>,
+}
+
+impl Bounded {
+    pub(super) fn new(bound: Duration) -> Self {
+        Self {
+            bound,
+            busy: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// `work`'s result, or why there is none within the bound. `work` that outlives the bound
+    /// runs on; its result is dropped.
+    pub(super) async fn run<T: Send + 'static>(
+        &self,
+        work: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<T, BoundedError> {
+        if self
+            .busy
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return Err(BoundedError::Busy);
+        }
+        let busy = self.busy.clone();
+        let (tx, rx) = oneshot::channel();
+        let spawned = std::thread::Builder::new()
+            .name("lodgerd-reload".into())
+            .spawn(move || {
+                let done = std::panic::catch_unwind(std::panic::AssertUnwindSafe(work));
+                // Free before answering: whoever gets the answer may run the next one at once.
+                busy.store(false, Ordering::Release);
+                // A panic drops `tx` unsent: the caller hears it panicked. The receiver is gone
+                // when the bound passed: nobody wants the result.
+                if let Ok(value) = done {
+                    let _ = tx.send(value);
+                }
+            });
+        if let Err(e) = spawned {
+            self.busy.store(false, Ordering::Release);
+            return Err(BoundedError::Spawn(e.to_string()));
+        }
+        match tokio::time::timeout(self.bound, rx).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(_)) => Err(BoundedError::Panicked),
+            Err(_) => Err(BoundedError::TimedOut(self.bound)),
+        }
+    }
+}
+
+/// Re-reads the config file lodgerd was started with and applies what can change live
+/// (`config::reload`); a file that does not parse, or that cannot be read within `reader`'s
+/// bound, changes nothing. Returns the config now running. Registered jobs are never dropped.
+/// `classifier`: how CPU jobs' traffic is told apart, known when lodgerd shaped at start
+/// (`[network]` can then change live); `enforceable`: what this node's enforcers can do, as at
+/// start.
+pub(super) async fn reload(
+    running: &Config,
+    reader: &Bounded,
+    handle: &AgentHandle,
+    auth: &Authority,
+    classifier: Option<&Classifier>,
+    enforceable: Enforceable,
+) -> Config {
+    let Some(path) = running.origin().map(Path::to_path_buf) else {
+        info!("reload: lodgerd runs on the built-in defaults (no config file): nothing to re-read");
+        return running.clone();
+    };
+    let new = match read(running, reader, &path, |p| Config::load(p), group_exists).await {
+        Ok(new) => new,
+        Err(e) => {
+            warn!("reload refused, the running config is kept: {e}");
+            return running.clone();
+        }
+    };
+    let (next, what) = config::reload(running, &new, classifier.is_some());
+    if !what.applied.is_empty() {
+        let network = match classifier {
+            Some(c) if next.network != running.network => {
+                NetworkReload::Replace(shaping_control(&next, c.clone()).map(Box::new))
+            }
+            _ => NetworkReload::Keep,
+        };
+        if let Err(e) = handle
+            .reload(live_settings(&next, enforceable), network)
+            .await
+        {
+            warn!("reload not applied: {e}");
+            return running.clone();
+        }
+        auth.set_group(next.api.group.clone());
+    }
+    if what.refused.is_empty() {
+        info!("reloaded {}: {}", path.display(), what.describe());
+    } else {
+        warn!("reloaded {}: {}", path.display(), what.describe());
+    }
+    next
+}
+
+/// The file at `path` read with `load` and its group vetted with `exists` ([`vet_group`]), both
+/// off the runtime through `reader`; the error says why there is no new config.
+async fn read<L, G>(
+    running: &Config,
+    reader: &Bounded,
+    path: &Path,
+    load: L,
+    exists: G,
+) -> Result<Config, String>
+where
+    L: FnOnce(&Path) -> Result<Config, config::ConfigError> + Send + 'static,
+    G: FnOnce(&str) -> Result<bool, String> + Send + 'static,
+{
+    let running = running.clone();
+    let path = path.to_path_buf();
+    let shown = path.display().to_string();
+    match reader
+        .run(move || load(&path).map(|new| vet_group(&running, new, exists)))
+        .await
+    {
+        Ok(Ok(new)) => Ok(new),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(e) => Err(format!("reading {shown}: {e}")),
+    }
+}
+
+/// A reloaded config's `api.group`, checked as at start ([`Config::check_group`]): a new group
+/// the node does not have is refused (logged, naming the line) and the running one kept; the
+/// other keys are `new`'s.
+fn vet_group(
+    running: &Config,
+    mut new: Config,
+    exists: impl FnOnce(&str) -> Result<bool, String>,
+) -> Config {
+    if new.api.group == running.api.group {
+        return new;
+    }
+    match new.check_group(exists) {
+        Ok(None) => {}
+        Ok(Some(w)) => warn!("reload: {w}"),
+        Err(e) => {
+            warn!("reload: {e}; api.group stays \"{}\"", running.api.group);
+            new.api.group = running.api.group.clone();
+        }
+    }
+    new
+}
+
+/// What a reload to `next` changes in the running agent, on a node whose enforcers can do what
+/// `node` says (the same adjustment as at start).
+fn live_settings(next: &Config, node: Enforceable) -> LiveSettings {
+    LiveSettings {
+        sense_pace: Some((next.sense.interval(), next.sense.deadline())),
+        ..agent_settings_on(next, node).live()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+
+    use super::*;
+
+    /// Where the batch enforcer cannot limit memory (v2 with affinity pinning, --sim), a batch
+    /// job may not ask for a limit: at start and after any reload that applies something. The
+    /// reload used to resolve batch.memory_max again and let such jobs register with a limit
+    /// nobody wrote.
+    #[test]
+    fn a_reload_keeps_batch_memory_limits_refused_where_none_is_written() {
+        let config = Config::default();
+        let none = Enforceable {
+            batch_memory: false,
+        };
+        assert_eq!(
+            agent_settings_on(&config, none).trust.batch_memory_max,
+            None
+        );
+        assert_eq!(live_settings(&config, none).trust.batch_memory_max, None);
+        // Where limits are written, the default share of the node is the most one may ask for.
+        let limits = Enforceable { batch_memory: true };
+        assert!(live_settings(&config, limits)
+            .trust
+            .batch_memory_max
+            .is_some());
+    }
+
+    /// A reload naming a group the node does not have keeps the running group; the rest of the
+    /// file applies. A group that exists is taken.
+    #[test]
+    fn a_reload_to_a_missing_group_keeps_the_running_one() {
+        let path = Path::new("/etc/lodger/lodger.toml");
+        let running = Config::parse("[api]\ngroup = \"trainers\"\n", path).expect("parses");
+        let new = Config::parse(
+            "[agent]\ninterval_ms = 250\n[api]\ngroup = \"trainres\"\n",
+            path,
+        )
+        .expect("parses");
+        let vetted = vet_group(&running, new.clone(), |name| Ok(name == "trainers"));
+        assert_eq!(vetted.api.group, "trainers");
+        assert_eq!(vetted.agent.interval_ms, 250);
+        let (next, what) = config::reload(&running, &vetted, false);
+        assert_eq!(next.api.group, "trainers");
+        assert_eq!(what.applied, ["agent.interval_ms = 250 (was 1000)"]);
+        let vetted = vet_group(&running, new, |_| Ok(true));
+        assert_eq!(vetted.api.group, "trainres");
+    }
+
+    /// The reload read the file and looked `api.group` up on a runtime worker: an NSS look-up
+    /// that hangs (LDAP down) held one of the two workers that serve D-Bus, and the reload never
+    /// ended. Now the read gives up at the bound and the running config is kept; a second
+    /// reload while the hung one still runs is refused without starting another thread; once
+    /// the hung look-up returns, reloads read again. Time is tokio's paused clock while the
+    /// look-up hangs (the bound passes without waiting for it), the real one after (a paused
+    /// clock would also jump past the bound while a quick read's thread starts).
+    #[tokio::test(start_paused = true)]
+    async fn a_reload_whose_group_look_up_hangs_gives_up_at_the_bound() {
+        let path = Path::new("/etc/lodger/lodger.toml");
+        let running = Config::parse("[api]\ngroup = \"trainers\"\n", path).expect("parses");
+        let text = "[agent]\ninterval_ms = 250\n[api]\ngroup = \"trainres\"\n";
+        let load = move |p: &Path| Config::parse(text, p);
+        let reader = Bounded::new(READ_BOUND);
+
+        let (release, hung) = mpsc::channel::<()>();
+        let (ended_tx, ended) = mpsc::channel::<()>();
+        let hangs = move |_: &str| {
+            let _ = hung.recv();
+            let _ = ended_tx.send(());
+            Ok(true)
+        };
+        let err = read(&running, &reader, path, load, hangs)
+            .await
+            .expect_err("a hung look-up gives no config");
+        assert_eq!(
+            err,
+            format!(
+                "reading {}: it did not finish within 10s (a hung mount or name service?)",
+                path.display()
+            )
+        );
+        let err = read(&running, &reader, path, load, |_| Ok(true))
+            .await
+            .expect_err("one read at a time");
+        assert!(err.contains("the one before is still running"), "{err}");
+
+        // The look-up returns: its late answer is dropped, and the next reload reads.
+        release.send(()).expect("the hung look-up waits");
+        ended.recv().expect("the hung look-up ends");
+        while reader.busy.load(Ordering::Acquire) {
+            // Its thread clears the flag right after the look-up: wait for that, not for time.
+            std::thread::yield_now();
+        }
+        tokio::time::resume();
+        let new = read(&running, &reader, path, load, |_| Ok(true))
+            .await
+            .expect("reads");
+        assert_eq!(new.api.group, "trainres");
+        assert_eq!(new.agent.interval_ms, 250);
+    }
+
+    /// A file that does not parse, or a reader that panics, is an error, not a new config.
+    #[tokio::test]
+    async fn a_reload_that_fails_to_read_says_why() {
+        let path = Path::new("/etc/lodger/lodger.toml");
+        let running = Config::default();
+        let reader = Bounded::new(READ_BOUND);
+        let bad = |p: &Path| Config::parse("[agent]\ninterval_ms = \"soon\"\n", p);
+        let err = read(&running, &reader, path, bad, |_| Ok(true))
+            .await
+            .expect_err("does not parse");
+        assert!(err.contains("interval_ms"), "{err}");
+        let panics = |_: &Path| -> Result<Config, config::ConfigError> { panic!("reader bug") };
+        assert_eq!(
+            reader.run(move || panics(path)).await.err(),
+            Some(BoundedError::Panicked)
+        );
+        // A panicked read leaves the reader usable.
+        assert_eq!(reader.run(|| 7).await, Ok(7));
+    }
+}
