@@ -36,7 +36,8 @@ pub enum Command {
     Register(Register),
     /// Release a job: its threads return to SCHED_OTHER, its cgroups are restored, its CPUs freed.
     Unregister(UnregisterArgs),
-    /// List registered jobs.
+    /// List registered jobs. IN CLASS: the job's threads in the class lodger gives its kind, out
+    /// of all, and that class (RR for training under SCHED_RR; BATCH or OTHER for batch jobs).
     List,
     /// Show one job in detail.
     Show {

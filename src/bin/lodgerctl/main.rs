@@ -275,20 +275,13 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                             get(d, "cpus"),
                             get(d, "gpus"),
                             get(d, "pids"),
-                            format!("{}/{}", get(d, "rr_threads"), get(d, "threads")),
+                            render::in_class(d),
                         ]
                     })
                     .collect();
                 print_table(
                     &[
-                        "ID",
-                        "NAME",
-                        "KIND",
-                        "STATE",
-                        "CPUS",
-                        "GPUS",
-                        "PIDS",
-                        "RR/THREADS",
+                        "ID", "NAME", "KIND", "STATE", "CPUS", "GPUS", "PIDS", "IN CLASS",
                     ],
                     &rows,
                 )?;

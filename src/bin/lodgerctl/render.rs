@@ -95,6 +95,21 @@ pub(crate) fn shown_field(d: &HashMap<String, OwnedValue>, key: &str) -> String 
     }
 }
 
+/// `lodgerctl list`'s IN CLASS cell: how many of the job's threads run in the class lodger gives
+/// its kind, out of all, and that class, e.g. `12/12 RR` for a training job under SCHED_RR,
+/// `3/4 BATCH` for a batch job under `batch.policy = "batch"`. The column used to be RR/THREADS,
+/// which claimed SCHED_RR threads for batch jobs, where lodger sets no SCHED_RR at all.
+pub(crate) fn in_class(d: &HashMap<String, OwnedValue>) -> String {
+    let counts = format!("{}/{}", get(d, "rr_threads"), get(d, "threads"));
+    // "SCHED_RR/50-51", "SCHED_OTHER/nice 5", "SCHED_BATCH": the class's short name.
+    let policy = get(d, "sched_policy");
+    let class = policy.strip_prefix("SCHED_").unwrap_or(&policy);
+    match class.split('/').next() {
+        Some(name) if !name.is_empty() => format!("{counts} {name}"),
+        _ => counts,
+    }
+}
+
 /// Rows as aligned columns, one line each, the header first.
 pub(crate) fn render_table(header: &[&str], rows: &[Vec<String>]) -> String {
     let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
@@ -161,6 +176,40 @@ mod tests {
         assert_eq!(shown_field(&training, "gpus"), "-");
         assert_eq!(shown_field(&training, "cpus"), "2-9");
         assert_eq!(shown_field(&training, "last_error"), "");
+    }
+
+    /// `lodgerctl list` headed the count RR/THREADS for every job, batch jobs included, whose
+    /// threads lodger runs SCHED_OTHER or SCHED_BATCH: the cell names the class it counts.
+    #[test]
+    fn list_names_the_class_its_thread_count_is_in() {
+        let counts = |kind: &str, policy: &str| {
+            job(&[
+                ("kind", Value::from(kind.to_string())),
+                ("sched_policy", Value::from(policy.to_string())),
+                ("rr_threads", Value::from(3u32)),
+                ("threads", Value::from(4u32)),
+            ])
+        };
+        assert_eq!(in_class(&counts("batch", "SCHED_BATCH")), "3/4 BATCH");
+        assert_eq!(in_class(&counts("batch", "SCHED_OTHER")), "3/4 OTHER");
+        assert_eq!(in_class(&counts("training", "SCHED_RR/50")), "3/4 RR");
+        assert_eq!(in_class(&counts("training", "SCHED_RR/50-51")), "3/4 RR");
+        assert_eq!(
+            in_class(&counts("training", "SCHED_OTHER/nice 5")),
+            "3/4 OTHER"
+        );
+        assert_eq!(in_class(&counts("offline", "SCHED_IDLE")), "3/4 IDLE");
+        // A lodgerd that does not say its class: the counts alone.
+        let bare = job(&[
+            ("rr_threads", Value::from(3u32)),
+            ("threads", Value::from(4u32)),
+        ]);
+        assert_eq!(in_class(&bare), "3/4");
+        let table = render_table(
+            &["IN CLASS"],
+            &[vec![in_class(&counts("batch", "SCHED_BATCH"))]],
+        );
+        assert!(!table.contains("RR"), "{table}");
     }
 
     /// A string lodgerd answers is shown with its control characters escaped: an escape
