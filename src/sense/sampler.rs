@@ -222,6 +222,9 @@ pub struct Sampler {
     job_groups: Option<JobMonGroups>,
     net: NetReader,
     net_sample: Option<NetSample>,
+    /// Why the last network pass failed as a whole (`class/net` unreadable, a counter that is
+    /// not a number): logged once per distinct error, and said in `sources.net`.
+    net_failing: Option<String>,
     jobs: BTreeMap<JobId, Tracked>,
     sources: SourceStatus,
     /// The one source this sampler reads (a worker of `sense::sources`); None: all of them.
@@ -409,6 +412,7 @@ impl Sampler {
             job_groups,
             net,
             net_sample: None,
+            net_failing: None,
             jobs: BTreeMap::new(),
             sources: SourceStatus::default(),
             settings,
@@ -497,7 +501,10 @@ impl Sampler {
                 Err(e) => unavailable(e),
                 Ok(_) => "resctrl MBM".into(),
             },
-            net: "sysfs".into(),
+            net: match &self.net_failing {
+                Some(e) => format!("failing: {e}"),
+                None => "sysfs".into(),
+            },
         }
     }
 
@@ -732,7 +739,15 @@ impl Sampler {
                 net::JobNet::Gone => t.netns = None,
             }
         }
-        if let Some(Ok(sample)) = net.then(|| self.net.sample()) {
+        let sample = net.then(|| self.net.sample()).and_then(|r| {
+            match net_news(&mut self.net_failing, r.as_ref().err()) {
+                Some(NetNews::Failing(e)) => warn!("network counters not read: {e}"),
+                Some(NetNews::Recovered(e)) => info!("network counters read again (failed: {e})"),
+                None => {}
+            }
+            r.ok()
+        });
+        if let Some(sample) = sample {
             if let Some(prev) = &self.net_sample {
                 let rates = net::rates(prev, &sample);
                 node.net = rates
@@ -760,6 +775,23 @@ impl Sampler {
             sources: self.sources.clone(),
             ages: BTreeMap::new(),
         }
+    }
+}
+
+/// What a network pass has to say, once: a failure not seen last pass, or the end of one.
+#[derive(Debug, PartialEq)]
+enum NetNews {
+    Failing(String),
+    Recovered(String),
+}
+
+/// The news of a network pass that failed with `error` (`None`: it read), `failing` being why
+/// the last one failed; keeps `failing` up to date.
+fn net_news(failing: &mut Option<String>, error: Option<&net::NetError>) -> Option<NetNews> {
+    match error.map(ToString::to_string) {
+        Some(e) if failing.as_ref() == Some(&e) => None,
+        Some(e) => Some(NetNews::Failing(failing.insert(e).clone())),
+        None => failing.take().map(NetNews::Recovered),
     }
 }
 

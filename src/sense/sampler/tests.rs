@@ -483,3 +483,77 @@ fn a_perf_refusal_is_logged_once_per_job_and_error_though_the_attach_is_tried_ag
     assert_eq!(job.perf_pids, vec![100]);
     assert!(attach_perf(&mut job, &mut other).is_some());
 }
+
+/// A network pass that failed as a whole (no readable `class/net`, a counter that is not a
+/// number) was dropped without a word and `sources.net` still said "sysfs". Now the status says
+/// it is failing and why, each distinct error is logged once, and the recovery once.
+#[test]
+fn a_failing_network_pass_is_said_in_the_source_status() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let mut sampler = Sampler::open_only(
+        settings(tmp.path(), tmp.path().join("resctrl")),
+        SourceKind::Net,
+    );
+    let class_net = tmp.path().join("sys/class/net");
+    let obs = sampler.pass();
+    assert!(
+        obs.sources.net.starts_with("failing: cannot read ")
+            && obs.sources.net.contains("class/net"),
+        "{}",
+        obs.sources.net
+    );
+    let stats = class_net.join("eth0/statistics");
+    fs::create_dir_all(&stats).expect("class/net/eth0");
+    fs::write(stats.join("rx_bytes"), "1000\n").expect("rx_bytes");
+    fs::write(stats.join("tx_bytes"), "2000\n").expect("tx_bytes");
+    assert_eq!(sampler.pass().sources.net, "sysfs");
+    fs::write(stats.join("rx_bytes"), "lots\n").expect("rx_bytes");
+    let obs = sampler.pass();
+    assert!(
+        obs.sources.net.starts_with("failing: ") && obs.sources.net.contains("'lots'"),
+        "{}",
+        obs.sources.net
+    );
+    assert!(obs.node.net.is_empty());
+    fs::write(stats.join("rx_bytes"), "3000\n").expect("rx_bytes");
+    fs::write(stats.join("tx_bytes"), "4000\n").expect("tx_bytes");
+    let obs = sampler.pass();
+    assert_eq!(obs.sources.net, "sysfs");
+    assert_eq!(
+        obs.node.net.len(),
+        1,
+        "rates again, from the last good sample"
+    );
+}
+
+/// The log lines of a failing network source: one per distinct error, one at the recovery.
+#[test]
+fn a_network_failure_is_news_once_per_error_and_once_when_over() {
+    let unreadable = net::NetError::Io {
+        path: PathBuf::from("/sys/class/net"),
+        source: std::io::Error::from_raw_os_error(5),
+    };
+    let garbled = net::NetError::Parse {
+        path: PathBuf::from("/sys/class/net/eth0/statistics/rx_bytes"),
+        value: "lots".into(),
+        reason: "is not a number".into(),
+    };
+    let mut failing = None;
+    let first = net_news(&mut failing, Some(&unreadable));
+    assert!(
+        matches!(&first, Some(NetNews::Failing(e)) if e.contains("/sys/class/net")),
+        "{first:?}"
+    );
+    assert_eq!(net_news(&mut failing, Some(&unreadable)), None);
+    assert_eq!(net_news(&mut failing, Some(&unreadable)), None);
+    assert!(matches!(
+        net_news(&mut failing, Some(&garbled)),
+        Some(NetNews::Failing(e)) if e.contains("'lots'")
+    ));
+    assert!(matches!(
+        net_news(&mut failing, None),
+        Some(NetNews::Recovered(e)) if e.contains("'lots'")
+    ));
+    assert_eq!(failing, None);
+    assert_eq!(net_news(&mut failing, None), None);
+}
