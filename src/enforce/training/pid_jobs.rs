@@ -2,6 +2,8 @@
 //! told apart from reused pids by start time) pinned by lodger's own cgroup or by CPU affinity,
 //! and put back as it was on release. Touches /proc, the cpuset hierarchy and sched_setaffinity.
 
+use std::collections::HashSet;
+
 use tracing::warn;
 
 use super::{
@@ -93,7 +95,12 @@ impl Enforcer {
                 Err(e) => return Err(e.into()),
             }
         }
+        // Sorted, so the membership tests below are binary searches rather than a scan per
+        // member (a v1 pid job's cgroup can hold thousands of processes, checked every tick).
+        s.in_cgroup.sort_unstable();
+        s.in_cgroup.dedup();
         let mut members: Vec<(u32, ProcStat)> = Vec::new();
+        let mut seen: HashSet<u32> = HashSet::new();
         let known = rec
             .roots
             .iter()
@@ -101,17 +108,21 @@ impl Enforcer {
             .chain(rec.processes.iter().map(|p| (p.pid, Some(p.start_time))))
             .chain(s.in_cgroup.iter().map(|&p| (p, None)));
         for (pid, start) in known {
-            if members.iter().any(|(p, _)| *p == pid) {
+            if seen.contains(&pid) {
                 continue;
             }
             if let Some(st) = s.reader.stat(pid)? {
                 if st.running && start.map_or(true, |t| t == st.start_time) {
+                    seen.insert(pid);
                     members.push((pid, st));
                 }
             }
         }
         // Their descendants, from a /proc scan when one can find something new.
-        let outside = job_cg.is_some() && members.iter().any(|(p, _)| !s.in_cgroup.contains(p));
+        let outside = job_cg.is_some()
+            && members
+                .iter()
+                .any(|(p, _)| s.in_cgroup.binary_search(p).is_err());
         let scan = rec.pinning == PinMethod::Affinity || first || rec.rescan || outside;
         if scan && !members.is_empty() {
             refresh_table(s)?;
@@ -208,7 +219,7 @@ impl Enforcer {
             rec.cgroup = Some(cg.clone());
             let mut moved = false;
             for p in &rec.processes {
-                if s.in_cgroup.contains(&p.pid) {
+                if s.in_cgroup.binary_search(&p.pid).is_ok() {
                     continue;
                 }
                 match h.attach(cg, p.pid) {
