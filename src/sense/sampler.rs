@@ -37,6 +37,11 @@ use crate::sense::{
 };
 use crate::sys::cgroupfs::CgroupVersion;
 
+mod reopen;
+
+use self::reopen::GpuReopen;
+pub use self::reopen::GPU_REOPEN_EVERY;
+
 impl Drop for Sampler {
     /// Removes the jobs' monitoring groups: resctrl's RMIDs are few, and a group lodger no longer
     /// keeps in step measures nothing useful.
@@ -105,20 +110,6 @@ pub const IDLE_PERCENT: f64 = 1.0;
 pub const IDLE_READ_EVERY: u32 = 3;
 
 const ANOTHER_WORKER: &str = "read by another sensing worker";
-
-/// How often NVML is opened again after it failed for a reason that may pass
-/// ([`gpu::GpuError::may_pass`]).
-pub const GPU_REOPEN_EVERY: Duration = Duration::from_secs(30);
-
-/// Opens the GPU source again (NVML; a stand-in in the tests).
-type OpenGpu = Box<dyn FnMut() -> Result<Box<dyn GpuSource>, gpu::GpuError> + Send>;
-
-/// NVML to be opened again: when, how often, and how.
-struct GpuReopen {
-    next: Instant,
-    every: Duration,
-    open: OpenGpu,
-}
 
 /// Where GPU utilization comes from (`sense.gpu`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -251,16 +242,6 @@ impl Sampler {
             Some(SourceKind::Gpu) => self.gpu.is_err() && self.gpu_reopen.is_none(),
             Some(SourceKind::Membw) => self.membw.is_err(),
             Some(SourceKind::Cpu | SourceKind::Net) | None => false,
-        }
-    }
-
-    /// A GPU worker whose NVML did not answer and will be opened again: nothing to read
-    /// until then ([`crate::sense::sources::Source::quiet_until`]), so its worker does not wake every
-    /// interval meanwhile (issue 21's idle cost).
-    pub fn quiet_until(&self) -> Option<Instant> {
-        match (self.only, &self.gpu, &self.gpu_reopen) {
-            (Some(SourceKind::Gpu), Err(_), Some(reopen)) => Some(reopen.next),
-            _ => None,
         }
     }
 
@@ -420,45 +401,6 @@ impl Sampler {
         };
         s.sources = s.source_status(None);
         s
-    }
-
-    /// Opens NVML again when it failed for a reason that may pass and the time has come: said
-    /// once when it answers, and once if it now fails for good; quiet otherwise.
-    fn reopen_gpu(&mut self) {
-        let Some(reopen) = &mut self.gpu_reopen else {
-            return;
-        };
-        let now = Instant::now();
-        if now < reopen.next {
-            return;
-        }
-        match (reopen.open)() {
-            Ok(g) => {
-                info!("GPU sensing: NVML (it answers now; it did not when lodgerd started)");
-                self.gpu = Ok(g);
-                self.gpu_reopen = None;
-            }
-            Err(e) if e.may_pass() => {
-                reopen.next = now + reopen.every;
-                self.gpu = Err(e.to_string());
-            }
-            Err(e) => {
-                info!("GPU sensing off: {e}");
-                self.gpu = Err(e.to_string());
-                self.gpu_reopen = None;
-            }
-        }
-    }
-
-    /// Makes the GPU source be opened by `open`, every `every`, from the next pass on (the
-    /// tests' stand-in for NVML answering late).
-    #[cfg(test)]
-    fn reopen_gpu_with(&mut self, open: OpenGpu, every: Duration) {
-        self.gpu_reopen = Some(GpuReopen {
-            next: Instant::now(),
-            every,
-            open,
-        });
     }
 
     fn source_status(&self, gpu: Option<&GpuStatus>) -> SourceStatus {
