@@ -145,6 +145,61 @@ fn second_lodgerd(d: &Daemon, config: &std::path::Path) -> (Option<i32>, String)
     )
 }
 
+/// A stop while lodgerd waits for the bus (here: the name held by a running lodgerd, which it
+/// waits up to 5 s for) is honoured then: the handlers installed before serving held it back
+/// until the wait ended.
+#[test]
+fn a_stop_while_waiting_for_the_bus_name_is_honoured_at_once() {
+    if !need_root("a_stop_while_waiting_for_the_bus_name_is_honoured_at_once") {
+        return;
+    }
+    let bus = PrivateBus::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = Daemon::start(&bus, dir.path(), DaemonOptions::default());
+    let state = dir.path().join("state").display().to_string();
+    let config = dir.path().join("second.toml");
+    let text = std::fs::read_to_string(&d.config).expect("config");
+    std::fs::write(&config, text.replace(&state, &format!("{state}-second"))).expect("config");
+    let log = d.dir.join("stopped-lodgerd.log");
+    let child = std::process::Command::new(bin("lodgerd"))
+        .arg("--config")
+        .arg(&config)
+        .arg("--sim")
+        .env("DBUS_SYSTEM_BUS_ADDRESS", &d.bus_address)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("its log"))
+        .spawn()
+        .expect("spawn a second lodgerd");
+    let pid = child.id();
+    let mut second = Workload::adopt(child);
+    let read = || std::fs::read_to_string(&log).unwrap_or_default();
+    wait_until_explained(
+        WAIT,
+        "the second lodgerd to wait for the name",
+        || read().contains("is held by another connection"),
+        read,
+    );
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(pid).expect("pid"));
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
+    let mut status = None;
+    wait_until_explained(
+        WAIT,
+        "the second lodgerd to exit",
+        || {
+            status = second.child.try_wait().expect("wait");
+            status.is_some()
+        },
+        read,
+    );
+    let log = read();
+    assert_eq!(status.and_then(|s| s.code()), Some(0), "{log}");
+    assert!(log.contains("stopping before serving"), "{log}");
+    assert!(
+        !log.contains("name already taken"),
+        "it waited the 5 s out: {log}"
+    );
+}
+
 /// A second lodgerd on a running one's state directory (started by hand beside the service, or
 /// `--sim` to try a setting out) exits at once with why, having read nothing. It used to
 /// re-adopt the running one's jobs and tick, then wait in the bus's queue for the name, its

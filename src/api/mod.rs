@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
 use tokio::sync::broadcast::error::RecvError;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 use zbus::fdo::{RequestNameFlags, RequestNameReply};
 use zbus::message::Header;
 use zbus::object_server::SignalEmitter;
@@ -504,6 +504,7 @@ const NAME_RETRY: std::time::Duration = std::time::Duration::from_millis(100);
 /// held until the bus daemon has seen the old connection close.
 async fn own_name(conn: &Connection) -> zbus::Result<()> {
     let deadline = std::time::Instant::now() + NAME_WAIT;
+    let mut said = false;
     loop {
         match conn
             .request_name_with_flags(BUS_NAME, RequestNameFlags::DoNotQueue.into())
@@ -514,6 +515,12 @@ async fn own_name(conn: &Connection) -> zbus::Result<()> {
             | Err(zbus::Error::NameTaken) => {
                 if std::time::Instant::now() >= deadline {
                     return Err(zbus::Error::NameTaken);
+                }
+                if !std::mem::replace(&mut said, true) {
+                    info!(
+                        "{BUS_NAME} is held by another connection: waiting up to {} s for it",
+                        NAME_WAIT.as_secs()
+                    );
                 }
                 tokio::time::sleep(NAME_RETRY).await;
             }

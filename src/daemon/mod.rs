@@ -483,7 +483,25 @@ fn serve(
         // Installed before READY and listened to until the end: a SIGHUP as soon as systemd
         // allows one, or a SIGTERM during a reload, is not lost.
         let mut signals = Signals::new();
-        let conn = match api::serve(bus, handle.clone(), auth.clone(), sched).await {
+        // A stop while connecting (the bus slow to answer, the name held for a while) is
+        // honoured at once: the handlers installed above would otherwise hold it back until
+        // the bus answered, and systemd's stop would end in SIGKILL.
+        let serving = api::serve(bus, handle.clone(), auth.clone(), sched);
+        tokio::pin!(serving);
+        let served = loop {
+            tokio::select! {
+                served = &mut serving => break served,
+                signal = signals.next() => match signal {
+                    Signal::Stop => {
+                        info!("stopping before serving {}: asked to stop", api::BUS_NAME);
+                        return ExitCode::SUCCESS;
+                    }
+                    // The file was read at start, a moment ago.
+                    Signal::Reload => info!("reload asked before lodgerd serves: nothing to re-read yet"),
+                },
+            }
+        };
+        let conn = match served {
             Ok(c) => c,
             Err(e) => {
                 error!(
