@@ -51,14 +51,19 @@ fn line(s: &NodeStatus) -> String {
     } else {
         format!("training on CPUs {} ({})", s.training, s.training.len())
     };
-    format!(
+    let text = format!(
         "{}, {}; {training}, {} free; contention {}; network {}",
         plural(s.jobs, "job"),
         plural(s.instances, "instance"),
         s.free.len(),
         s.contention,
         s.network
-    )
+    );
+    // One line: the notify message is newline-separated assignments, and the contention and
+    // network words may carry a command's error text.
+    text.chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect()
 }
 
 #[cfg(test)]
@@ -92,6 +97,18 @@ mod tests {
         assert_eq!(
             line(&status(1, "")),
             "1 job, 1 instance; no training placed, 6 free; contention watching; network off"
+        );
+    }
+
+    #[test]
+    fn an_error_text_cannot_add_an_assignment_to_the_notify_message() {
+        let mut s = status(1, "2");
+        s.network = "not shaping: tc failed\nWATCHDOG=trigger".into();
+        let l = line(&s);
+        assert!(!l.contains('\n'), "{l}");
+        assert!(
+            l.ends_with("network not shaping: tc failed WATCHDOG=trigger"),
+            "{l}"
         );
     }
 
