@@ -31,6 +31,39 @@ fn num(d: &HashMap<String, OwnedValue>, k: &str) -> Option<f64> {
     }
 }
 
+/// A field as lodgerd sent it, for `--json` (the table's text escapes control characters;
+/// JSON carries them as they are, escaped by JSON itself). Missing: "".
+fn raw(d: &HashMap<String, OwnedValue>, k: &str) -> serde_json::Value {
+    d.get(k).map_or_else(|| "".into(), |v| to_json(v))
+}
+
+/// One job in `top --json`: its id, name, state, CPUs and threads, its measurements, and the
+/// throttles and shaping in force on it.
+fn job_json(
+    d: &HashMap<String, OwnedValue>,
+    metrics: Option<&HashMap<String, OwnedValue>>,
+) -> serde_json::Value {
+    let mut v = serde_json::json!({
+        "id": raw(d, "id"),
+        "name": raw(d, "name"),
+        "state": raw(d, "state"),
+        "cpus": raw(d, "cpus"),
+        "threads": d.get("threads").map(|v| to_json(v)),
+    });
+    if let serde_json::Value::Object(o) = &mut v {
+        if let Some(m) = metrics {
+            o.insert("metrics".into(), dict_to_json(m));
+        }
+        // Contention throttles and network shaping in force on the job.
+        for key in ["throttle", "network", "rt"] {
+            if d.contains_key(key) {
+                o.insert(key.into(), raw(d, key));
+            }
+        }
+    }
+    v
+}
+
 /// One `top` screen (or JSON document).
 async fn top_once(proxy: &ManagerProxy<'_>, json: bool) -> Result<String, Failure> {
     let (node, metrics, sources) = proxy
@@ -48,35 +81,14 @@ async fn top_once(proxy: &ManagerProxy<'_>, json: bool) -> Result<String, Failur
     if json {
         let jobs: Vec<serde_json::Value> = details
             .iter()
-            .map(|d| {
-                let id = get(d, "id");
-                let mut v = serde_json::json!({
-                    "id": id,
-                    "name": get(d, "name"),
-                    "state": get(d, "state"),
-                    "cpus": get(d, "cpus"),
-                    "threads": d.get("threads").map(|v| to_json(v)),
-                });
-                if let serde_json::Value::Object(o) = &mut v {
-                    if let Some(m) = metrics.get(&id) {
-                        o.insert("metrics".into(), dict_to_json(m));
-                    }
-                    // Contention throttles and network shaping in force on the job.
-                    for key in ["throttle", "network", "rt"] {
-                        if d.contains_key(key) {
-                            o.insert(key.into(), get(d, key).into());
-                        }
-                    }
-                }
-                v
-            })
+            .map(|d| job_json(d, metrics.get(&get(d, "id"))))
             .collect();
         let v = serde_json::json!({
             "node": dict_to_json(&node),
             "sources": sources,
-            "contention": get(&status, "contention"),
-            "network": get(&status, "network"),
-            "sensing": get(&status, "sensing"),
+            "contention": raw(&status, "contention"),
+            "network": raw(&status, "network"),
+            "sensing": raw(&status, "sensing"),
             "jobs": jobs,
         });
         return Ok(v.to_string());
@@ -188,5 +200,42 @@ pub(crate) async fn top(
             outln!();
         }
         tokio::time::sleep(std::time::Duration::from_secs_f64(args.refresh)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dict(pairs: &[(&str, &str)]) -> HashMap<String, OwnedValue> {
+        pairs
+            .iter()
+            .map(|(k, v)| {
+                let v = OwnedValue::try_from(Value::from(*v)).expect("a string value");
+                (k.to_string(), v)
+            })
+            .collect()
+    }
+
+    /// `--json` carries lodgerd's text as it is (JSON escapes it itself); the table escapes
+    /// control characters. It carried the table's text: a name's ESC came out as the four
+    /// characters `\x1b`.
+    #[test]
+    fn json_keeps_the_text_as_lodgerd_sent_it() {
+        let d = dict(&[
+            ("id", "j1"),
+            ("name", "a\x1b[31mred\nname"),
+            ("state", "running"),
+            ("network", "held\tto 25 %"),
+        ]);
+        let v = job_json(&d, None);
+        assert_eq!(v["name"], "a\x1b[31mred\nname");
+        assert_eq!(v["network"], "held\tto 25 %");
+        assert_eq!(v["cpus"], "", "missing: empty, as before");
+        assert_eq!(
+            get(&d, "name"),
+            "a\\x1b[31mred\\nname",
+            "the table's text is escaped"
+        );
     }
 }
