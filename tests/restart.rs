@@ -117,18 +117,34 @@ fn instances_outlive_lodgerd_are_adopted_and_drain_undoes_everything() {
 
 /// Runs another lodgerd (`--sim`: it changes nothing on the node) with `config` on `d`'s bus
 /// until it exits, killed when the test fails meanwhile: its exit code and what it logged.
-fn second_lodgerd(d: &Daemon, config: &std::path::Path) -> (Option<i32>, String) {
-    let log = d.dir.join("second-lodgerd.log");
+/// A second lodgerd (`--sim`) with `config` on `d`'s bus, its stderr in `log`.
+fn spawn_second(d: &Daemon, config: &std::path::Path, log: &std::path::Path) -> Workload {
     let child = std::process::Command::new(bin("lodgerd"))
         .arg("--config")
         .arg(config)
         .arg("--sim")
         .env("DBUS_SYSTEM_BUS_ADDRESS", &d.bus_address)
         .stdout(std::process::Stdio::null())
-        .stderr(std::fs::File::create(&log).expect("its log"))
+        .stderr(std::fs::File::create(log).expect("its log"))
         .spawn()
         .expect("spawn a second lodgerd");
-    let mut second = Workload::adopt(child);
+    Workload::adopt(child)
+}
+
+/// `d`'s config with a state directory of its own: a second lodgerd with it meets the first
+/// only on the bus.
+fn config_beside(d: &Daemon) -> std::path::PathBuf {
+    let state = d.dir.join("state").display().to_string();
+    let config = d.dir.join("second.toml");
+    let text = std::fs::read_to_string(&d.config).expect("config");
+    assert!(text.contains(&state), "{text}");
+    std::fs::write(&config, text.replace(&state, &format!("{state}-second"))).expect("config");
+    config
+}
+
+fn second_lodgerd(d: &Daemon, config: &std::path::Path) -> (Option<i32>, String) {
+    let log = d.dir.join("second-lodgerd.log");
+    let mut second = spawn_second(d, config, &log);
     let mut status = None;
     wait_until_explained(
         WAIT,
@@ -156,22 +172,10 @@ fn a_stop_while_waiting_for_the_bus_name_is_honoured_at_once() {
     let bus = PrivateBus::start();
     let dir = tempfile::tempdir().expect("tempdir");
     let d = Daemon::start(&bus, dir.path(), DaemonOptions::default());
-    let state = dir.path().join("state").display().to_string();
-    let config = dir.path().join("second.toml");
-    let text = std::fs::read_to_string(&d.config).expect("config");
-    std::fs::write(&config, text.replace(&state, &format!("{state}-second"))).expect("config");
+    let config = config_beside(&d);
     let log = d.dir.join("stopped-lodgerd.log");
-    let child = std::process::Command::new(bin("lodgerd"))
-        .arg("--config")
-        .arg(&config)
-        .arg("--sim")
-        .env("DBUS_SYSTEM_BUS_ADDRESS", &d.bus_address)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::fs::File::create(&log).expect("its log"))
-        .spawn()
-        .expect("spawn a second lodgerd");
-    let pid = child.id();
-    let mut second = Workload::adopt(child);
+    let mut second = spawn_second(&d, &config, &log);
+    let pid = second.pid();
     let read = || std::fs::read_to_string(&log).unwrap_or_default();
     wait_until_explained(
         WAIT,
@@ -247,11 +251,7 @@ fn a_second_lodgerd_on_the_same_bus_fails_to_start() {
     let bus = PrivateBus::start();
     let dir = tempfile::tempdir().expect("tempdir");
     let d = Daemon::start(&bus, dir.path(), DaemonOptions::default());
-    let state = dir.path().join("state").display().to_string();
-    let config = dir.path().join("second.toml");
-    let text = std::fs::read_to_string(&d.config).expect("config");
-    assert!(text.contains(&state), "{text}");
-    std::fs::write(&config, text.replace(&state, &format!("{state}-second"))).expect("config");
+    let config = config_beside(&d);
 
     let (code, err) = second_lodgerd(&d, &config);
     assert_eq!(code, Some(1), "{err}");

@@ -507,37 +507,39 @@ mod tests {
         assert_eq!(u32_at(&listen, NLMSG_HDR + 12), Some(41));
     }
 
+    /// A non-blocking Unix datagram pair: the kernel's end and lodgerd's, for the tests.
+    fn datagram_pair() -> (OwnedFd, OwnedFd) {
+        let mut fds = [0; 2];
+        // SAFETY: `fds` has room for the two descriptors socketpair writes.
+        let rc = unsafe {
+            libc::socketpair(
+                libc::AF_UNIX,
+                libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                0,
+                fds.as_mut_ptr(),
+            )
+        };
+        assert_eq!(rc, 0, "socketpair: {}", io::Error::last_os_error());
+        // SAFETY: both descriptors were just opened and are owned here.
+        unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) }
+    }
+
     /// `confirm` on a Unix datagram pair standing in for the kernel: other datagrams are passed
     /// over, an acceptance confirms, a refusal is its error, silence is an error that says why.
     #[test]
     fn confirm_waits_for_this_subscriptions_answer() {
-        let pair = || {
-            let mut fds = [0; 2];
-            // SAFETY: `fds` has room for the two descriptors socketpair writes.
-            let rc = unsafe {
-                libc::socketpair(
-                    libc::AF_UNIX,
-                    libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-                    0,
-                    fds.as_mut_ptr(),
-                )
-            };
-            assert_eq!(rc, 0, "socketpair: {}", io::Error::last_os_error());
-            // SAFETY: both descriptors were just opened and are owned here.
-            unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) }
-        };
         let send = |fd: &OwnedFd, d: &[u8]| {
             // SAFETY: the datagram is valid for its length.
             let sent = unsafe { libc::send(fd.as_raw_fd(), d.as_ptr().cast(), d.len(), 0) };
             assert_eq!(sent, d.len() as isize);
         };
-        let (tx, rx) = pair();
+        let (tx, rx) = datagram_pair();
         send(&tx, &event(PROC_EVENT_FORK, &[1, 1, 2, 2]));
         send(&tx, &acknowledged(7, 0));
         send(&tx, &acknowledged(41, 0));
         confirm(&rx, 41, CONFIRM_WITHIN).expect("accepted");
 
-        let (tx, rx) = pair();
+        let (tx, rx) = datagram_pair();
         send(
             &tx,
             &acknowledged(41, u32::try_from(libc::EPERM).expect("errno")),
@@ -545,7 +547,7 @@ mod tests {
         let err = confirm(&rx, 41, CONFIRM_WITHIN).expect_err("refused");
         assert_eq!(err.kind(), io::ErrorKind::PermissionDenied, "{err}");
 
-        let (tx, rx) = pair();
+        let (tx, rx) = datagram_pair();
         send(&tx, &acknowledged(7, 0));
         let err = confirm(&rx, 41, Duration::from_millis(20)).expect_err("no answer");
         assert_eq!(err.kind(), io::ErrorKind::TimedOut, "{err}");
@@ -627,19 +629,7 @@ mod tests {
     /// exits and other events do not.
     #[test]
     fn the_filter_keeps_forks_execs_and_process_exits() {
-        let mut fds = [0; 2];
-        // SAFETY: `fds` has room for the two descriptors socketpair writes.
-        let rc = unsafe {
-            libc::socketpair(
-                libc::AF_UNIX,
-                libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-                0,
-                fds.as_mut_ptr(),
-            )
-        };
-        assert_eq!(rc, 0, "socketpair: {}", io::Error::last_os_error());
-        // SAFETY: both descriptors were just opened and are owned here.
-        let (tx, rx) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        let (tx, rx) = datagram_pair();
         attach(&rx, &filter()).expect("attach the filter");
         let cases = [
             (event(PROC_EVENT_FORK, &[100, 100, 101, 100]), true),
