@@ -368,7 +368,7 @@ impl Instances {
     /// its threads itself); anything else restarts the instance once the old process is gone.
     /// Stops are asynchronous: SIGTERM here, the rest in `poll`. An online instance to start on
     /// a CPU a stopping instance still runs on waits until it is gone (`poll` starts it; see
-    /// [`must_wait`]). Idempotent.
+    /// `must_wait`). Idempotent.
     ///
     /// Every spec is checked first; a bad one (threads, batch, CPUs, a duplicate: the plan's
     /// mistakes) fails the whole call before anything is done. A new or changed command whose
