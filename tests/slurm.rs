@@ -217,50 +217,38 @@ fn a_slurm_training_job_is_pinned_inside_slurms_cpuset_and_released_by_the_epilo
     let mut cg = SlurmCgroup::create(&root, slurm_id, &both);
     let mut w = Workload::train(3);
     cg.attach(w.pid());
-    // In the step and bound before exec (not by taskset after it), in that order, as
-    // slurmstepd does (task/cgroup, then task/affinity): before Linux 6.2, joining a cpuset
-    // cgroup resets a task's affinity to the cgroup's CPUs. Until its exec the child is named
-    // slurmstepd, as a task slurmstepd forked is, so a tick between the join and the binding
-    // leaves it alone (lodger skips Slurm's daemons) rather than take it for an unbound task.
-    let mut bound = {
-        use std::os::unix::ffi::OsStrExt;
-        use std::os::unix::process::CommandExt;
-        let procs = std::ffi::CString::new(
-            cgroup_path(&cg.step)
-                .join("cgroup.procs")
-                .as_os_str()
-                .as_bytes(),
-        )
-        .expect("a path without NUL");
-        let mut cmd = Command::new("sleep");
-        cmd.arg("600");
-        // SAFETY: the closure only calls prctl with a static name, open, write and close on a
-        // path built before the fork ("0" moves the writer itself), then sched_setaffinity on a
-        // cpu_set_t it owns: all async-signal-safe; nothing allocates between fork and exec.
-        unsafe {
-            cmd.pre_exec(move || {
-                if libc::prctl(libc::PR_SET_NAME, c"slurmstepd".as_ptr()) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-                if fd < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                let wrote = libc::write(fd, b"0".as_ptr().cast(), 1);
-                libc::close(fd);
-                if wrote != 1 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                let mut set: libc::cpu_set_t = std::mem::zeroed();
-                libc::CPU_SET(b as usize, &mut set);
-                if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-        cmd.spawn().expect("bound sleep")
+    // In the step and bound before the task's exec, in that order, as slurmstepd does
+    // (task/cgroup, then task/affinity): before Linux 6.2, joining a cpuset cgroup resets a
+    // task's affinity to the cgroup's CPUs. Until the task's exec it is slurmstepd's child, a
+    // program file named slurmstepd, which lodger leaves alone: here a root-owned copy of sh
+    // named slurmstepd joins the step, then execs a copy of taskset named slurmstepd, which
+    // binds and execs the task. A child of this test binary doing the same was not: a tick
+    // between its join and its binding took it for an unbound task and pinned it (once in the
+    // VM suite), which Slurm's own child never shows lodger.
+    let bind_dir = tempfile::tempdir().expect("tempdir");
+    let copy = |from: &str, to: &std::path::Path| {
+        std::fs::create_dir(to.parent().expect("dir")).expect("mkdir");
+        // By `cp`, another process: a copy this process wrote could be held open for writing
+        // by a child another test forked meanwhile, failing the exec with ETXTBSY.
+        let copied = Command::new("cp").arg(from).arg(to).status().expect("cp");
+        assert!(copied.success(), "cp {from} {}", to.display());
     };
+    let (sh, taskset) = (
+        bind_dir.path().join("sh").join("slurmstepd"),
+        bind_dir.path().join("taskset").join("slurmstepd"),
+    );
+    copy("/bin/sh", &sh);
+    copy("/usr/bin/taskset", &taskset);
+    let procs = cgroup_path(&cg.step).join("cgroup.procs");
+    let mut bound = Command::new(&sh)
+        .arg("-c")
+        .arg(format!(
+            "echo 0 > '{}' && exec '{}' -c {b} sleep 600",
+            procs.display(),
+            taskset.display()
+        ))
+        .spawn()
+        .expect("bound sleep");
     cg.pids.push(bound.id());
     // Slurm's step daemon lives in the job's cgroups too (v2: step_<n>/slurm): not the job's.
     // Root's program file named slurmstepd, copied by `cp` (another process): a copy this
