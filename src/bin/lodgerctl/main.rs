@@ -314,7 +314,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                     ("Policy", "sched_policy"),
                     ("Processes", "pids"),
                     ("Threads", "threads"),
-                    ("RR threads", "rr_threads"),
+                    (render::class_label(&d), "rr_threads"),
                 ];
                 if d.contains_key("pod") {
                     // Registered by the runtime through NRI (docs/kubernetes.md).
@@ -336,13 +336,11 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                     ("Last error", "last_error"),
                 ]);
                 if get(&d, "kind") == "batch" {
-                    // No GPU, no category; its threads are in the batch class, not SCHED_RR.
+                    // No GPU, no category; at most its cores.
                     keys.retain(|(_, k)| !matches!(*k, "gpus" | "category"));
                     for (label, key) in &mut keys {
-                        match *key {
-                            "rr_threads" => *label = "In class",
-                            "cores" => *label = "Most cores",
-                            _ => {}
+                        if *key == "cores" {
+                            *label = "Most cores";
                         }
                     }
                 }

@@ -110,6 +110,17 @@ pub(crate) fn in_class(d: &HashMap<String, OwnedValue>) -> String {
     }
 }
 
+/// `lodgerctl show`'s label for the count of threads in the job's class: "RR threads" only
+/// where that class is SCHED_RR. A training job under `training.policy = "other"`, a batch or
+/// an inference job, were all shown "RR threads" though none of their threads is SCHED_RR.
+pub(crate) fn class_label(d: &HashMap<String, OwnedValue>) -> &'static str {
+    if get(d, "sched_policy").starts_with("SCHED_RR") {
+        "RR threads"
+    } else {
+        "In class"
+    }
+}
+
 /// Rows as aligned columns, one line each, the header first.
 pub(crate) fn render_table(header: &[&str], rows: &[Vec<String>]) -> String {
     let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
@@ -176,6 +187,19 @@ mod tests {
         assert_eq!(shown_field(&training, "gpus"), "-");
         assert_eq!(shown_field(&training, "cpus"), "2-9");
         assert_eq!(shown_field(&training, "last_error"), "");
+    }
+
+    #[test]
+    fn show_says_rr_threads_only_where_the_class_is_rr() {
+        let policy = |p: &str| job(&[("sched_policy", Value::from(p.to_string()))]);
+        assert_eq!(class_label(&policy("SCHED_RR/50")), "RR threads");
+        assert_eq!(class_label(&policy("SCHED_OTHER/nice 5")), "In class");
+        assert_eq!(class_label(&policy("SCHED_BATCH")), "In class");
+        assert_eq!(
+            class_label(&job(&[])),
+            "In class",
+            "no policy said: no claim"
+        );
     }
 
     /// `lodgerctl list` headed the count RR/THREADS for every job, batch jobs included, whose
