@@ -222,33 +222,17 @@ mod tests {
 
     /// A running instance of job 1 with `threads` threads and batch 8, whose window is full.
     fn inst(index: u32, threads: u32) -> InstanceStats {
+        let cpus = (index * threads..(index + 1) * threads).collect();
         InstanceStats {
-            job: JobId::from_seq(1),
-            index,
-            pid: Some(1000 + index),
-            cpus: (index * threads..(index + 1) * threads).collect(),
-            threads,
-            batch: 8,
-            cgroup: None,
-            unit: None,
-            state: InstanceState::Running,
-            restarts: 0,
-            failures: 0,
-            backoff: Duration::ZERO,
-            last_exit: None,
-            memory_max: None,
-            oom_kills: 0,
-            last_error: None,
             uptime: WINDOW * 6,
             span: WINDOW,
             items_per_s: 100.0,
             latency_p50_ms: Some(10.0),
             latency_p99_ms: Some(20.0),
             latency_samples: 50,
-            queue_p99_ms: None,
             items_total: 5000,
             reports_total: 500,
-            bad_reports: 0,
+            ..InstanceStats::running(JobId::from_seq(1), index, cpus, 8)
         }
     }
 

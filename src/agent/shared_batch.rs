@@ -129,32 +129,15 @@ mod tests {
     fn inst(cpu: u32, batch: u32, ms: f64, batches: u64) -> InstanceStats {
         let span = Duration::from_secs(10);
         InstanceStats {
-            job: id(1),
-            index: cpu,
-            pid: Some(1000 + cpu),
-            cpus: [cpu].into_iter().collect(),
-            threads: 1,
-            batch,
-            cgroup: None,
-            unit: None,
-            state: InstanceState::Running,
-            restarts: 0,
-            failures: 0,
-            backoff: Duration::ZERO,
-            last_exit: None,
-            memory_max: None,
-            oom_kills: 0,
-            last_error: None,
             uptime: span,
             span,
             items_per_s: (batches * u64::from(batch)) as f64 / span.as_secs_f64(),
             latency_p50_ms: (batches > 0).then_some(ms),
             latency_p99_ms: (batches > 0).then_some(ms),
             latency_samples: batches,
-            queue_p99_ms: None,
             items_total: batches * u64::from(batch),
             reports_total: batches,
-            bad_reports: 0,
+            ..InstanceStats::running(id(1), cpu, [cpu].into_iter().collect(), batch)
         }
     }
 

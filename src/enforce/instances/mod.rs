@@ -355,6 +355,42 @@ pub struct InstanceStats {
     pub bad_reports: u64,
 }
 
+#[cfg(test)]
+impl InstanceStats {
+    /// A running instance of `job` on `cpus` with `batch`, nothing measured yet: the policy
+    /// tests' starting point, the fields they are about set on top.
+    pub(crate) fn running(job: JobId, index: u32, cpus: CpuSet, batch: u32) -> Self {
+        Self {
+            job,
+            index,
+            pid: Some(1000 + index),
+            threads: u32::try_from(cpus.len()).unwrap_or(u32::MAX),
+            cpus,
+            batch,
+            cgroup: None,
+            unit: None,
+            state: InstanceState::Running,
+            restarts: 0,
+            failures: 0,
+            backoff: Duration::ZERO,
+            last_exit: None,
+            memory_max: None,
+            oom_kills: 0,
+            last_error: None,
+            uptime: Duration::ZERO,
+            span: Duration::ZERO,
+            items_per_s: 0.0,
+            latency_p50_ms: None,
+            latency_p99_ms: None,
+            latency_samples: 0,
+            queue_p99_ms: None,
+            items_total: 0,
+            reports_total: 0,
+            bad_reports: 0,
+        }
+    }
+}
+
 /// What one `reconcile` did. Start failures are in `errors`; those instances back off and retry.
 #[derive(Debug, Default)]
 pub struct ReconcileOutcome {
