@@ -24,7 +24,8 @@
 //! benchmark, not here. `LODGER_BENCH_IDLE_SECONDS` (default 30) sets the idle window,
 //! `LODGER_BENCH_TICK_SECONDS` (default 4) each per-tick window, `LODGER_BENCH_ONLY=idle` runs only
 //! item 3. `LODGER_BENCH_PROFILE=<ms>` holds one lodgerd ticking every `<ms>` for 30 s for a
-//! profiler, with `LODGER_BENCH_PROFILE_JOBS` jobs (default 100; 0 for the baseline).
+//! profiler, with `LODGER_BENCH_PROFILE_JOBS` jobs (default 100; 0 for the baseline), on the
+//! 192-CPU tree or, with `LODGER_BENCH_PROFILE_TREE=64` or `144`, on that one.
 #[path = "../tests/common/mod.rs"]
 mod common;
 #[path = "support/sleeper.rs"]
@@ -382,8 +383,19 @@ fn ticks(big: &Path, fixtures: &Path, unpacked: &Path, window: Duration) {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(50);
+    // LODGER_BENCH_PROFILE_TREE=64 or 144: profile on the 64-CPU fixture or the recorded
+    // 144-CPU tree instead of the generated 192-CPU one.
+    let profiled_tree = match std::env::var("LODGER_BENCH_PROFILE_TREE").as_deref() {
+        Ok("64") => Some(fixtures.join("server-2s-64cpu-8gpu")),
+        Ok("144") => recorded_144(unpacked).ok(),
+        _ => None,
+    };
     for &jobs in sizes {
-        let node = Node::start(big, jobs, profile_ms);
+        let tree = match (&profiled_tree, std::env::var_os("LODGER_BENCH_PROFILE")) {
+            (Some(tree), Some(_)) => tree.as_path(),
+            _ => big,
+        };
+        let node = Node::start(tree, jobs, profile_ms);
         if std::env::var_os("LODGER_BENCH_PROFILE").is_some() {
             // For a profiler: lodgerd at the largest size, ticking every LODGER_BENCH_PROFILE
             // ms (50 if not a number), for 30 s.
