@@ -545,7 +545,7 @@ fn serve(
             tokio::spawn(status_line::run(handle.clone()));
         }
         let mut running = config.clone();
-        let reader = reload::Bounded::new(reload::READ_BOUND);
+        let reader = reload::reader();
         while signals.next().await == Signal::Reload {
             notify(&[sd_notify::NotifyState::Reloading]);
             running = reload::reload(

@@ -3,11 +3,8 @@
 //! hung mount or directory server never holds one of the runtime's workers that serve D-Bus.
 
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::oneshot;
 use tracing::{info, warn};
 
 use super::settings::{agent_settings_on, Enforceable};
@@ -16,79 +13,16 @@ use crate::agent::{AgentHandle, LiveSettings, NetworkReload};
 use crate::api::Authority;
 use crate::config::{self, Config};
 use crate::enforce::network::node::Classifier;
+use crate::sys::bounded::{BoundedError, BoundedThreads};
 
 /// How long a reload may spend reading the file and looking its group up before it gives up and
 /// keeps the running config.
 pub(super) const READ_BOUND: Duration = Duration::from_secs(10);
 
-/// Why blocking work run by [`Bounded::run`] gave no answer.
-#[derive(Debug, PartialEq, Eq, thiserror::Error)]
-pub(super) enum BoundedError {
-    #[error("it did not finish within {0:?} (a hung mount or name service?)")]
-    TimedOut(Duration),
-    #[error("the one before is still running, past its bound (a hung mount or name service?)")]
-    Busy,
-    #[error("cannot start a thread for it: {0}")]
-    Spawn(String),
-    #[error("it panicked")]
-    Panicked,
-}
-
-/// Runs blocking work on a thread of its own and waits for it at most a bound, one at a time.
-/// A thread rather than `spawn_blocking`: a read that never returns would otherwise also keep the
-/// runtime from shutting down, as dropping it waits for its blocking tasks. One at a time: while
-/// a hung read's thread lives, a new one is refused rather than stacking threads up.
-#[derive(Debug)]
-pub(super) struct Bounded {
-    bound: Duration,
-    busy: Arc<AtomicBool>,
-}
-
-impl Bounded {
-    pub(super) fn new(bound: Duration) -> Self {
-        Self {
-            bound,
-            busy: Arc::new(AtomicBool::new(false)),
-        }
-    }
-
-    /// `work`'s result, or why there is none within the bound. `work` that outlives the bound
-    /// runs on; its result is dropped.
-    pub(super) async fn run<T: Send + 'static>(
-        &self,
-        work: impl FnOnce() -> T + Send + 'static,
-    ) -> Result<T, BoundedError> {
-        if self
-            .busy
-            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
-            .is_err()
-        {
-            return Err(BoundedError::Busy);
-        }
-        let busy = self.busy.clone();
-        let (tx, rx) = oneshot::channel();
-        let spawned = std::thread::Builder::new()
-            .name("lodgerd-reload".into())
-            .spawn(move || {
-                let done = std::panic::catch_unwind(std::panic::AssertUnwindSafe(work));
-                // Free before answering: whoever gets the answer may run the next one at once.
-                busy.store(false, Ordering::Release);
-                // A panic drops `tx` unsent: the caller hears it panicked. The receiver is gone
-                // when the bound passed: nobody wants the result.
-                if let Ok(value) = done {
-                    let _ = tx.send(value);
-                }
-            });
-        if let Err(e) = spawned {
-            self.busy.store(false, Ordering::Release);
-            return Err(BoundedError::Spawn(e.to_string()));
-        }
-        match tokio::time::timeout(self.bound, rx).await {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(_)) => Err(BoundedError::Panicked),
-            Err(_) => Err(BoundedError::TimedOut(self.bound)),
-        }
-    }
+/// The thread the reload's read runs on: one at a time, so while a hung read's thread lives, a new
+/// reload is refused rather than stacking threads up.
+pub(super) fn reader() -> BoundedThreads {
+    BoundedThreads::new("lodgerd-reload", 1)
 }
 
 /// Re-reads the config file lodgerd was started with and applies what can change live
@@ -99,7 +33,7 @@ impl Bounded {
 /// start.
 pub(super) async fn reload(
     running: &Config,
-    reader: &Bounded,
+    reader: &BoundedThreads,
     handle: &AgentHandle,
     auth: &Authority,
     classifier: Option<&Classifier>,
@@ -145,7 +79,7 @@ pub(super) async fn reload(
 /// off the runtime through `reader`; the error says why there is no new config.
 async fn read<L, G>(
     running: &Config,
-    reader: &Bounded,
+    reader: &BoundedThreads,
     path: &Path,
     load: L,
     exists: G,
@@ -158,11 +92,16 @@ where
     let path = path.to_path_buf();
     let shown = path.display().to_string();
     match reader
-        .run(move || load(&path).map(|new| vet_group(&running, new, exists)))
+        .run_async(READ_BOUND, move || {
+            load(&path).map(|new| vet_group(&running, new, exists))
+        })
         .await
     {
         Ok(Ok(new)) => Ok(new),
         Ok(Err(e)) => Err(e.to_string()),
+        Err(e @ (BoundedError::TimedOut(_) | BoundedError::Busy(_))) => Err(format!(
+            "reading {shown}: {e} (a hung mount or name service?)"
+        )),
         Err(e) => Err(format!("reading {shown}: {e}")),
     }
 }
@@ -261,7 +200,7 @@ mod tests {
         let running = Config::parse("[api]\ngroup = \"trainers\"\n", path).expect("parses");
         let text = "[agent]\ninterval_ms = 250\n[api]\ngroup = \"trainres\"\n";
         let load = move |p: &Path| Config::parse(text, p);
-        let reader = Bounded::new(READ_BOUND);
+        let reader = reader();
 
         let (release, hung) = mpsc::channel::<()>();
         let (ended_tx, ended) = mpsc::channel::<()>();
@@ -288,7 +227,7 @@ mod tests {
         // The look-up returns: its late answer is dropped, and the next reload reads.
         release.send(()).expect("the hung look-up waits");
         ended.recv().expect("the hung look-up ends");
-        while reader.busy.load(Ordering::Acquire) {
+        while reader.running() > 0 {
             // Its thread clears the flag right after the look-up: wait for that, not for time.
             std::thread::yield_now();
         }
@@ -305,7 +244,7 @@ mod tests {
     async fn a_reload_that_fails_to_read_says_why() {
         let path = Path::new("/etc/lodger/lodger.toml");
         let running = Config::default();
-        let reader = Bounded::new(READ_BOUND);
+        let reader = reader();
         let bad = |p: &Path| Config::parse("[agent]\ninterval_ms = \"soon\"\n", p);
         let err = read(&running, &reader, path, bad, |_| Ok(true))
             .await
@@ -313,10 +252,13 @@ mod tests {
         assert!(err.contains("interval_ms"), "{err}");
         let panics = |_: &Path| -> Result<Config, config::ConfigError> { panic!("reader bug") };
         assert_eq!(
-            reader.run(move || panics(path)).await.err(),
+            reader
+                .run_async(READ_BOUND, move || panics(path))
+                .await
+                .err(),
             Some(BoundedError::Panicked)
         );
         // A panicked read leaves the reader usable.
-        assert_eq!(reader.run(|| 7).await, Ok(7));
+        assert_eq!(reader.run_async(READ_BOUND, || 7).await, Ok(7));
     }
 }
