@@ -161,8 +161,8 @@ impl RtGuard {
                 watch.runq_wait_ms_per_s = 0.0;
             } else if close || due {
                 let detail = rtlimit::thread_times(cx.proc_root, &stored.job.pids);
-                if let Some(r) = rtlimit::rates(&watch.detail, &detail, cpus) {
-                    watch.runq_wait_ms_per_s = r.runq_wait_ms_per_s;
+                if let Some(wait) = rtlimit::runq_wait_ms_per_s(&watch.detail, &detail) {
+                    watch.runq_wait_ms_per_s = wait;
                 }
                 watch.detail = detail;
             }

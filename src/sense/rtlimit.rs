@@ -12,8 +12,6 @@
 use std::path::Path;
 use std::time::Instant;
 
-use serde::Serialize;
-
 /// `<proc>/` + these.
 pub const SCHED_RT_RUNTIME: &str = "sys/kernel/sched_rt_runtime_us";
 pub const SCHED_RT_PERIOD: &str = "sys/kernel/sched_rt_period_us";
@@ -42,41 +40,60 @@ pub fn limit_of(runtime_us: i64, period_us: i64) -> Option<f64> {
     Some((runtime_us as f64 / period_us as f64).min(1.0))
 }
 
-/// The job's threads' scheduler counters summed, at an instant.
+/// One thread's scheduler counters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ThreadTimes {
+pub struct ThreadTime {
+    pub tid: u32,
     pub on_cpu_ns: u64,
     pub waiting_ns: u64,
-    pub threads: u32,
+}
+
+/// The job's threads' scheduler counters, one entry a thread sorted by thread id, at an instant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ThreadTimes {
+    pub threads: Vec<ThreadTime>,
     pub at: Instant,
 }
 
-/// Sums `/proc/PID/task/*/schedstat` over `pids`. Threads that exit between the listing and the
-/// read are skipped (their time leaves the sum: the next rate may dip, never go negative, since
-/// rates saturate at 0).
+impl ThreadTimes {
+    /// Time on CPU over all the threads read.
+    pub fn on_cpu_ns(&self) -> u64 {
+        self.threads
+            .iter()
+            .fold(0, |sum, t| sum.saturating_add(t.on_cpu_ns))
+    }
+}
+
+/// Reads `/proc/PID/task/TID/schedstat` for every thread of `pids`. Threads that exit between
+/// the listing and the read are left out, as are entries whose name is not a thread id.
 pub fn thread_times(proc_root: &Path, pids: &[u32]) -> ThreadTimes {
-    let mut t = ThreadTimes {
-        on_cpu_ns: 0,
-        waiting_ns: 0,
-        threads: 0,
-        at: Instant::now(),
-    };
+    let mut threads = Vec::new();
     for pid in pids {
         let Ok(tasks) = std::fs::read_dir(proc_root.join(format!("{pid}/task"))) else {
             continue;
         };
         for task in tasks.flatten() {
+            let Some(tid) = task.file_name().to_str().and_then(|n| n.parse().ok()) else {
+                continue;
+            };
             let Ok(text) = std::fs::read_to_string(task.path().join("schedstat")) else {
                 continue;
             };
-            if let Some((run, wait)) = parse_schedstat(&text) {
-                t.on_cpu_ns = t.on_cpu_ns.saturating_add(run);
-                t.waiting_ns = t.waiting_ns.saturating_add(wait);
-                t.threads += 1;
+            if let Some((on_cpu_ns, waiting_ns)) = parse_schedstat(&text) {
+                threads.push(ThreadTime {
+                    tid,
+                    on_cpu_ns,
+                    waiting_ns,
+                });
             }
         }
     }
-    t
+    threads.sort_unstable_by_key(|t| t.tid);
+    threads.dedup_by_key(|t| t.tid);
+    ThreadTimes {
+        threads,
+        at: Instant::now(),
+    }
 }
 
 /// Where a job's CPU time comes from: the processes' CPU-time clocks ([`kernel_clock`]) or, for
@@ -103,7 +120,7 @@ pub fn kernel_clock(_proc_root: &Path, pid: u32) -> Option<u64> {
 /// fake proc tree.
 pub fn schedstat_clock(proc_root: &Path, pid: u32) -> Option<u64> {
     let t = thread_times(proc_root, &[pid]);
-    (t.threads > 0).then_some(t.on_cpu_ns)
+    (!t.threads.is_empty()).then(|| t.on_cpu_ns())
 }
 
 /// The CPU time of each of `pids` by `clock`, now. A process that is gone is left out.
@@ -152,27 +169,29 @@ pub fn parse_schedstat(text: &str) -> Option<(u64, u64)> {
     Some((run, wait))
 }
 
-/// A job's standing against the RT limit over the last interval.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub struct RtRates {
-    /// CPU time per CPU of its cpuset, 0..=1.
-    pub share_per_cpu: f64,
-    /// Time its threads spent runnable but waiting, ms per second (summed over threads).
-    pub runq_wait_ms_per_s: f64,
-}
-
-/// Rates between two samples over `cpus` CPUs; `None` when no time passed or no CPU.
-pub fn rates(prev: &ThreadTimes, cur: &ThreadTimes, cpus: usize) -> Option<RtRates> {
+/// Time the job's threads spent runnable but waiting between two samples, ms per second summed
+/// over threads; `None` when no time passed or no thread is in both. Per thread, as
+/// [`share_per_cpu`] is per process: only threads in both samples count, so one that exited (a
+/// DataLoader worker re-created) does not make the figure dip, and one that joined with waiting
+/// time behind it does not make it spike.
+pub fn runq_wait_ms_per_s(prev: &ThreadTimes, cur: &ThreadTimes) -> Option<f64> {
     let wall = cur.at.checked_duration_since(prev.at)?.as_secs_f64();
-    if wall <= 0.0 || cpus == 0 {
+    if wall <= 0.0 {
         return None;
     }
-    let run = cur.on_cpu_ns.saturating_sub(prev.on_cpu_ns) as f64 / 1e9;
-    let wait = cur.waiting_ns.saturating_sub(prev.waiting_ns) as f64 / 1e9;
-    Some(RtRates {
-        share_per_cpu: run / wall / cpus as f64,
-        runq_wait_ms_per_s: wait / wall * 1e3,
-    })
+    let mut matched = false;
+    let mut wait_ns = 0u64;
+    for now in &cur.threads {
+        let Ok(i) = prev.threads.binary_search_by_key(&now.tid, |t| t.tid) else {
+            continue;
+        };
+        let Some(before) = prev.threads.get(i) else {
+            continue;
+        };
+        matched = true;
+        wait_ns = wait_ns.saturating_add(now.waiting_ns.saturating_sub(before.waiting_ns));
+    }
+    matched.then(|| wait_ns as f64 / 1e9 / wall * 1e3)
 }
 
 #[cfg(test)]
@@ -205,7 +224,22 @@ mod tests {
             std::fs::write(d.join("schedstat"), line).expect("write");
         }
         let t = thread_times(root, &[10, 99]);
-        assert_eq!((t.on_cpu_ns, t.waiting_ns, t.threads), (2000, 50, 2));
+        assert_eq!(
+            t.threads,
+            [
+                ThreadTime {
+                    tid: 10,
+                    on_cpu_ns: 500,
+                    waiting_ns: 20
+                },
+                ThreadTime {
+                    tid: 11,
+                    on_cpu_ns: 1500,
+                    waiting_ns: 30
+                }
+            ]
+        );
+        assert_eq!(t.on_cpu_ns(), 2000);
     }
 
     #[test]
@@ -294,25 +328,61 @@ mod tests {
         assert_eq!(s.processes, vec![(20, 200), (30, 300)]);
     }
 
+    fn thread(tid: u32, waiting_ns: u64) -> ThreadTime {
+        ThreadTime {
+            tid,
+            on_cpu_ns: 0,
+            waiting_ns,
+        }
+    }
+
     #[test]
-    fn rates_per_cpu_and_wait() {
+    fn runq_wait_from_two_samples() {
         let at = Instant::now();
         let prev = ThreadTimes {
-            on_cpu_ns: 0,
-            waiting_ns: 0,
-            threads: 2,
+            threads: vec![thread(10, 0), thread(11, 0)],
             at,
         };
         let cur = ThreadTimes {
-            on_cpu_ns: 1_900_000_000,
-            waiting_ns: 50_000_000,
-            threads: 2,
+            threads: vec![thread(10, 20_000_000), thread(11, 30_000_000)],
             at: at + Duration::from_secs(1),
         };
-        let r = rates(&prev, &cur, 2).expect("rates");
-        assert!((r.share_per_cpu - 0.95).abs() < 1e-9);
-        assert!((r.runq_wait_ms_per_s - 50.0).abs() < 1e-9);
-        assert_eq!(rates(&cur, &prev, 2), None, "time went backwards");
-        assert_eq!(rates(&prev, &cur, 0), None);
+        let wait = runq_wait_ms_per_s(&prev, &cur).expect("wait");
+        assert!((wait - 50.0).abs() < 1e-9, "{wait}");
+        assert_eq!(runq_wait_ms_per_s(&cur, &prev), None, "time went backwards");
+    }
+
+    /// The wait figure was the summed waiting time of the threads read in each sample: a thread
+    /// that exited between two samples took its waiting time out of the sum and the figure
+    /// dipped to 0 for a window (or spiked when one joined with time behind it).
+    #[test]
+    fn a_thread_leaving_or_joining_makes_the_wait_neither_dip_nor_spike() {
+        let at = Instant::now();
+        let second = |threads: Vec<ThreadTime>| ThreadTimes {
+            threads,
+            at: at + Duration::from_secs(1),
+        };
+        // The trainer's thread (10) and a DataLoader worker's (11) with 4 s waited behind it.
+        let prev = ThreadTimes {
+            threads: vec![thread(10, 1_000_000_000), thread(11, 4_000_000_000)],
+            at,
+        };
+        // The worker is re-created as 12 within the second; the trainer waited 30 ms of it.
+        let cur = second(vec![thread(10, 1_030_000_000), thread(12, 1_000_000)]);
+        let wait = runq_wait_ms_per_s(&prev, &cur).expect("wait");
+        assert!((wait - 30.0).abs() < 1e-9, "dipped: {wait}");
+        // A thread that joins with 100 s waited behind it adds nothing this window.
+        let cur = second(vec![
+            thread(10, 1_030_000_000),
+            thread(11, 4_000_000_000),
+            thread(13, 100_000_000_000),
+        ]);
+        let wait = runq_wait_ms_per_s(&prev, &cur).expect("wait");
+        assert!((wait - 30.0).abs() < 1e-9, "spiked: {wait}");
+        // No thread in both: no figure rather than 0.
+        assert_eq!(
+            runq_wait_ms_per_s(&prev, &second(vec![thread(14, 1)])),
+            None
+        );
     }
 }
