@@ -502,6 +502,9 @@ impl NetworkControl {
             self.unshaped.clear();
             self.note_problem(None);
         } else {
+            // Part of it may be gone (the tree removed, the net_cls group not): nothing is
+            // known to be in place, and the next shaping applies everything again.
+            self.active = None;
             self.note_problem(Some(format!(
                 "cannot remove shaping: {}",
                 problems.join("; ")

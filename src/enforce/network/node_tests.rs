@@ -169,24 +169,31 @@ fn a_failed_apply_is_reported_and_retried() {
     assert!(runner.lines().len() > before, "retried at the next tick");
 }
 
-#[test]
-fn v1_moves_cpu_job_processes_into_the_net_cls_group_and_removes_it() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let root = dir.path();
-    // A fake net_cls hierarchy: plain files stand in for the kernel's.
+/// A fake net_cls hierarchy at `root` (plain files stand in for the kernel's) with lodger's
+/// CPU-jobs group, returned.
+fn fake_net_cls(root: &std::path::Path) -> std::path::PathBuf {
     std::fs::write(root.join("cgroup.procs"), "").expect("root procs");
     let group = root.join("lodger/cpu-jobs");
     std::fs::create_dir_all(&group).expect("group");
     std::fs::write(group.join("cgroup.procs"), "").expect("procs");
     std::fs::write(group.join("net_cls.classid"), "0\n").expect("classid");
+    group
+}
+
+fn net_cls(root: &std::path::Path) -> Classifier {
+    Classifier::NetCls {
+        hierarchy: root.to_path_buf(),
+        relative: "lodger/cpu-jobs".into(),
+    }
+}
+
+#[test]
+fn v1_moves_cpu_job_processes_into_the_net_cls_group_and_removes_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path();
+    let group = fake_net_cls(root);
     let runner = Shared::default();
-    let mut ctl = control(
-        &runner,
-        Classifier::NetCls {
-            hierarchy: root.to_path_buf(),
-            relative: "lodger/cpu-jobs".into(),
-        },
-    );
+    let mut ctl = control(&runner, net_cls(root));
     let mut w = want(&["j1"], &[("j2", &[])]);
     w.cpu_jobs[0].pids = vec![4242];
     assert_eq!(ctl.reconcile(&w), [NetworkEvent::Held(job("j2"))]);
@@ -207,6 +214,57 @@ fn v1_moves_cpu_job_processes_into_the_net_cls_group_and_removes_it() {
     );
     let root_procs = std::fs::read_to_string(root.join("cgroup.procs")).expect("procs");
     assert_eq!(root_procs, "4242");
+}
+
+/// A removal that failed partway (the HTB tree deleted, the net_cls group not: a CPU job's
+/// child forked into it meanwhile) left the control taking shaping as in place: a multi-node
+/// job registered next was not shaped until the verify tick, and `status` said "shaping".
+/// Now the next reconcile applies everything again.
+#[test]
+fn a_removal_that_failed_partway_is_applied_again_at_the_next_reconcile() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path();
+    // Its group, a directory with files, cannot be removed.
+    fake_net_cls(root);
+    let runner = Shared::default();
+    let mut ctl = control(&runner, net_cls(root));
+    let built = |runner: &Shared| {
+        runner
+            .changes()
+            .iter()
+            .filter(|l| l.contains("qdisc replace dev eth0 root"))
+            .count()
+    };
+    let w = want(&["j1"], &[("j2", &[])]);
+    ctl.reconcile(&w);
+    assert_eq!(built(&runner), 1);
+    // The tree is lodger's now; the last multi-node job goes: the tree is deleted, the group
+    // stays.
+    let shown = |runner: &Shared, line: &str| {
+        runner
+            .0
+            .lock()
+            .expect("runner")
+            .reply(&["tc", "qdisc", "show"], line);
+    };
+    shown(
+        &runner,
+        "qdisc htb 4c44: root refcnt 2 r2q 10 default 0x10\n",
+    );
+    ctl.reconcile(&want(&[], &[]));
+    assert!(runner
+        .changes()
+        .contains(&"tc qdisc del dev eth0 root".to_string()));
+    assert!(
+        ctl.status().contains("cannot remove shaping"),
+        "{}",
+        ctl.status()
+    );
+    // A multi-node job again: the tree is built at once, not at the verify tick.
+    shown(&runner, "qdisc noqueue 0: root refcnt 2 \n");
+    ctl.reconcile(&w);
+    assert_eq!(built(&runner), 2, "{:?}", runner.changes());
+    assert!(ctl.status().starts_with("shaping eth0"), "{}", ctl.status());
 }
 
 #[test]
