@@ -523,13 +523,19 @@ fn lodgerd_killed_at_random_moments_loses_orphans_and_restarts_nothing() {
                 d.ctl_ok(&["--json", "list"])
             );
         };
-        wait_until(WAIT, "the link shaped for a multi-node job", || {
-            ns.shaping().0
-        });
+        wait_until_explained(
+            WAIT,
+            "the link shaped for a multi-node job",
+            || ns.shaping().0,
+            || network_story(&d, ns),
+        );
         d.ctl_ok(&["unregister", &id]);
-        wait_until(WAIT, "the shaping taken away", || {
-            ns.shaping() == (false, false)
-        });
+        wait_until_explained(
+            WAIT,
+            "the shaping taken away",
+            || ns.shaping() == (false, false),
+            || network_story(&d, ns),
+        );
     }
     let log = d.log();
     assert!(lost.is_empty(), "lost: {lost:?}\n{jobs:#?}\n{log}");
@@ -560,6 +566,41 @@ fn lodgerd_killed_at_random_moments_loses_orphans_and_restarts_nothing() {
         jobs.get(&sentinel),
         d.log()
     );
+}
+
+/// What a wait on the link's shaping that timed out leaves to go on (it failed once under load,
+/// and passed when run again): lodgerd's network status and jobs' network lines, the link's
+/// qdiscs, lodgerd's network log lines and its last lines (a stalled tick shows there).
+fn network_story(d: &Daemon, ns: &Netns) -> String {
+    let status = String::from_utf8_lossy(&d.ctl(&["--json", "status"]).stdout).into_owned();
+    let jobs: Vec<String> = listed(d)
+        .unwrap_or_default()
+        .iter()
+        .map(|(id, j)| {
+            format!(
+                "{id} {} multi_node={} network={}",
+                j["kind"], j["multi_node"], j["network"]
+            )
+        })
+        .collect();
+    let qdiscs = std::process::Command::new("tc")
+        .args(["-n", &ns.name, "qdisc", "show", "dev", LINK])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    let log = d.log();
+    let lines: Vec<&str> = log.lines().collect();
+    let network: Vec<&str> = lines
+        .iter()
+        .copied()
+        .filter(|l| l.contains("network") || l.contains("shaping"))
+        .collect();
+    format!(
+        "status: {status}\njobs:\n{}\nqdiscs on {LINK}: {qdiscs}\nnetwork log lines:\n{}\nlast log lines:\n{}",
+        jobs.join("\n"),
+        network.join("\n"),
+        lines[lines.len().saturating_sub(60)..].join("\n")
+    )
 }
 
 /// `lodgerctl --json register training` of `pid` on one core, not right-sized.
