@@ -303,7 +303,7 @@ impl Inference {
         stored.job.cpus = mine.iter().fold(CpuSet::new(), |acc, s| acc.union(&s.cpus));
         let running = mine
             .iter()
-            .filter(|s| matches!(s.state, InstanceState::Running))
+            .filter(|s| matches!(s.state, InstanceState::Running | InstanceState::Moving))
             .count();
         stored.job.state = if running > 0 {
             JobState::Running

@@ -124,8 +124,9 @@ pub struct InstanceView {
     pub cpus: CpuSet,
     pub threads: u32,
     pub batch: u32,
-    /// running, backing-off, stopping, waiting (online, for a stopping instance to leave its
-    /// CPUs).
+    /// running, backing-off, stopping, waiting (for a stopping instance, or a moving one, to
+    /// leave its CPUs; offline: for a moving one only), moving (online, serving on `cpus` until
+    /// a stopping instance leaves the CPUs the plan now gives it).
     pub state: String,
     pub restarts: u32,
     /// Times the OOM killer took it (since this lodgerd started supervising it).

@@ -424,3 +424,99 @@ fn an_online_instance_waits_for_a_stopping_instance_to_leave_its_cpus() {
     let stats = f.inst().stats();
     assert_eq!(find(&stats, "j10", 1).map(|s| s.threads), Some(2));
 }
+
+/// The same for an online instance moved in place (its CPUs changed alone, so the supervisor
+/// re-pins it rather than restarting it): onto a CPU a stopping instance still runs on, it waits
+/// (state "moving"), serving on its old CPU, and moves once that instance is gone: the same
+/// process, never beside it. A new instance on the CPU it leaves waits for the move, an offline
+/// one too (the supervisor does not check the plan: one online and one offline instance on the
+/// same CPU here stand for two such starts).
+#[test]
+fn an_online_instance_moved_in_place_waits_for_a_stopping_instance_to_leave_its_cpus() {
+    const TEST: &str =
+        "an_online_instance_moved_in_place_waits_for_a_stopping_instance_to_leave_its_cpus";
+    let Some(mut f) = Fixture::new(TEST, InstancePlacement::Affinity) else {
+        return;
+    };
+    let mut s = f.settings(InstancePlacement::Affinity);
+    s.stop_grace = Duration::from_millis(700);
+    f.inst = Some(Instances::new(s).expect("Instances"));
+    let stubborn = strings(&["/bin/sh", "-c", "trap '' TERM; sleep 300 & wait"]);
+    let find = |s: &[InstanceStats], j: &str, i: u32| {
+        s.iter().find(|x| x.job == job(j) && x.index == i).cloned()
+    };
+    f.inst()
+        .reconcile(&[
+            spec("j10", 0, stubborn, "0", 1),
+            spec("j10", 1, worker(&[]), "1", 1),
+        ])
+        .expect("reconcile");
+    // The shell ignores SIGTERM once it has started its child, not before.
+    let stats = f.poll_until("both running, j10-0 ignoring SIGTERM", |s| {
+        s.len() == 2
+            && s.iter().all(|x| x.state == InstanceState::Running)
+            && s[0].pid.is_some_and(|p| {
+                std::fs::read_to_string(format!("/proc/{p}/task/{p}/children"))
+                    .is_ok_and(|c| !c.trim().is_empty())
+            })
+    });
+    let pid = pid_of(&stats, "j10", 1);
+    // Every thread of the moved instance is allowed exactly `cpus`.
+    let on = |cpus: &str| {
+        let t = tids(pid);
+        !t.is_empty()
+            && t.iter()
+                .all(|&tid| cpus_allowed(pid, tid).as_deref() == Some(cpus))
+    };
+    assert!(on("1"));
+
+    // A re-layout: j10-0 goes, j10-1 moves to its CPU, other jobs' instances take CPU 1.
+    let mut offline = spec("j12", 0, worker(&[]), "1", 1);
+    offline.offline = true;
+    let desired = [
+        spec("j10", 1, worker(&[]), "0", 1),
+        spec("j11", 0, worker(&[]), "1", 1),
+        offline,
+    ];
+    let out = f.inst().reconcile(&desired).expect("reconcile");
+    let keys = |k: &[lodger::enforce::instances::InstanceKey]| {
+        k.iter().map(|k| k.to_string()).collect::<Vec<_>>()
+    };
+    assert_eq!(keys(&out.stopping), ["j10-0"], "{out:?}");
+    assert_eq!(keys(&out.waiting), ["j10-1", "j11-0", "j12-0"], "{out:?}");
+    assert!(out.moved.is_empty() && out.started.is_empty(), "{out:?}");
+    let mut moved = Vec::new();
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let out = f.inst().poll();
+        assert!(out.errors.is_empty(), "poll errors: {:?}", out.errors);
+        moved.extend(keys(&out.moved));
+        let stats = f.inst().stats();
+        let mover = find(&stats, "j10", 1).expect("still wanted");
+        let new = find(&stats, "j11", 0).expect("still wanted");
+        let offline = find(&stats, "j12", 0).expect("still wanted");
+        assert_eq!(mover.pid, Some(pid), "moved, not restarted: {stats:#?}");
+        if find(&stats, "j10", 0).is_some() {
+            assert_eq!(mover.state, InstanceState::Moving, "{stats:#?}");
+            assert_eq!(mover.cpus, set("1"), "shown where it runs: {stats:#?}");
+            assert!(on("1"), "moved beside a stopping instance: {stats:#?}");
+            assert_eq!(new.state, InstanceState::Waiting, "{stats:#?}");
+            assert_eq!(offline.state, InstanceState::Waiting, "{stats:#?}");
+        } else if mover.state == InstanceState::Running
+            && new.pid.is_some()
+            && offline.pid.is_some()
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never moved: {stats:#?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(moved, ["j10-1"]);
+    assert!(on("0"));
+    let stats = f.inst().stats();
+    assert_eq!(
+        find(&stats, "j10", 1).map(|s| (s.cpus, s.restarts)),
+        Some((set("0"), 0))
+    );
+    assert_eq!(find(&stats, "j11", 0).map(|s| s.cpus), Some(set("1")));
+}

@@ -37,12 +37,14 @@
 //!
 //! Rooms: [`template`] (command templates and finding the program), [`report`] (the report
 //! protocol and per-window rates), `supervisor` (the slots and [`Instances`]' reconcile and
-//! poll), `stop` (stopping, the start-up sweep, `Drop`), `host` (cgroups and signals),
+//! poll), `hold` (online cores stay exclusive while instances stop or move), `stop` (stopping,
+//! the start-up sweep, `Drop`), `host` (cgroups and signals),
 //! `spawn` (fork/exec and the child's setup), `identity` (the owner it runs as), [`unit`](mod@unit) (transient units of systemd), [`error`]. May touch `sys/`,
 //! `enforce::{cpusets, sched, procs}`; nothing above enforce.
 
 mod adopt;
 pub mod error;
+mod hold;
 mod host;
 mod identity;
 pub mod memory;
@@ -288,9 +290,13 @@ pub enum InstanceState {
     Stopping {
         restarting: bool,
     },
-    /// An online instance not started yet: a stopping instance still runs on some of its
-    /// CPUs (for up to `stop_grace`); it starts once they are free.
+    /// Not started yet: an online instance waiting to move still serves on some of its CPUs,
+    /// or it is online and a stopping instance still runs there (for up to `stop_grace`); it
+    /// starts once they are free.
     Waiting,
+    /// An online instance running and serving where its `cpus` say, to move in place to the
+    /// CPUs the plan now gives it once a stopping instance has left them (up to `stop_grace`).
+    Moving,
 }
 
 impl InstanceState {
@@ -300,6 +306,7 @@ impl InstanceState {
             InstanceState::BackingOff { .. } => "backing-off",
             InstanceState::Stopping { .. } => "stopping",
             InstanceState::Waiting => "waiting",
+            InstanceState::Moving => "moving",
         }
     }
 }
@@ -405,8 +412,10 @@ pub struct ReconcileOutcome {
     pub stopping: Vec<InstanceKey>,
     /// Not wanted any more and not running: removed at once.
     pub removed: Vec<InstanceKey>,
-    /// Online instances not started: a stopping instance still runs on their CPUs (`poll`
-    /// starts them once it is gone).
+    /// Instances not started, or not moved in place, yet: an online instance waiting to move
+    /// still serves on their CPUs, or they are online and a stopping instance still runs there
+    /// (`poll` starts or moves them once the CPUs are free; a moving one serves on its old CPUs
+    /// meanwhile).
     pub waiting: Vec<InstanceKey>,
     pub errors: Vec<InstanceError>,
 }
@@ -418,6 +427,8 @@ pub struct PollOutcome {
     pub exited: Vec<(InstanceKey, String)>,
     /// (Re)started after a back-off or a spec change.
     pub started: Vec<InstanceKey>,
+    /// Moved in place after waiting for their new CPUs to be free.
+    pub moved: Vec<InstanceKey>,
     /// Finished stopping.
     pub stopped: Vec<InstanceKey>,
     /// Did not stop within the grace period: SIGKILL sent.

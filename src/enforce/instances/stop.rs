@@ -33,7 +33,9 @@ impl Instances {
             }
             let slot = &mut self.slots[i];
             match &mut slot.state {
-                SlotState::Running => self.host.terminate(slot, now, None),
+                SlotState::Running | SlotState::Moving { .. } => {
+                    self.host.terminate(slot, now, None)
+                }
                 SlotState::Stopping { next, .. } => *next = None,
                 SlotState::BackingOff { .. } | SlotState::Waiting => {
                     let slot = self.slots.remove(i);
@@ -57,7 +59,9 @@ impl Instances {
         let start = Instant::now();
         for slot in self.slots.iter_mut().filter(|s| pick(&s.key())) {
             match &mut slot.state {
-                SlotState::Running => self.host.terminate(slot, start, None),
+                SlotState::Running | SlotState::Moving { .. } => {
+                    self.host.terminate(slot, start, None)
+                }
                 SlotState::Stopping { next, .. } => *next = None,
                 SlotState::BackingOff { .. } | SlotState::Waiting => {}
             }

@@ -16,6 +16,7 @@ use nix::unistd::Pid;
 use tracing::{debug, info, warn};
 
 use super::error::InstanceError;
+use super::hold::{held_cpus, must_wait, Held};
 use super::host::Host;
 use super::report::{PooledLatency, ReportLog};
 use super::template::{validate_template, Placeholder, Template};
@@ -23,7 +24,6 @@ use super::{
     InstanceKey, InstancePlacement, InstanceSettings, InstanceSpec, InstanceState, InstanceStats,
     PollOutcome, ReconcileOutcome, KILL_WAIT, LODGERS_CGROUP,
 };
-use crate::cpuset::CpuSet;
 use crate::enforce::cpusets::{self, CpusetFile};
 use crate::enforce::PinMethod;
 use crate::job::JobId;
@@ -110,9 +110,16 @@ pub(super) enum SlotState {
     BackingOff {
         at: Instant,
     },
-    /// Wanted, online, not started: a stopping instance still runs on some of its CPUs, and an
-    /// online instance has its cores to itself. Starts once they are free ([`must_wait`]).
+    /// Wanted, not started: an online instance waiting to move off them still serves on some of
+    /// its CPUs, or it is online and a stopping instance still runs there (an online instance
+    /// has its cores to itself). Starts once they are free ([`must_wait`]).
     Waiting,
+    /// Running on `spec`'s CPUs, wanted on `to`'s (CPUs or memory nodes alone changed: a move in
+    /// place), which are held as for a start: it serves where it is until they are free, then
+    /// moves ([`must_wait`]).
+    Moving {
+        to: InstanceSpec,
+    },
     Stopping {
         kill_at: Instant,
         killed_at: Option<Instant>,
@@ -178,6 +185,7 @@ impl Slot {
                 retry_in: at.saturating_duration_since(now),
             },
             SlotState::Waiting => InstanceState::Waiting,
+            SlotState::Moving { .. } => InstanceState::Moving,
             SlotState::Stopping { next, .. } => InstanceState::Stopping {
                 restarting: next.is_some(),
             },
@@ -366,9 +374,9 @@ impl Instances {
     /// ones, stops unwanted ones, restarts changed ones. A change of CPUs or memory nodes alone
     /// is applied in place, unless the template passes `{cpus}` on (the program may have pinned
     /// its threads itself); anything else restarts the instance once the old process is gone.
-    /// Stops are asynchronous: SIGTERM here, the rest in `poll`. An online instance to start on
-    /// a CPU a stopping instance still runs on waits until it is gone (`poll` starts it; see
-    /// `must_wait`). Idempotent.
+    /// Stops are asynchronous: SIGTERM here, the rest in `poll`. An online instance to start or
+    /// move on a CPU a stopping instance still runs on waits until it is gone (`poll` starts or
+    /// moves it; one to move serves on its old CPUs meanwhile; see `must_wait`). Idempotent.
     ///
     /// Every spec is checked first; a bad one (threads, batch, CPUs, a duplicate: the plan's
     /// mistakes) fails the whole call before anything is done. A new or changed command whose
@@ -416,7 +424,7 @@ impl Instances {
             let slot = &mut self.slots[i];
             let key = slot.key();
             match &mut slot.state {
-                SlotState::Running => {
+                SlotState::Running | SlotState::Moving { .. } => {
                     self.host.terminate(slot, now, None);
                     out.stopping.push(key);
                     out.changed = true;
@@ -479,8 +487,18 @@ impl Instances {
                         out.changed = true;
                     }
                 }
-                SlotState::Running => {
+                SlotState::Running | SlotState::Moving { .. } => {
+                    let wanted = match &slot.state {
+                        SlotState::Moving { to } => to,
+                        _ => &slot.spec,
+                    };
+                    if wanted == spec {
+                        continue;
+                    }
                     if slot.spec == *spec {
+                        // Wanted where it runs again: the move it waited for is off.
+                        slot.state = SlotState::Running;
+                        out.changed = true;
                         continue;
                     }
                     let in_place = slot.spec.argv == spec.argv
@@ -488,16 +506,9 @@ impl Instances {
                         && slot.spec.batch == spec.batch
                         && !slot.template.uses(Placeholder::Cpus);
                     if in_place {
-                        match self.host.move_in_place(slot, spec) {
-                            Ok(changed) => {
-                                slot.spec = spec.clone();
-                                if changed {
-                                    out.moved.push(key);
-                                    out.changed = true;
-                                }
-                            }
-                            Err(e) => out.errors.push(e),
-                        }
+                        // Moved below, once every instance this call stops is stopping.
+                        slot.state = SlotState::Moving { to: spec.clone() };
+                        out.changed = true;
                     } else {
                         self.host
                             .terminate(slot, now, Some((spec.clone(), template)));
@@ -507,26 +518,9 @@ impl Instances {
                 }
             }
         }
-        // New instances after the loop, not in it: an instance this call restarts further
-        // down the list still runs on its old CPUs until it has been signalled.
-        let held = held_by_stopping(&self.slots, None);
-        for slot in &mut self.slots {
-            if !matches!(slot.state, SlotState::Waiting) {
-                continue;
-            }
-            if must_wait(&slot.spec, &held) {
-                debug!(
-                    instance = %slot.key(),
-                    "waits for a stopping instance to leave its CPUs"
-                );
-                out.waiting.push(slot.key());
-                continue;
-            }
-            match self.host.start(slot, now) {
-                Ok(()) => out.started.push(slot.key()),
-                Err(e) => out.errors.push(e),
-            }
-        }
+        // New instances and moves after the loop, not in it: an instance this call restarts
+        // further down the list still runs on its old CPUs until it has been signalled.
+        self.start_or_move_held(now, &mut out);
         Ok(out)
     }
 
@@ -546,13 +540,13 @@ impl Instances {
             let may_start = match &self.slots[i].state {
                 SlotState::Running => false,
                 SlotState::BackingOff { at } => now >= *at,
-                SlotState::Waiting => true,
+                SlotState::Waiting | SlotState::Moving { .. } => true,
                 SlotState::Stopping { next, .. } => next.is_some(),
             };
             let held = if may_start {
-                held_by_stopping(&self.slots, Some(i))
+                held_cpus(&self.slots, Some(i))
             } else {
-                CpuSet::new()
+                Held::default()
             };
             let slot = &mut self.slots[i];
             out.reports += self.host.read_reports(slot, now);
@@ -560,19 +554,34 @@ impl Instances {
             let key = slot.key();
             let exited = slot.run.as_mut().and_then(Run::reap);
             match &mut slot.state {
-                SlotState::Running => {
+                SlotState::Running | SlotState::Moving { .. } => {
                     if let Some(how) = exited {
                         let how = self.host.oom_verdict(slot, how, slice_ooms);
+                        let moving = std::mem::replace(&mut slot.state, SlotState::Running);
                         self.host.on_exit(slot, now, &how, &mut out.errors);
+                        if let SlotState::Moving { to } = moving {
+                            // It never moved: it starts again where the plan wants it.
+                            slot.spec = to;
+                        }
                         warn!(
                             instance = %key,
                             "exited on its own ({how}); restarting in {:?}",
                             slot.backoff
                         );
                         out.exited.push((key, how));
-                    } else if slot.run.as_ref().is_some_and(|r| r.unit.is_some()) {
-                        // A running unit's baseline follows the slice's count.
-                        slot.oom_seen = slice_ooms;
+                    } else {
+                        if slot.run.as_ref().is_some_and(|r| r.unit.is_some()) {
+                            // A running unit's baseline follows the slice's count.
+                            slot.oom_seen = slice_ooms;
+                        }
+                        let free = matches!(&slot.state, SlotState::Moving { to } if !must_wait(to, &held));
+                        if free {
+                            match self.host.finish_move(slot) {
+                                Ok(true) => out.moved.push(key),
+                                Ok(false) => {}
+                                Err(e) => out.errors.push(e),
+                            }
+                        }
                     }
                 }
                 SlotState::BackingOff { at } => {
@@ -680,7 +689,8 @@ impl Instances {
         let logs = self
             .slots
             .iter()
-            .filter(|s| s.spec.job == *job && matches!(s.state, SlotState::Running))
+            .filter(|s| s.spec.job == *job)
+            .filter(|s| matches!(s.state, SlotState::Running | SlotState::Moving { .. }))
             .map(|s| (&s.reports, s.run.as_ref().map(|r| r.started)));
         super::report::pooled(logs, Instant::now(), self.host.settings.window)
     }
@@ -691,28 +701,6 @@ impl Instances {
             .ok()
             .and_then(|i| self.slots.get(i))
     }
-}
-
-/// The CPUs stopping instances' processes still run on, `except`'s aside (a slot deciding
-/// its own next start). A process that SIGKILL did not end within `KILL_WAIT` (reported
-/// `Unkillable`) no longer counts: it is stuck in the kernel, not computing, and would hold
-/// its CPUs' next instance off for good.
-fn held_by_stopping(slots: &[Slot], except: Option<usize>) -> CpuSet {
-    let mut held = CpuSet::new();
-    for (i, slot) in slots.iter().enumerate() {
-        let stopping = matches!(slot.state, SlotState::Stopping { stuck: false, .. });
-        if stopping && slot.run.is_some() && Some(i) != except {
-            held = held.union(&slot.spec.cpus);
-        }
-    }
-    held
-}
-
-/// Whether `spec` must wait before it starts: an online instance (exclusive cores, Cloud Reamer
-/// §III-A) on a CPU a stopping instance still runs on, for up to `stop_grace` (SIGKILL after
-/// it). An offline instance shares its cores anyway, training's included, and starts at once.
-fn must_wait(spec: &InstanceSpec, held: &CpuSet) -> bool {
-    !spec.offline && !spec.cpus.is_disjoint(held)
 }
 
 pub(super) fn invalid(key: &InstanceKey, problem: String) -> InstanceError {

@@ -347,3 +347,77 @@ fn own_subtree_is_lodgers_lodgers_cgroup_only_on_v2_by_affinity_without_systemd(
         None
     );
 }
+
+/// Which CPUs hold a start or move back: a stopping instance's (an online one's only), and those
+/// an online instance waiting to move serves on (everyone's), in a chain; a swap of two moves
+/// waits for nothing of its own, only for what one of them waits for.
+#[test]
+fn held_cpus_follow_waiting_moves_but_a_swap_alone_holds_nothing() {
+    use super::hold::{held_cpus, must_wait, Held};
+    use super::supervisor::{Run, Slot, SlotState};
+    let cpus = |list: &str| CpuSet::parse(list).expect("cpus");
+    let at = |index: u32, list: &str| InstanceSpec {
+        index,
+        cpus: cpus(list),
+        ..spec(&["/bin/true"])
+    };
+    let slot = |index: u32, list: &str, state: SlotState| {
+        let spec = at(index, list);
+        let template = Template::parse(&spec.job, &spec.argv).expect("template");
+        let mut slot = Slot::new(spec, template, state);
+        slot.run = Some(Run {
+            child: None,
+            unit: None,
+            adopted: None,
+            pid: 1000 + index,
+            started: Instant::now(),
+            report: None,
+        });
+        slot
+    };
+    let stopping = || SlotState::Stopping {
+        kill_at: Instant::now(),
+        killed_at: None,
+        stuck: false,
+        next: None,
+    };
+    let moving = |index: u32, list: &str| SlotState::Moving {
+        to: at(index, list),
+    };
+    let offline = |index: u32, list: &str| InstanceSpec {
+        offline: true,
+        ..at(index, list)
+    };
+    // 0 stops on CPU 5; 1 moves from 1 to 2 and 5; 2 moves from 2 to 1 (a swap with 1).
+    let mut slots = vec![
+        slot(0, "5", stopping()),
+        slot(1, "1", moving(1, "2,5")),
+        slot(2, "2", moving(2, "1")),
+    ];
+    let waits = |slots: &[Slot], i: usize| {
+        let SlotState::Moving { to } = &slots[i].state else {
+            panic!("not moving");
+        };
+        must_wait(to, &held_cpus(slots, Some(i)))
+    };
+    // 1 waits for 0; 2 for 1, which serves on CPU 1 until it moves.
+    assert!(waits(&slots, 1) && waits(&slots, 2));
+    let held = held_cpus(&slots, None);
+    assert_eq!((&held.stopping, &held.serving), (&cpus("5"), &cpus("1,2")));
+    // An offline instance waits for CPUs an online instance still serves on, not for a
+    // stopping instance's.
+    assert!(must_wait(&offline(3, "1"), &held));
+    assert!(!must_wait(&offline(3, "5"), &held));
+    assert!(must_wait(&at(3, "5"), &held));
+    // 0 gone: the swap waits for nothing.
+    slots.remove(0);
+    assert!(!waits(&slots, 0) && !waits(&slots, 1));
+    assert_eq!(held_cpus(&slots, None), Held::default());
+    // A stuck stopping process (SIGKILL did not end it) holds nothing.
+    let mut stuck = slot(3, "1", stopping());
+    if let SlotState::Stopping { stuck, .. } = &mut stuck.state {
+        *stuck = true;
+    }
+    slots.push(stuck);
+    assert_eq!(held_cpus(&slots, None), Held::default());
+}
