@@ -346,31 +346,29 @@ impl Inference {
             )),
             (None, None) => None,
         };
-        if let (Some(inf), Some(outcome)) = (&stored.job.spec.inference, &stored.lodging.outcome) {
-            if let (Some(rate), Some(measured)) = (inf.rate_per_s, &outcome.measured) {
-                let check = inference::check_capacity(
-                    &outcome.config,
-                    measured.throughput_per_s,
-                    u32::try_from(mine.len()).unwrap_or(u32::MAX),
-                    rate,
-                    None,
+        let rate = stored
+            .job
+            .spec
+            .inference
+            .as_ref()
+            .and_then(|inf| inf.rate_per_s);
+        let outcome = stored.lodging.outcome.as_ref();
+        if let Some(check) = capacity_check(rate, outcome, searching.is_some(), &mine) {
+            let was = stored.lodging.capacity.map(|c| c.exceeded).unwrap_or(false);
+            if check.exceeded && !was {
+                warn!(
+                    job = %id,
+                    demand = check.demand_per_s,
+                    capacity = check.capacity_per_s,
+                    "online job's demand exceeds what this node serves"
                 );
-                let was = stored.lodging.capacity.map(|c| c.exceeded).unwrap_or(false);
-                if check.exceeded && !was {
-                    warn!(
-                        job = %id,
-                        demand = check.demand_per_s,
-                        capacity = check.capacity_per_s,
-                        "online job's demand exceeds what this node serves"
-                    );
-                    cx.events.push(Event::CapacityExceeded {
-                        id: id.clone(),
-                        demand_per_s: check.demand_per_s,
-                        capacity_per_s: check.capacity_per_s,
-                    });
-                }
-                stored.lodging.capacity = Some(check);
+                cx.events.push(Event::CapacityExceeded {
+                    id: id.clone(),
+                    demand_per_s: check.demand_per_s,
+                    capacity_per_s: check.capacity_per_s,
+                });
             }
+            stored.lodging.capacity = Some(check);
         }
         if stored.job.state != before.job.state {
             cx.events
@@ -417,8 +415,118 @@ fn desired_instances(state: &State, plan: &inference::InferencePlan) -> Vec<Inst
     desired
 }
 
+/// An online job's capacity check (Cloud Reamer §III-C) from `mine`, its instances: its expected
+/// `rate` against what `outcome`'s layout was measured to serve, scaled by the instances placed.
+/// Placed are those the plan keeps (running, moving, waiting, restarting, backing off), not those
+/// leaving it: a stopping instance serves only until SIGTERM ends it, up to `stop_grace` (for good
+/// if SIGKILL cannot end it), and counting it made a shortfall's `CapacityExceeded` late or never.
+/// None (the last check stands) without a rate or a measured layout, and while a layout search
+/// is under way: its probe's instances are not the layout `outcome` measured.
+fn capacity_check(
+    rate: Option<f64>,
+    outcome: Option<&inference::SearchOutcome>,
+    searching: bool,
+    mine: &[&InstanceStats],
+) -> Option<inference::CapacityCheck> {
+    let (rate, outcome) = (rate?, outcome?);
+    let measured = outcome.measured.as_ref()?;
+    if searching {
+        return None;
+    }
+    let leaving = InstanceState::Stopping { restarting: false };
+    let placed = mine.iter().filter(|s| s.state != leaving).count();
+    Some(inference::check_capacity(
+        &outcome.config,
+        measured.throughput_per_s,
+        u32::try_from(placed).unwrap_or(u32::MAX),
+        rate,
+        None,
+    ))
+}
+
 /// An instance that exited on its own (killed by its memory limit, crashed) and waits out its
 /// back-off before its first restart: its job says why, not "pending".
 fn exited_and_waiting(s: &InstanceStats) -> bool {
     matches!(s.state, InstanceState::BackingOff { .. }) && s.last_exit.is_some()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::inference::{LayoutConfig, ProbeResult, SearchOutcome};
+
+    /// A layout of 4 instances measured at 400 requests/s.
+    fn outcome() -> SearchOutcome {
+        let config = LayoutConfig {
+            cores_per_instance: 2,
+            instances: 4,
+            batch: 8,
+        };
+        SearchOutcome {
+            free_cores: 8,
+            slo_ms: 100.0,
+            max_batch: 8,
+            max_instances: 8,
+            config,
+            meets_slo: true,
+            measured: Some(ProbeResult {
+                config,
+                throughput_per_s: 400.0,
+                p99_latency_ms: 50.0,
+                ipc: None,
+                cache_miss_ratio: None,
+                latency_samples: 100,
+                p50_latency_ms: None,
+            }),
+            probes: 3,
+            traits: None,
+        }
+    }
+
+    /// Instance `index` of job 1 in `state`.
+    fn inst(index: u32, state: InstanceState) -> InstanceStats {
+        let cpus = (index * 2..index * 2 + 2).collect();
+        InstanceStats {
+            state,
+            ..InstanceStats::running(JobId::from_seq(1), index, cpus, 8)
+        }
+    }
+
+    /// A re-layout leaves two of the four instances placed (a shortfall): the two it no longer
+    /// wants serve only until SIGTERM ends them, and the capacity is already half. Instances
+    /// restarting, moving or waiting are placed and count.
+    #[test]
+    fn capacity_counts_the_placed_instances_not_the_stopping_ones() {
+        let check = |states: &[InstanceState], searching: bool| {
+            let stats: Vec<InstanceStats> = (0..)
+                .zip(states)
+                .map(|(i, &state)| inst(i, state))
+                .collect();
+            let mine: Vec<&InstanceStats> = stats.iter().collect();
+            capacity_check(Some(300.0), Some(&outcome()), searching, &mine)
+                .map(|c| (c.capacity_per_s, c.exceeded))
+        };
+        let leaving = InstanceState::Stopping { restarting: false };
+        let restarting = InstanceState::Stopping { restarting: true };
+        let running = InstanceState::Running;
+        assert_eq!(
+            check(&[running, running, leaving, leaving], false),
+            Some((200.0, true))
+        );
+        assert_eq!(
+            check(
+                &[
+                    running,
+                    restarting,
+                    InstanceState::Moving,
+                    InstanceState::Waiting
+                ],
+                false
+            ),
+            Some((400.0, false))
+        );
+        // A search under way runs a probe, not the measured layout: no check.
+        assert_eq!(check(&[running], true), None);
+        assert_eq!(check(&[running; 4], false), Some((400.0, false)));
+    }
 }

@@ -28,7 +28,8 @@ pub struct CapacityCheck {
 
 /// Checks an online job's capacity. `layout_throughput_per_s` is what `layout` served when it
 /// was measured with all its instances (the search's measurement of it); `placed_instances` is
-/// how many run now (fewer when the job has a [`Shortfall`](super::Shortfall)), capacity scaling with them.
+/// how many of them the plan keeps now, not counting instances stopping for good (fewer when the
+/// job has a [`Shortfall`](super::Shortfall)), capacity scaling with them.
 /// Non-finite or negative rates count as 0. Pure: the caller debounces the signal.
 pub fn check_capacity(
     layout: &LayoutConfig,
