@@ -520,3 +520,59 @@ fn an_online_instance_moved_in_place_waits_for_a_stopping_instance_to_leave_its_
     );
     assert_eq!(find(&stats, "j11", 0).map(|s| s.cpus), Some(set("1")));
 }
+
+/// A move by CPU affinity reaches every process of the instance, also one forked while the move
+/// is made: it inherits the CPUs of its parent, which may not have been moved yet when the
+/// instance's processes were listed. The instance here forks all the time.
+#[test]
+fn a_move_by_affinity_reaches_processes_forked_while_it_is_made() {
+    const TEST: &str = "a_move_by_affinity_reaches_processes_forked_while_it_is_made";
+    let Some(mut f) = Fixture::new(TEST, InstancePlacement::Affinity) else {
+        return;
+    };
+    let forker = strings(&["/bin/sh", "-c", "while :; do sleep 0.5 & done"]);
+    let mut desired = [spec("j14", 0, forker, "0", 1)];
+    f.inst().reconcile(&desired).expect("reconcile");
+    let stats = f.poll_until("the forker running", |s| s[0].pid.is_some());
+    let sh = pid_of(&stats, "j14", 0);
+    // The shell and every process it started that has not exited (a zombie runs nowhere), with
+    // the CPUs each may run on.
+    let zombie = |p: u32| {
+        std::fs::read_to_string(format!("/proc/{p}/status")).is_ok_and(|s| {
+            s.lines()
+                .any(|l| l.starts_with("State:") && l.contains('Z'))
+        })
+    };
+    let tree = || {
+        let mut all = vec![sh];
+        let mut i = 0;
+        while i < all.len() {
+            let p = all[i];
+            let children = std::fs::read_to_string(format!("/proc/{p}/task/{p}/children"));
+            all.extend(
+                children
+                    .unwrap_or_default()
+                    .split_whitespace()
+                    .filter_map(|c| c.parse::<u32>().ok()),
+            );
+            i += 1;
+        }
+        all.into_iter()
+            .filter(|&p| !zombie(p))
+            .filter_map(|p| Some((p, cpus_allowed(p, p)?)))
+            .collect::<Vec<_>>()
+    };
+    for round in 0..20 {
+        let cpus = if round % 2 == 0 { "1" } else { "0" };
+        desired[0].cpus = set(cpus);
+        let out = f.inst().reconcile(&desired).expect("reconcile");
+        assert!(out.errors.is_empty(), "{out:?}");
+        assert_eq!(out.moved.len(), 1, "round {round}: {out:?}");
+        let astray: Vec<(u32, String)> = tree().into_iter().filter(|(_, c)| c != cpus).collect();
+        assert!(
+            astray.is_empty(),
+            "round {round}: processes of the instance left off {cpus}: {astray:?}"
+        );
+    }
+    assert_eq!(pid_of(&f.inst().stats(), "j14", 0), sh);
+}

@@ -25,6 +25,11 @@ use crate::enforce::PinMethod;
 use crate::sys::cgroupfs::{child_of, CgroupError, CgroupVersion};
 use crate::sys::procfs::{ProcReader, ProcessTable};
 
+/// Most passes of a move by affinity ([`Host::pin_tree`]): the second finds what was created
+/// during the first, and only an instance forking from processes created during each pass needs
+/// more.
+const PIN_PASSES: usize = 4;
+
 /// Everything that touches the node, apart from the slots.
 #[derive(Debug)]
 pub(super) struct Host {
@@ -210,7 +215,10 @@ impl Host {
         }
     }
 
-    /// Every thread of `pid` and its descendants on `cpus`; returns whether one moved.
+    /// Every thread of `pid` and its descendants on `cpus`; returns whether one moved. A thread
+    /// or process created while a pass runs, by one not moved yet, has the old CPUs and is not in
+    /// the pass's list: passes repeat until one moves nothing (everything then created comes
+    /// from a thread already moved), at most [`PIN_PASSES`].
     fn pin_tree(
         &mut self,
         key: &InstanceKey,
@@ -218,6 +226,27 @@ impl Host {
         cpus: &CpuSet,
     ) -> Result<bool, InstanceError> {
         let mask = CpuMask::from_cpuset(cpus);
+        let mut changed = false;
+        for _ in 0..PIN_PASSES {
+            if !self.pin_pass(key, pid, &mask)? {
+                return Ok(changed);
+            }
+            changed = true;
+        }
+        warn!(
+            instance = %key,
+            "its processes were still being created on other CPUs after {PIN_PASSES} passes"
+        );
+        Ok(changed)
+    }
+
+    /// One pass of [`Host::pin_tree`]: returns whether a thread moved.
+    fn pin_pass(
+        &mut self,
+        key: &InstanceKey,
+        pid: u32,
+        mask: &CpuMask,
+    ) -> Result<bool, InstanceError> {
         self.table.rescan(&mut self.reader)?;
         let mut pids = vec![pid];
         self.table.descendants(&[pid], &mut pids);
@@ -227,7 +256,7 @@ impl Host {
             tids.clear();
             self.reader.threads(pid, &mut tids)?;
             for &tid in &tids {
-                match sched::ensure_affinity(tid, &mask) {
+                match sched::ensure_affinity(tid, mask) {
                     Ok(AffinityState::Changed) => changed = true,
                     Ok(_) => {}
                     Err(source) => {
