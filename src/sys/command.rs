@@ -1,19 +1,29 @@
 //! The one runner for external programs (`tc`, `ip`, `nft`): an argv vector in, the standard output
 //! back, a non-zero exit as an error with the standard error, and an optional deadline past which
-//! the command (its whole process group) is killed and reported as [`CommandError::TimedOut`].
-//! Touches child processes only.
+//! the command (its whole process group) is killed and reported as [`CommandError::TimedOut`],
+//! its reaping waited for at most 1 s more. Touches child processes only.
 
 use std::io::{self, Read};
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::LazyLock;
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 
+use super::bounded::BoundedThreads;
+
 /// How long the deadline loop sleeps at most between looks at the child.
 const MAX_POLL: Duration = Duration::from_millis(20);
+
+/// How long a killed command's reaping is waited for before the run returns without it.
+const REAP_WAIT: Duration = Duration::from_secs(1);
+
+/// Killed commands still being reaped, at most 8: each that cannot be holds a thread until it
+/// can (see [`super::bounded`]).
+static REAPERS: LazyLock<BoundedThreads> = LazyLock::new(|| BoundedThreads::new("lodger-reap", 8));
 
 #[derive(Debug, thiserror::Error)]
 pub enum CommandError {
@@ -154,9 +164,16 @@ fn run_until(
     };
     let Some(status) = status else {
         kill_group(&mut child);
-        // The readers end once every process holding the pipes is gone.
-        let _ = stdout.join();
-        let _ = stderr.join();
+        // Reaped aside, waited for at most REAP_WAIT: a command stuck in the kernel (a hung
+        // netlink lock: SIGKILL stays pending) or a descendant that left the group and holds the
+        // pipes would otherwise hold the caller, lodgerd's agent loop, past the deadline. The
+        // readers end once every process holding the pipes is gone. Past the cap of reapers
+        // still waiting, the child is left unreaped.
+        let _ = REAPERS.run(REAP_WAIT, move || {
+            let _ = child.wait();
+            let _ = stdout.join();
+            let _ = stderr.join();
+        });
         return Err(Overrun::Deadline);
     };
     let out = stdout.join().unwrap_or_default();
@@ -164,14 +181,13 @@ fn run_until(
     Ok((status, out, err))
 }
 
-/// Kills the child's process group (the child and whatever it started) and reaps the child.
+/// Kills the child's process group (the child and whatever it started); the caller reaps it.
 fn kill_group(child: &mut Child) {
     if let Ok(pid) = i32::try_from(child.id()) {
         // The child is not reaped yet, so its pid (the group id) cannot have been reused.
         let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
     }
     let _ = child.kill();
-    let _ = child.wait();
 }
 
 fn drain(pipe: Option<impl Read + Send + 'static>) -> JoinHandle<Vec<u8>> {
@@ -246,6 +262,38 @@ mod tests {
         assert!(
             err.to_string().contains("sh -c sleep 30 & sleep 30"),
             "{err}"
+        );
+    }
+
+    /// A command that outlives its deadline and cannot be reaped at once (stuck in the kernel,
+    /// SIGKILL pending; here a descendant that left the process group and keeps the output pipe
+    /// open) held the caller, lodgerd's agent loop, until it let go: the run waited for the child
+    /// and its pipes after the kill. Now it returns at the deadline; the reaping goes on aside.
+    #[test]
+    fn a_command_that_cannot_be_reaped_at_once_does_not_hold_the_run() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let escaped = dir.path().join("escaped");
+        let runner = CommandRunner::new().with_deadline(Duration::from_millis(100));
+        let script = format!(
+            "setsid sleep 40 & echo $! > {}; sleep 40",
+            escaped.display()
+        );
+        let (tx, rx) = std::sync::mpsc::channel();
+        thread::spawn(move || {
+            let _ = tx.send(runner.run(&argv(&["sh", "-c", &script])));
+        });
+        let outcome = rx.recv_timeout(Duration::from_secs(20));
+        // The escaped sleep is this test's: it goes whatever the outcome.
+        if let Some(pid) = std::fs::read_to_string(&escaped)
+            .ok()
+            .and_then(|t| t.trim().parse::<i32>().ok())
+        {
+            let _ = nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGKILL);
+        }
+        let outcome = outcome.expect("the run did not return: the escaped sleep's pipe holds it");
+        assert!(
+            matches!(outcome, Err(CommandError::TimedOut { .. })),
+            "{outcome:?}"
         );
     }
 }
