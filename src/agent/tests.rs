@@ -88,7 +88,7 @@ impl Enforce for FakeEnforcer {
                 record.slurm = Some(crate::enforce::SlurmJobRecord {
                     cgroup: Some(cg.path.clone()),
                     processes: Vec::new(),
-                    pinned: None,
+                    ..Default::default()
                 });
             }
         }

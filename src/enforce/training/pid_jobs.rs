@@ -188,9 +188,9 @@ impl Enforcer {
                         continue;
                     };
                     let now = mask.to_cpuset();
-                    // Forked after pinning: it inherited lodger's mask, not its own (the
-                    // one lodger pinned to before a move too).
-                    p.original_affinity = if &now == cpus || rec.pinned.as_ref() == Some(&now) {
+                    // Forked after pinning: it inherited lodger's mask, not its own (one
+                    // lodger pinned to before a move too: forked during the move).
+                    p.original_affinity = if &now == cpus || rec.was_pinned(&now) {
                         parent(&added)
                             .and_then(|q| q.original_affinity)
                             .or(Some(now))
@@ -238,7 +238,7 @@ impl Enforcer {
         let pids: Vec<u32> = rec.processes.iter().map(|p| p.pid).collect();
         out.pids = self.sweep_threads(s, &pids, want_mask.as_ref(), rr);
         if want_mask.is_some() {
-            rec.pinned = Some(cpus.clone());
+            rec.note_pinned(cpus);
         }
         rec.processes
             .retain(|p| out.pids.binary_search(&p.pid).is_ok());

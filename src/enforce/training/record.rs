@@ -66,6 +66,9 @@ pub struct PidJobRecord {
     /// Affinity pinning: the mask lodger last pinned the job to. A child first seen with it
     /// inherited it, after a move too (absent from older state files: `None`).
     pub pinned: Option<CpuSet>,
+    /// Affinity pinning: the masks lodger pinned the job to before `pinned` ([`PidJobRecord::was_pinned`]).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub pinned_before: Vec<CpuSet>,
 }
 
 impl Default for PidJobRecord {
@@ -78,6 +81,7 @@ impl Default for PidJobRecord {
             processes: Vec::new(),
             rescan: false,
             pinned: None,
+            pinned_before: Vec::new(),
         }
     }
 }
@@ -94,6 +98,64 @@ pub struct SlurmJobRecord {
     /// saw that still has this mask got it from one it pinned.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pinned: Option<CpuSet>,
+    /// The masks its unbound processes were pinned to before `pinned` ([`SlurmJobRecord::was_pinned`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pinned_before: Vec<CpuSet>,
+}
+
+/// How many earlier masks a job's record keeps ([`was_pinned`]). A process carrying an
+/// earlier mask was forked during the apply that moved the job away from it, from a thread not
+/// yet moved, and is seen at the next apply (a fork is a process event; the safety-net sweep
+/// finds it otherwise): a few moves back is enough, and a job right-sized for hours keeps a
+/// bounded record.
+pub const PINNED_KEPT: usize = 8;
+
+/// The masks lodger pinned a job's processes to, by CPU affinity: the last (`pinned`) and the
+/// ones before it (`before`, oldest first, at most [`PINNED_KEPT`]). A process first seen with
+/// any of them got it from a process lodger pinned, not from its user: forked after a pin, or
+/// during a move from a thread the move had not reached yet (it keeps the old mask until the
+/// next apply). Such a process's own mask is its parent's, and at release it is given that
+/// back, not a set of CPUs lodger once chose.
+fn was_pinned(pinned: &Option<CpuSet>, before: &[CpuSet], mask: &CpuSet) -> bool {
+    pinned.as_ref() == Some(mask) || before.contains(mask)
+}
+
+/// `mask` is what lodger pins the job to from now on; the mask it replaces is kept in `before`
+/// (see [`was_pinned`]).
+fn note_pinned(pinned: &mut Option<CpuSet>, before: &mut Vec<CpuSet>, mask: &CpuSet) {
+    if pinned.as_ref() == Some(mask) {
+        return;
+    }
+    before.retain(|m| m != mask);
+    if let Some(old) = pinned.replace(mask.clone()) {
+        before.push(old);
+    }
+    let excess = before.len().saturating_sub(PINNED_KEPT);
+    before.drain(..excess);
+}
+
+impl PidJobRecord {
+    /// Whether lodger pinned the job to `mask`, last or before ([`was_pinned`]).
+    pub fn was_pinned(&self, mask: &CpuSet) -> bool {
+        was_pinned(&self.pinned, &self.pinned_before, mask)
+    }
+
+    /// Lodger pins the job to `mask` from now on ([`note_pinned`]).
+    pub fn note_pinned(&mut self, mask: &CpuSet) {
+        note_pinned(&mut self.pinned, &mut self.pinned_before, mask);
+    }
+}
+
+impl SlurmJobRecord {
+    /// Whether lodger pinned the job's unbound processes to `mask`, last or before.
+    pub fn was_pinned(&self, mask: &CpuSet) -> bool {
+        was_pinned(&self.pinned, &self.pinned_before, mask)
+    }
+
+    /// Lodger pins the job's unbound processes to `mask` from now on.
+    pub fn note_pinned(&mut self, mask: &CpuSet) {
+        note_pinned(&mut self.pinned, &mut self.pinned_before, mask);
+    }
 }
 
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]

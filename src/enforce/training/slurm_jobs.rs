@@ -288,7 +288,7 @@ impl Enforcer {
                 // Lodger's own mask with no tracked parent: a child of a pinned process whose
                 // parent exited before lodger saw it (a daemonizing tool), not a task the user
                 // bound; it follows the job, and goes back to the job's cpuset.
-                None if rec.pinned.as_ref() == Some(&now) => (false, Some(job_cpus.clone())),
+                None if rec.was_pinned(&now) => (false, Some(job_cpus.clone())),
                 None => (now.is_subset(&job_cpus) && now != job_cpus, Some(now)),
             };
             tracked.push(TrackedProcess {
@@ -304,7 +304,7 @@ impl Enforcer {
         tracked.sort_unstable_by_key(|p| p.pid);
         rec.processes = tracked;
 
-        rec.pinned = Some(want.clone());
+        rec.note_pinned(&want);
         let mask = CpuMask::from_cpuset(&want);
         let pinned: Vec<u32> = rec
             .processes
@@ -422,11 +422,10 @@ impl Enforcer {
                     sched::is_rr(st, base) || sched::is_rr(st, base.saturating_add(1))
                 })
             });
-        let lodgers_mask = rec.pinned.as_ref().is_some_and(|pinned| {
-            s.tids
-                .iter()
-                .any(|&tid| CpuMask::of_thread(tid).is_ok_and(|m| m.to_cpuset() == *pinned))
-        });
+        let lodgers_mask = s
+            .tids
+            .iter()
+            .any(|&tid| CpuMask::of_thread(tid).is_ok_and(|m| rec.was_pinned(&m.to_cpuset())));
         if !lodgers_class && !lodgers_mask {
             return;
         }

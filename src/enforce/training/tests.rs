@@ -13,7 +13,7 @@ use std::time::Instant;
 use super::error::MAX_REPORTED;
 use super::rtgroup::RtGrant;
 use super::*;
-use crate::enforce::sched::SchedError;
+use crate::enforce::sched::{CpuMask, SchedError};
 use crate::privileged::need_root;
 use crate::sys::cgroupfs::CgroupDriver;
 
@@ -487,6 +487,7 @@ fn record_survives_serialization() {
             ],
             rescan: true,
             pinned: Some(set("2-3")),
+            pinned_before: vec![set("0-1"), set("4")],
         }),
         rt_grants: vec![RtGrant {
             cgroup: "/a".into(),
@@ -937,6 +938,65 @@ fn a_child_forked_before_a_move_gets_its_parents_original_mask_back() {
         .apply(&id, &target, &set("1"), &set("0"), &mut record)
         .expect("apply");
     assert!(moved.pids.contains(&child), "{:?}", moved.pids);
+    assert_threads(&[child], Some(7), "1");
+    e.release(&id, &target, &record).expect("release");
+    assert_threads(&[w.pid, child], None, &unpinned());
+}
+
+/// The masks lodger pinned a job to: the last and the ones before it, each once, the oldest
+/// dropped past `PINNED_KEPT`.
+#[test]
+fn the_masks_pinned_before_are_kept_each_once_and_bounded() {
+    let mut rec = PidJobRecord::default();
+    assert!(!rec.was_pinned(&set("0")));
+    rec.note_pinned(&set("0"));
+    rec.note_pinned(&set("1"));
+    rec.note_pinned(&set("1"));
+    rec.note_pinned(&set("0"));
+    assert_eq!(rec.pinned, Some(set("0")));
+    assert_eq!(rec.pinned_before, vec![set("1")]);
+    assert!(rec.was_pinned(&set("1")) && rec.was_pinned(&set("0")));
+    for cpu in 2..30u32 {
+        rec.note_pinned(&CpuSet::from_iter([cpu]));
+    }
+    assert_eq!(rec.pinned_before.len(), record::PINNED_KEPT);
+    assert!(rec.was_pinned(&set("28")) && rec.was_pinned(&set("29")));
+    assert!(!rec.was_pinned(&set("1")), "the oldest were dropped");
+}
+
+/// A child forked during a move, from a thread the move had not reached yet, still carries
+/// the mask lodger pinned the job to before it, and is first seen at the next apply. That mask
+/// is lodger's, not the child's own: it gets its parent's original mask, and the release gives
+/// it back (it used to keep the old mask: only the last one lodger pinned to was remembered).
+#[test]
+fn a_child_forked_during_a_move_gets_its_parents_original_mask_back() {
+    let name = "a_child_forked_during_a_move_gets_its_parents_original_mask_back";
+    if !need_root(name) || !crate::privileged::need_cgroup_v1(name) {
+        return;
+    }
+    let parent = unique("pidmid");
+    let _guard = CgroupGuard::new(CPUSET_V1, &parent);
+    let e = enforcer(settings(&parent, PidPinning::Affinity));
+    let mut w = Workload::start(1);
+    let id = job(14);
+    let target = Target::Pids(vec![w.pid]);
+    let mut record = JobRecord::default();
+    e.apply(&id, &target, &set("0"), &set("0"), &mut record)
+        .expect("apply");
+    e.apply(&id, &target, &set("1"), &set("0"), &mut record)
+        .expect("the move");
+    assert_threads(&[w.pid], Some(7), "1");
+    // Forked during the move from a thread still on CPU 0: it carries lodger's old mask.
+    let child = w.spawn_child();
+    let old = CpuMask::from_cpuset(&set("0"));
+    for tid in tids(child) {
+        old.apply_to(tid)
+            .expect("the child's threads take the old mask");
+    }
+    let seen = e
+        .apply(&id, &target, &set("1"), &set("0"), &mut record)
+        .expect("apply");
+    assert!(seen.pids.contains(&child), "{:?}", seen.pids);
     assert_threads(&[child], Some(7), "1");
     e.release(&id, &target, &record).expect("release");
     assert_threads(&[w.pid, child], None, &unpinned());
