@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tracing::{info, warn};
 
-use super::layout::SearchRun;
+use super::layout::Searches;
 use super::shared_batch;
 use super::{Event, TickCx};
 use crate::cpuset::CpuSet;
@@ -15,16 +15,14 @@ use crate::enforce::instances::{Identity, InstanceSpec, InstanceState, InstanceS
 use crate::enforce::network::node::{instances_directory, procs_of, CpuJob};
 use crate::job::{InstanceView, JobId, JobKind, JobLatency, JobState, Target};
 use crate::policy::contention::Throttles;
-use crate::policy::inference::{self, LayoutConfig, OfflineJobView, OnlineJobView};
+use crate::policy::inference::{self, OfflineJobView};
 use crate::store::State;
 
 /// The instance runner and the online jobs' layout searches.
 pub(super) struct Inference {
     pub(super) runner: Instances,
-    /// How long one layout probe of an online job is measured.
-    pub(super) probe_window: Duration,
-    /// Layout searches under way, by online job.
-    pub(super) searches: BTreeMap<JobId, SearchRun>,
+    /// The online jobs' layout searches under way, and how long a probe is measured.
+    pub(super) searches: Searches,
     /// `inference.training_core_batch_ms` (issue 14 item 3); 0: off.
     training_core_batch_ms: u32,
 }
@@ -53,8 +51,7 @@ impl Inference {
         }
         Self {
             runner,
-            probe_window,
-            searches: BTreeMap::new(),
+            searches: Searches::new(probe_window),
             training_core_batch_ms,
         }
     }
@@ -112,8 +109,10 @@ impl Inference {
     }
 
     /// Places inference instances (Cloud Reamer §III-A/B): online instances on exclusive
-    /// leftover cores, offline ones on every non-reserved core, training's included, with a
-    /// smaller batch there once a job's batches are measured to take long (`shared_batch`).
+    /// leftover cores, each online job's layout within its core budget
+    /// (`Inference::online_jobs`: the leftover split between the online jobs), offline ones on
+    /// every non-reserved core, training's included, with a smaller batch there once a job's
+    /// batches are measured to take long (`shared_batch`).
     /// `throttles` are contention's (a throttled job runs fewer instances). Returns the
     /// instances the plan wants and whether the plan changed: a changed plan is persisted before
     /// [`Inference::apply`] starts anything, so a lodgerd killed meanwhile finds every instance
@@ -133,62 +132,37 @@ impl Inference {
             .difference(&closed)
             .difference(&training);
         let stats = self.runner.stats();
-        let ids: Vec<(JobId, JobKind, Option<u32>)> = cx
+        let online = self.online_jobs(
+            cx,
+            u32::try_from(usable.len()).unwrap_or(u32::MAX),
+            throttles,
+            &stats,
+        );
+        let ids: Vec<(JobId, Option<u32>)> = cx
             .state
             .jobs
             .values()
-            .filter(|s| s.job.spec.kind.is_inference())
+            .filter(|s| s.job.spec.kind == JobKind::Offline)
             .map(|s| {
                 let container = matches!(s.job.spec.target, Target::Container(_));
-                (
-                    s.job.id.clone(),
-                    s.job.spec.kind,
-                    container.then_some(s.job.spec.cores),
-                )
+                (s.job.id.clone(), container.then_some(s.job.spec.cores))
             })
             .collect();
-        let mut online = Vec::new();
         let mut offline = Vec::new();
-        let mut free = u32::try_from(usable.len()).unwrap_or(u32::MAX);
         // An offline job's batch on training cores was decided this tick (persist it).
         let mut decided = false;
-        for (id, kind, container) in &ids {
+        for (id, container) in &ids {
             let throttled = throttles.cores.get(id).copied();
             if let Some(cores) = *container {
                 // A container is one instance of the size its pod asks for (docs/kubernetes.md):
-                // no layout search, nothing started; a throttle narrows it.
+                // nothing started; a throttle narrows it.
                 let cores = throttled.map_or(cores, |cut| cores.min(cut.max(1)));
-                if *kind == JobKind::Online {
-                    let layout = LayoutConfig {
-                        cores_per_instance: cores,
-                        instances: 1,
-                        batch: 1,
-                    };
-                    free = free.saturating_sub(layout.cpus());
-                    online.push(OnlineJobView {
-                        id: id.clone(),
-                        layout,
-                    });
-                } else {
-                    offline.push(OfflineJobView {
-                        id: id.clone(),
-                        batch: 1,
-                        training_batch: None,
-                        max_instances: (cores > 0).then_some(cores),
-                    });
-                }
-            } else if *kind == JobKind::Online {
-                if let Some(mut layout) = self.online_layout(cx, id, free, &stats) {
-                    if let Some(cores) = throttled {
-                        let per = layout.cores_per_instance.max(1);
-                        layout.instances = layout.instances.min((cores / per).max(1));
-                    }
-                    free = free.saturating_sub(layout.cpus());
-                    online.push(OnlineJobView {
-                        id: id.clone(),
-                        layout,
-                    });
-                }
+                offline.push(OfflineJobView {
+                    id: id.clone(),
+                    batch: 1,
+                    training_batch: None,
+                    max_instances: (cores > 0).then_some(cores),
+                });
             } else if let Some(stored) = cx.state.jobs.get_mut(id) {
                 let Some(inf) = stored.job.spec.inference.as_ref() else {
                     continue;

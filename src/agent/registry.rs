@@ -28,7 +28,7 @@ pub(super) enum Change<'a> {
 }
 
 /// A job as registered, before it runs: `Pending`, no CPUs, no processes.
-fn new_job(id: JobId, spec: JobSpec, owner_uid: u32) -> Job {
+pub(super) fn new_job(id: JobId, spec: JobSpec, owner_uid: u32) -> Job {
     Job {
         id,
         owner_uid,

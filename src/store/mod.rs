@@ -182,7 +182,7 @@ impl Tuning {
 /// layout is not searched for again.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Lodging {
-    /// Search outcomes by free-core count.
+    /// Search outcomes by core count (the job's core budget when searched).
     pub cache: SearchCache,
     /// The outcome in use.
     pub outcome: Option<SearchOutcome>,
@@ -216,7 +216,8 @@ pub struct SearchUnderWay {
     pub search: LayoutSearch,
     /// The layout being measured.
     pub probe: LayoutConfig,
-    /// The free cores it searches over; another count starts a new search.
+    /// The job's core budget it searches within (`policy::inference::online_budgets`; the
+    /// name is the state file's); another budget starts a new search.
     pub free_cores: u32,
 }
 

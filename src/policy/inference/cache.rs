@@ -7,8 +7,9 @@ use serde::{Deserialize, Serialize};
 
 use super::search::{LayoutSearch, SearchOutcome};
 
-/// Search outcomes of one online job by free-core count, so that a re-plan after a training job
-/// arrives or leaves reuses what was measured for that count (issue: "the layout search result
+/// Search outcomes of one online job by free-core count (the job's core budget, [`online_budgets`](super::online_budgets)),
+/// so that a re-plan after a training or online job arrives or leaves reuses what was measured
+/// for that count (issue: "the layout search result
 /// for the new core count is reused where it was measured"). Per job: outcomes depend on the
 /// model. An outcome is reused only for the same SLO, max batch and max instances.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

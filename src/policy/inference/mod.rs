@@ -10,11 +10,14 @@
 //!   long ([`batch_within`]).
 //! - [`LayoutSearch`]: the §III-B search as a state machine driven by measurements, guided by a
 //!   surrogate latency model fitted to the probes, with a [`SearchCache`] per job so a re-plan
-//!   reuses what was measured for the same free-core count.
+//!   reuses what was measured for the same core count.
+//! - [`online_budgets`]: how many CPUs each online job's search may use: the CPUs left for
+//!   online inference split equally between the online jobs, whatever the others' layouts.
 //! - [`sim`]: a family of synthetic performance models with noisy probes, to measure the search
 //!   against (benchmark and tests), kept apart from it.
 //! - [`check_capacity`]: the CR-Agent's rate check (§III-C), behind the `CapacityExceeded` signal.
 
+mod budget;
 mod cache;
 mod capacity;
 mod edge;
@@ -28,6 +31,7 @@ mod surrogate;
 mod tests;
 mod types;
 
+pub use budget::online_budgets;
 pub use cache::{SearchCache, SearchStart};
 pub use capacity::{check_capacity, CapacityCheck};
 pub use place::place;

@@ -67,7 +67,7 @@ pub fn place(
 }
 
 /// Jobs sorted by id (`j2` before `j10`), each once.
-fn in_id_order<T>(jobs: &[T], id: impl Fn(&T) -> &JobId) -> Vec<&T> {
+pub(super) fn in_id_order<T>(jobs: &[T], id: impl Fn(&T) -> &JobId) -> Vec<&T> {
     let mut ordered: Vec<&T> = jobs.iter().collect();
     ordered.sort_by(|a, b| (id(a).seq(), id(a)).cmp(&(id(b).seq(), id(b))));
     ordered.dedup_by(|later, earlier| id(later) == id(earlier));
