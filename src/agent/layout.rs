@@ -114,6 +114,7 @@ pub(super) fn online_views(
         let Some(stored) = jobs.get_mut(&id) else {
             continue;
         };
+        stored.job.core_budget = Some(budget);
         let Some(mut layout) = searches.online_layout(stored, &id, budget, now, measure) else {
             continue;
         };
@@ -451,6 +452,9 @@ mod tests {
             },
         );
         assert_eq!(budgets, BTreeSet::from([7]));
+        // Shown on both (`lodgerctl show`'s "Budget").
+        assert_eq!(jobs[&a].job.core_budget, Some(7));
+        assert_eq!(jobs[&b].job.core_budget, Some(7));
         assert!(searches.get(&a).is_none(), "job 1's search settled");
         // Job 1's probes did change how many CPUs it held.
         assert!(a_cpus.len() > 1, "{a_cpus:?}");
@@ -488,47 +492,37 @@ mod tests {
     #[test]
     fn a_lone_online_job_searches_every_cpu_but_a_containers() {
         let (a, job_a) = online(1, None);
-        let mut jobs = BTreeMap::from([(a.clone(), job_a)]);
-        let mut searches = Searches::new(WINDOW);
-        let views = run(
-            &mut searches,
-            &mut jobs,
-            16,
-            |_| true,
-            200,
-            |s, _| {
-                if let Some(run) = s.get(&a) {
-                    assert_eq!(run.budget, 16);
-                }
-            },
-        );
-        assert_eq!(
-            jobs[&a].lodging.outcome.as_ref().map(|o| o.free_cores),
-            Some(16)
-        );
-        assert_eq!(views.iter().map(|v| v.layout.cpus()).sum::<u32>(), 16);
-        // A container of 4 cores registered after it: the job's budget is 12.
         let (c, container) = online(2, Some(4));
+        // Settles job 1 over 16 CPUs: its search and outcome at `budget`, every CPU used.
+        let settle = |jobs: &mut BTreeMap<JobId, StoredJob>, budget: u32| {
+            let mut searches = Searches::new(WINDOW);
+            let views = run(
+                &mut searches,
+                jobs,
+                16,
+                |id| *id == a,
+                200,
+                |s, layouts| {
+                    if let Some(layout) = layouts.get(&c) {
+                        assert_eq!(layout.cpus(), 4);
+                    }
+                    if let Some(run) = s.get(&a) {
+                        assert_eq!(run.budget, budget);
+                    }
+                },
+            );
+            let outcome = jobs[&a].lodging.outcome.as_ref();
+            assert_eq!(outcome.map(|o| o.free_cores), Some(budget));
+            assert_eq!(jobs[&a].job.core_budget, Some(budget));
+            assert_eq!(views.iter().map(|v| v.layout.cpus()).sum::<u32>(), 16);
+        };
+        let mut jobs = BTreeMap::from([(a.clone(), job_a)]);
+        settle(&mut jobs, 16);
+        // A container of 4 cores registered after it: the job's budget is 12.
         jobs.insert(c.clone(), container);
-        let mut searches = Searches::new(WINDOW);
-        let views = run(
-            &mut searches,
-            &mut jobs,
-            16,
-            |id| *id == a,
-            200,
-            |s, layouts| {
-                assert_eq!(layouts[&c].cpus(), 4);
-                if let Some(run) = s.get(&a) {
-                    assert_eq!(run.budget, 12);
-                }
-            },
-        );
-        assert_eq!(
-            jobs[&a].lodging.outcome.as_ref().map(|o| o.free_cores),
-            Some(12)
-        );
-        assert_eq!(views.iter().map(|v| v.layout.cpus()).sum::<u32>(), 16);
+        settle(&mut jobs, 12);
+        // A container has no budget: its size is its own.
+        assert_eq!(jobs[&c].job.core_budget, None);
     }
 
     /// A running instance of job 1 with `threads` threads and batch 8, whose window is full.

@@ -42,6 +42,7 @@ pub(super) fn new_job(id: JobId, spec: JobSpec, owner_uid: u32) -> Job {
         registered_at: now_secs(),
         instances: Vec::new(),
         layout: None,
+        core_budget: None,
         latency_ms: None,
         rightsize: None,
         tuning: Vec::new(),

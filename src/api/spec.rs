@@ -520,6 +520,9 @@ pub fn job_to_dict(job: &Job, sched: &SchedLabels) -> HashMap<String, Value<'sta
             "layout",
             Value::from(job.layout.clone().unwrap_or_default()),
         );
+        if let Some(budget) = job.core_budget {
+            put("core_budget", Value::from(budget));
+        }
         // The job's requests, every instance's batches pooled (what the SLO is judged by).
         if let Some(l) = job.latency_ms {
             put("latency_p50_ms", Value::from(l.p50));

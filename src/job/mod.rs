@@ -557,6 +557,10 @@ pub struct Job {
     /// Inference jobs: the layout in use or being measured, in words.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub layout: Option<String>,
+    /// Online jobs lodger starts: the core budget their layout search runs within (the CPUs left
+    /// for online inference split between the online jobs; `policy::inference::online_budgets`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub core_budget: Option<u32>,
     /// Online jobs: the p50 and p99 latency of the job's requests over the last window, every
     /// instance's batches pooled (its SLO is judged by the p99).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -357,6 +357,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                         ("p99 ms", "latency_p99_ms"),
                         ("Rate /s", "rate_per_s"),
                         ("Max batch", "max_batch"),
+                        ("Budget", "core_budget"),
                         ("Layout", "layout"),
                     ]);
                 }
@@ -364,7 +365,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                     let v = render::shown_field(&d, key);
                     if matches!(
                         key,
-                        "last_error" | "slo_ms" | "rate_per_s" | "latency_p99_ms"
+                        "last_error" | "slo_ms" | "rate_per_s" | "latency_p99_ms" | "core_budget"
                     ) && v.is_empty()
                     {
                         continue;

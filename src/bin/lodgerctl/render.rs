@@ -81,7 +81,8 @@ pub(crate) fn get(d: &HashMap<String, OwnedValue>, k: &str) -> String {
 
 /// A job's field as `lodgerctl show` prints it: as [`get`] renders it, but a `cores` of 0 says
 /// what it means (a batch job without --cores: every leftover CPU; a Slurm training job: all of
-/// its Slurm cpuset) rather than "0", and an empty CPU or GPU list is "-" as in `status`.
+/// its Slurm cpuset) rather than "0", an empty CPU or GPU list is "-" as in `status`, and an
+/// online job's core budget is "N cores".
 pub(crate) fn shown_field(d: &HashMap<String, OwnedValue>, key: &str) -> String {
     let v = get(d, key);
     match key {
@@ -91,6 +92,8 @@ pub(crate) fn shown_field(d: &HashMap<String, OwnedValue>, key: &str) -> String 
             _ => v,
         },
         "cpus" | "gpus" | "mems" if v.is_empty() => "-".into(),
+        // An online job's share of the leftover, what its layout search runs within.
+        "core_budget" if !v.is_empty() => format!("{v} cores"),
         _ => v,
     }
 }
@@ -187,6 +190,12 @@ mod tests {
         assert_eq!(shown_field(&training, "gpus"), "-");
         assert_eq!(shown_field(&training, "cpus"), "2-9");
         assert_eq!(shown_field(&training, "last_error"), "");
+        let online = job(&[
+            ("kind", Value::from("online")),
+            ("core_budget", Value::from(7u32)),
+        ]);
+        assert_eq!(shown_field(&online, "core_budget"), "7 cores");
+        assert_eq!(shown_field(&training, "core_budget"), "");
     }
 
     #[test]
