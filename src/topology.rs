@@ -241,6 +241,12 @@ impl Topology {
         self.gpus.iter().find(|g| g.index == index)
     }
 
+    /// The most online threads any core has: 2 on most SMT hosts, 1 without SMT (or no core).
+    pub fn threads_per_core(&self) -> u32 {
+        let most = self.cores.iter().map(|c| c.cpus.len()).max().unwrap_or(1);
+        u32::try_from(most).unwrap_or(1).max(1)
+    }
+
     /// True when some core has more than one online thread.
     pub fn has_smt(&self) -> bool {
         self.cores.iter().any(|c| c.cpus.len() > 1)

@@ -64,7 +64,7 @@ impl Inference {
         online_views(
             &mut self.searches,
             &mut cx.state.jobs,
-            usable,
+            (usable, cx.topology.threads_per_core()),
             &throttles.cores,
             Instant::now(),
             &measure,
@@ -74,14 +74,14 @@ impl Inference {
 
 /// The online jobs' layouts this tick. An online container is one instance of the size its pod
 /// asks for (docs/kubernetes.md), no search, its cores off the top (a throttle narrows its
-/// instance, not what it takes off the top); the CPUs left of `usable` are split into the
-/// other online jobs' core budgets ([`online_budgets`]), and each job's layout is its search's
+/// instance, not what it takes off the top); the CPUs left of `usable` (a count, and the CPUs
+/// of one core) are split into the other online jobs' core budgets ([`online_budgets`]), and each job's layout is its search's
 /// within its own budget, so one job's probes never restart another's search. `cuts`:
 /// contention's core cuts (a throttled job runs fewer instances).
 pub(super) fn online_views(
     searches: &mut Searches,
     jobs: &mut BTreeMap<JobId, StoredJob>,
-    usable: u32,
+    (usable, core_width): (u32, u32),
     cuts: &BTreeMap<JobId, u32>,
     now: Instant,
     measure: &Measure<'_>,
@@ -110,7 +110,7 @@ pub(super) fn online_views(
             },
         });
     }
-    for (id, budget) in online_budgets(left, &searching) {
+    for (id, budget) in online_budgets(left, core_width, &searching) {
         let Some(stored) = jobs.get_mut(&id) else {
             continue;
         };
@@ -402,7 +402,7 @@ mod tests {
         let mut views = Vec::new();
         for tick in 0..ticks {
             let now = start + Duration::from_millis(u64::from(tick));
-            views = online_views(searches, jobs, usable, &BTreeMap::new(), now, &measure);
+            views = online_views(searches, jobs, (usable, 1), &BTreeMap::new(), now, &measure);
             let layouts = views.iter().map(|v| (v.id.clone(), v.layout)).collect();
             each(searches, &layouts);
             if jobs
