@@ -1,10 +1,11 @@
 //! Between full sweeps (issue 21): which jobs an apply may skip because nothing they depend on
 //! changed since their last full sweep. Learns of forks, execs and exits from the kernel's
-//! process events (`sys::procevents`) instead of listing every job's threads every tick; keeps
-//! a slow full sweep ([`FULL_SWEEP_EVERY`]) as the safety net. Touches the events socket, the
-//! job cgroups' `cgroup.procs` (through the hierarchy it is handed), the processes'
-//! `/proc/PID/task` (listed or counted, `Quiet::threads`) and, with thread roles, the latency
-//! threads' schedstat (through `roles`).
+//! process events (`sys::procevents`) instead of listing every job's threads every tick, and
+//! keeps the process table for pid jobs' descendants in step with them; keeps a slow full
+//! sweep ([`FULL_SWEEP_EVERY`]) as the safety net. Touches the events socket, /proc (every
+//! process's `stat` for the table), the job cgroups' `cgroup.procs` (through the hierarchy it
+//! is handed), the processes' `/proc/PID/task` (listed or counted, `Quiet::threads`) and, with
+//! thread roles, the latency threads' schedstat (through `roles`).
 //!
 //! A job is swept in full when any of these holds, and skipped otherwise (its last outcome
 //! stands):
@@ -36,6 +37,16 @@
 //! reported) and the kernel counts as many threads as it listed (a thread's end is not
 //! reported, but lowers the count). Listing `/proc/PID/task` was most of the safety net's
 //! cost (issue 21: 40 % of an idle 100-job lodgerd's agent thread); the count is one `stat`.
+//!
+//! The process table pid jobs' descendants are found in (`Quiet::table`) follows the same
+//! events: a fork adds a process, an exit removes it. A process's children outlive it, and the
+//! kernel gives them to a subreaper, another thread of its process or init without an event:
+//! they are read from /proc (their `stat`) before the table is next used. Every pending event
+//! is read before it is used, so a child forked a moment before is in it, as in a read of
+//! /proc. /proc is read in full the first time, when events were lost or failed, and once per
+//! [`FULL_SWEEP_EVERY`] (the safety net); without events, whenever a task was created on the
+//! node since the last read (`/proc/loadavg`), as before: on a busy node (a CI runner, a data
+//! loader forking workers) that was every sweep of a pid job reading every process's `stat`.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -47,8 +58,8 @@ use super::Outcome;
 use crate::cpuset::CpuSet;
 use crate::enforce::cpusets::CpusetHierarchy;
 use crate::job::{JobId, Target};
-use crate::sys::procevents::ProcEvents;
-use crate::sys::procfs::{processes_cpu_ns, ProcError, ProcReader};
+use crate::sys::procevents::{Event, ProcEvents};
+use crate::sys::procfs::{processes_cpu_ns, ProcError, ProcReader, ProcessTable};
 
 /// The safety net: every job is swept in full at least this often.
 pub const FULL_SWEEP_EVERY: Duration = Duration::from_secs(10);
@@ -100,9 +111,19 @@ pub(crate) struct Quiet {
     epoch: Instant,
     /// Each process's threads as last listed, and when (see [`Quiet::threads`]).
     listed: HashMap<u32, (Vec<u32>, Instant)>,
+    /// Every process's parent, for pid jobs' descendants (see [`Quiet::table`]).
+    table: ProcessTable,
+    /// With events: when `table` was last read from /proc, the events since applied to it;
+    /// `None`: it must be read again (never read, events lost or failing).
+    scanned: Option<Instant>,
+    /// Without events: `/proc/loadavg`'s last pid when `table` was read; `None`: read again.
+    table_key: Option<u32>,
     /// Listings made, for the tests.
     #[cfg(test)]
     listings: u64,
+    /// Full reads of /proc for the table, for the tests.
+    #[cfg(test)]
+    rescans: u64,
 }
 
 /// The placement an apply was asked for.
@@ -138,8 +159,13 @@ impl Quiet {
             slots: HashMap::new(),
             epoch: Instant::now(),
             listed: HashMap::new(),
+            table: ProcessTable::default(),
+            scanned: None,
+            table_key: None,
             #[cfg(test)]
             listings: 0,
+            #[cfg(test)]
+            rescans: 0,
         }
     }
 
@@ -165,11 +191,13 @@ impl Quiet {
         }
         self.drained = Some(now);
         let (touched, listed) = (&mut self.touched, &mut self.listed);
-        match events.drain(|tgid| touch(touched, listed, tgid, now)) {
+        let mut table = self.scanned.is_some().then_some(&mut self.table);
+        match events.drain(|event| on_event(touched, listed, table.as_deref_mut(), event, now)) {
             Ok(d) if d.lost => {
-                debug!("process events were lost: every job is swept");
+                debug!("process events were lost: every job is swept, /proc read again");
                 self.swept.clear();
                 self.listed.clear();
+                self.scanned = None;
             }
             Ok(_) => {}
             Err(e) => {
@@ -177,6 +205,7 @@ impl Quiet {
                 self.events = None;
                 self.swept.clear();
                 self.listed.clear();
+                self.scanned = None;
             }
         }
         self.prune(now);
@@ -250,6 +279,58 @@ impl Quiet {
         self.listed
             .get_mut(&pid)
             .filter(|(_, at)| touched.map_or(true, |t| t <= *at))
+    }
+
+    /// Every process's parent as it is now, for a pid job's descendants, in an apply that
+    /// began at `now`. With events: every pending event read first (not at most once per
+    /// [`DRAIN_EVERY`]: a child forked a moment ago must be found, as a read of /proc would),
+    /// the table kept in step by them, and /proc read again only when events were lost or
+    /// failed, and every [`FULL_SWEEP_EVERY`] as the safety net. Without: /proc read again
+    /// whenever a task was created on the node since the last read (`/proc/loadavg`).
+    pub(crate) fn table(
+        &mut self,
+        reader: &mut ProcReader,
+        now: Instant,
+    ) -> Result<&ProcessTable, ProcError> {
+        if self.events.is_some() {
+            self.drained = None;
+            self.drain(now);
+        }
+        if self.events.is_some() {
+            let fresh = self
+                .scanned
+                .is_some_and(|at| now.saturating_duration_since(at) < FULL_SWEEP_EVERY);
+            if fresh {
+                self.table.settle(reader)?;
+                return Ok(&self.table);
+            }
+            self.scanned = None;
+            self.rescan(reader)?;
+            self.scanned = Some(now);
+        } else {
+            let key = reader.last_pid();
+            if key.is_some() && key == self.table_key {
+                return Ok(&self.table);
+            }
+            self.table_key = None;
+            self.rescan(reader)?;
+            self.table_key = key;
+        }
+        Ok(&self.table)
+    }
+
+    fn rescan(&mut self, reader: &mut ProcReader) -> Result<(), ProcError> {
+        #[cfg(test)]
+        {
+            self.rescans += 1;
+        }
+        self.table.rescan(reader)
+    }
+
+    /// How many times [`Quiet::table`] read /proc in full.
+    #[cfg(test)]
+    pub(crate) fn rescans(&self) -> u64 {
+        self.rescans
     }
 
     /// How many times [`Quiet::threads`] listed a process's threads.
@@ -387,6 +468,32 @@ impl Quiet {
     pub(crate) fn forget(&mut self, id: &JobId) {
         self.swept.remove(id);
         self.slots.remove(id);
+    }
+}
+
+/// One event read at `now`: each process it touched is recorded ([`touch`]), and the table,
+/// when there is one to keep in step, follows a new process and a process's end.
+fn on_event(
+    touched: &mut HashMap<u32, Instant>,
+    listed: &mut HashMap<u32, (Vec<u32>, Instant)>,
+    table: Option<&mut ProcessTable>,
+    event: Event,
+    now: Instant,
+) {
+    for tgid in event.touched().into_iter().flatten() {
+        touch(touched, listed, tgid, now);
+    }
+    let Some(table) = table else {
+        return;
+    };
+    match event {
+        Event::Fork {
+            parent_tgid,
+            child_pid,
+            child_tgid,
+        } if child_pid == child_tgid => table.fork(parent_tgid, child_tgid),
+        Event::Exit { pid, tgid } if pid == tgid => table.exit(tgid),
+        _ => {}
     }
 }
 

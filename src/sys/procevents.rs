@@ -49,6 +49,45 @@ const RECV_BUFFER: libc::c_int = 1 << 20;
 /// where the kernel ignores the request (another pid or user namespace).
 pub const CONFIRM_WITHIN: Duration = Duration::from_secs(1);
 
+/// One process event, as [`ProcEvents::drain`] hands it on (pids as the initial pid namespace
+/// sees them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Event {
+    /// A new task: a process when `child_pid == child_tgid`, else a thread of `child_tgid`.
+    /// `parent_tgid` is the new task's real parent's process, the `ppid` /proc shows for it (a
+    /// thread's is its process's parent, as the kernel's `real_parent`).
+    Fork {
+        parent_tgid: u32,
+        child_pid: u32,
+        child_tgid: u32,
+    },
+    Exec {
+        tgid: u32,
+    },
+    /// A task's exit: a process's when `pid == tgid` (the filter drops the other threads', but
+    /// events queued before it was attached may hold some). Reported after the kernel gave the
+    /// task's children to their new parent (`exit_notify` runs before the connector is told).
+    Exit {
+        pid: u32,
+        tgid: u32,
+    },
+}
+
+impl Event {
+    /// The processes the event touched: both sides of a fork (the parent's process and the
+    /// child's, the same process for a thread of the parent's), the process of an exec or exit.
+    pub fn touched(&self) -> [Option<u32>; 2] {
+        match *self {
+            Event::Fork {
+                parent_tgid,
+                child_tgid,
+                ..
+            } => [Some(parent_tgid), Some(child_tgid)],
+            Event::Exec { tgid } | Event::Exit { tgid, .. } => [Some(tgid), None],
+        }
+    }
+}
+
 /// What one drain found.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Drained {
@@ -136,14 +175,12 @@ impl ProcEvents {
         })
     }
 
-    /// Reads every pending event and calls `touched(tgid)` for each process one touched: both
-    /// sides of a fork (a new thread's process, a new process and its parent), an exec, a
-    /// process's exit. Never blocks.
+    /// Reads every pending event and calls `on` for each, in the kernel's order. Never blocks.
     ///
     /// Up to `BATCH` (64) datagrams a syscall (`recvmmsg`): every process event on the node that
     /// passes the filter is one datagram, and on a node running builds or short-lived jobs a
     /// `recv` each was most of an idle lodgerd's agent thread (issue 21).
-    pub fn drain(&mut self, mut touched: impl FnMut(u32)) -> io::Result<Drained> {
+    pub fn drain(&mut self, mut on: impl FnMut(Event)) -> io::Result<Drained> {
         let mut out = Drained::default();
         loop {
             // SAFETY: all-zero is a valid `iovec` and `mmsghdr` (null pointers, zero lengths);
@@ -192,7 +229,7 @@ impl ProcEvents {
                 .take(received)
             {
                 let len = usize::try_from(m.msg_len).unwrap_or(0).min(DATAGRAM);
-                out.events += parse(&part[..len], &mut touched);
+                out.events += parse(&part[..len], &mut on);
             }
             if received < BATCH {
                 // Fewer than asked: the queue is empty (the next call would say EAGAIN).
@@ -389,7 +426,7 @@ fn u32_at(b: &[u8], at: usize) -> Option<u32> {
 }
 
 /// Walks the netlink messages of one datagram; returns how many process events it held.
-fn parse(datagram: &[u8], touched: &mut impl FnMut(u32)) -> u64 {
+fn parse(datagram: &[u8], on: &mut impl FnMut(Event)) -> u64 {
     let mut events = 0;
     let mut at = 0;
     while let Some(len) = u32_at(datagram, at).and_then(|l| usize::try_from(l).ok()) {
@@ -403,23 +440,29 @@ fn parse(datagram: &[u8], touched: &mut impl FnMut(u32)) -> u64 {
             if let Some(what) = u32_at(msg, ev) {
                 events += 1;
                 let data = ev + EVENT_DATA;
-                match what {
+                let field = |i: usize| u32_at(msg, data + 4 * i);
+                let event = match what {
                     // parent_pid, parent_tgid, child_pid, child_tgid
-                    PROC_EVENT_FORK => {
-                        for tgid in [u32_at(msg, data + 4), u32_at(msg, data + 12)]
-                            .into_iter()
-                            .flatten()
-                        {
-                            touched(tgid);
+                    PROC_EVENT_FORK => match (field(1), field(2), field(3)) {
+                        (Some(parent_tgid), Some(child_pid), Some(child_tgid)) => {
+                            Some(Event::Fork {
+                                parent_tgid,
+                                child_pid,
+                                child_tgid,
+                            })
                         }
-                    }
+                        _ => None,
+                    },
                     // process_pid, process_tgid, ...
-                    PROC_EVENT_EXEC | PROC_EVENT_EXIT => {
-                        if let Some(tgid) = u32_at(msg, data + 4) {
-                            touched(tgid);
-                        }
-                    }
-                    _ => {}
+                    PROC_EVENT_EXEC => field(1).map(|tgid| Event::Exec { tgid }),
+                    PROC_EVENT_EXIT => match (field(0), field(1)) {
+                        (Some(pid), Some(tgid)) => Some(Event::Exit { pid, tgid }),
+                        _ => None,
+                    },
+                    _ => None,
+                };
+                if let Some(event) = event {
+                    on(event);
                 }
             }
         }
@@ -462,19 +505,43 @@ mod tests {
         d.extend(event(PROC_EVENT_EXEC, &[200, 200]));
         d.extend(event(PROC_EVENT_EXIT, &[101, 100, 0, 0, 1, 1]));
         d.extend(event(0x0000_0004, &[300, 300, 0, 0])); // a UID change: nothing
-        assert_eq!(parse(&d, &mut |t| seen.push(t)), 5);
+        let mut events = Vec::new();
+        assert_eq!(parse(&d, &mut |e: Event| events.push(e)), 5);
+        seen.extend(events.iter().flat_map(Event::touched).flatten());
         assert_eq!(seen, [100, 100, 100, 200, 200, 100]);
+        assert_eq!(
+            events[..2],
+            [
+                Event::Fork {
+                    parent_tgid: 100,
+                    child_pid: 101,
+                    child_tgid: 100
+                },
+                Event::Fork {
+                    parent_tgid: 100,
+                    child_pid: 200,
+                    child_tgid: 200
+                }
+            ]
+        );
+        assert_eq!(
+            events[3],
+            Event::Exit {
+                pid: 101,
+                tgid: 100
+            }
+        );
     }
 
     #[test]
     fn truncated_or_foreign_messages_are_skipped() {
-        let mut seen = Vec::new();
         let d = event(PROC_EVENT_EXEC, &[7, 7]);
-        assert_eq!(parse(&d[..d.len() - 10], &mut |t| seen.push(t)), 0);
+        let mut seen = Vec::new();
+        assert_eq!(parse(&d[..d.len() - 10], &mut |e| seen.push(e)), 0);
         let mut other = d.clone();
         other[NLMSG_HDR..NLMSG_HDR + 4].copy_from_slice(&9u32.to_ne_bytes());
-        assert_eq!(parse(&other, &mut |t| seen.push(t)), 0);
-        assert_eq!(parse(&[], &mut |t| seen.push(t)), 0);
+        assert_eq!(parse(&other, &mut |e| seen.push(e)), 0);
+        assert_eq!(parse(&[], &mut |e| seen.push(e)), 0);
         assert!(seen.is_empty());
     }
 
@@ -672,8 +739,8 @@ mod tests {
         }
         let mut seen = std::collections::HashSet::new();
         let drained = events
-            .drain(|tgid| {
-                seen.insert(tgid);
+            .drain(|e| {
+                seen.extend(e.touched().into_iter().flatten());
             })
             .expect("drain events");
         assert!(!drained.lost, "events were lost");

@@ -1,5 +1,6 @@
 //! Finding a job's processes and threads in /proc: start times (to tell a process from a later one
-//! that reused its pid), the parent links that give a process's descendants, and the thread ids
+//! that reused its pid), the parent links that give a process's descendants ([`ProcessTable`],
+//! read in full or kept in step by whoever reads the process events), and the thread ids
 //! under `/proc/PID/task`; a process's CPU time from its CPU-time clock; and node-wide files read
 //! every pass through one descriptor kept open ([`KeptFile`]). Reads the proc root it is given
 //! and those clocks, nothing else.
@@ -9,7 +10,7 @@
 //! into a fresh struct (and a `String` for the command name) per call. The crate is used where it
 //! fits (`/proc/PID/cgroup`, in `enforce::cgroup` and `enforce::rtgroup`).
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fs::{self, File};
 use std::io::{self, Read};
 use std::os::unix::fs::FileExt;
@@ -296,36 +297,102 @@ pub fn list_pids(proc_root: &Path) -> Result<Vec<u32>, ProcError> {
         .collect())
 }
 
-/// Every process's parent, from one pass over /proc, for finding descendants.
+/// Every process's parent, for finding descendants: read in one pass over /proc ([`Self::rescan`]),
+/// and kept in step from the kernel's process events by whoever reads them ([`Self::fork`],
+/// [`Self::exit`], then [`Self::settle`] before it is used).
 #[derive(Debug, Default, Clone)]
 pub struct ProcessTable {
-    /// (ppid, pid), sorted.
-    children: Vec<(u32, u32)>,
+    /// (ppid, pid): a process's children are a range.
+    children: BTreeSet<(u32, u32)>,
+    /// pid → ppid, for the entry an exit or a reused pid replaces.
+    parent: HashMap<u32, u32>,
+    /// Processes whose parent exited since the last [`Self::settle`]: the kernel gave them to
+    /// another parent (a subreaper, another thread of the parent's process, or init), which no
+    /// event names.
+    orphans: Vec<u32>,
+    /// Reused by `rescan`.
+    scratch: Vec<(u32, u32)>,
 }
 
 impl ProcessTable {
     /// Reads the parent of every process under the proc root. Processes that exit meanwhile are
     /// left out. Reuses the table's storage.
     pub fn rescan(&mut self, reader: &mut ProcReader) -> Result<(), ProcError> {
-        self.children.clear();
         let root = reader.root().to_path_buf();
+        let mut pairs = std::mem::take(&mut self.scratch);
+        pairs.clear();
         for pid in list_pids(&root)? {
             if let Some(stat) = reader.stat(pid)? {
                 if stat.running {
-                    self.children.push((stat.ppid, pid));
+                    pairs.push((stat.ppid, pid));
                 }
             }
         }
-        self.children.sort_unstable();
+        self.orphans.clear();
+        self.parent.clear();
+        self.parent
+            .extend(pairs.iter().map(|&(ppid, pid)| (pid, ppid)));
+        // Sorted first, so the set is built in bulk.
+        pairs.sort_unstable();
+        self.children = pairs.iter().copied().collect();
+        self.scratch = pairs;
         Ok(())
     }
 
     pub fn len(&self) -> usize {
-        self.children.len()
+        self.parent.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.children.is_empty()
+        self.parent.is_empty()
+    }
+
+    /// Process `pid`'s parent is `ppid` now (it was forked, or a reused pid's earlier process
+    /// left no exit).
+    fn set_parent(&mut self, pid: u32, ppid: u32) {
+        if let Some(was) = self.parent.insert(pid, ppid) {
+            self.children.remove(&(was, pid));
+        }
+        self.children.insert((ppid, pid));
+    }
+
+    /// A fork event: process `child` was created with parent `parent` (a thread is no entry).
+    pub fn fork(&mut self, parent: u32, child: u32) {
+        self.set_parent(child, parent);
+    }
+
+    /// A process's exit event: `pid` is gone, and its children have another parent, read by
+    /// the next [`Self::settle`]. Until then they are no one's descendants.
+    pub fn exit(&mut self, pid: u32) {
+        if let Some(was) = self.parent.remove(&pid) {
+            self.children.remove(&(was, pid));
+        }
+        let children: Vec<(u32, u32)> = self
+            .children
+            .range((pid, 0)..=(pid, u32::MAX))
+            .copied()
+            .collect();
+        for (ppid, child) in children {
+            self.children.remove(&(ppid, child));
+            self.parent.remove(&child);
+            self.orphans.push(child);
+        }
+    }
+
+    /// Reads the parent of each process orphaned since the last call (`exit`), as /proc shows it
+    /// now; a process gone meanwhile is left out. Each is read once.
+    pub fn settle(&mut self, reader: &mut ProcReader) -> Result<(), ProcError> {
+        while let Some(pid) = self.orphans.pop() {
+            match reader.stat(pid) {
+                Ok(Some(stat)) if stat.running => self.set_parent(pid, stat.ppid),
+                Ok(_) => {}
+                Err(e) => {
+                    self.orphans.push(pid);
+                    return Err(e);
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Appends to `out` every descendant of the processes in `roots` that is not already in `out`
@@ -335,11 +402,7 @@ impl ProcessTable {
         let mut seen: HashSet<u32> = out.iter().chain(roots).copied().collect();
         let mut stack: Vec<u32> = roots.to_vec();
         while let Some(p) = stack.pop() {
-            let start = self.children.partition_point(|&(pp, _)| pp < p);
-            for &(pp, child) in &self.children[start..] {
-                if pp != p {
-                    break;
-                }
+            for &(_, child) in self.children.range((p, 0)..=(p, u32::MAX)) {
                 if seen.insert(child) {
                     out.push(child);
                     stack.push(child);
@@ -350,9 +413,11 @@ impl ProcessTable {
 
     #[cfg(test)]
     pub(crate) fn from_pairs(pairs: &[(u32, u32)]) -> Self {
-        let mut children = pairs.to_vec();
-        children.sort_unstable();
-        Self { children }
+        let mut t = Self::default();
+        for &(ppid, pid) in pairs {
+            t.set_parent(pid, ppid);
+        }
+        t
     }
 }
 
@@ -492,6 +557,69 @@ mod tests {
         let mut none = Vec::new();
         t.descendants(&[12], &mut none);
         assert!(none.is_empty());
+    }
+
+    /// A fake proc root holding `PID/stat` for each `(pid, ppid, state)`.
+    fn fake_proc(procs: &[(u32, u32, &str)]) -> tempfile::TempDir {
+        let root = tempfile::tempdir().expect("tempdir");
+        for &(pid, ppid, state) in procs {
+            let dir = root.path().join(pid.to_string());
+            fs::create_dir(&dir).expect("mkdir");
+            let stat = format!(
+                "{pid} (p) {state} {ppid} {pid} {pid} 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 {} 0 0\n",
+                1000 + pid
+            );
+            fs::write(dir.join("stat"), stat).expect("write stat");
+        }
+        root
+    }
+
+    fn descendants_of(t: &ProcessTable, root: u32) -> Vec<u32> {
+        let mut out = Vec::new();
+        t.descendants(&[root], &mut out);
+        out.sort_unstable();
+        out
+    }
+
+    /// Kept in step by events: a fork adds a child; an exit orphans the exited process's
+    /// children until `settle` reads their new parent (a subreaper in the tree keeps them in
+    /// it, init takes them out of it); an orphan gone meanwhile is left out; a reused pid is
+    /// the new process, with its own parent and none of the old one's children.
+    #[test]
+    fn the_table_follows_forks_exits_and_reparenting() {
+        // 10 (a subreaper) → 11 → 12, 11 → 13; 20 → 21 → 22.
+        let mut t = ProcessTable::from_pairs(&[(1, 10), (10, 11), (11, 12), (11, 13), (1, 20)]);
+        t.fork(20, 21);
+        t.fork(21, 22);
+        assert_eq!(descendants_of(&t, 20), vec![21, 22]);
+        // 11 exits: 12 went to the subreaper 10, 13 exited too (a zombie now); 21 exits and
+        // 22 went to init.
+        let proc = fake_proc(&[(10, 1, "S"), (12, 10, "S"), (13, 10, "Z"), (22, 1, "S")]);
+        let mut reader = ProcReader::new(proc.path());
+        t.exit(11);
+        t.exit(21);
+        assert_eq!(
+            descendants_of(&t, 10),
+            Vec::<u32>::new(),
+            "orphans wait for settle"
+        );
+        t.settle(&mut reader).expect("settle");
+        assert_eq!(descendants_of(&t, 10), vec![12]);
+        assert_eq!(descendants_of(&t, 20), Vec::<u32>::new());
+        assert_eq!(descendants_of(&t, 1), vec![10, 12, 20, 22]);
+        assert_eq!(t.len(), 4);
+        // The pid 12 exits and is reused by a child of 20: not the subreaper's any more.
+        // Its child 30 exited with it (no stat: gone when settle reads it).
+        t.fork(12, 30);
+        t.exit(12);
+        t.fork(20, 12);
+        t.settle(&mut reader).expect("settle");
+        assert_eq!(descendants_of(&t, 10), Vec::<u32>::new());
+        assert_eq!(descendants_of(&t, 20), vec![12]);
+        // A fork whose pid's exit was never seen replaces the old entry.
+        t.fork(10, 12);
+        assert_eq!(descendants_of(&t, 20), Vec::<u32>::new());
+        assert_eq!(descendants_of(&t, 10), vec![12]);
     }
 
     #[test]

@@ -8,10 +8,13 @@
 //! (`enforce::quiet`: one full sweep per `quiet::FULL_SWEEP_EVERY` remains as the safety net).
 //! Otherwise its steady path (nothing to change) only reads: the
 //! job's cpuset files or thread masks, `/proc/PID/stat` of each known process, `/proc/PID/task`, two
-//! scheduler queries per thread. A full /proc scan (for descendants) happens only when it can find
-//! something: with affinity pinning when a task was created on the node since the last scan
-//! (`/proc/loadavg`), with cgroup pinning only after processes were moved (a child forked during
-//! the move stays outside). Timing `apply` on an enforced job times the sweep.
+//! scheduler queries per thread. A pid job's descendants come from the process table
+//! (`quiet::Quiet::table`), looked in with affinity pinning at every sweep, with cgroup pinning
+//! only after processes were moved (a child forked during the move stays outside). Where the
+//! process events are read the table follows them, and /proc is read in full only when events
+//! were lost and once per `quiet::FULL_SWEEP_EVERY`; without them, whenever a task was created
+//! on the node since the last read (`/proc/loadavg`). Timing `apply` on an enforced job times
+//! the sweep.
 //!
 //! Rooms: `cgroup_jobs` (jobs registered by cgroup), `pid_jobs` (jobs registered by pids),
 //! `memory` (the memory files of the job cgroups lodger creates on v2),
@@ -51,7 +54,7 @@ use super::{EnforceSettings, PidPinning, PinMethod, TrainingClass};
 use crate::cpuset::CpuSet;
 use crate::job::{JobId, Target};
 use crate::sys::cgroupfs::{self as cgroup, CgroupError, CgroupVersion};
-use crate::sys::procfs::{ProcError, ProcReader, ProcessTable};
+use crate::sys::procfs::{ProcError, ProcReader};
 
 /// What status shows about enforcement.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,9 +110,8 @@ impl Outcome {
 #[derive(Debug)]
 struct Scratch {
     reader: ProcReader,
-    table: ProcessTable,
-    /// `/proc/loadavg`'s last pid when `table` was read; `None`: no usable table.
-    table_key: Option<u32>,
+    /// When the apply under way began (events read since count as after its sweep).
+    began: std::time::Instant,
     tids: Vec<u32>,
     in_cgroup: Vec<u32>,
     cgroups: Vec<String>,
@@ -169,8 +171,7 @@ impl Enforcer {
         let rt_groups = RtGroups::new(&settings.cgroup_root);
         let scratch = Scratch {
             reader: ProcReader::new(&settings.proc_root),
-            table: ProcessTable::default(),
-            table_key: None,
+            began: std::time::Instant::now(),
             tids: Vec::new(),
             in_cgroup: Vec::new(),
             cgroups: Vec::new(),
@@ -278,6 +279,7 @@ impl Enforcer {
         if let Some(last) = self.quiet_outcome(s, id, target, cpus, mems, record, now) {
             return Ok(last.again());
         }
+        s.began = now;
         let asked = quiet::Asked {
             cpus,
             mems,
@@ -491,14 +493,11 @@ fn within(current: &CpuSet, limit: &CpuSet) -> Option<CpuSet> {
     Some(if kept.is_empty() { limit.clone() } else { kept })
 }
 
-/// Rescans /proc unless no task was created on the node since the last scan.
-fn refresh_table(s: &mut Scratch) -> Result<(), EnforceError> {
-    let key = s.reader.last_pid();
-    if key.is_some() && key == s.table_key {
-        return Ok(());
-    }
-    s.table_key = None;
-    s.table.rescan(&mut s.reader)?;
-    s.table_key = key;
+/// Appends to `out` the descendants of `known` not in it yet, from the process table as it is
+/// now (`quiet::Quiet::table`: kept in step by the process events where they are read, else
+/// /proc read again whenever a task was created on the node since the last read).
+fn descendants(s: &mut Scratch, known: &[u32], out: &mut Vec<u32>) -> Result<(), EnforceError> {
+    let table = s.quiet.table(&mut s.reader, s.began)?;
+    table.descendants(known, out);
     Ok(())
 }

@@ -7,7 +7,7 @@ use std::collections::HashSet;
 use tracing::warn;
 
 use super::{
-    refresh_table, EnforceError, Enforcer, Outcome, PidJobRecord, RootProcess, RrSweep, Scratch,
+    descendants, EnforceError, Enforcer, Outcome, PidJobRecord, RootProcess, RrSweep, Scratch,
     TrackedProcess,
 };
 use crate::cpuset::CpuSet;
@@ -125,10 +125,9 @@ impl Enforcer {
                 .any(|(p, _)| s.in_cgroup.binary_search(p).is_err());
         let scan = rec.pinning == PinMethod::Affinity || first || rec.rescan || outside;
         if scan && !members.is_empty() {
-            refresh_table(s)?;
             let known: Vec<u32> = members.iter().map(|(p, _)| *p).collect();
             let mut found = Vec::new();
-            s.table.descendants(&known, &mut found);
+            descendants(s, &known, &mut found)?;
             for pid in found {
                 if let Some(st) = s.reader.stat(pid)? {
                     if st.running {
@@ -323,12 +322,10 @@ impl Enforcer {
             }
         }
         if !members.is_empty() {
-            match refresh_table(s) {
-                Ok(()) => {
-                    let known = members.clone();
-                    s.table.descendants(&known, &mut members);
-                }
-                Err(e) => errors.push(e),
+            s.began = std::time::Instant::now();
+            let known = members.clone();
+            if let Err(e) = descendants(s, &known, &mut members) {
+                errors.push(e);
             }
         }
         members.sort_unstable();

@@ -96,6 +96,19 @@ for line in sys.stdin:
     elif cmd == "spawn":
         kids.append(subprocess.Popen(["sleep", "3600"]))
         print(kids[-1].pid, flush=True)
+    elif cmd == "wide":
+        # A child on every CPU, as one forked before its parent was pinned is.
+        everywhere = lambda: os.sched_setaffinity(0, range(os.cpu_count()))
+        kids.append(subprocess.Popen(["sleep", "3600"], preexec_fn=everywhere))
+        print(kids[-1].pid, flush=True)
+    elif cmd == "orphan":
+        # This process becomes a subreaper; a child starts a grandchild and exits, so the
+        # grandchild is given to this process: no event says so.
+        import ctypes
+        ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+        mid = subprocess.run(["sh", "-c", "sleep 3600 >/dev/null 2>&1 & echo $!"],
+                             capture_output=True, text=True, check=True)
+        print(mid.stdout.strip(), flush=True)
     elif cmd == "end":
         # The oldest thread started by "brief" ends (its exit is no process event).
         t = briefs.pop(0)
@@ -168,6 +181,17 @@ impl Workload {
 
     fn spawn_child(&mut self) -> u32 {
         self.ask("spawn")
+    }
+
+    /// A `sleep` child on every CPU, whatever the workload's own mask.
+    fn spawn_wide_child(&mut self) -> u32 {
+        self.ask("wide")
+    }
+
+    /// Makes the workload a subreaper and a `sleep` grandchild of it whose parent has exited:
+    /// the grandchild's pid, now a child of the workload.
+    fn spawn_orphan(&mut self) -> u32 {
+        self.ask("orphan")
     }
 
     fn kill(&mut self) {

@@ -212,3 +212,67 @@ fn a_sweep_lists_threads_again_only_when_they_may_have_changed() {
         assert_eq!(q.listings(), n);
     }
 }
+
+/// The process table for pid jobs' descendants follows the process events (issue 21): on a node
+/// where tasks are created all the time, an apply that sweeps a pid job finds its new children
+/// without reading /proc again, and misses none: a child on other CPUs than its parent (one
+/// forked while its parent was being pinned), and a grandchild whose parent exited and which the
+/// kernel gave to a subreaper in the job (no event names its new parent). The safety net reads
+/// /proc again once per `quiet::FULL_SWEEP_EVERY`.
+#[test]
+fn a_pid_jobs_descendants_come_from_events_not_from_reading_proc_again() {
+    use crate::enforce::quiet::{DRAIN_EVERY, FULL_SWEEP_EVERY};
+    const TEST: &str = "a_pid_jobs_descendants_come_from_events_not_from_reading_proc_again";
+    if !need_root(TEST) {
+        return;
+    }
+    let e = pinned_by_affinity("table", true);
+    let mut w = Workload::start(2);
+    let target = Target::Pids(vec![w.pid]);
+    let mut record = JobRecord::default();
+    let cpus = set("0");
+    let apply = |record: &mut JobRecord| {
+        // The job's fork events are read by the next apply at most DRAIN_EVERY after the last.
+        std::thread::sleep(DRAIN_EVERY);
+        e.apply(&job(60), &target, &cpus, &CpuSet::new(), record)
+            .expect("apply")
+    };
+    let first = apply(&mut record);
+    assert_eq!(first.pids, vec![w.pid]);
+    let rescans = || e.scratch().quiet.rescans();
+    assert_eq!(rescans(), 1, "the first apply reads /proc");
+    // Tasks created on the node, outside the job: with /proc/loadavg as the key, each apply
+    // after them read /proc again.
+    let unrelated = |n: usize| {
+        for _ in 0..n {
+            let status = Command::new("true").status().expect("run true");
+            assert!(status.success());
+        }
+    };
+    unrelated(3);
+    let wide = w.spawn_wide_child();
+    assert_ne!(cpus_allowed(wide, wide), "0");
+    unrelated(3);
+    let out = apply(&mut record);
+    assert!(out.pids.contains(&wide), "{out:?}");
+    assert_threads(&[w.pid, wide], Some(7), "0");
+    let orphan = w.spawn_orphan();
+    unrelated(3);
+    let out = apply(&mut record);
+    assert!(
+        out.pids.contains(&orphan),
+        "the subreaper's new child {orphan} was missed: {out:?}"
+    );
+    assert_threads(&[w.pid, wide, orphan], Some(7), "0");
+    assert_eq!(rescans(), 1, "/proc read again for tasks outside the job");
+    // The safety net: a table older than the period is read again.
+    {
+        let mut guard = e.scratch();
+        let s = &mut *guard;
+        let later = Instant::now() + FULL_SWEEP_EVERY;
+        s.quiet.table(&mut s.reader, later).expect("table");
+    }
+    assert_eq!(rescans(), 2);
+    e.release(&job(60), &target, &record).expect("release");
+    assert_threads(&[w.pid, wide, orphan], None, &unpinned());
+}
