@@ -12,11 +12,19 @@
 //!    process events (issue 21), in the same run; then, with events, 12 ticks 1 s apart (every
 //!    job's safety-net sweep falls in one of them): their mean and the worst tick, beside the
 //!    baseline's tick, which is what a tick sweeping every job at once costs.
-//! 3. lodgerd idle over 60 s: CPU time and RSS with 50 registered jobs (simulated enforcement on
+//! 3. A pid job's descendants on a busy node (issue 21 item 2): the CPU time of an apply that
+//!    sweeps a pid job pinned by affinity (4 jobs, each a shell forking a `sleep` every 50 ms,
+//!    so that every 100-ms tick sweeps it), on a quiet node, then beside a shell forking
+//!    `/bin/true` back to back outside every job: with the process table read again from /proc
+//!    whenever a task was created on the node (the baseline, the way before) and with the table
+//!    kept from the process events, in the same run. The node is filled up to
+//!    `LODGER_BENCH_NODE_PROCS` processes (default 500) with sleeping ones, since a rescan's
+//!    cost grows with them.
+//! 4. lodgerd idle over 60 s: CPU time and RSS with 50 registered jobs (simulated enforcement on
 //!    the 64-CPU fixture topology, since this 2-CPU machine cannot host 50 placements) against the
 //!    same lodgerd with no job.
 //!
-//! `LODGER_BENCH_ONLY=registration|enforcement|idle` runs one part.
+//! `LODGER_BENCH_ONLY=registration|enforcement|descendants|idle` runs one part.
 #[path = "../tests/common/mod.rs"]
 mod common;
 #[path = "support/sleeper.rs"]
@@ -28,7 +36,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use lodger::cpuset::CpuSet;
 use lodger::enforce::quiet::FULL_SWEEP_EVERY;
-use lodger::enforce::{EnforceSettings, Enforcer, JobRecord};
+use lodger::enforce::{EnforceSettings, Enforcer, JobRecord, PidPinning, TrainingClass};
 use lodger::job::{JobId, Target};
 use sleeper::Sleeper;
 use zbus::zvariant::Value;
@@ -398,6 +406,133 @@ fn steady_enforcement_cost() {
     }
 }
 
+/// A `sh -c` script in a process group of its own, killed with its group on drop.
+struct Shell(std::process::Child);
+
+impl Shell {
+    fn start(script: &str) -> Shell {
+        use std::os::unix::process::CommandExt;
+        let child = std::process::Command::new("sh")
+            .args(["-c", script])
+            .process_group(0)
+            .spawn()
+            .expect("spawn sh");
+        Shell(child)
+    }
+
+    fn pid(&self) -> u32 {
+        self.0.id()
+    }
+}
+
+impl Drop for Shell {
+    fn drop(&mut self) {
+        if let Ok(pgid) = libc::pid_t::try_from(self.0.id()) {
+            // SAFETY: plain killpg(2) on the group this Shell made.
+            unsafe { libc::killpg(pgid, libc::SIGKILL) };
+        }
+        let _ = self.0.wait();
+    }
+}
+
+fn processes_on_the_node() -> usize {
+    std::fs::read_dir("/proc")
+        .map(|d| {
+            d.flatten()
+                .filter(|e| {
+                    e.file_name()
+                        .to_str()
+                        .is_some_and(|n| n.parse::<u32>().is_ok())
+                })
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// Mean CPU time of one apply of a pid job pinned by affinity that sweeps it: 4 jobs, each a
+/// shell forking a `sleep` every 50 ms, applied every 100 ms for 3 s. `by_last_pid`: the
+/// descendants found as before issue 21 item 2 (the baseline).
+fn pid_job_sweep(by_last_pid: bool) -> Duration {
+    const JOBS: usize = 4;
+    const TICKS: u32 = 30;
+    let enforcer = Enforcer::new(EnforceSettings {
+        parent: unique("lodger-bench"),
+        pid_jobs: PidPinning::Affinity,
+        class: TrainingClass::Rr { roles: false },
+        process_events: true,
+        ..EnforceSettings::default()
+    })
+    .expect("enforcer");
+    assert!(enforcer.event_driven(), "process events unavailable");
+    enforcer.descendants_by_last_pid(by_last_pid);
+    let cpus = CpuSet::parse("1").expect("cpus");
+    let roots: Vec<Shell> = (0..JOBS)
+        .map(|_| Shell::start("while :; do sleep 0.05; done"))
+        .collect();
+    let mut held: Vec<(JobId, Target, JobRecord)> = roots
+        .iter()
+        .enumerate()
+        .map(|(i, sh)| {
+            (
+                JobId::from_seq(i as u64 + 1),
+                Target::Pids(vec![sh.pid()]),
+                JobRecord::default(),
+            )
+        })
+        .collect();
+    let apply = |held: &mut Vec<(JobId, Target, JobRecord)>| {
+        for (id, t, r) in held.iter_mut() {
+            let o = enforcer
+                .apply(id, t, &cpus, &CpuSet::new(), r)
+                .expect("apply");
+            assert!(o.alive, "{o:?}");
+        }
+    };
+    apply(&mut held);
+    let mut cost = Duration::ZERO;
+    for _ in 0..TICKS {
+        std::thread::sleep(Duration::from_millis(100));
+        let c0 = thread_cpu_time();
+        apply(&mut held);
+        cost += thread_cpu_time() - c0;
+    }
+    for (id, t, r) in &held {
+        enforcer.release(id, t, r).expect("release");
+    }
+    enforcer.tidy();
+    cost / (TICKS * JOBS as u32)
+}
+
+fn descendants_on_a_busy_node() {
+    let want = std::env::var("LODGER_BENCH_NODE_PROCS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(500usize);
+    let fill: Vec<Sleeper> = (processes_on_the_node()..want)
+        .map(|_| Sleeper::start(1))
+        .collect();
+    let procs = processes_on_the_node();
+    let us = |d: Duration| d.as_secs_f64() * 1e6;
+    let quiet = pid_job_sweep(false);
+    let (baseline, events) = {
+        let _forker = Shell::start("while :; do /bin/true; done");
+        (pid_job_sweep(true), pid_job_sweep(false))
+    };
+    println!(
+        "a pid job's sweep (affinity, 4 jobs forking a sleep every 50 ms, 100-ms ticks), {procs} processes on the node ({} sleeping ones added):",
+        fill.len()
+    );
+    println!(
+        "  quiet node: {:.1} us per apply; beside a shell forking /bin/true: {:.1} us with /proc read again on every new task (baseline), {:.1} us with the table from process events ({:.1}x less; busy / quiet {:.2}, target <= 1.2: {})",
+        us(quiet),
+        us(baseline),
+        us(events),
+        baseline.as_secs_f64() / events.as_secs_f64().max(1e-9),
+        events.as_secs_f64() / quiet.as_secs_f64().max(1e-9),
+        if events.as_secs_f64() <= 1.2 * quiet.as_secs_f64() { "met" } else { "MISSED" }
+    );
+}
+
 fn lodgerd_idle(seconds: u64) {
     let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/sysfs/server-2s-64cpu-8gpu");
@@ -443,7 +578,8 @@ fn main() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(60);
-    // LODGER_BENCH_ONLY: one part (registration, enforcement or idle); all three by default.
+    // LODGER_BENCH_ONLY: one part (registration, enforcement, descendants or idle); all by
+    // default.
     let only = std::env::var("LODGER_BENCH_ONLY").unwrap_or_default();
     let part = |name: &str| only.is_empty() || only == name;
     if part("registration") {
@@ -456,6 +592,9 @@ fn main() {
     }
     if part("enforcement") {
         steady_enforcement_cost();
+    }
+    if part("descendants") {
+        descendants_on_a_busy_node();
     }
     if part("idle") {
         lodgerd_idle(seconds);

@@ -118,6 +118,8 @@ pub(crate) struct Quiet {
     scanned: Option<Instant>,
     /// Without events: `/proc/loadavg`'s last pid when `table` was read; `None`: read again.
     table_key: Option<u32>,
+    /// The table is read as without events even with them (the spine benchmark's baseline).
+    keyed: bool,
     /// Listings made, for the tests.
     #[cfg(test)]
     listings: u64,
@@ -162,6 +164,7 @@ impl Quiet {
             table: ProcessTable::default(),
             scanned: None,
             table_key: None,
+            keyed: false,
             #[cfg(test)]
             listings: 0,
             #[cfg(test)]
@@ -296,7 +299,7 @@ impl Quiet {
             self.drained = None;
             self.drain(now);
         }
-        if self.events.is_some() {
+        if self.events.is_some() && !self.keyed {
             let fresh = self
                 .scanned
                 .is_some_and(|at| now.saturating_duration_since(at) < FULL_SWEEP_EVERY);
@@ -317,6 +320,14 @@ impl Quiet {
             self.table_key = key;
         }
         Ok(&self.table)
+    }
+
+    /// With `true`, [`Quiet::table`] reads /proc again whenever a task was created on the node,
+    /// as it did before it followed the events: the spine benchmark's baseline.
+    pub(crate) fn keep_table_by_last_pid(&mut self, keyed: bool) {
+        self.keyed = keyed;
+        self.scanned = None;
+        self.table_key = None;
     }
 
     fn rescan(&mut self, reader: &mut ProcReader) -> Result<(), ProcError> {

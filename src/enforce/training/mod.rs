@@ -373,6 +373,14 @@ impl Enforcer {
         Ok(out)
     }
 
+    /// For the spine benchmark's baseline only: with `true`, pid jobs' descendants are found as
+    /// before the process table followed the process events, in a /proc read again whenever a
+    /// task was created on the node since the last.
+    #[doc(hidden)]
+    pub fn descendants_by_last_pid(&self, on: bool) {
+        self.scratch().quiet.keep_table_by_last_pid(on);
+    }
+
     /// Whether applies skip the jobs nothing happened to (the kernel's process events are read).
     pub fn event_driven(&self) -> bool {
         self.scratch().quiet.enabled()
