@@ -276,3 +276,38 @@ fn a_pid_jobs_descendants_come_from_events_not_from_reading_proc_again() {
     e.release(&job(60), &target, &record).expect("release");
     assert_threads(&[w.pid, wide, orphan], None, &unpinned());
 }
+
+/// The process table reads every pending event before it is used, not at most once per
+/// `quiet::DRAIN_EVERY` as the skipping does: a child forked a moment after the last read is
+/// found, as a read of /proc would find it. Here the moment is none at all (the same instant).
+#[test]
+fn the_table_reads_the_events_pending_when_it_is_used() {
+    use crate::enforce::quiet::Quiet;
+    use crate::sys::procfs::ProcReader;
+    const TEST: &str = "the_table_reads_the_events_pending_when_it_is_used";
+    if !need_root(TEST) {
+        return;
+    }
+    let mut q = Quiet::new(true);
+    assert!(q.enabled(), "process events unavailable");
+    let mut reader = ProcReader::new(std::path::Path::new("/proc"));
+    let me = std::process::id();
+    let now = Instant::now();
+    q.table(&mut reader, now).expect("table");
+    let mut child = Command::new("sleep")
+        .arg("3600")
+        .spawn()
+        .expect("spawn sleep");
+    let mut found = Vec::new();
+    q.table(&mut reader, now)
+        .expect("table")
+        .descendants(&[me], &mut found);
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        found.contains(&child.id()),
+        "child {} missed: {found:?}",
+        child.id()
+    );
+    assert_eq!(q.rescans(), 1);
+}
