@@ -39,12 +39,16 @@
 //! cost (issue 21: 40 % of an idle 100-job lodgerd's agent thread); the count is one `stat`.
 //!
 //! The process table pid jobs' descendants are found in (`Quiet::table`) follows the same
-//! events: a fork adds a process, an exit removes it. A process's children outlive it, and the
-//! kernel gives them to a subreaper, another thread of its process or init without an event:
-//! they are read from /proc (their `stat`) before the table is next used. Every pending event
-//! is read before it is used, so a child forked a moment before is in it, as in a read of
-//! /proc. /proc is read in full the first time, when events were lost or failed, and once per
-//! [`FULL_SWEEP_EVERY`] (the safety net); without events, whenever a task was created on the
+//! events: a fork adds a process; a leader's exit, a process's end, and the exec or the
+//! thread's exit that may undo or complete it, have the processes concerned read again from
+//! /proc (their `stat`) before the table is next used. A process's children outlive it, and
+//! the kernel gives them to a subreaper, another thread of its process or init without an
+//! event; a thread other than the leader that calls `execve` ends the leader (an exit event for
+//! the pid) and goes on as the process. Every pending event is read before the table is used,
+//! so a child forked a moment before is in it, as in a read of /proc. The table is kept in step
+//! only while it is fresh; /proc is read in full the first time, when events were lost or
+//! failed, when the table went unused for [`FULL_SWEEP_EVERY`] (the safety net) or
+//! [`MAX_UNSETTLED`] processes wait to be read again; without events, whenever a task was created on the
 //! node since the last read (`/proc/loadavg`), as before: on a busy node (a CI runner, a data
 //! loader forking workers) that was every sweep of a pid job reading every process's `stat`.
 
@@ -69,6 +73,9 @@ pub const FULL_SWEEP_EVERY: Duration = Duration::from_secs(10);
 pub const ROLES_SETTLE: Duration = Duration::from_secs(5);
 /// The events are drained at most this often (see `Quiet::drain`).
 pub const DRAIN_EVERY: Duration = Duration::from_millis(5);
+/// The process table is read from /proc in full rather than settled process by process once
+/// this many wait to be read again (a node ending thousands of processes between two uses).
+pub const MAX_UNSETTLED: usize = 4096;
 /// How many parts of [`FULL_SWEEP_EVERY`] the jobs' safety-net sweeps are spread over: one a
 /// tick at the default 1-s interval.
 pub const SWEEP_SLOTS: u32 = 10;
@@ -194,7 +201,17 @@ impl Quiet {
         }
         self.drained = Some(now);
         let (touched, listed) = (&mut self.touched, &mut self.listed);
-        let mut table = self.scanned.is_some().then_some(&mut self.table);
+        // Kept in step only while fresh: one older than FULL_SWEEP_EVERY is read in full at its
+        // next use anyway, and one nobody uses (no pid job looks for descendants) would gather
+        // the processes to read again for ever.
+        let fresh = self
+            .scanned
+            .is_some_and(|at| now.saturating_duration_since(at) < FULL_SWEEP_EVERY)
+            && self.table.unsettled() <= MAX_UNSETTLED;
+        if !fresh {
+            self.scanned = None;
+        }
+        let mut table = fresh.then_some(&mut self.table);
         match events.drain(|event| on_event(touched, listed, table.as_deref_mut(), event, now)) {
             Ok(d) if d.lost => {
                 debug!("process events were lost: every job is swept, /proc read again");
@@ -503,8 +520,10 @@ fn on_event(
             child_pid,
             child_tgid,
         } if child_pid == child_tgid => table.fork(parent_tgid, child_tgid),
+        Event::Fork { .. } => {}
         Event::Exit { pid, tgid } if pid == tgid => table.exit(tgid),
-        _ => {}
+        Event::Exit { tgid, .. } => table.thread_exit(tgid),
+        Event::Exec { tgid } => table.exec(tgid),
     }
 }
 

@@ -306,10 +306,10 @@ pub struct ProcessTable {
     children: BTreeSet<(u32, u32)>,
     /// pid → ppid, for the entry an exit or a reused pid replaces.
     parent: HashMap<u32, u32>,
-    /// Processes whose parent exited since the last [`Self::settle`]: the kernel gave them to
-    /// another parent (a subreaper, another thread of the parent's process, or init), which no
-    /// event names.
-    orphans: Vec<u32>,
+    /// Processes to read again at the next [`Self::settle`]: those whose parent exited (the
+    /// kernel gave them to another parent, a subreaper, another thread of the parent's process
+    /// or init, which no event names) and an exited process itself (see [`Self::exit`]).
+    recheck: Vec<u32>,
     /// Reused by `rescan`.
     scratch: Vec<(u32, u32)>,
 }
@@ -328,7 +328,7 @@ impl ProcessTable {
                 }
             }
         }
-        self.orphans.clear();
+        self.recheck.clear();
         self.parent.clear();
         self.parent
             .extend(pairs.iter().map(|&(ppid, pid)| (pid, ppid)));
@@ -361,12 +361,14 @@ impl ProcessTable {
         self.set_parent(child, parent);
     }
 
-    /// A process's exit event: `pid` is gone, and its children have another parent, read by
-    /// the next [`Self::settle`]. Until then they are no one's descendants.
+    /// A process's exit event (its thread-group leader's): `pid` has ended, and its children
+    /// have another parent; both are read again by the next [`Self::settle`], and until then are
+    /// no one's descendants. The pid itself too, since the leader's end is not always the
+    /// process's: a thread other than the leader that calls `execve` ends the leader first (an
+    /// exit event for the pid), then goes on as the process, under the same pid.
     pub fn exit(&mut self, pid: u32) {
-        if let Some(was) = self.parent.remove(&pid) {
-            self.children.remove(&(was, pid));
-        }
+        self.forget(pid);
+        self.recheck.push(pid);
         let children: Vec<(u32, u32)> = self
             .children
             .range((pid, 0)..=(pid, u32::MAX))
@@ -375,19 +377,46 @@ impl ProcessTable {
         for (ppid, child) in children {
             self.children.remove(&(ppid, child));
             self.parent.remove(&child);
-            self.orphans.push(child);
+            self.recheck.push(child);
         }
     }
 
-    /// Reads the parent of each process orphaned since the last call (`exit`), as /proc shows it
-    /// now; a process gone meanwhile is left out. Each is read once.
+    /// A thread other than the leader of process `tgid` ended: if it was the process's last (its
+    /// leader ended before it), the kernel gave the process's children to another parent, and
+    /// no event names them: they are read again by the next [`Self::settle`].
+    pub fn thread_exit(&mut self, tgid: u32) {
+        let children = self.children.range((tgid, 0)..=(tgid, u32::MAX));
+        self.recheck.extend(children.map(|&(_, child)| child));
+    }
+
+    /// An exec event: process `tgid` runs, whatever ended its leader (see [`Self::exit`]).
+    pub fn exec(&mut self, tgid: u32) {
+        if !self.parent.contains_key(&tgid) {
+            self.recheck.push(tgid);
+        }
+    }
+
+    /// How many processes wait for the next [`Self::settle`]: a table its reader stopped using
+    /// would otherwise gather them for ever.
+    pub fn unsettled(&self) -> usize {
+        self.recheck.len()
+    }
+
+    fn forget(&mut self, pid: u32) {
+        if let Some(was) = self.parent.remove(&pid) {
+            self.children.remove(&(was, pid));
+        }
+    }
+
+    /// Reads the parent of each process to read again (`exit`, `thread_exit`, `exec`) as /proc
+    /// shows it now; one gone meanwhile, or a zombie, is left out. Each is read once.
     pub fn settle(&mut self, reader: &mut ProcReader) -> Result<(), ProcError> {
-        while let Some(pid) = self.orphans.pop() {
+        while let Some(pid) = self.recheck.pop() {
             match reader.stat(pid) {
                 Ok(Some(stat)) if stat.running => self.set_parent(pid, stat.ppid),
-                Ok(_) => {}
+                Ok(_) => self.forget(pid),
                 Err(e) => {
-                    self.orphans.push(pid);
+                    self.recheck.push(pid);
                     return Err(e);
                 }
             }
@@ -610,6 +639,8 @@ mod tests {
         assert_eq!(t.len(), 4);
         // The pid 12 exits and is reused by a child of 20: not the subreaper's any more.
         // Its child 30 exited with it (no stat: gone when settle reads it).
+        let proc = fake_proc(&[(10, 1, "S"), (12, 20, "S"), (22, 1, "S")]);
+        let mut reader = ProcReader::new(proc.path());
         t.fork(12, 30);
         t.exit(12);
         t.fork(20, 12);
@@ -620,6 +651,43 @@ mod tests {
         t.fork(10, 12);
         assert_eq!(descendants_of(&t, 20), Vec::<u32>::new());
         assert_eq!(descendants_of(&t, 10), vec![12]);
+    }
+
+    /// A thread other than the leader calls `execve`: the kernel ends the leader first (an exit
+    /// event for the pid), and the process goes on under the same pid, with its children. It
+    /// stays in the table (it was dropped with its children until the next full read, up to
+    /// `FULL_SWEEP_EVERY`: not pinned, not in the training class, missed by a release).
+    #[test]
+    fn an_exec_from_another_thread_keeps_the_process_and_its_children() {
+        let mut t = ProcessTable::from_pairs(&[(1, 10), (10, 11), (11, 12)]);
+        let proc = fake_proc(&[(10, 1, "S"), (11, 10, "R"), (12, 11, "S")]);
+        let mut reader = ProcReader::new(proc.path());
+        t.exit(11);
+        t.exec(11);
+        t.settle(&mut reader).expect("settle");
+        assert_eq!(descendants_of(&t, 10), vec![11, 12]);
+        assert_eq!(t.unsettled(), 0);
+    }
+
+    /// A process whose leader ended first (`pthread_exit` in `main`) ends with its last thread,
+    /// whose exit names only that thread: its children went to init (or a subreaper), and are
+    /// no longer listed under the dead pid, which a new process may reuse.
+    #[test]
+    fn a_process_ending_with_a_thread_other_than_its_leader_gives_up_its_children() {
+        let mut t = ProcessTable::from_pairs(&[(1, 10), (10, 11), (11, 12), (11, 13)]);
+        // The leader ends first: a zombie while its other thread runs; the children stay.
+        let zombie = fake_proc(&[(10, 1, "S"), (11, 10, "Z"), (12, 11, "S"), (13, 11, "S")]);
+        t.exit(11);
+        t.settle(&mut ProcReader::new(zombie.path()))
+            .expect("settle");
+        // Then its last thread ends: the children go to init.
+        let gone = fake_proc(&[(10, 1, "S"), (12, 1, "S"), (13, 1, "S")]);
+        t.thread_exit(11);
+        t.settle(&mut ProcReader::new(gone.path())).expect("settle");
+        assert_eq!(descendants_of(&t, 10), Vec::<u32>::new());
+        // The pid is reused by a child of 10: only the new process is 10's.
+        t.fork(10, 11);
+        assert_eq!(descendants_of(&t, 10), vec![11]);
     }
 
     #[test]

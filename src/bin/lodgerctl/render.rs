@@ -92,8 +92,10 @@ pub(crate) fn shown_field(d: &HashMap<String, OwnedValue>, key: &str) -> String 
             _ => v,
         },
         "cpus" | "gpus" | "mems" if v.is_empty() => "-".into(),
-        // An online job's share of the leftover, what its layout search runs within.
-        "core_budget" if !v.is_empty() => format!("{v} cores"),
+        // An online job's share of the leftover, what its layout search runs within: logical
+        // CPUs (whole cores of them on an SMT host), as its layout counts them.
+        "core_budget" if v == "1" => "1 CPU".into(),
+        "core_budget" if !v.is_empty() => format!("{v} CPUs"),
         _ => v,
     }
 }
@@ -194,7 +196,7 @@ mod tests {
             ("kind", Value::from("online")),
             ("core_budget", Value::from(7u32)),
         ]);
-        assert_eq!(shown_field(&online, "core_budget"), "7 cores");
+        assert_eq!(shown_field(&online, "core_budget"), "7 CPUs");
         assert_eq!(shown_field(&training, "core_budget"), "");
     }
 

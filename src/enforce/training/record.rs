@@ -103,7 +103,7 @@ pub struct SlurmJobRecord {
     pub pinned_before: Vec<CpuSet>,
 }
 
-/// How many earlier masks a job's record keeps ([`was_pinned`]). A process carrying an
+/// How many earlier masks a job's record keeps ([`PidJobRecord::was_pinned`]). A process carrying an
 /// earlier mask was forked during the apply that moved the job away from it, from a thread not
 /// yet moved, and is seen at the next apply (a fork is a process event; the safety-net sweep
 /// finds it otherwise): a few moves back is enough, and a job right-sized for hours keeps a
@@ -135,12 +135,14 @@ fn note_pinned(pinned: &mut Option<CpuSet>, before: &mut Vec<CpuSet>, mask: &Cpu
 }
 
 impl PidJobRecord {
-    /// Whether lodger pinned the job to `mask`, last or before ([`was_pinned`]).
+    /// Whether lodger pinned the job to `mask`, last or before: a process first seen with any
+    /// of them got it from a process lodger pinned, not from its user.
     pub fn was_pinned(&self, mask: &CpuSet) -> bool {
         was_pinned(&self.pinned, &self.pinned_before, mask)
     }
 
-    /// Lodger pins the job to `mask` from now on ([`note_pinned`]).
+    /// Lodger pins the job to `mask` from now on; the mask it replaces is kept (each once, at
+    /// most [`PINNED_KEPT`]).
     pub fn note_pinned(&mut self, mask: &CpuSet) {
         note_pinned(&mut self.pinned, &mut self.pinned_before, mask);
     }

@@ -96,6 +96,23 @@ for line in sys.stdin:
     elif cmd == "spawn":
         kids.append(subprocess.Popen(["sleep", "3600"]))
         print(kids[-1].pid, flush=True)
+    elif cmd == "execthread":
+        # A child whose thread other than its main one calls execve: the kernel ends the
+        # main thread first (an exit event for the pid), and the process goes on as sleep.
+        code = "import os, threading, time\n" \
+            "threading.Thread(target=lambda: os.execv('/bin/sleep', ['sleep', '3600'])).start()\n" \
+            "time.sleep(3600)\n"
+        kids.append(subprocess.Popen([sys.executable, "-c", code]))
+        pid = kids[-1].pid
+        while True:
+            try:
+                with open(f"/proc/{pid}/comm") as f:
+                    if f.read().strip() == "sleep":
+                        break
+            except OSError:
+                pass
+            time.sleep(0.01)
+        print(pid, flush=True)
     elif cmd == "wide":
         # A child on every CPU, as one forked before its parent was pinned is.
         everywhere = lambda: os.sched_setaffinity(0, range(os.cpu_count()))
@@ -184,6 +201,12 @@ impl Workload {
     }
 
     /// A `sleep` child on every CPU, whatever the workload's own mask.
+    /// A child that a thread other than its main one turned into `sleep` by `execve`; its pid
+    /// once it is `sleep`.
+    fn spawn_exec_from_thread(&mut self) -> u32 {
+        self.ask("execthread")
+    }
+
     fn spawn_wide_child(&mut self) -> u32 {
         self.ask("wide")
     }

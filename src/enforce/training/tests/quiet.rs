@@ -311,3 +311,36 @@ fn the_table_reads_the_events_pending_when_it_is_used() {
     );
     assert_eq!(q.rescans(), 1);
 }
+
+/// A child whose thread other than its main one calls `execve` (the kernel ends the main
+/// thread first: an exit event for the pid, then the process goes on under it) stays in the
+/// process table and is found by the next apply, without reading /proc again (it was dropped
+/// with its children until the safety net's read, up to `quiet::FULL_SWEEP_EVERY`: not pinned,
+/// and missed by a release in between).
+#[test]
+fn a_child_that_execs_from_another_thread_stays_the_jobs() {
+    use crate::enforce::quiet::DRAIN_EVERY;
+    const TEST: &str = "a_child_that_execs_from_another_thread_stays_the_jobs";
+    if !need_root(TEST) {
+        return;
+    }
+    let e = pinned_by_affinity("execthread", true);
+    let mut w = Workload::start(1);
+    let target = Target::Pids(vec![w.pid]);
+    let mut record = JobRecord::default();
+    let cpus = set("0");
+    let first = e
+        .apply(&job(61), &target, &cpus, &CpuSet::new(), &mut record)
+        .expect("apply");
+    assert_eq!(first.pids, vec![w.pid]);
+    let child = w.spawn_exec_from_thread();
+    std::thread::sleep(DRAIN_EVERY);
+    let out = e
+        .apply(&job(61), &target, &cpus, &CpuSet::new(), &mut record)
+        .expect("apply");
+    assert!(out.pids.contains(&child), "{child} missed: {out:?}");
+    assert_threads(&[child], Some(7), "0");
+    assert_eq!(e.scratch().quiet.rescans(), 1, "/proc read again");
+    e.release(&job(61), &target, &record).expect("release");
+    assert_threads(&[w.pid, child], None, &unpinned());
+}
