@@ -75,3 +75,21 @@ pub fn minimal_resctrl(root: &Path, domains: &[(&str, &str)]) {
         );
     }
 }
+
+/// A fake proc root holding `PID/stat` for each `(pid, ppid, state)`.
+pub fn fake_proc(procs: &[(u32, u32, &str)]) -> tempfile::TempDir {
+    let root = tempfile::tempdir().expect("tempdir");
+    for &(pid, ppid, state) in procs {
+        fake_process(root.path(), pid, ppid, state);
+    }
+    root
+}
+
+/// Adds process `pid` (parent `ppid`, in `state`) to the fake proc root at `root`.
+pub fn fake_process(root: &Path, pid: u32, ppid: u32, state: &str) {
+    let stat = format!(
+        "{pid} (p) {state} {ppid} {pid} {pid} 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 {} 0 0\n",
+        1000 + pid
+    );
+    write(&root.join(pid.to_string()).join("stat"), &stat);
+}

@@ -62,7 +62,7 @@ use super::Outcome;
 use crate::cpuset::CpuSet;
 use crate::enforce::cpusets::CpusetHierarchy;
 use crate::job::{JobId, Target};
-use crate::sys::procevents::{Event, ProcEvents};
+use crate::sys::procevents::{Event, ProcEvents, Source};
 use crate::sys::procfs::{processes_cpu_ns, ProcError, ProcReader, ProcessTable};
 
 /// The safety net: every job is swept in full at least this often.
@@ -103,7 +103,8 @@ struct Swept {
 /// See the module doc.
 #[derive(Debug)]
 pub(crate) struct Quiet {
-    events: Option<ProcEvents>,
+    /// The kernel's process events ([`ProcEvents`]; a script in the unit tests).
+    events: Option<Box<dyn Source>>,
     /// Processes touched by an event, and when lodger read it.
     touched: HashMap<u32, Instant>,
     /// When `touched` was last pruned.
@@ -147,7 +148,7 @@ impl Quiet {
     pub(crate) fn new(events: bool) -> Quiet {
         let events = if events {
             match ProcEvents::open() {
-                Ok(e) => Some(e),
+                Ok(e) => Some(Box::new(e) as Box<dyn Source>),
                 Err(e) => {
                     info!(
                         "process events unavailable ({e}): every job's threads are listed \
@@ -159,6 +160,11 @@ impl Quiet {
         } else {
             None
         };
+        Quiet::with_source(events)
+    }
+
+    /// Skipping on with `events` as the source of process events, off without.
+    fn with_source(events: Option<Box<dyn Source>>) -> Quiet {
         Quiet {
             events,
             touched: HashMap::new(),
@@ -212,7 +218,8 @@ impl Quiet {
             self.scanned = None;
         }
         let mut table = fresh.then_some(&mut self.table);
-        match events.drain(|event| on_event(touched, listed, table.as_deref_mut(), event, now)) {
+        match events.drain(&mut |event| on_event(touched, listed, table.as_deref_mut(), event, now))
+        {
             Ok(d) if d.lost => {
                 debug!("process events were lost: every job is swept, /proc read again");
                 self.swept.clear();
@@ -585,6 +592,124 @@ fn cgroup_of(target: &Target) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sys::procevents::Drained;
+    use crate::testutil::{fake_proc, fake_process};
+    use std::sync::{Arc, Mutex};
+
+    /// Process events from a script: what the next drain reads, and whether it finds the socket
+    /// overflowed. Overflowing the real one on demand is unreliable.
+    #[derive(Debug, Clone, Default)]
+    struct Script(Arc<Mutex<(Vec<Event>, bool)>>);
+
+    impl Script {
+        fn next(&self, events: Vec<Event>, lost: bool) {
+            *self.0.lock().expect("script") = (events, lost);
+        }
+    }
+
+    impl Source for Script {
+        fn drain(&mut self, on: &mut dyn FnMut(Event)) -> std::io::Result<Drained> {
+            let (events, lost) = std::mem::take(&mut *self.0.lock().expect("script"));
+            let n = events.len() as u64;
+            events.into_iter().for_each(on);
+            Ok(Drained { events: n, lost })
+        }
+    }
+
+    fn scripted() -> (Quiet, Script) {
+        let script = Script::default();
+        (Quiet::with_source(Some(Box::new(script.clone()))), script)
+    }
+
+    /// Events lost (the socket overflowed) may have been any job's fork: the next apply sweeps
+    /// every job, where an event of one job's process sweeps that job alone.
+    #[test]
+    fn lost_events_sweep_every_job_at_the_next_apply() {
+        let (mut q, script) = scripted();
+        let (cpus, mems) = (CpuSet::parse("0").expect("cpus"), CpuSet::new());
+        let asked = Asked {
+            cpus: &cpus,
+            mems: &mems,
+            memory_max: None,
+        };
+        let jobs: Vec<(JobId, Target)> = (1..=3u32)
+            .map(|n| (JobId::from_seq(n.into()), Target::Pids(vec![1000 + n])))
+            .collect();
+        // At the slots' epoch: no safety-net sweep falls due in the ticks below.
+        let t0 = q.epoch;
+        for (id, target) in &jobs {
+            let Target::Pids(pids) = target else {
+                unreachable!()
+            };
+            let outcome = Outcome {
+                pids: pids.clone(),
+                alive: true,
+                ..Outcome::default()
+            };
+            q.remember(id, target, &asked, &outcome, Vec::new(), None, t0);
+        }
+        let mut buf = Vec::new();
+        // Which jobs the tick `n` (each one DRAIN_EVERY after the last) skips.
+        let mut skipped = |q: &mut Quiet, n: u32| -> Vec<u64> {
+            let now = t0 + DRAIN_EVERY * n;
+            jobs.iter()
+                .filter(|(id, target)| {
+                    q.settled(id, target, &asked, None, None, &mut buf, now)
+                        .is_some()
+                })
+                .map(|(id, _)| id.seq())
+                .collect()
+        };
+        assert_eq!(skipped(&mut q, 1), vec![1, 2, 3], "nothing happened");
+        script.next(vec![Event::Exec { tgid: 1002 }], false);
+        assert_eq!(skipped(&mut q, 2), vec![1, 3], "an exec in job 2");
+        script.next(Vec::new(), true);
+        assert_eq!(skipped(&mut q, 3), Vec::<u64>::new(), "events were lost");
+    }
+
+    /// Events lost may have been any fork or exit: the process table is read from /proc again
+    /// before it is next used, where a reported fork is added without reading /proc.
+    #[test]
+    fn lost_events_read_the_table_from_proc_again() {
+        let proc = fake_proc(&[(1, 0, "S"), (100, 1, "S")]);
+        let mut reader = ProcReader::new(proc.path());
+        let (mut q, script) = scripted();
+        let t0 = q.epoch;
+        let mut children = |q: &mut Quiet, ms: u64| {
+            let mut out = Vec::new();
+            q.table(&mut reader, t0 + Duration::from_millis(ms))
+                .expect("table")
+                .descendants(&[100], &mut out);
+            out.sort_unstable();
+            out
+        };
+        assert_eq!(children(&mut q, 0), Vec::<u32>::new());
+        assert_eq!(q.rescans(), 1, "the first use reads /proc");
+        fake_process(proc.path(), 101, 100, "S");
+        script.next(
+            vec![Event::Fork {
+                parent_tgid: 100,
+                child_pid: 101,
+                child_tgid: 101,
+            }],
+            false,
+        );
+        assert_eq!(children(&mut q, 1), vec![101]);
+        assert_eq!(q.rescans(), 1, "a reported fork read /proc");
+        // 101 exits and 102 is forked, their events lost.
+        std::fs::remove_dir_all(proc.path().join("101")).expect("remove 101");
+        fake_process(proc.path(), 102, 100, "S");
+        script.next(Vec::new(), true);
+        assert_eq!(
+            children(&mut q, 2),
+            vec![102],
+            "the table missed lost events"
+        );
+        assert_eq!(q.rescans(), 2);
+        // The events flow again: the table follows them without reading /proc.
+        assert_eq!(children(&mut q, 3), vec![102]);
+        assert_eq!(q.rescans(), 2);
+    }
 
     /// A process lists its threads, then exits; past 4,096 events its exit's record is pruned
     /// (over FULL_SWEEP_EVERY old) while its listing would still stand (under two periods): a

@@ -96,6 +96,21 @@ pub struct Drained {
     pub lost: bool,
 }
 
+/// Where a reader of process events gets them: the kernel's connector ([`ProcEvents`]), or in
+/// a unit test a script of events and losses (overflowing the socket on demand is unreliable,
+/// so what a caller does with [`Drained::lost`] is tested against a script).
+pub trait Source: std::fmt::Debug + Send {
+    /// Reads every pending event and calls `on` for each, in order; never blocks. As
+    /// [`ProcEvents::drain`].
+    fn drain(&mut self, on: &mut dyn FnMut(Event)) -> io::Result<Drained>;
+}
+
+impl Source for ProcEvents {
+    fn drain(&mut self, on: &mut dyn FnMut(Event)) -> io::Result<Drained> {
+        ProcEvents::drain(self, on)
+    }
+}
+
 /// A subscription to the node's process events.
 #[derive(Debug)]
 pub struct ProcEvents {

@@ -453,6 +453,7 @@ impl ProcessTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testutil::fake_proc;
 
     #[test]
     fn list_pids_takes_the_numeric_entries_and_names_a_missing_root() {
@@ -586,21 +587,6 @@ mod tests {
         let mut none = Vec::new();
         t.descendants(&[12], &mut none);
         assert!(none.is_empty());
-    }
-
-    /// A fake proc root holding `PID/stat` for each `(pid, ppid, state)`.
-    fn fake_proc(procs: &[(u32, u32, &str)]) -> tempfile::TempDir {
-        let root = tempfile::tempdir().expect("tempdir");
-        for &(pid, ppid, state) in procs {
-            let dir = root.path().join(pid.to_string());
-            fs::create_dir(&dir).expect("mkdir");
-            let stat = format!(
-                "{pid} (p) {state} {ppid} {pid} {pid} 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 {} 0 0\n",
-                1000 + pid
-            );
-            fs::write(dir.join("stat"), stat).expect("write stat");
-        }
-        root
     }
 
     fn descendants_of(t: &ProcessTable, root: u32) -> Vec<u32> {
