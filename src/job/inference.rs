@@ -125,8 +125,9 @@ pub struct InstanceView {
     pub threads: u32,
     pub batch: u32,
     /// running, backing-off, stopping, waiting (for a stopping instance, or a moving one, to
-    /// leave its CPUs; offline: for a moving one only), moving (online, serving on `cpus` until
-    /// a stopping instance leaves the CPUs the plan now gives it).
+    /// leave its CPUs; offline: for a moving one only; also one restarting after its back-off),
+    /// moving (online, serving on `cpus` until a stopping instance leaves the CPUs the plan now
+    /// gives it).
     pub state: String,
     pub restarts: u32,
     /// Times the OOM killer took it (since this lodgerd started supervising it).

@@ -282,9 +282,13 @@ impl fmt::Display for InstanceKey {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum InstanceState {
     Running,
-    /// It exited on its own or could not start: it starts again after `retry_in`.
+    /// It exited on its own or could not start: it starts again after `retry_in`. `waits`: its
+    /// back-off is over (`retry_in` zero) but CPUs it is to have are still held, as for a
+    /// [`InstanceState::Waiting`] start; it starts once they are free, and is shown `waiting`
+    /// (its restarts and the exit that brought it here stand).
     BackingOff {
         retry_in: Duration,
+        waits: bool,
     },
     /// SIGTERM was sent; `restarting`: it starts again with a new spec once gone.
     Stopping {
@@ -303,6 +307,7 @@ impl InstanceState {
     pub fn as_str(self) -> &'static str {
         match self {
             InstanceState::Running => "running",
+            InstanceState::BackingOff { waits: true, .. } => "waiting",
             InstanceState::BackingOff { .. } => "backing-off",
             InstanceState::Stopping { .. } => "stopping",
             InstanceState::Waiting => "waiting",

@@ -93,6 +93,25 @@ impl Run {
     }
 }
 
+/// Each slot's [`InstanceStats`] at `now`. What is held from a slot ([`held_cpus`], a pass
+/// over every slot) is looked at only for one whose back-off is over: `poll` starts it unless
+/// it must wait, and then it is shown waiting.
+pub(super) fn stats_of(slots: &[Slot], now: Instant, window: Duration) -> Vec<InstanceStats> {
+    slots
+        .iter()
+        .enumerate()
+        .map(|(i, slot)| {
+            let over = matches!(slot.state, SlotState::BackingOff { at } if now >= at);
+            let held = if over {
+                held_cpus(slots, Some(i))
+            } else {
+                Held::default()
+            };
+            slot.stats(now, window, &held)
+        })
+        .collect()
+}
+
 /// Whether the process a pidfd refers to has exited (the pidfd is readable).
 fn exited(pidfd: &OwnedFd) -> bool {
     let mut fds = [libc::pollfd {
@@ -176,13 +195,15 @@ impl Slot {
         self.spec.key()
     }
 
-    pub(super) fn stats(&self, now: Instant, window: Duration) -> InstanceStats {
+    /// `held`: what is held from it ([`held_cpus`]), looked at only once its back-off is over.
+    pub(super) fn stats(&self, now: Instant, window: Duration, held: &Held) -> InstanceStats {
         let since = self.run.as_ref().map(|r| r.started);
         let w = self.reports.summary(now, window, since);
         let state = match &self.state {
             SlotState::Running => InstanceState::Running,
             SlotState::BackingOff { at } => InstanceState::BackingOff {
                 retry_in: at.saturating_duration_since(now),
+                waits: now >= *at && must_wait(&self.spec, held),
             },
             SlotState::Waiting => InstanceState::Waiting,
             SlotState::Moving { .. } => InstanceState::Moving,
@@ -675,11 +696,7 @@ impl Instances {
 
     /// Per instance, sorted by job and index.
     pub fn stats(&self) -> Vec<InstanceStats> {
-        let now = Instant::now();
-        self.slots
-            .iter()
-            .map(|s| s.stats(now, self.host.settings.window))
-            .collect()
+        stats_of(&self.slots, Instant::now(), self.host.settings.window)
     }
 
     /// `job`'s running instances' batch latencies pooled over the window (see

@@ -348,39 +348,51 @@ fn own_subtree_is_lodgers_lodgers_cgroup_only_on_v2_by_affinity_without_systemd(
     );
 }
 
+/// Instance `index` of [`spec`]'s job on CPUs `list`.
+fn spec_on(index: u32, list: &str) -> InstanceSpec {
+    InstanceSpec {
+        index,
+        cpus: CpuSet::parse(list).expect("cpus"),
+        ..spec(&["/bin/true"])
+    }
+}
+
+/// A slot for [`spec_on`] in `state`, with a process (not a real one: nothing signals it).
+fn slot_on(index: u32, list: &str, state: super::supervisor::SlotState) -> super::supervisor::Slot {
+    use super::supervisor::{Run, Slot};
+    let spec = spec_on(index, list);
+    let template = Template::parse(&spec.job, &spec.argv).expect("template");
+    let mut slot = Slot::new(spec, template, state);
+    slot.run = Some(Run {
+        child: None,
+        unit: None,
+        adopted: None,
+        pid: 1000 + index,
+        started: Instant::now(),
+        report: None,
+    });
+    slot
+}
+
+/// A slot's state once SIGTERM was sent (SIGKILL not yet).
+fn stopping() -> super::supervisor::SlotState {
+    super::supervisor::SlotState::Stopping {
+        kill_at: Instant::now(),
+        killed_at: None,
+        stuck: false,
+        next: None,
+    }
+}
+
 /// Which CPUs hold a start or move back: a stopping instance's (an online one's only), and those
 /// an online instance waiting to move serves on (everyone's), in a chain; a swap of two moves
 /// waits for nothing of its own, only for what one of them waits for.
 #[test]
 fn held_cpus_follow_waiting_moves_but_a_swap_alone_holds_nothing() {
     use super::hold::{held_cpus, must_wait, Held};
-    use super::supervisor::{Run, Slot, SlotState};
+    use super::supervisor::{Slot, SlotState};
     let cpus = |list: &str| CpuSet::parse(list).expect("cpus");
-    let at = |index: u32, list: &str| InstanceSpec {
-        index,
-        cpus: cpus(list),
-        ..spec(&["/bin/true"])
-    };
-    let slot = |index: u32, list: &str, state: SlotState| {
-        let spec = at(index, list);
-        let template = Template::parse(&spec.job, &spec.argv).expect("template");
-        let mut slot = Slot::new(spec, template, state);
-        slot.run = Some(Run {
-            child: None,
-            unit: None,
-            adopted: None,
-            pid: 1000 + index,
-            started: Instant::now(),
-            report: None,
-        });
-        slot
-    };
-    let stopping = || SlotState::Stopping {
-        kill_at: Instant::now(),
-        killed_at: None,
-        stuck: false,
-        next: None,
-    };
+    let (at, slot) = (spec_on, slot_on);
     let moving = |index: u32, list: &str| SlotState::Moving {
         to: at(index, list),
     };
@@ -420,4 +432,53 @@ fn held_cpus_follow_waiting_moves_but_a_swap_alone_holds_nothing() {
     }
     slots.push(stuck);
     assert_eq!(held_cpus(&slots, None), Held::default());
+}
+
+/// An instance whose back-off is over but whose CPUs a stopping instance still runs on waits
+/// (`poll` starts it once they are free): shown `waiting`, not `backing-off` with a 0-s retry,
+/// its restarts and last exit kept, and still backing off underneath (what makes its job's
+/// state Error). Before its back-off is over, or once nothing holds its CPUs, it is backing off.
+#[test]
+fn an_instance_past_its_back_off_waiting_for_held_cpus_is_shown_waiting() {
+    use super::supervisor::{stats_of, SlotState};
+    let now = Instant::now();
+    let mut crashed = slot_on(1, "5", SlotState::BackingOff { at: now });
+    crashed.run = None;
+    crashed.restarts = 2;
+    crashed.last_exit = Some("exited with status 1".into());
+    let mut slots = vec![slot_on(0, "5", stopping()), crashed];
+    let shown = |slots: &[super::supervisor::Slot]| {
+        stats_of(slots, now, Duration::from_secs(10))
+            .into_iter()
+            .find(|s| s.index == 1)
+            .expect("instance 1")
+    };
+    let held = shown(&slots);
+    assert_eq!(held.state.as_str(), "waiting", "{:?}", held.state);
+    assert_eq!(
+        held.state,
+        InstanceState::BackingOff {
+            retry_in: Duration::ZERO,
+            waits: true
+        }
+    );
+    assert_eq!(held.restarts, 2);
+    assert_eq!(held.last_exit.as_deref(), Some("exited with status 1"));
+    // Its back-off not over yet: backing off, held or not.
+    slots[1].state = SlotState::BackingOff {
+        at: now + Duration::from_secs(3),
+    };
+    let early = shown(&slots);
+    assert_eq!(early.state.as_str(), "backing-off");
+    assert_eq!(
+        early.state,
+        InstanceState::BackingOff {
+            retry_in: Duration::from_secs(3),
+            waits: false
+        }
+    );
+    // Over, and the stopping instance gone: the next poll starts it.
+    slots[1].state = SlotState::BackingOff { at: now };
+    slots.remove(0);
+    assert_eq!(shown(&slots).state.as_str(), "backing-off");
 }
