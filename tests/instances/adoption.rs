@@ -304,3 +304,118 @@ fn a_panic_on_the_supervisors_thread_leaves_its_instances_running() {
     assert!(out.killed.contains(&pid), "{out:?}");
     f.inst = Some(next);
 }
+
+/// After a restart the leftovers go first: an adopted instance is set on its CPUs again only
+/// once every leftover killed is gone, not while one may still run there (two holders on an
+/// online core). Seen with the leftover frozen (the cgroup v1 freezer: a SIGKILL waits for the
+/// thaw): while its SIGKILL is pending, the adopted instance is still where it was left.
+#[test]
+fn adoption_places_the_adopted_only_once_the_leftovers_are_gone() {
+    let name = "adoption_places_the_adopted_only_once_the_leftovers_are_gone";
+    let freezer = Path::new("/sys/fs/cgroup/freezer");
+    let Some(f) = Fixture::new(name, InstancePlacement::Affinity) else {
+        return;
+    };
+    if !freezer.join("cgroup.procs").is_file() {
+        assert!(
+            std::env::var_os("LODGER_REQUIRE_PRIVILEGED").is_none(),
+            "{name}: no cgroup v1 freezer"
+        );
+        eprintln!("{name}: skipped (no cgroup v1 freezer)");
+        return;
+    }
+    let old = spec("j14", 0, worker(&[]), "1", 1);
+    let s = f.settings(InstancePlacement::Affinity);
+    let first = old.clone();
+    let (kept, left) = std::thread::spawn(move || {
+        let mut inst = Instances::new(s).expect("Instances");
+        inst.reconcile(&[first, spec("j14", 1, worker(&[]), "0", 1)])
+            .expect("reconcile");
+        let stats = inst.stats();
+        let pids = (pid_of(&stats, "j14", 0), pid_of(&stats, "j14", 1));
+        // Gone without stopping anything, as a killed lodgerd.
+        std::mem::forget(inst);
+        pids
+    })
+    .join()
+    .expect("thread");
+    assert_eq!(cpus_allowed(kept, kept).as_deref(), Some("1"));
+    let frozen = Frozen::new(&freezer.join(unique("lodger-it-freeze")), left);
+    // The next lodgerd wants j14-0 on CPU 0, where the leftover j14-1 runs.
+    let wanted = InstanceSpec {
+        cpus: set("0"),
+        ..old
+    };
+    let mut next = Instances::new(f.settings(InstancePlacement::Affinity)).expect("Instances");
+    let adopting = std::thread::spawn(move || {
+        let out = next.adopt(&[wanted]);
+        (next, out)
+    });
+    wait_until(WAIT, "the leftover's SIGKILL", || sigkill_pending(left));
+    assert_eq!(
+        cpus_allowed(kept, kept).as_deref(),
+        Some("1"),
+        "adopted onto CPU 0 while the killed leftover {left} still ran there"
+    );
+    drop(frozen);
+    let (mut next, out) = adopting.join().expect("adopt thread");
+    let out = out.expect("adopt");
+    assert_eq!(out.adopted.len(), 1, "{out:?}");
+    assert_eq!(out.adopted[0].1, kept);
+    assert_eq!(out.killed, vec![left]);
+    assert!(!alive(left));
+    assert_eq!(cpus_allowed(kept, kept).as_deref(), Some("0"));
+    next.stop_all();
+    assert!(!alive(kept));
+    drop(f);
+}
+
+/// Whether a SIGKILL is pending for `pid` (sent, not yet acted on).
+fn sigkill_pending(pid: u32) -> bool {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+        return false;
+    };
+    status.lines().any(|l| {
+        let mask = l
+            .strip_prefix("SigPnd:")
+            .or_else(|| l.strip_prefix("ShdPnd:"));
+        mask.and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
+            .is_some_and(|m| m & (1 << (libc::SIGKILL - 1)) != 0)
+    })
+}
+
+/// A cgroup v1 freezer group holding one of the test's processes, frozen; thawed and removed
+/// when dropped, even when the test fails.
+struct Frozen {
+    dir: PathBuf,
+}
+
+impl Frozen {
+    fn new(dir: &Path, pid: u32) -> Frozen {
+        std::fs::create_dir(dir).expect("freezer group");
+        let frozen = Frozen {
+            dir: dir.to_path_buf(),
+        };
+        std::fs::write(dir.join("cgroup.procs"), pid.to_string()).expect("into the freezer");
+        std::fs::write(dir.join("freezer.state"), "FROZEN").expect("freeze");
+        wait_until(WAIT, "the leftover to freeze", || {
+            std::fs::read_to_string(dir.join("freezer.state")).is_ok_and(|s| s.trim() == "FROZEN")
+        });
+        frozen
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        let _ = std::fs::write(self.dir.join("freezer.state"), "THAWED");
+        let root = self.dir.parent().map(|p| p.join("cgroup.procs"));
+        if let (Ok(procs), Some(root)) =
+            (std::fs::read_to_string(self.dir.join("cgroup.procs")), root)
+        {
+            for pid in procs.split_whitespace() {
+                let _ = std::fs::write(&root, pid);
+            }
+        }
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}

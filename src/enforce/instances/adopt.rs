@@ -17,11 +17,12 @@ use tracing::{info, warn};
 
 use super::error::InstanceError;
 use super::spawn::{open_report_fifo, pidfd_open, report_path};
-use super::supervisor::{pid_of, Instances, Run, Slot, SlotState};
+use super::supervisor::{exited, pid_of, Instances, Run, Slot, SlotState};
 use super::template::validate_template;
 use super::unit;
 use super::{
-    InstanceKey, InstanceSpec, ENV_BATCH, ENV_INSTANCE, ENV_JOB, ENV_PARENT, ENV_THREADS, KILL_WAIT,
+    InstanceKey, InstanceSpec, ENV_BATCH, ENV_INSTANCE, ENV_JOB, ENV_PARENT, ENV_THREADS,
+    KILL_WAIT, STEP,
 };
 use crate::enforce::PinMethod;
 use crate::sys::procfs;
@@ -59,7 +60,9 @@ impl Instances {
     /// processes a previous lodgerd left running, and removes every other leftover: processes
     /// marked with this lodger's `LODGER_PARENT`, lodger's instance cgroups and report FIFOs.
     /// An adopted instance keeps its process (nothing is restarted); its CPUs are set again to
-    /// what `desired` says. Run once at start, before the first `reconcile`.
+    /// what `desired` says, once the leftovers are killed and gone (up to `KILL_WAIT`), so
+    /// that an online instance's cores are its own from then on. Run once at start, before the
+    /// first `reconcile`.
     pub fn adopt(&mut self, desired: &[InstanceSpec]) -> Result<AdoptOutcome, InstanceError> {
         if !self.slots.is_empty() {
             return Err(InstanceError::SweepWithInstances {
@@ -69,6 +72,8 @@ impl Instances {
         let now = Instant::now();
         let marked = self.host.marked()?;
         let mut out = AdoptOutcome::default();
+        // The instances to adopt: each wanted one whose process still runs.
+        let mut chosen: Vec<(&InstanceSpec, &Marked)> = Vec::new();
         for spec in desired {
             let key = spec.key();
             // The marks are environment variables anyone can set: only a process of the
@@ -84,9 +89,21 @@ impl Instances {
             }) else {
                 continue;
             };
-            if self.slots.iter().any(|s| s.key() == key) {
+            if chosen.iter().any(|(s, _)| s.key() == key) {
                 continue;
             }
+            chosen.push((spec, m));
+        }
+        // The leftovers go first, and are waited for: an adopted online instance set on its
+        // CPUs again while a killed leftover still ran there was two holders on one core.
+        let groups = chosen.iter().map(|(_, m)| m.pid).collect();
+        let kept = chosen
+            .iter()
+            .filter_map(|(spec, m)| self.host.adopted_cgroup(&spec.key(), m))
+            .collect();
+        let mut first = self.kill_unadopted(&marked, &groups, &kept, &mut out).err();
+        for &(spec, m) in &chosen {
+            let key = spec.key();
             match self.adopt_one(spec, m, now) {
                 Ok(slot) => {
                     info!(instance = %key, pid = m.pid, "instance adopted from a previous lodgerd");
@@ -102,8 +119,15 @@ impl Instances {
                 }
             }
         }
-        self.sweep_unadopted(&marked, &mut out)?;
-        Ok(out)
+        if out.adopted.len() < chosen.len() {
+            // Those not adopted after all are leftovers too.
+            let groups = out.adopted.iter().map(|(_, pid)| *pid).collect();
+            let kept = self.slots.iter().filter_map(|s| s.cgroup.clone()).collect();
+            let again = self.kill_unadopted(&marked, &groups, &kept, &mut out);
+            first = first.or(again.err());
+        }
+        let rest = self.remove_unadopted(&mut out);
+        first.or(rest.err()).map_or(Ok(out), Err)
     }
 
     fn adopt_one(
@@ -136,13 +160,10 @@ impl Instances {
             )),
             None => None,
         };
-        let cgroup = match self.host.placement {
-            PinMethod::Cgroup if m.unit.is_none() => {
-                let cg = self.host.instance_cgroup(&key);
-                self.host.cpusets.exists(&cg).then_some(cg)
-            }
-            _ => None,
-        };
+        let cgroup = self
+            .host
+            .adopted_cgroup(&key, m)
+            .filter(|cg| self.host.cpusets.exists(cg));
         let (unit, adopted) = match &m.unit {
             Some(name) => (Some((name.clone(), pidfd)), None),
             None => (None, Some(pidfd)),
@@ -166,15 +187,18 @@ impl Instances {
         Ok(slot)
     }
 
-    /// Kills every marked process that is not an adopted instance's, removes the instance
-    /// cgroups and report FIFOs no adopted instance uses. An adopted instance's processes are
-    /// those in its process group, and those carrying its mark (its job and index) that started
-    /// no earlier than it did: a child that left the group (`setsid`) is still the instance's,
-    /// a process of an earlier start of it is not. Goes on past a failure, so one leftover that
-    /// cannot be killed or removed does not keep the others; the first failure is returned.
-    fn sweep_unadopted(
+    /// Kills every marked process that is not an adopted instance's (`groups`: their process
+    /// groups), and every instance cgroup but `kept` with what runs in it, and waits for them to
+    /// be gone (up to `KILL_WAIT`). An adopted instance's processes are those in its process
+    /// group, and those carrying its mark (its job and index) that started no earlier than it
+    /// did: a child that left the group (`setsid`) is still the instance's, a process of an
+    /// earlier start of it is not. Goes on past a failure, so one leftover that cannot be
+    /// killed or removed does not keep the others; the first failure is returned.
+    fn kill_unadopted(
         &mut self,
         marked: &[Marked],
+        groups: &BTreeSet<u32>,
+        kept: &BTreeSet<String>,
         out: &mut AdoptOutcome,
     ) -> Result<(), InstanceError> {
         let mut first: Option<InstanceError> = None;
@@ -182,7 +206,6 @@ impl Instances {
             warn!("removing the leftovers of a previous lodgerd: {e}");
             first.get_or_insert(e);
         };
-        let groups: BTreeSet<u32> = out.adopted.iter().map(|(_, pid)| *pid).collect();
         // Each adopted instance's job, index, start time and uid.
         let adopted: Vec<(&str, Option<u32>, u64, Option<u32>)> = marked
             .iter()
@@ -195,8 +218,6 @@ impl Instances {
                     m.job == job && m.index == index && m.start_time >= t && m.uid == uid
                 })
         };
-        let kept_cgroups: BTreeSet<String> =
-            self.slots.iter().filter_map(|s| s.cgroup.clone()).collect();
         let h = &self.host;
         let mut cgroups = Vec::new();
         if h.cpusets.exists(&h.lodgers) {
@@ -206,26 +227,42 @@ impl Instances {
                 Err(e) => failed(e.into()),
             }
         }
-        cgroups.retain(|cg| !kept_cgroups.contains(cg));
+        cgroups.retain(|cg| !kept.contains(cg));
         for cg in &cgroups {
             match h.kill_cgroup(cg) {
                 Ok(killed) => out.killed.extend(killed),
                 Err(e) => failed(e),
             }
         }
+        // A pidfd on each before it is killed, to see it gone.
+        let mut dying = Vec::new();
         for m in marked {
             if of_adopted(m) {
                 continue;
             }
             let Some(p) = pid_of(m.pid) else { continue };
+            let Ok(pidfd) = pidfd_open(m.pid) else {
+                continue;
+            };
             match kill(p, Signal::SIGKILL) {
-                Ok(()) => out.killed.push(m.pid),
+                Ok(()) => {
+                    out.killed.push(m.pid);
+                    dying.push(pidfd);
+                }
                 Err(nix::errno::Errno::ESRCH) => {}
                 Err(errno) => failed(InstanceError::Leftover { pid: m.pid, errno }),
             }
         }
         out.killed.sort_unstable();
         out.killed.dedup();
+        let deadline = Instant::now() + KILL_WAIT;
+        while !dying.iter().all(exited) && Instant::now() < deadline {
+            std::thread::sleep(STEP);
+        }
+        if !dying.iter().all(exited) {
+            // Stuck in the kernel, not computing (as `hold::held_cpus` takes it).
+            warn!("leftovers of a previous lodgerd still there {KILL_WAIT:?} after SIGKILL");
+        }
         for cg in &cgroups {
             match self.host.remove_cgroup(cg, KILL_WAIT) {
                 Ok(true) => out.removed_cgroups.push(cg.clone()),
@@ -239,6 +276,17 @@ impl Instances {
                 let _ = waitpid(Pid::from_raw(p), Some(WaitPidFlag::WNOHANG));
             }
         }
+        first.map_or(Ok(()), Err)
+    }
+
+    /// Once the adopted instances are supervised: removes the report FIFOs and memory cgroups
+    /// none of them uses, and lodger's instance cgroup and slices when none was adopted.
+    fn remove_unadopted(&mut self, out: &mut AdoptOutcome) -> Result<(), InstanceError> {
+        let mut first: Option<InstanceError> = None;
+        let mut failed = |e: InstanceError| {
+            warn!("removing the leftovers of a previous lodgerd: {e}");
+            first.get_or_insert(e);
+        };
         if let Some(dir) = self.host.settings.report_dir.clone() {
             let kept: BTreeSet<std::path::PathBuf> = self
                 .slots
@@ -280,6 +328,12 @@ impl Instances {
 }
 
 impl super::host::Host {
+    /// The instance cgroup `key`, adopted with process `m`, runs in (cgroup placement, `m` not
+    /// in a unit), whether or not it exists.
+    fn adopted_cgroup(&self, key: &InstanceKey, m: &Marked) -> Option<String> {
+        (self.placement == PinMethod::Cgroup && m.unit.is_none()).then(|| self.instance_cgroup(key))
+    }
+
     /// Every process whose environment holds `LODGER_PARENT=<parent>` (this lodger's instances
     /// and whatever they started), with the instance it belongs to.
     fn marked(&mut self) -> Result<Vec<Marked>, InstanceError> {

@@ -113,7 +113,7 @@ pub(super) fn stats_of(slots: &[Slot], now: Instant, window: Duration) -> Vec<In
 }
 
 /// Whether the process a pidfd refers to has exited (the pidfd is readable).
-fn exited(pidfd: &OwnedFd) -> bool {
+pub(super) fn exited(pidfd: &OwnedFd) -> bool {
     let mut fds = [libc::pollfd {
         fd: pidfd.as_raw_fd(),
         events: libc::POLLIN,
