@@ -165,15 +165,16 @@ fn run_until(
     let Some(status) = status else {
         kill_group(&mut child);
         // Reaped aside, waited for at most REAP_WAIT: a command stuck in the kernel (a hung
-        // netlink lock: SIGKILL stays pending) or a descendant that left the group and holds the
-        // pipes would otherwise hold the caller, lodgerd's agent loop, past the deadline. The
-        // readers end once every process holding the pipes is gone. Past the cap of reapers
-        // still waiting, the child is left unreaped.
+        // netlink lock: SIGKILL stays pending) would otherwise hold the caller, lodgerd's agent
+        // loop, past the deadline. Past the cap of reapers still waiting, the child is left
+        // unreaped. The readers are not waited for (dropping their handles detaches them): a
+        // descendant that left the group (`setsid`) may hold the pipes for as long as it lives,
+        // and a reaper joining them held its place under the cap as long; they end once every
+        // process holding the pipes is gone.
         let _ = REAPERS.run(REAP_WAIT, move || {
             let _ = child.wait();
-            let _ = stdout.join();
-            let _ = stderr.join();
         });
+        drop((stdout, stderr));
         return Err(Overrun::Deadline);
     };
     let out = stdout.join().unwrap_or_default();
@@ -283,6 +284,12 @@ mod tests {
             let _ = tx.send(runner.run(&argv(&["sh", "-c", &script])));
         });
         let outcome = rx.recv_timeout(Duration::from_secs(20));
+        // The reaper is done once the killed child is reaped, though the escaped sleep still
+        // holds the pipes: it held its place under the cap while the sleep lived (40 s).
+        let reaped = (0..200).any(|_| {
+            thread::sleep(Duration::from_millis(50));
+            REAPERS.running() == 0
+        });
         // The escaped sleep is this test's: it goes whatever the outcome.
         if let Some(pid) = std::fs::read_to_string(&escaped)
             .ok()
@@ -295,5 +302,6 @@ mod tests {
             matches!(outcome, Err(CommandError::TimedOut { .. })),
             "{outcome:?}"
         );
+        assert!(reaped, "the reaper waited for the escaped sleep's pipes");
     }
 }
