@@ -241,13 +241,13 @@ impl Instances {
                 continue;
             }
             let Some(p) = pid_of(m.pid) else { continue };
-            let Ok(pidfd) = pidfd_open(m.pid) else {
-                continue;
-            };
+            // Killed whether or not a pidfd opens (a kernel before 5.3 has none): then it is
+            // not waited for, as before the wait.
+            let pidfd = pidfd_open(m.pid).ok();
             match kill(p, Signal::SIGKILL) {
                 Ok(()) => {
                     out.killed.push(m.pid);
-                    dying.push(pidfd);
+                    dying.extend(pidfd);
                 }
                 Err(nix::errno::Errno::ESRCH) => {}
                 Err(errno) => failed(InstanceError::Leftover { pid: m.pid, errno }),
