@@ -209,15 +209,13 @@ fn a_table_left_unused_is_not_kept_in_step() {
     let (mut q, script) = scripted();
     let t0 = q.epoch;
     q.table(&mut reader, t0).expect("table");
-    let exits = |from: u32| -> Vec<Event> {
-        (from..from + 10)
-            .map(|pid| Event::Exit { pid, tgid: pid })
-            .collect()
-    };
-    script.next(exits(5000), false);
+    // Execs of processes the table does not know: each waits to be read again.
+    let execs =
+        |from: u32| -> Vec<Event> { (from..from + 10).map(|tgid| Event::Exec { tgid }).collect() };
+    script.next(execs(5000), false);
     q.drain(t0 + Duration::from_secs(1));
     assert_eq!(q.table.unsettled(), 10, "kept in step while fresh");
-    script.next(exits(6000), false);
+    script.next(execs(6000), false);
     let stale = t0 + FULL_SWEEP_EVERY + Duration::from_secs(1);
     q.drain(stale);
     assert_eq!(q.table.unsettled(), 10, "kept in step once stale");

@@ -362,13 +362,14 @@ impl ProcessTable {
     }
 
     /// A process's exit event (its thread-group leader's): `pid` has ended, and its children
-    /// have another parent; both are read again by the next [`Self::settle`], and until then are
-    /// no one's descendants. The pid itself too, since the leader's end is not always the
-    /// process's: a thread other than the leader that calls `execve` ends the leader first (an
-    /// exit event for the pid), then goes on as the process, under the same pid.
+    /// have another parent, read again by the next [`Self::settle`]; until then they are no
+    /// one's descendants. The leader's end is not always the process's: a thread other than the
+    /// leader that calls `execve` ends the leader first (an exit event for the pid), then goes
+    /// on as the process under the same pid, and its exec event ([`Self::exec`]) puts it back.
+    /// The pid is not read again here: on a busy node most exits are processes' ends, and a
+    /// read per exit (a failed `open`) was most of the table's upkeep.
     pub fn exit(&mut self, pid: u32) {
         self.forget(pid);
-        self.recheck.push(pid);
         let children: Vec<(u32, u32)> = self
             .children
             .range((pid, 0)..=(pid, u32::MAX))
@@ -389,7 +390,8 @@ impl ProcessTable {
         self.recheck.extend(children.map(|&(_, child)| child));
     }
 
-    /// An exec event: process `tgid` runs, whatever ended its leader (see [`Self::exit`]).
+    /// An exec event: process `tgid` runs, whatever ended its leader (see [`Self::exit`]); one
+    /// the table lost is read again by the next [`Self::settle`].
     pub fn exec(&mut self, tgid: u32) {
         if !self.parent.contains_key(&tgid) {
             self.recheck.push(tgid);
