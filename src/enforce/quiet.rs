@@ -39,18 +39,18 @@
 //! cost (issue 21: 40 % of an idle 100-job lodgerd's agent thread); the count is one `stat`.
 //!
 //! The process table pid jobs' descendants are found in (`Quiet::table`) follows the same
-//! events: a fork adds a process; a leader's exit, a process's end, and the exec or the
-//! thread's exit that may undo or complete it, have the processes concerned read again from
-//! /proc (their `stat`) before the table is next used. A process's children outlive it, and
-//! the kernel gives them to a subreaper, another thread of its process or init without an
-//! event; a thread other than the leader that calls `execve` ends the leader (an exit event for
-//! the pid) and goes on as the process. Every pending event is read before the table is used,
-//! so a child forked a moment before is in it, as in a read of /proc. The table is kept in step
-//! only while it is fresh; /proc is read in full the first time, when events were lost or
-//! failed, when the table went unused for [`FULL_SWEEP_EVERY`] (the safety net) or
-//! [`MAX_UNSETTLED`] processes wait to be read again; without events, whenever a task was created on the
-//! node since the last read (`/proc/loadavg`), as before: on a busy node (a CI runner, a data
-//! loader forking workers) that was every sweep of a pid job reading every process's `stat`.
+//! events: a fork adds a process and a leader's exit removes it. What no event says is read
+//! from /proc (a `stat` each) before the table is next used: the new parent of an exited
+//! process's children (the kernel gives them to a subreaper, another thread of the process or
+//! init), the children of a process whose last thread was not its leader, and a process whose
+//! leader a thread's `execve` ended (an exit event for the pid, then an exec event: it goes on
+//! under the pid). Every pending event is read before the table is used, so a child forked a
+//! moment before is in it, as in a read of /proc. The table is kept in step only while it is
+//! fresh; /proc is read in full the first time, when events were lost or failed, once the table
+//! is [`FULL_SWEEP_EVERY`] old (the safety net) or [`MAX_UNSETTLED`] processes wait to be read
+//! again; without events, whenever a task was created on the node since the last read
+//! (`/proc/loadavg`), as before: on a busy node (a CI runner, a data loader forking workers)
+//! that was every sweep of a pid job reading every process's `stat`.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -196,6 +196,12 @@ impl Quiet {
     /// a moment later is then seen at the next tick's drain, stamped after the job's last sweep,
     /// exactly as a fork just after the apply would be: the job is swept one tick later.
     fn drain(&mut self, now: Instant) {
+        // Kept in step only while fresh: one older than FULL_SWEEP_EVERY is read in full at its
+        // next use anyway, and one nobody uses (no pid job looks for descendants) would gather
+        // the processes to read again for ever.
+        if !self.table_fresh(now) {
+            self.scanned = None;
+        }
         let Some(events) = &mut self.events else {
             return;
         };
@@ -207,17 +213,7 @@ impl Quiet {
         }
         self.drained = Some(now);
         let (touched, listed) = (&mut self.touched, &mut self.listed);
-        // Kept in step only while fresh: one older than FULL_SWEEP_EVERY is read in full at its
-        // next use anyway, and one nobody uses (no pid job looks for descendants) would gather
-        // the processes to read again for ever.
-        let fresh = self
-            .scanned
-            .is_some_and(|at| now.saturating_duration_since(at) < FULL_SWEEP_EVERY)
-            && self.table.unsettled() <= MAX_UNSETTLED;
-        if !fresh {
-            self.scanned = None;
-        }
-        let mut table = fresh.then_some(&mut self.table);
+        let mut table = self.scanned.is_some().then_some(&mut self.table);
         match events.drain(&mut |event| on_event(touched, listed, table.as_deref_mut(), event, now))
         {
             Ok(d) if d.lost => {
@@ -324,10 +320,7 @@ impl Quiet {
             self.drain(now);
         }
         if self.events.is_some() && !self.keyed {
-            let fresh = self
-                .scanned
-                .is_some_and(|at| now.saturating_duration_since(at) < FULL_SWEEP_EVERY);
-            if fresh {
+            if self.table_fresh(now) {
                 self.table.settle(reader)?;
                 return Ok(&self.table);
             }
@@ -344,6 +337,15 @@ impl Quiet {
             self.table_key = key;
         }
         Ok(&self.table)
+    }
+
+    /// Whether the table, kept in step by the events, may be used at `now` without reading /proc
+    /// in full: read less than [`FULL_SWEEP_EVERY`] ago, and fewer than [`MAX_UNSETTLED`]
+    /// processes waiting to be read again.
+    fn table_fresh(&self, now: Instant) -> bool {
+        self.scanned
+            .is_some_and(|at| now.saturating_duration_since(at) < FULL_SWEEP_EVERY)
+            && self.table.unsettled() <= MAX_UNSETTLED
     }
 
     /// With `true`, [`Quiet::table`] reads /proc again whenever a task was created on the node,
