@@ -11,7 +11,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use super::cores::{pick_in_node, Lean};
+use super::cores::{pick_in_node, Held, Lean};
 use crate::cpuset::CpuSet;
 use crate::topology::Topology;
 
@@ -147,7 +147,10 @@ pub(crate) fn place_beside(
             node,
             &free,
             taken,
-            own,
+            Held {
+                own,
+                others: &CpuSet::new(),
+            },
             k,
             Lean::TowardTraining,
         ));

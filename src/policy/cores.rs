@@ -15,6 +15,16 @@ pub(crate) enum Lean {
     AwayFromTraining,
 }
 
+/// Whose the CPUs a pick must not take are, for which half-free cores it prefers (see
+/// [`pick_in_node`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Held<'a> {
+    /// The job's own CPUs (its other instances, or what it held before).
+    pub(crate) own: &'a CpuSet,
+    /// Another online job's instances: their SMT siblings are a last resort.
+    pub(crate) others: &'a CpuSet,
+}
+
 /// One core of a node as the placement sees it.
 struct Slot<'t> {
     core: &'t Core,
@@ -34,16 +44,20 @@ impl Slot<'_> {
     }
 
     /// How welcome this half-free core is for part of a pick: beside `own` threads (the job's
-    /// own) best, then beside reserved threads or another instance, beside training last (SMT
-    /// siblings share the core's execution units, and training's bursts would then slow the
-    /// threads beside them).
-    fn fragment_rank(&self, own: &CpuSet) -> u8 {
-        if self.core.cpus.difference(&self.free).is_subset(own) {
+    /// own) best, then beside reserved threads, then beside `others` (another online job's
+    /// instances), beside training last. SMT siblings share the core's execution units and
+    /// caches: another job's instance there costs both jobs latency (Cloud Reamer §III-A: an
+    /// online job's cores are its own), and training's bursts would slow the threads beside them.
+    fn fragment_rank(&self, own: &CpuSet, others: &CpuSet) -> u8 {
+        let missing = self.core.cpus.difference(&self.free);
+        if missing.is_subset(own) {
             0
-        } else if !self.training {
-            1
-        } else {
+        } else if self.training {
+            3
+        } else if !missing.is_disjoint(others) {
             2
+        } else {
+            1
         }
     }
 }
@@ -59,21 +73,23 @@ struct Run {
 
 /// Takes `k` CPUs (at most the node's available count) of node `node` out of `avail`, which
 /// holds none of `training`: whole cores from one run of adjacent available cores (see
-/// [`whole_core_order`]), and an odd remainder from a half-available core that is not beside
-/// training (that half could not be lent as a whole core anyway): with
-/// [`Lean::AwayFromTraining`] the best-ranked such core beside the job's `own` threads or a
-/// reserved thread, then the smallest; with [`Lean::TowardTraining`] the first beside `own`,
-/// else the first. Half-available
-/// cores beside training are used only as a last resort.
+/// [`whole_core_order`]), and an odd remainder from a half-available core beside the job's
+/// `own` threads or a reserved thread (that half could not be lent as a whole core anyway):
+/// with [`Lean::AwayFromTraining`] the best-ranked such core, then the smallest; with
+/// [`Lean::TowardTraining`] the first beside `own`, else the first. Half-available cores
+/// beside `others` (another online job's instances), then beside training, are used only as a
+/// last resort, when whole cores run out: an odd remainder splits a whole core rather than
+/// share one with another job.
 pub(crate) fn pick_in_node(
     topo: &Topology,
     node: u32,
     avail: &CpuSet,
     training: &CpuSet,
-    own: &CpuSet,
+    held: Held<'_>,
     k: usize,
     lean: Lean,
 ) -> CpuSet {
+    let Held { own, others } = held;
     // Cores are ordered by their lowest CPU id, which is their physical order on every machine
     // in the fixtures; within a node that order is what "adjacent" means.
     let slots: Vec<Slot> = topo
@@ -93,14 +109,14 @@ pub(crate) fn pick_in_node(
     // The odd remainder first.
     let remainder = if threads > 1 { k % threads } else { 0 };
     if remainder > 0 {
-        let fits = slots
-            .iter()
-            .filter(|s| s.fragment() && s.free.len() >= remainder && s.fragment_rank(own) < 2);
+        let fits = slots.iter().filter(|s| {
+            s.fragment() && s.free.len() >= remainder && s.fragment_rank(own, others) < 2
+        });
         let best = match lean {
             // The first core in order, beside the job's own threads before any other.
-            Lean::TowardTraining => fits.min_by_key(|s| s.fragment_rank(own)),
+            Lean::TowardTraining => fits.min_by_key(|s| s.fragment_rank(own, others)),
             Lean::AwayFromTraining => {
-                fits.min_by_key(|s| (s.fragment_rank(own), s.free.len(), s.free.first()))
+                fits.min_by_key(|s| (s.fragment_rank(own, others), s.free.len(), s.free.first()))
             }
         };
         if let Some(slot) = best {
@@ -122,7 +138,7 @@ pub(crate) fn pick_in_node(
     // Not enough whole cores: half-available cores, best ranked first.
     if need > 0 {
         let mut halves: Vec<&Slot> = slots.iter().filter(|s| s.fragment()).collect();
-        halves.sort_by_key(|s| s.fragment_rank(own));
+        halves.sort_by_key(|s| s.fragment_rank(own, others));
         for slot in halves {
             if need == 0 {
                 break;

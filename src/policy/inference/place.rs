@@ -9,7 +9,7 @@ use super::types::{
 };
 use crate::cpuset::CpuSet;
 use crate::job::JobId;
-use crate::policy::cores::{pick_in_node, Lean};
+use crate::policy::cores::{pick_in_node, Held, Lean};
 use crate::topology::Topology;
 
 /// Places every inference instance. `training` is the union of the training jobs' cpusets
@@ -133,7 +133,8 @@ fn place_online(
         let mut index = 0;
         while instances.len() < want {
             let avail = free.difference(&taken);
-            let Some(cpus) = pick_instance(topo, &avail, training, &own, k) else {
+            let others = taken.difference(&own);
+            let Some(cpus) = pick_instance(topo, &avail, training, &own, &others, k) else {
                 break;
             };
             while instances.contains_key(&index) {
@@ -189,12 +190,14 @@ struct NodeFree {
 /// `k` CPUs for one online instance out of `avail`, or None when fewer are available. One NUMA
 /// node when one can hold them (nodes where whole cores suffice first, then the tightest fit,
 /// which keeps large free nodes for larger instances); else spread over as few nodes as
-/// possible, staying in one package when it can.
+/// possible, staying in one package when it can. The SMT siblings of `others` (another online
+/// job's instances) are taken only when whole cores run out.
 fn pick_instance(
     topo: &Topology,
     avail: &CpuSet,
     training: &CpuSet,
     own: &CpuSet,
+    others: &CpuSet,
     k: usize,
 ) -> Option<CpuSet> {
     if k == 0 || avail.len() < k {
@@ -237,7 +240,7 @@ fn pick_instance(
             node.id,
             avail,
             training,
-            own,
+            Held { own, others },
             k,
             Lean::AwayFromTraining,
         ));
@@ -261,7 +264,7 @@ fn pick_instance(
             node.id,
             avail,
             training,
-            &mine,
+            Held { own: &mine, others },
             take,
             Lean::AwayFromTraining,
         ));

@@ -494,6 +494,72 @@ fn offline_never_beside_an_online_thread() {
     assert_eq!(plan.offline_cpus().len(), 62);
 }
 
+/// The online jobs (by id) whose instances hold a CPU of each physical core, for the cores
+/// held by more than one.
+fn cores_shared_between_online_jobs(topo: &Topology, plan: &InferencePlan) -> Vec<String> {
+    topo.cores
+        .iter()
+        .filter_map(|core| {
+            let jobs: Vec<String> = plan
+                .online
+                .iter()
+                .filter(|(_, j)| j.values().any(|i| !i.cpus.is_disjoint(&core.cpus)))
+                .map(|(id, _)| id.to_string())
+                .collect();
+            (jobs.len() > 1).then(|| format!("core {}: {}", core.cpus, jobs.join(" and ")))
+        })
+        .collect()
+}
+
+/// Odd layouts of two online jobs on an SMT host: each job's odd CPU splits a whole core of its
+/// own rather than take the sibling of the other job's (Cloud Reamer §III-A: an online job's
+/// cores are its own); the half-cores left stay empty (no offline instance beside an online
+/// thread). When whole cores run out, a sibling of another job's instance is still taken
+/// rather than leave an instance unplaced.
+#[test]
+fn odd_online_layouts_do_not_share_a_core_between_jobs() {
+    // 8 cores × 2 threads: cpu i and i+8 are siblings.
+    let topo = Topology::synthetic(1, 1, 8, 2, 0);
+    let online = [
+        online_job(1, 1, 3, 1),
+        online_job(2, 1, 3, 1),
+        online_job(3, 3, 1, 1),
+    ];
+    let offline = [offline_job(4, None)];
+    let none = CpuSet::new();
+    let plan = place(
+        &topo,
+        &none,
+        &none,
+        &online,
+        &offline,
+        &InferencePlan::default(),
+    );
+    check_plan(&topo, &none, &none, &online, &offline, &plan).unwrap();
+    assert_eq!(
+        cores_shared_between_online_jobs(&topo, &plan),
+        Vec::<String>::new()
+    );
+    assert_eq!(plan.online_cpus().len(), 9);
+    // Idempotent, like every plan.
+    assert_eq!(place(&topo, &none, &none, &online, &offline, &plan), plan);
+
+    // 3 cores: 3 + 3 one-CPU instances need every thread, so job 2 takes the sibling of job
+    // 1's odd CPU rather than fall one short.
+    let topo = Topology::synthetic(1, 1, 3, 2, 0);
+    let online = [online_job(1, 1, 3, 1), online_job(2, 1, 3, 1)];
+    let plan = place(
+        &topo,
+        &CpuSet::new(),
+        &CpuSet::new(),
+        &online,
+        &[],
+        &InferencePlan::default(),
+    );
+    assert!(plan.shortfall.is_empty(), "{:?}", plan.shortfall);
+    assert_eq!(plan.online_cpus().len(), 6);
+}
+
 #[test]
 fn offline_jobs_share_fairly_with_caps() {
     assert_eq!(fair_shares(10, &[usize::MAX, usize::MAX]), [5, 5]);
@@ -1300,6 +1366,29 @@ proptest! {
             prop_assert_eq!(&again, &next);
             plan = next;
         }
+    }
+
+    /// Online jobs of any layouts whose CPUs, rounded up to whole cores job by job, fit the
+    /// free cores of one node: no physical core holds instances of two jobs, and every instance
+    /// is placed.
+    #[test]
+    fn online_jobs_never_share_a_core_while_whole_cores_last(
+        cores in 2u32..=24,
+        layouts in proptest::collection::vec((1u32..=5, 1u32..=6), 1..5),
+    ) {
+        let topo = Topology::synthetic(1, 1, cores, 2, 0);
+        let online: Vec<OnlineJobView> = layouts
+            .iter()
+            .enumerate()
+            .map(|(i, &(k, n))| online_job(i as u64 + 1, k, n, 1))
+            .collect();
+        let need: u32 = layouts.iter().map(|&(k, n)| (k * n).div_ceil(2)).sum();
+        prop_assume!(need <= cores);
+        let none = CpuSet::new();
+        let plan = place(&topo, &none, &none, &online, &[], &InferencePlan::default());
+        prop_assert!(plan.shortfall.is_empty(), "{:?}", plan.shortfall);
+        let shared = cores_shared_between_online_jobs(&topo, &plan);
+        prop_assert!(shared.is_empty(), "{shared:?}");
     }
 
     #[test]
