@@ -412,16 +412,24 @@ pub enum AffinityState {
     Gone,
 }
 
-/// Sets a thread's affinity to `want` unless it is already that.
+/// Sets a thread's affinity to `want` unless it is already that. `Changed` only when the
+/// thread's affinity changed: the kernel narrows a mask to the CPUs the thread's cpuset allows
+/// (a Slurm step, a container), and a thread already on that narrower mask is `Already`, so a
+/// caller that repeats until nothing changes (`Host::pin_tree`) or reports a change each sweep
+/// does not take every such thread for a new move.
 pub fn ensure_affinity(tid: u32, want: &CpuMask) -> Result<AffinityState, SchedError> {
-    match CpuMask::of_thread(tid) {
+    let before = match CpuMask::of_thread(tid) {
         Ok(m) if &m == want => return Ok(AffinityState::Already),
-        Ok(_) => {}
+        Ok(m) => m,
         Err(Errno::ESRCH) => return Ok(AffinityState::Gone),
         Err(errno) => return Err(SchedError::GetAffinity { tid, errno }),
-    }
+    };
     match want.apply_to(tid) {
-        Ok(()) => Ok(AffinityState::Changed),
+        Ok(()) => match CpuMask::of_thread(tid) {
+            Ok(now) if now == before => Ok(AffinityState::Already),
+            // Gone meanwhile, or unreadable: it was set, so count it as a change.
+            _ => Ok(AffinityState::Changed),
+        },
         Err(Errno::ESRCH) => Ok(AffinityState::Gone),
         Err(errno) => Err(SchedError::SetAffinity {
             tid,
@@ -454,6 +462,37 @@ mod tests {
             ensure_affinity(tid, &mask).expect("same"),
             AffinityState::Already
         );
+    }
+
+    /// A mask naming a CPU the machine does not have is narrowed by the kernel to the CPUs
+    /// that exist: a thread already on what is left is not moved again (`Already`), so a
+    /// caller repeating until nothing changes ends. On a thread of its own, so the test's
+    /// affinity is not the harness's.
+    #[test]
+    fn a_mask_the_kernel_narrows_is_not_a_change_once_applied() {
+        let result = std::thread::spawn(|| {
+            let tid = nix::unistd::gettid().as_raw() as u32;
+            let mine = CpuMask::of_thread(tid).expect("own affinity").to_cpuset();
+            let first = mine.first().expect("a CPU");
+            let one = CpuMask::from_cpuset(&CpuSet::parse(&first.to_string()).expect("cpu"));
+            let first_state = ensure_affinity(tid, &one).expect("to one CPU");
+            // 8191: the mask's last CPU, which no machine here has.
+            let wide = CpuSet::parse(&format!("{first},8191")).expect("cpus");
+            let wide_state = ensure_affinity(tid, &CpuMask::from_cpuset(&wide)).expect("wide");
+            let now = CpuMask::of_thread(tid).expect("affinity").to_cpuset();
+            (mine.len(), first_state, wide_state, now, first)
+        })
+        .join()
+        .expect("thread");
+        let (cpus, first_state, wide_state, now, first) = result;
+        let expected = if cpus > 1 {
+            AffinityState::Changed
+        } else {
+            AffinityState::Already
+        };
+        assert_eq!(first_state, expected);
+        assert_eq!(wide_state, AffinityState::Already);
+        assert_eq!(now.to_string(), first.to_string());
     }
 
     #[test]
