@@ -68,38 +68,44 @@ pub(super) type SlurmCgroups = [(u64, String)];
 /// One process as the rules see it.
 struct ProcFacts {
     real_uid: u32,
-    ppid: u32,
     kernel_thread: bool,
 }
 
 fn proc_facts(proc_root: &Path, pid: u32) -> Option<ProcFacts> {
-    let dir = proc_root.join(pid.to_string());
-    let stat = std::fs::read(dir.join("stat")).ok()?;
+    let (ppid, flags) = parent_and_flags(proc_root, pid)?;
+    let (real_uid, _) = crate::sys::procfs::uids(proc_root, pid)?;
+    Some(ProcFacts {
+        real_uid,
+        kernel_thread: flags & PF_KTHREAD != 0 || pid == KTHREADD || ppid == KTHREADD,
+    })
+}
+
+/// `pid`'s parent and flags, from its `stat` alone.
+fn parent_and_flags(proc_root: &Path, pid: u32) -> Option<(u32, u64)> {
+    let stat = std::fs::read(proc_root.join(pid.to_string()).join("stat")).ok()?;
     let close = stat.iter().rposition(|&b| b == b')')?;
     let rest = std::str::from_utf8(stat.get(close + 1..)?).ok()?;
     // After the name: state (3), ppid (4), pgrp, session, tty_nr, tpgid, flags (9).
     let mut fields = rest.split_ascii_whitespace();
     let ppid: u32 = fields.nth(1)?.parse().ok()?;
     let flags: u64 = fields.nth(4)?.parse().ok()?;
-    let (real_uid, _) = crate::sys::procfs::uids(proc_root, pid)?;
-    Some(ProcFacts {
-        real_uid,
-        ppid,
-        kernel_thread: flags & PF_KTHREAD != 0 || pid == KTHREADD || ppid == KTHREADD,
-    })
+    Some((ppid, flags))
 }
 
 /// lodgerd and every ancestor up to pid 1, as `<proc_root>` shows them (empty when lodgerd is
-/// not in it: a test's fake `/proc`).
+/// not in it: a test's fake `/proc`). One `stat` read per ancestor: their uids do not matter.
+/// Every registration walks it (issue 21: where lodgerd runs under a deep process tree, as in
+/// the spine benchmark, the walk was 15 % of the agent thread's time, reading each ancestor's
+/// `status` too; under systemd the chain is lodgerd and pid 1).
 pub(super) fn own_ancestry(proc_root: &Path) -> Vec<u32> {
     let mut chain = Vec::new();
     let mut pid = std::process::id();
     while pid != 0 && !chain.contains(&pid) {
-        let Some(facts) = proc_facts(proc_root, pid) else {
+        let Some((ppid, _)) = parent_and_flags(proc_root, pid) else {
             break;
         };
         chain.push(pid);
-        pid = facts.ppid;
+        pid = ppid;
     }
     chain
 }
