@@ -64,6 +64,26 @@ fn online_lists(plan: &InferencePlan, seq: u64) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// Places from an empty plan (nothing running yet) and checks the result with [`check_plan`].
+fn place_fresh(
+    topo: &Topology,
+    reserved: &CpuSet,
+    training: &CpuSet,
+    online: &[OnlineJobView],
+    offline: &[OfflineJobView],
+) -> InferencePlan {
+    let plan = place(
+        topo,
+        reserved,
+        training,
+        online,
+        offline,
+        &InferencePlan::default(),
+    );
+    check_plan(topo, reserved, training, online, offline, &plan).unwrap();
+    plan
+}
+
 /// Checks what every plan must satisfy; returns a description of the first violation.
 fn check_plan(
     topo: &Topology,
@@ -329,15 +349,7 @@ fn offline_fills_idle_cpus_then_training_cpus() {
     let online = [online_job(1, 4, 2, 1)];
     // Uncapped: every non-reserved CPU outside the online cores, training's included.
     let offline = [offline_job(2, None)];
-    let plan = place(
-        &topo,
-        &reserved,
-        &training,
-        &online,
-        &offline,
-        &InferencePlan::default(),
-    );
-    check_plan(&topo, &reserved, &training, &online, &offline, &plan).unwrap();
+    let plan = place_fresh(&topo, &reserved, &training, &online, &offline);
     assert_eq!(plan.online_cpus().to_string(), "12-15,44-47");
     assert_eq!(
         plan.offline_cpus().to_string(),
@@ -362,15 +374,7 @@ fn offline_fills_idle_cpus_then_training_cpus() {
     // More than the idle CPUs: the rest on training CPUs.
     let idle = 64 - 2 - 16 - 8;
     let offline = [offline_job(2, Some(idle + 3))];
-    let plan = place(
-        &topo,
-        &reserved,
-        &training,
-        &online,
-        &offline,
-        &InferencePlan::default(),
-    );
-    check_plan(&topo, &reserved, &training, &online, &offline, &plan).unwrap();
+    let plan = place_fresh(&topo, &reserved, &training, &online, &offline);
     assert_eq!(
         plan.offline_cpus().intersection(&training).to_string(),
         "1-2,33"
@@ -527,15 +531,7 @@ fn odd_online_layouts_do_not_share_a_core_between_jobs() {
     ];
     let offline = [offline_job(4, None)];
     let none = CpuSet::new();
-    let plan = place(
-        &topo,
-        &none,
-        &none,
-        &online,
-        &offline,
-        &InferencePlan::default(),
-    );
-    check_plan(&topo, &none, &none, &online, &offline, &plan).unwrap();
+    let plan = place_fresh(&topo, &none, &none, &online, &offline);
     assert_eq!(
         cores_shared_between_online_jobs(&topo, &plan),
         Vec::<String>::new()
@@ -548,14 +544,7 @@ fn odd_online_layouts_do_not_share_a_core_between_jobs() {
     // 1's odd CPU rather than fall one short.
     let topo = Topology::synthetic(1, 1, 3, 2, 0);
     let online = [online_job(1, 1, 3, 1), online_job(2, 1, 3, 1)];
-    let plan = place(
-        &topo,
-        &CpuSet::new(),
-        &CpuSet::new(),
-        &online,
-        &[],
-        &InferencePlan::default(),
-    );
+    let plan = place_fresh(&topo, &none, &none, &online, &[]);
     assert!(plan.shortfall.is_empty(), "{:?}", plan.shortfall);
     assert_eq!(plan.online_cpus().len(), 6);
 }
