@@ -179,14 +179,18 @@ pub(super) struct Need(pub(super) LayoutConfig);
 ///   at another core count, that search's best layout). When it is within the SLO, the second
 ///   is on the same rung with the largest batch that would still meet the aim if latency grew
 ///   only like `b^0.5`, so the batch's effect is measured apart from the cores'.
+/// - When those two show a cache-bound model (misses rising or IPC falling with the batch), the
+///   third is the rung with about twice the cores per instance at the geometric middle of the
+///   two batches: a larger instance's cache may hold a batch that overflowed the first's.
 /// - Every probe, within the SLO or not, gives the layout's mean batch latency (instances ×
 ///   batch / throughput: under saturating load instances serve batches back to back) and its
-///   p99 over that mean. The mean latency is fitted as `k·(f + b^e·((1 − p) + p/c))` over cores
-///   per instance `c` and batch `b` (a fixed cost per batch, per-item work growing like `b^e`,
-///   Amdahl scaling inside an instance), times small second-order terms in `ln b` and
-///   `ln c · ln b` shrunk towards 0, by least squares in log space with priors on `e`, `f` and
-///   the serial fraction `1 − p`; a prediction is corrected by the residuals of measured
-///   neighbours. The batch trend ([`BatchTrend`], §III-B Fig. 5: IPC and cache misses of the
+///   p99 over that mean. The mean latency is fitted as `k·(f + b^e·((1 − p) + p/c)·K)` over
+///   cores per instance `c` and batch `b` (a fixed cost per batch, per-item work growing like
+///   `b^e`, Amdahl scaling inside an instance, and from three probes on a knee `K` where the
+///   working set, weights plus the batch, outgrows the instance's cache), times small
+///   second-order terms in `ln b` and `ln c · ln b` shrunk towards 0, by least squares in log
+///   space with priors on `e`, `f`, the serial fraction `1 − p` and the knee's height; a
+///   prediction is corrected by the residuals of measured neighbours. The batch trend ([`BatchTrend`], §III-B Fig. 5: IPC and cache misses of the
 ///   smallest and largest batch measured on one rung) sets the prior on `e` (rising IPC: later
 ///   items cost less; falling IPC or rising misses: more), not a rule.
 /// - The next probe is the layout not yet measured with the highest predicted throughput among

@@ -1,7 +1,8 @@
 //! The layout search's surrogate latency model: mean batch latency as a function of cores per
 //! instance and batch, fitted to the probes so far by least squares in log space with priors.
 //! Generic (a fixed cost per batch, a power law in the batch, Amdahl scaling inside an
-//! instance), deliberately not the simulator's model (`sim`), so the search is not tuned to one
+//! instance, a smooth rise of per-item work once the working set outgrows the instance's
+//! cache), deliberately not the simulator's model (`sim`), so the search is not tuned to one
 //! curve. Pure arithmetic; touches nothing.
 
 /// One measured layout, as the fit sees it.
@@ -14,13 +15,15 @@ pub(super) struct Point {
     pub(super) latency: f64,
 }
 
-/// `L(c, b) = k · (f + b^e · ((1 − p) + p / c)) · exp(q·y² + r·x·y)` with `x = ln c`,
+/// `L(c, b) = k · (f + b^e · ((1 − p) + p / c) · K(c, b)) · exp(q·y² + r·x·y)` with `x = ln c`,
 /// `y = ln b`: a fixed cost per batch that more cores do not shorten (`k·f`: dispatch, framework
 /// overhead), and per-item work growing like `b^e` (Cloud Reamer §III-B: latency grows about
 /// linearly with batch, `e` near 1; below 1 when IPC rises with batch, above when it falls) that
-/// an instance's cores share with parallel fraction `p` (Amdahl). The second-order terms (`q`:
-/// the batch exponent drifting with the batch; `r`: with the cores, as when a larger instance's
-/// cache holds a larger batch) are shrunk towards 0 and only move when the probes ask for it.
+/// an instance's cores share with parallel fraction `p` (Amdahl). `K` is the working set's knee
+/// ([`Knee`]): per-item work rising once an instance's weights and batch no longer fit its
+/// share of the cache, which more cores per instance hold (Cloud Reamer §III-B, Fig. 5: cache
+/// misses rising with batch). The second-order terms (`q`: the batch exponent drifting with the
+/// batch; `r`: with the cores) are shrunk towards 0 and only move when the probes ask for it.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(super) struct Surrogate {
     k: f64,
@@ -29,6 +32,36 @@ pub(super) struct Surrogate {
     p: f64,
     q: f64,
     r: f64,
+    knee: Knee,
+}
+
+/// `K(c, b) = 1 + m · z² / (1 + z²)` with `z = (b + β) / (κ · c)`: the working set of an
+/// instance, its weights (`β`, in items) and a batch of `b` items' activations, against the
+/// cache of its `c` cores (`κ` items per core). Per-item work is about flat while the set fits
+/// (`z` well below 1) and `1 + m` times as much once it is far past (`z` well above 1), smoothly
+/// between: a cache-bound model may then run best on fewer, larger instances whose batch still
+/// fits, which Amdahl alone never predicts. `m` = 0 (no knee) unless the probes ask for one.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Knee {
+    m: f64,
+    kappa: f64,
+    beta: f64,
+}
+
+impl Knee {
+    const NONE: Knee = Knee {
+        m: 0.0,
+        kappa: 1.0,
+        beta: 0.0,
+    };
+
+    fn factor(&self, cores: f64, batch: f64) -> f64 {
+        if self.m == 0.0 {
+            return 1.0;
+        }
+        let z = (batch.max(1.0) + self.beta) / (self.kappa * cores.max(1.0));
+        1.0 + self.m * z * z / (1.0 + z * z)
+    }
 }
 
 /// What the fit assumes before the probes say otherwise: the batch exponent and its spread.
@@ -48,6 +81,8 @@ const FIXED_PRIOR: f64 = 0.3;
 const FIXED_LOG_SD: f64 = 1.5;
 /// Spread of the second-order coefficients' priors (both centred on 0).
 const CURVE_SD: f64 = 0.01;
+/// Spread of the knee's height prior (centred on 0: no knee).
+const KNEE_SD: f64 = 2.0;
 
 /// The grids the non-linear parameters are searched on (`k` is solved in closed form).
 const E_GRID: [f64; 14] = [
@@ -57,21 +92,29 @@ const SERIAL_GRID: [f64; 14] = [
     0.001, 0.003, 0.01, 0.02, 0.035, 0.05, 0.07, 0.1, 0.14, 0.2, 0.3, 0.45, 0.7, 1.0,
 ];
 const FIXED_GRID: [f64; 12] = [0.0, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.8, 1.2, 2.0, 3.5, 6.0];
+/// The knee's height, its place in items per core, and the weights in items.
+const KNEE_M_GRID: [f64; 4] = [0.5, 1.0, 2.0, 4.0];
+const KNEE_KAPPA_GRID: [f64; 7] = [0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0];
+const KNEE_BETA_GRID: [f64; 4] = [0.0, 1.0, 4.0, 16.0];
+/// Probes below which no knee is fitted: two probes on one rung say nothing of the cores.
+const KNEE_MIN_POINTS: usize = 3;
 
 impl Surrogate {
     /// Predicted mean batch latency, ms.
     pub(super) fn latency(&self, cores: f64, batch: f64) -> f64 {
         let amdahl = (1.0 - self.p) + self.p / cores.max(1.0);
         let (x, y) = (cores.max(1.0).ln(), batch.max(1.0).ln());
-        self.k
-            * (self.f + batch.max(1.0).powf(self.e) * amdahl)
-            * (self.q * y * y + self.r * x * y).exp()
+        let work = batch.max(1.0).powf(self.e) * amdahl * self.knee.factor(cores, batch);
+        self.k * (self.f + work) * (self.q * y * y + self.r * x * y).exp()
     }
 
     /// The fit of `points` (those with a finite positive latency) under `prior`: the grid point
     /// of `e`, `f` and `p` minimizing the squared log residuals over [`RESIDUAL_SD`]² plus the
-    /// priors' penalties, with `ln k`, `q` and `r` solved there by ridge regression. With one
-    /// point the priors decide the shape and the point the scale. None without points.
+    /// priors' penalties, with `ln k`, `q` and `r` solved there by ridge regression. Then, with
+    /// at least [`KNEE_MIN_POINTS`] probes, the knee's grid at that shape, and when a knee fits
+    /// better the shape's grid again under it (two passes rather than one joint grid: a fit
+    /// stays a few milliseconds). With one point the priors decide the shape and the point the
+    /// scale. None without points.
     pub(super) fn fit(points: &[Point], prior: Prior) -> Option<Surrogate> {
         let points: Vec<Point> = points
             .iter()
@@ -81,48 +124,101 @@ impl Surrogate {
         if points.is_empty() {
             return None;
         }
-        let ln_b: Vec<f64> = points.iter().map(|p| p.batch.max(1.0).ln()).collect();
-        let ln_l: Vec<f64> = points.iter().map(|p| p.latency.ln()).collect();
-        let ln_c: Vec<f64> = points.iter().map(|p| p.cores.max(1.0).ln()).collect();
-        let e_sd = prior.e_sd.max(0.01);
+        let fit = Fit::new(&points, prior);
         let mut best: Option<(f64, Surrogate)> = None;
-        let mut shape = vec![0.0; points.len()];
-        for &serial in &SERIAL_GRID {
-            let p = 1.0 - serial;
-            let js = ((serial / SERIAL_PRIOR).ln() / SERIAL_LOG_SD).powi(2);
-            for &e in &E_GRID {
-                let je = ((e - prior.e) / e_sd).powi(2);
-                for &f in &FIXED_GRID {
-                    let jf = (((f + 0.02) / (FIXED_PRIOR + 0.02)).ln() / FIXED_LOG_SD).powi(2);
-                    for (i, pt) in points.iter().enumerate() {
-                        let amdahl = (1.0 - p) + p / pt.cores.max(1.0);
-                        shape[i] = (f + (e * ln_b[i]).exp() * amdahl).ln();
-                    }
-                    let [ln_k, q, r] = curvature(&ln_l, &shape, &ln_b, &ln_c);
-                    let sse: f64 = (0..points.len())
-                        .map(|i| {
-                            let fit =
-                                shape[i] + ln_k + q * ln_b[i] * ln_b[i] + r * ln_c[i] * ln_b[i];
-                            (ln_l[i] - fit).powi(2)
-                        })
-                        .sum();
-                    let jc = (q * q + r * r) / (CURVE_SD * CURVE_SD);
-                    let j = sse / (RESIDUAL_SD * RESIDUAL_SD) + js + je + jf + jc;
-                    if best.map_or(true, |(bj, _)| j < bj) {
-                        let fit = Surrogate {
-                            k: ln_k.exp(),
-                            f,
-                            e,
-                            p,
-                            q,
-                            r,
-                        };
-                        best = Some((j, fit));
+        fit.shapes(Knee::NONE, &mut best);
+        if points.len() >= KNEE_MIN_POINTS {
+            let (_, flat) = best?;
+            for &m in &KNEE_M_GRID {
+                for &kappa in &KNEE_KAPPA_GRID {
+                    for &beta in &KNEE_BETA_GRID {
+                        let knee = Knee { m, kappa, beta };
+                        keep_best(&mut best, fit.score(flat.e, flat.p, flat.f, knee));
                     }
                 }
             }
+            let (_, kneed) = best?;
+            if kneed.knee != Knee::NONE {
+                fit.shapes(kneed.knee, &mut best);
+            }
         }
         best.map(|(_, s)| s)
+    }
+}
+
+fn keep_best(best: &mut Option<(f64, Surrogate)>, candidate: (f64, Surrogate)) {
+    if best.map_or(true, |(j, _)| candidate.0 < j) {
+        *best = Some(candidate);
+    }
+}
+
+/// What a fit holds fixed: the points (in logs) and the prior.
+struct Fit<'a> {
+    points: &'a [Point],
+    ln_b: Vec<f64>,
+    ln_l: Vec<f64>,
+    ln_c: Vec<f64>,
+    prior: Prior,
+}
+
+impl<'a> Fit<'a> {
+    fn new(points: &'a [Point], prior: Prior) -> Self {
+        Fit {
+            points,
+            ln_b: points.iter().map(|p| p.batch.max(1.0).ln()).collect(),
+            ln_l: points.iter().map(|p| p.latency.ln()).collect(),
+            ln_c: points.iter().map(|p| p.cores.max(1.0).ln()).collect(),
+            prior,
+        }
+    }
+
+    /// Every grid point of the shape (`e`, `f`, `p`) under `knee`, into `best`.
+    fn shapes(&self, knee: Knee, best: &mut Option<(f64, Surrogate)>) {
+        for &serial in &SERIAL_GRID {
+            for &e in &E_GRID {
+                for &f in &FIXED_GRID {
+                    keep_best(best, self.score(e, 1.0 - serial, f, knee));
+                }
+            }
+        }
+    }
+
+    /// The objective at one grid point, and the surrogate there (`ln k`, `q`, `r` solved).
+    fn score(&self, e: f64, p: f64, f: f64, knee: Knee) -> (f64, Surrogate) {
+        let serial = 1.0 - p;
+        let js = ((serial / SERIAL_PRIOR).ln() / SERIAL_LOG_SD).powi(2);
+        let je = ((e - self.prior.e) / self.prior.e_sd.max(0.01)).powi(2);
+        let jf = (((f + 0.02) / (FIXED_PRIOR + 0.02)).ln() / FIXED_LOG_SD).powi(2);
+        let jm = (knee.m / KNEE_SD).powi(2);
+        let shape: Vec<f64> = self
+            .points
+            .iter()
+            .zip(&self.ln_b)
+            .map(|(pt, &ln_b)| {
+                let amdahl = (1.0 - p) + p / pt.cores.max(1.0);
+                (f + (e * ln_b).exp() * amdahl * knee.factor(pt.cores, pt.batch)).ln()
+            })
+            .collect();
+        let [ln_k, q, r] = curvature(&self.ln_l, &shape, &self.ln_b, &self.ln_c);
+        let sse: f64 = (0..self.points.len())
+            .map(|i| {
+                let y = self.ln_b[i];
+                let fit = shape[i] + ln_k + q * y * y + r * self.ln_c[i] * y;
+                (self.ln_l[i] - fit).powi(2)
+            })
+            .sum();
+        let jc = (q * q + r * r) / (CURVE_SD * CURVE_SD);
+        let j = sse / (RESIDUAL_SD * RESIDUAL_SD) + js + je + jf + jc + jm;
+        let fit = Surrogate {
+            k: ln_k.exp(),
+            f,
+            e,
+            p,
+            q,
+            r,
+            knee,
+        };
+        (j, fit)
     }
 }
 
@@ -199,6 +295,7 @@ mod tests {
             p: 0.9,
             q: 0.0,
             r: 0.0,
+            knee: Knee::NONE,
         };
         let seen = [(1.0, 1.0), (4.0, 1.0), (4.0, 16.0), (16.0, 4.0), (2.0, 8.0)];
         let fit = Surrogate::fit(&points(&truth, &seen), PRIOR).unwrap();
@@ -210,6 +307,65 @@ mod tests {
                 "{cores}×{batch}: {got} against {want}"
             );
         }
+    }
+
+    /// Probes of a cache-bound curve (per-item work trebling once a batch outgrows the
+    /// instance's cache share) on two instance sizes: the fit finds a knee, and predicts that
+    /// a larger instance at a batch that fits it is cheaper per item and core than a small one
+    /// whose batch overflows, which Amdahl alone would never say.
+    #[test]
+    fn fit_places_a_cache_knee_seen_on_two_instance_sizes() {
+        let truth = Surrogate {
+            k: 1.0,
+            f: 0.3,
+            e: 0.9,
+            p: 0.95,
+            q: 0.0,
+            r: 0.0,
+            knee: Knee {
+                m: 3.0,
+                kappa: 2.0,
+                beta: 1.0,
+            },
+        };
+        let seen = [
+            (4.0, 1.0),
+            (4.0, 32.0),
+            (8.0, 6.0),
+            (2.0, 3.0),
+            (16.0, 12.0),
+        ];
+        let fit = Surrogate::fit(&points(&truth, &seen), PRIOR).unwrap();
+        assert!(fit.knee.m > 0.0, "{fit:?}");
+        // Within 15 % between the probes (far outside them, at 8 × 32, 25 % short).
+        for (cores, batch) in [(8.0, 4.0), (2.0, 16.0), (16.0, 4.0), (4.0, 8.0)] {
+            let want = truth.latency(cores, batch);
+            let got = fit.latency(cores, batch);
+            assert!(
+                (got / want - 1.0).abs() < 0.15,
+                "{cores}×{batch}: {got} against {want}"
+            );
+        }
+        // Items per millisecond and core, 4 items a core: 8 cores at batch 4 (the set about
+        // fits) beat 2 at batch 16 (far past), the reverse of Amdahl without the knee.
+        let per_core = |s: &Surrogate, c: f64, b: f64| b / s.latency(c, b) / c;
+        assert!(per_core(&truth, 8.0, 4.0) > per_core(&truth, 2.0, 16.0));
+        assert!(
+            per_core(&fit, 8.0, 4.0) > per_core(&fit, 2.0, 16.0),
+            "{fit:?}"
+        );
+        let amdahl = Surrogate {
+            knee: Knee::NONE,
+            ..truth
+        };
+        assert!(per_core(&amdahl, 8.0, 4.0) < per_core(&amdahl, 2.0, 16.0));
+        // Without a knee in the data, none is fitted.
+        let flat = Surrogate {
+            knee: Knee::NONE,
+            ..truth
+        };
+        let fit = Surrogate::fit(&points(&flat, &seen), PRIOR).unwrap();
+        assert_eq!(fit.knee, Knee::NONE, "{fit:?}");
     }
 
     /// One probe: the priors give the shape, the probe the scale (predicted exactly there);

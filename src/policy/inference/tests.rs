@@ -961,6 +961,55 @@ fn probes_over_the_slo_still_guide_the_search() {
     assert!(out.measured.unwrap().p99_latency_ms <= 21.0);
 }
 
+/// Issue 21: a cache-bound model (Fig. 5's ResNet101: misses rising with the batch on the first
+/// rung) gets its third probe on the rung with twice the cores per instance, at the geometric
+/// middle of the first two batches; a compute-bound one does not (its third probe is the
+/// surrogate's pick).
+#[test]
+fn a_cache_bound_models_third_probe_is_a_larger_instance_at_the_middle_batch() {
+    let model = SMALL_CACHE;
+    let (asked, out) = run_model(&model, search_for(&model));
+    assert_eq!(asked[0], layout(4, 8, 1));
+    let second = asked[1];
+    assert_eq!((second.cores_per_instance, second.instances), (4, 8));
+    let (first, second) = (measure(&model, asked[0]), measure(&model, second));
+    let trend = classify(&sample_of_probe(&first), &sample_of_probe(&second));
+    assert_eq!(
+        trend,
+        BatchTrend::CacheBound,
+        "misses rise on the first rung"
+    );
+    let middle = (f64::from(asked[1].batch)).sqrt().round() as u32;
+    assert_eq!(asked[2], layout(8, 4, middle));
+    assert!(out.meets_slo);
+
+    // Fig. 5's DeepSpeech: weights and batch fit a 4-CPU instance's cache share.
+    let model = PerfModel {
+        weights_mb: 2.0,
+        ..COMPUTE_BOUND
+    };
+    let (asked, _) = run_model(&model, search_for(&model));
+    let trend = classify(
+        &sample_of_probe(&measure(&model, asked[0])),
+        &sample_of_probe(&measure(&model, asked[1])),
+    );
+    assert_eq!(trend, BatchTrend::ComputeBound);
+    let middle = (f64::from(asked[1].batch)).sqrt().round() as u32;
+    assert_ne!(asked[2], layout(8, 4, middle), "no cache probe");
+}
+
+fn sample_of_probe(r: &ProbeResult) -> Sample {
+    Sample {
+        throughput: r.throughput_per_s,
+        p99: r.p99_latency_ms,
+        ipc: r.ipc,
+        miss: r.cache_miss_ratio,
+        windows: 1,
+        n: r.latency_samples,
+        p50: r.p50_latency_ms,
+    }
+}
+
 /// Issue 17: a search read back from the state file after every probe (a lodgerd restarted at
 /// each one) asks the same probes and ends at the same outcome as one never interrupted.
 #[test]
