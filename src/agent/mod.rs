@@ -240,6 +240,9 @@ pub struct Agent {
     network: Option<Network>,
     /// What the read-only calls answer from; replaced after every tick and command.
     published: Published,
+    /// lodgerd and its ancestors as last read (`trust::own_ancestry`), which nobody may
+    /// register: read again only when it refuses something (see `authorize`).
+    ancestry: std::cell::RefCell<Vec<u32>>,
 }
 
 /// Everything the agent is wired to, gathered before it starts so it never ticks half-wired.
@@ -355,6 +358,7 @@ impl AgentBuilder {
             batch: self.batch.map(Batch::new),
             slurm: SlurmSeen::default(),
             lending: Lending::new(&self.settings.proc_root),
+            ancestry: std::cell::RefCell::new(trust::own_ancestry(&self.settings.proc_root)),
             inference: self.runner.map(|(runner, probe_window)| {
                 Inference::new(runner, probe_window, training_core_batch_ms, &state)
             }),

@@ -79,7 +79,6 @@ impl Agent {
                     None => caller.uid,
                 };
                 let proc_root = &self.settings.proc_root;
-                let ancestry = trust::own_ancestry(proc_root);
                 let slurm: Vec<(u64, String)> = self
                     .state
                     .jobs
@@ -90,15 +89,42 @@ impl Agent {
                     })
                     .collect();
                 let trust = &self.settings.trust;
-                match &spec.target {
-                    Target::Pids(pids) => {
-                        for &pid in pids {
-                            trust::check_pid(trust, proc_root, pid, caller, &ancestry, &slurm)?;
+                let check = |ancestry: &[u32]| -> Result<(), AgentError> {
+                    match &spec.target {
+                        Target::Pids(pids) => {
+                            for &pid in pids {
+                                trust::check_pid(trust, proc_root, pid, caller, ancestry, &slurm)?;
+                            }
+                            Ok(())
                         }
+                        Target::Cgroup(path) => {
+                            trust::check_cgroup(trust, proc_root, path, caller, ancestry, &slurm)
+                        }
+                        // The rules that bind root bind lodgerd's NRI plugin too (checked
+                        // below: only it names containers): not lodger's own cgroups, not
+                        // lodgerd's (its DaemonSet pod), not one holding a process nobody may
+                        // hand lodger. The plugin logs the refusal and the container runs as
+                        // the runtime made it.
+                        Target::Container(c) if caller.is_root() => trust::check_cgroup(
+                            trust, proc_root, &c.cgroup, caller, ancestry, &slurm,
+                        ),
+                        _ => Ok(()),
                     }
-                    Target::Cgroup(path) => {
-                        trust::check_cgroup(trust, proc_root, path, caller, &ancestry, &slurm)?
+                };
+                // lodgerd's ancestry as read before: it only loses members (lodgerd and its
+                // ancestors are given to an ancestor when a parent exits), so it names every
+                // ancestor there is now, and perhaps a pid that exited and was reused. Read
+                // again only when it refuses something, so a reused pid is not refused.
+                let known = self.ancestry.borrow().clone();
+                if check(&known).is_err() {
+                    let now = trust::own_ancestry(proc_root);
+                    if now != known {
+                        *self.ancestry.borrow_mut() = now.clone();
                     }
+                    check(&now)?;
+                }
+                match &spec.target {
+                    Target::Pids(_) | Target::Cgroup(_) => {}
                     Target::Container(c) => {
                         // Only lodgerd's own NRI plugin (docs/kubernetes.md) names containers:
                         // the cgroup is the container runtime's word, not a caller's.
@@ -110,13 +136,6 @@ impl Agent {
                                 c.label()
                             )));
                         }
-                        // The rules that bind root bind the plugin too: not lodger's own
-                        // cgroups, not lodgerd's (its DaemonSet pod), not one holding a
-                        // process nobody may hand lodger. The plugin logs the refusal and the
-                        // container runs as the runtime made it.
-                        trust::check_cgroup(
-                            trust, proc_root, &c.cgroup, caller, &ancestry, &slurm,
-                        )?;
                     }
                     Target::Slurm(job) => {
                         // Only Slurm's prolog, run by slurmd as root, names Slurm jobs: the

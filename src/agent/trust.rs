@@ -94,9 +94,10 @@ fn parent_and_flags(proc_root: &Path, pid: u32) -> Option<(u32, u64)> {
 
 /// lodgerd and every ancestor up to pid 1, as `<proc_root>` shows them (empty when lodgerd is
 /// not in it: a test's fake `/proc`). One `stat` read per ancestor: their uids do not matter.
-/// Every registration walks it (issue 21: where lodgerd runs under a deep process tree, as in
-/// the spine benchmark, the walk was 15 % of the agent thread's time, reading each ancestor's
-/// `status` too; under systemd the chain is lodgerd and pid 1).
+/// The agent keeps it and reads it again only before it refuses a process as lodgerd's
+/// ancestor (issue 21: where lodgerd runs under a deep process tree, as in the spine benchmark,
+/// walking it at every registration was 15 % of the agent thread's time; under systemd the
+/// chain is lodgerd and pid 1).
 pub(super) fn own_ancestry(proc_root: &Path) -> Vec<u32> {
     let mut chain = Vec::new();
     let mut pid = std::process::id();
