@@ -284,6 +284,18 @@ mod tests {
             .collect()
     }
 
+    /// `fit` predicts `truth`'s latency at every `(cores, batch)` of `at` within `tolerance`.
+    fn assert_predicts(fit: &Surrogate, truth: &Surrogate, at: &[(f64, f64)], tolerance: f64) {
+        for &(cores, batch) in at {
+            let want = truth.latency(cores, batch);
+            let got = fit.latency(cores, batch);
+            assert!(
+                (got / want - 1.0).abs() < tolerance,
+                "{cores}×{batch}: {got} against {want}"
+            );
+        }
+    }
+
     /// Probes of a curve of the surrogate's own form on its grid: the fit predicts layouts
     /// it did not see to within a few percent.
     #[test]
@@ -299,14 +311,8 @@ mod tests {
         };
         let seen = [(1.0, 1.0), (4.0, 1.0), (4.0, 16.0), (16.0, 4.0), (2.0, 8.0)];
         let fit = Surrogate::fit(&points(&truth, &seen), PRIOR).unwrap();
-        for (cores, batch) in [(8.0, 8.0), (32.0, 32.0), (2.0, 2.0), (1.0, 64.0)] {
-            let want = truth.latency(cores, batch);
-            let got = fit.latency(cores, batch);
-            assert!(
-                (got / want - 1.0).abs() < 0.05,
-                "{cores}×{batch}: {got} against {want}"
-            );
-        }
+        let unseen = [(8.0, 8.0), (32.0, 32.0), (2.0, 2.0), (1.0, 64.0)];
+        assert_predicts(&fit, &truth, &unseen, 0.05);
     }
 
     /// Probes of a cache-bound curve (per-item work trebling once a batch outgrows the
@@ -338,14 +344,8 @@ mod tests {
         let fit = Surrogate::fit(&points(&truth, &seen), PRIOR).unwrap();
         assert!(fit.knee.m > 0.0, "{fit:?}");
         // Within 15 % between the probes (far outside them, at 8 × 32, 25 % short).
-        for (cores, batch) in [(8.0, 4.0), (2.0, 16.0), (16.0, 4.0), (4.0, 8.0)] {
-            let want = truth.latency(cores, batch);
-            let got = fit.latency(cores, batch);
-            assert!(
-                (got / want - 1.0).abs() < 0.15,
-                "{cores}×{batch}: {got} against {want}"
-            );
-        }
+        let between = [(8.0, 4.0), (2.0, 16.0), (16.0, 4.0), (4.0, 8.0)];
+        assert_predicts(&fit, &truth, &between, 0.15);
         // Items per millisecond and core, 4 items a core: 8 cores at batch 4 (the set about
         // fits) beat 2 at batch 16 (far past), the reverse of Amdahl without the knee.
         let per_core = |s: &Surrogate, c: f64, b: f64| b / s.latency(c, b) / c;
