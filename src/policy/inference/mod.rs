@@ -23,7 +23,11 @@ mod capacity;
 mod edge;
 mod guide;
 mod place;
+#[cfg(test)]
+mod place_properties;
 mod search;
+#[cfg(test)]
+mod search_tests;
 mod shared_batch;
 pub mod sim;
 mod surrogate;
