@@ -360,7 +360,8 @@ pub fn run(prepared: Prepared, sim: bool) -> ExitCode {
             Err(e) => warn!("batch jobs unavailable: {e}"),
         }
         let settings = enforce_settings(&config);
-        let (instance_settings, probe) = instance_settings(&config, &settings);
+        let (mut instance_settings, probe) = instance_settings(&config, &settings);
+        instance_settings.cores = topology.cores.iter().map(|c| c.cpus.clone()).collect();
         match Instances::new(instance_settings) {
             Ok(r) => runner = Some((r, probe)),
             Err(e) => warn!("inference instances unavailable: {e}"),

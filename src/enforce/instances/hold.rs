@@ -27,7 +27,7 @@ impl Instances {
             ) {
                 continue;
             }
-            let held = held_cpus(&self.slots, Some(i));
+            let held = held_cpus(&self.slots, Some(i), &self.host.settings.cores);
             let slot = &mut self.slots[i];
             let key = slot.key();
             let wanted = match &slot.state {
@@ -80,15 +80,20 @@ pub(super) struct Held {
     /// instance waits for them, an offline one too (an online instance's cores are its own
     /// while it serves on them).
     pub(super) serving: CpuSet,
+    /// The whole physical cores of `serving` (their SMT siblings too, where the node's cores
+    /// are known): an offline instance waits for these, as placement never puts one beside an
+    /// online thread.
+    pub(super) serving_cores: CpuSet,
 }
 
-/// What is [`Held`], `except`'s CPUs aside (a slot deciding its own start or move). A stopping
+/// What is [`Held`], `except`'s CPUs aside (a slot deciding its own start or move); `cores`:
+/// the node's physical cores (`InstanceSettings::cores`; empty: none known). A stopping
 /// process that SIGKILL did not end within `KILL_WAIT` (reported `Unkillable`) no longer
 /// counts: it is stuck in the kernel, not computing, and would hold its CPUs' next instance off
 /// for good. Waits to move chain (an instance waits to move onto the CPUs of one that waits
 /// for a stopping instance); a cycle of moves alone (a swap) waits for nothing, as every
 /// instance in it is running.
-pub(super) fn held_cpus(slots: &[Slot], except: Option<usize>) -> Held {
+pub(super) fn held_cpus(slots: &[Slot], except: Option<usize>, cores: &[CpuSet]) -> Held {
     let mut held = Held::default();
     for (i, slot) in slots.iter().enumerate() {
         let stopping = matches!(slot.state, SlotState::Stopping { stuck: false, .. });
@@ -110,6 +115,9 @@ pub(super) fn held_cpus(slots: &[Slot], except: Option<usize>) -> Held {
             if must_wait(to, &held) {
                 if !slot.spec.offline {
                     held.serving = held.serving.union(&slot.spec.cpus);
+                    for core in cores.iter().filter(|c| !c.is_disjoint(&slot.spec.cpus)) {
+                        held.serving_cores = held.serving_cores.union(core);
+                    }
                 }
                 waits.push(i);
             }
@@ -122,8 +130,10 @@ pub(super) fn held_cpus(slots: &[Slot], except: Option<usize>) -> Held {
 
 /// Whether `spec` must wait before it starts or moves: on a CPU an online instance waiting to
 /// move still serves on, or, for an online instance (exclusive cores, Cloud Reamer §III-A), on
-/// a CPU a stopping instance still runs on ([`Held`]).
+/// a CPU a stopping instance still runs on, or, for an offline one, on that serving CPU's SMT
+/// sibling ([`Held`]).
 pub(super) fn must_wait(spec: &InstanceSpec, held: &Held) -> bool {
     !spec.cpus.is_disjoint(&held.serving)
         || (!spec.offline && !spec.cpus.is_disjoint(&held.stopping))
+        || (spec.offline && !spec.cpus.is_disjoint(&held.serving_cores))
 }

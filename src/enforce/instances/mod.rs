@@ -182,6 +182,10 @@ pub struct InstanceSettings {
     pub memory_max: Option<u64>,
     /// `memory.high` (v2, units) or the soft limit (v1) in percent of the limit.
     pub memory_high_percent: u8,
+    /// The node's physical cores, each its SMT threads (lodgerd's topology; empty: not known):
+    /// an offline instance waits while an online instance waiting to move still serves on the
+    /// other thread of its core.
+    pub cores: Vec<CpuSet>,
 }
 
 impl Default for InstanceSettings {
@@ -203,6 +207,7 @@ impl Default for InstanceSettings {
             report_dir: None,
             memory_max: None,
             memory_high_percent: 90,
+            cores: Vec::new(),
         }
     }
 }

@@ -24,6 +24,7 @@ use super::{
     InstanceKey, InstancePlacement, InstanceSettings, InstanceSpec, InstanceState, InstanceStats,
     PollOutcome, ReconcileOutcome, KILL_WAIT, LODGERS_CGROUP,
 };
+use crate::cpuset::CpuSet;
 use crate::enforce::cpusets::{self, CpusetFile};
 use crate::enforce::PinMethod;
 use crate::job::JobId;
@@ -96,14 +97,19 @@ impl Run {
 /// Each slot's [`InstanceStats`] at `now`. What is held from a slot ([`held_cpus`], a pass
 /// over every slot) is looked at only for one whose back-off is over: `poll` starts it unless
 /// it must wait, and then it is shown waiting.
-pub(super) fn stats_of(slots: &[Slot], now: Instant, window: Duration) -> Vec<InstanceStats> {
+pub(super) fn stats_of(
+    slots: &[Slot],
+    now: Instant,
+    window: Duration,
+    cores: &[CpuSet],
+) -> Vec<InstanceStats> {
     slots
         .iter()
         .enumerate()
         .map(|(i, slot)| {
             let over = matches!(slot.state, SlotState::BackingOff { at } if now >= at);
             let held = if over {
-                held_cpus(slots, Some(i))
+                held_cpus(slots, Some(i), cores)
             } else {
                 Held::default()
             };
@@ -565,7 +571,7 @@ impl Instances {
                 SlotState::Stopping { next, .. } => next.is_some(),
             };
             let held = if may_start {
-                held_cpus(&self.slots, Some(i))
+                held_cpus(&self.slots, Some(i), &self.host.settings.cores)
             } else {
                 Held::default()
             };
@@ -696,7 +702,13 @@ impl Instances {
 
     /// Per instance, sorted by job and index.
     pub fn stats(&self) -> Vec<InstanceStats> {
-        stats_of(&self.slots, Instant::now(), self.host.settings.window)
+        let settings = &self.host.settings;
+        stats_of(
+            &self.slots,
+            Instant::now(),
+            settings.window,
+            &settings.cores,
+        )
     }
 
     /// `job`'s running instances' batch latencies pooled over the window (see

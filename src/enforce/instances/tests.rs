@@ -410,11 +410,11 @@ fn held_cpus_follow_waiting_moves_but_a_swap_alone_holds_nothing() {
         let SlotState::Moving { to } = &slots[i].state else {
             panic!("not moving");
         };
-        must_wait(to, &held_cpus(slots, Some(i)))
+        must_wait(to, &held_cpus(slots, Some(i), &[]))
     };
     // 1 waits for 0; 2 for 1, which serves on CPU 1 until it moves.
     assert!(waits(&slots, 1) && waits(&slots, 2));
-    let held = held_cpus(&slots, None);
+    let held = held_cpus(&slots, None, &[]);
     assert_eq!((&held.stopping, &held.serving), (&cpus("5"), &cpus("1,2")));
     // An offline instance waits for CPUs an online instance still serves on, not for a
     // stopping instance's.
@@ -424,14 +424,60 @@ fn held_cpus_follow_waiting_moves_but_a_swap_alone_holds_nothing() {
     // 0 gone: the swap waits for nothing.
     slots.remove(0);
     assert!(!waits(&slots, 0) && !waits(&slots, 1));
-    assert_eq!(held_cpus(&slots, None), Held::default());
+    assert_eq!(held_cpus(&slots, None, &[]), Held::default());
     // A stuck stopping process (SIGKILL did not end it) holds nothing.
     let mut stuck = slot(3, "1", stopping());
     if let SlotState::Stopping { stuck, .. } = &mut stuck.state {
         *stuck = true;
     }
     slots.push(stuck);
-    assert_eq!(held_cpus(&slots, None), Held::default());
+    assert_eq!(held_cpus(&slots, None, &[]), Held::default());
+}
+
+/// With the node's cores known, an offline instance waits too for the SMT sibling of a CPU an
+/// online instance still serves on while it waits to move (placement never puts an offline
+/// instance beside an online thread); an online instance does not (its own job's cores are
+/// whole cores, another job's sibling is a last resort placement chose), and without the cores
+/// only the CPU itself holds.
+#[test]
+fn an_offline_instance_waits_for_the_sibling_of_a_serving_online_cpu() {
+    use super::hold::{held_cpus, must_wait};
+    use super::supervisor::SlotState;
+    let cpus = |list: &str| CpuSet::parse(list).expect("cpus");
+    let offline = |index: u32, list: &str| InstanceSpec {
+        offline: true,
+        ..spec_on(index, list)
+    };
+    // Two-thread cores: 0/4, 1/5, 2/6, 3/7. 0 stops on CPU 2; 1 serves on CPU 1 and waits to
+    // move onto 2.
+    let cores = [cpus("0,4"), cpus("1,5"), cpus("2,6"), cpus("3,7")];
+    let slots = vec![
+        slot_on(0, "2", stopping()),
+        slot_on(
+            1,
+            "1",
+            SlotState::Moving {
+                to: spec_on(1, "2"),
+            },
+        ),
+    ];
+    let held = held_cpus(&slots, None, &cores);
+    assert_eq!(
+        (&held.serving, &held.serving_cores),
+        (&cpus("1"), &cpus("1,5"))
+    );
+    assert!(
+        must_wait(&offline(3, "5"), &held),
+        "beside the serving thread"
+    );
+    assert!(!must_wait(&offline(3, "3"), &held));
+    assert!(
+        !must_wait(&spec_on(3, "5"), &held),
+        "an online one does not"
+    );
+    let unknown = held_cpus(&slots, None, &[]);
+    assert!(!must_wait(&offline(3, "5"), &unknown));
+    assert!(must_wait(&offline(3, "1"), &unknown));
 }
 
 /// An instance whose back-off is over but whose CPUs a stopping instance still runs on waits
@@ -448,7 +494,7 @@ fn an_instance_past_its_back_off_waiting_for_held_cpus_is_shown_waiting() {
     crashed.last_exit = Some("exited with status 1".into());
     let mut slots = vec![slot_on(0, "5", stopping()), crashed];
     let shown = |slots: &[super::supervisor::Slot]| {
-        stats_of(slots, now, Duration::from_secs(10))
+        stats_of(slots, now, Duration::from_secs(10), &[])
             .into_iter()
             .find(|s| s.index == 1)
             .expect("instance 1")
