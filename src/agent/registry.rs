@@ -115,13 +115,12 @@ impl Agent {
                 // ancestors are given to an ancestor when a parent exits), so it names every
                 // ancestor there is now, and perhaps a pid that exited and was reused. Read
                 // again only when it refuses something, so a reused pid is not refused.
-                let known = self.ancestry.borrow().clone();
-                if check(&known).is_err() {
+                let refused = check(&self.ancestry.borrow()).is_err();
+                if refused {
                     let now = trust::own_ancestry(proc_root);
-                    if now != known {
-                        *self.ancestry.borrow_mut() = now.clone();
-                    }
-                    check(&now)?;
+                    let checked = check(&now);
+                    *self.ancestry.borrow_mut() = now;
+                    checked?;
                 }
                 match &spec.target {
                     Target::Pids(_) | Target::Cgroup(_) => {}

@@ -190,9 +190,10 @@ pub(super) struct Need(pub(super) LayoutConfig);
 ///   working set, weights plus the batch, outgrows the instance's cache), times small
 ///   second-order terms in `ln b` and `ln c · ln b` shrunk towards 0, by least squares in log
 ///   space with priors on `e`, `f`, the serial fraction `1 − p` and the knee's height; a
-///   prediction is corrected by the residuals of measured neighbours. The batch trend ([`BatchTrend`], §III-B Fig. 5: IPC and cache misses of the
-///   smallest and largest batch measured on one rung) sets the prior on `e` (rising IPC: later
-///   items cost less; falling IPC or rising misses: more), not a rule.
+///   prediction is corrected by the residuals of measured neighbours. The batch trend
+///   ([`BatchTrend`], §III-B Fig. 5: IPC and cache misses of the smallest and largest batch
+///   measured on one rung) sets the prior on `e` (rising IPC: later items cost less; falling
+///   IPC or rising misses: more), not a rule.
 /// - The next probe is the layout not yet measured with the highest predicted throughput among
 ///   those predicted within the SLO: its p99 (mean latency × the tail ratio measured at the
 ///   nearest instance count) must meet the aim (the p99 whose judged bound just meets the SLO)

@@ -112,8 +112,8 @@ impl Surrogate {
     /// of `e`, `f` and `p` minimizing the squared log residuals over [`RESIDUAL_SD`]² plus the
     /// priors' penalties, with `ln k`, `q` and `r` solved there by ridge regression. Then, with
     /// at least [`KNEE_MIN_POINTS`] probes, the knee's grid at that shape, and when a knee fits
-    /// better the shape's grid again under it (two passes rather than one joint grid: a fit
-    /// stays a few milliseconds). With one point the priors decide the shape and the point the
+    /// better the shape's grid again under it (two passes rather than one joint grid: about
+    /// twice the flat fit's grid points, not a hundred times). With one point the priors decide the shape and the point the
     /// scale. None without points.
     pub(super) fn fit(points: &[Point], prior: Prior) -> Option<Surrogate> {
         let points: Vec<Point> = points
@@ -124,7 +124,7 @@ impl Surrogate {
         if points.is_empty() {
             return None;
         }
-        let fit = Fit::new(&points, prior);
+        let mut fit = Fit::new(&points, prior);
         let mut best: Option<(f64, Surrogate)> = None;
         fit.shapes(Knee::NONE, &mut best);
         if points.len() >= KNEE_MIN_POINTS {
@@ -152,13 +152,15 @@ fn keep_best(best: &mut Option<(f64, Surrogate)>, candidate: (f64, Surrogate)) {
     }
 }
 
-/// What a fit holds fixed: the points (in logs) and the prior.
+/// What a fit holds fixed: the points (in logs) and the prior; and the shape term of each
+/// point at the grid point being scored, kept between grid points (thousands a fit).
 struct Fit<'a> {
     points: &'a [Point],
     ln_b: Vec<f64>,
     ln_l: Vec<f64>,
     ln_c: Vec<f64>,
     prior: Prior,
+    shape: Vec<f64>,
 }
 
 impl<'a> Fit<'a> {
@@ -169,11 +171,12 @@ impl<'a> Fit<'a> {
             ln_l: points.iter().map(|p| p.latency.ln()).collect(),
             ln_c: points.iter().map(|p| p.cores.max(1.0).ln()).collect(),
             prior,
+            shape: vec![0.0; points.len()],
         }
     }
 
     /// Every grid point of the shape (`e`, `f`, `p`) under `knee`, into `best`.
-    fn shapes(&self, knee: Knee, best: &mut Option<(f64, Surrogate)>) {
+    fn shapes(&mut self, knee: Knee, best: &mut Option<(f64, Surrogate)>) {
         for &serial in &SERIAL_GRID {
             for &e in &E_GRID {
                 for &f in &FIXED_GRID {
@@ -184,22 +187,18 @@ impl<'a> Fit<'a> {
     }
 
     /// The objective at one grid point, and the surrogate there (`ln k`, `q`, `r` solved).
-    fn score(&self, e: f64, p: f64, f: f64, knee: Knee) -> (f64, Surrogate) {
+    fn score(&mut self, e: f64, p: f64, f: f64, knee: Knee) -> (f64, Surrogate) {
         let serial = 1.0 - p;
         let js = ((serial / SERIAL_PRIOR).ln() / SERIAL_LOG_SD).powi(2);
         let je = ((e - self.prior.e) / self.prior.e_sd.max(0.01)).powi(2);
         let jf = (((f + 0.02) / (FIXED_PRIOR + 0.02)).ln() / FIXED_LOG_SD).powi(2);
         let jm = (knee.m / KNEE_SD).powi(2);
-        let shape: Vec<f64> = self
-            .points
-            .iter()
-            .zip(&self.ln_b)
-            .map(|(pt, &ln_b)| {
-                let amdahl = (1.0 - p) + p / pt.cores.max(1.0);
-                (f + (e * ln_b).exp() * amdahl * knee.factor(pt.cores, pt.batch)).ln()
-            })
-            .collect();
-        let [ln_k, q, r] = curvature(&self.ln_l, &shape, &self.ln_b, &self.ln_c);
+        for ((shape, pt), &ln_b) in self.shape.iter_mut().zip(self.points).zip(&self.ln_b) {
+            let amdahl = (1.0 - p) + p / pt.cores.max(1.0);
+            *shape = (f + (e * ln_b).exp() * amdahl * knee.factor(pt.cores, pt.batch)).ln();
+        }
+        let shape = &self.shape;
+        let [ln_k, q, r] = curvature(&self.ln_l, shape, &self.ln_b, &self.ln_c);
         let sse: f64 = (0..self.points.len())
             .map(|i| {
                 let y = self.ln_b[i];
