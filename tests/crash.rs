@@ -122,6 +122,41 @@ impl Drop for Netns {
     }
 }
 
+/// Processes with `lock` open, each with its command, state and kernel wait channel: who keeps
+/// a restarted lodgerd from taking the state directory.
+fn lock_holders(lock: &std::path::Path) -> String {
+    let proc_root = std::path::Path::new("/proc");
+    let out: Vec<String> = lodger::sys::procfs::holding_open(proc_root, lock)
+        .into_iter()
+        .map(|pid| {
+            let read = |f: &str| {
+                std::fs::read_to_string(proc_root.join(pid.to_string()).join(f))
+                    .unwrap_or_default()
+                    .replace('\0', " ")
+                    .trim()
+                    .to_string()
+            };
+            let stat = read("stat");
+            let state = stat
+                .split(") ")
+                .nth(1)
+                .and_then(|rest| rest.split(' ').next());
+            format!(
+                "pid {pid} ({}) state {} wchan {} cmdline {:?}",
+                read("comm"),
+                state.unwrap_or(""),
+                read("wchan"),
+                read("cmdline"),
+            )
+        })
+        .collect();
+    if out.is_empty() {
+        "none".to_string()
+    } else {
+        out.join("; ")
+    }
+}
+
 /// The registered jobs by id, from `lodgerctl --json list`; None when lodgerd does not answer.
 fn listed(d: &Daemon) -> Option<BTreeMap<String, serde_json::Value>> {
     let out = d.ctl(&["--json", "list"]);
@@ -367,15 +402,29 @@ fn lodgerd_killed_at_random_moments_loses_orphans_and_restarts_nothing() {
             .filter_map(|l| l.split("instance=").nth(1))
             .filter_map(|rest| rest.split_whitespace().next().map(str::to_string))
             .collect();
+        let restart_log_from = d.log().len();
         d.restart();
         // The first view after the restart: an instance that was alive is the same process.
         let mut after = BTreeMap::new();
-        wait_until(WAIT, "the restarted lodgerd to list its jobs", || {
-            listed(&d).is_some_and(|j| {
-                after = instances(&j);
-                true
-            })
-        });
+        wait_until_explained(
+            WAIT,
+            &format!("the restarted lodgerd to list its jobs (cycle {cycle})"),
+            || {
+                listed(&d).is_some_and(|j| {
+                    after = instances(&j);
+                    true
+                })
+            },
+            || {
+                format!(
+                    "load average: {}processes holding the state directory's lock: {}\n\
+                     --- the restarted lodgerd's log ---\n{}",
+                    std::fs::read_to_string("/proc/loadavg").unwrap_or_default(),
+                    lock_holders(&dir.path().join("state/lodgerd.lock")),
+                    d.log().get(restart_log_from..).unwrap_or("")
+                )
+            },
+        );
         downtimes.push((down_from, now_ns()));
         for (key, (pid, config)) in &alive_at_kill {
             if let Some((new, new_config)) = after.get(key) {

@@ -2,16 +2,26 @@
 //! taken before lodgerd touches the node, held until it exits. Touches only that file.
 
 use std::fs::File;
-use std::io::{Read, Seek, Write};
+use std::io::{Seek, Write};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use nix::fcntl::{Flock, FlockArg};
+use tracing::warn;
 
 /// The lock file's name in `agent.state_dir`.
 pub(super) const LOCK_FILE: &str = "lodgerd.lock";
 
+/// How long lodgerd waits for a lock whose recorded holder no longer runs. A process lodgerd
+/// forked shares the lock until it runs its program (close-on-exec drops it then): an instance
+/// started just before lodgerd was killed holds it for as long as its start takes (joining a
+/// cgroup v1 cpuset waits for an RCU grace period), and a lodgerd restarted at once finds it
+/// held.
+pub(super) const ORPHANED_LOCK_WAIT: Duration = Duration::from_secs(5);
+
 /// The lock, held while this value lives (the kernel drops it when lodgerd exits, however it
-/// exits; the file is opened close-on-exec, so instances lodgerd starts never hold it).
+/// exits; the file is opened close-on-exec, so instances lodgerd starts hold it only until they
+/// run their program).
 pub(super) struct StateLock {
     _file: Flock<File>,
 }
@@ -26,6 +36,19 @@ pub(super) enum LockError {
         dir.display()
     )]
     Held { dir: PathBuf, holder: Option<u32> },
+    #[error(
+        "the state directory {}'s lock is still held after {waited:?}, though the lodgerd that \
+         took it (pid {holder}) no longer runs: {holders} kept it (a process lodgerd started \
+         holds it until it runs its program); see what keeps them (cat /proc/PID/stack) or \
+         kill them, then start lodgerd again",
+        dir.display()
+    )]
+    Orphaned {
+        dir: PathBuf,
+        holder: u32,
+        waited: Duration,
+        holders: String,
+    },
     #[error("cannot lock {}: {source}", path.display())]
     Io {
         path: PathBuf,
@@ -34,8 +57,13 @@ pub(super) enum LockError {
 }
 
 /// Takes the lock of `state_dir` (made if missing, mode 0700 as the store makes it) for this
-/// process, writing its pid into the file for the message another lodgerd gives.
+/// process, writing its pid into the file for the message another lodgerd gives. A lock whose
+/// recorded lodgerd no longer runs is waited for, up to [`ORPHANED_LOCK_WAIT`].
 pub(super) fn lock_state_dir(state_dir: &Path) -> Result<StateLock, LockError> {
+    lock_waiting(state_dir, ORPHANED_LOCK_WAIT)
+}
+
+fn lock_waiting(state_dir: &Path, wait: Duration) -> Result<StateLock, LockError> {
     use std::os::unix::fs::DirBuilderExt;
     let path = state_dir.join(LOCK_FILE);
     let io = |source| LockError::Io {
@@ -47,32 +75,86 @@ pub(super) fn lock_state_dir(state_dir: &Path) -> Result<StateLock, LockError> {
         .mode(0o700)
         .create(state_dir)
         .map_err(io)?;
-    let file = std::fs::OpenOptions::new()
+    let mut file = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
         .create(true)
         .truncate(false)
         .open(&path)
         .map_err(io)?;
-    let mut file = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
-        Ok(locked) => locked,
-        Err((mut file, nix::errno::Errno::EWOULDBLOCK)) => {
-            let mut text = String::new();
-            let holder = file
-                .read_to_string(&mut text)
-                .ok()
-                .and_then(|_| text.trim().parse().ok());
-            return Err(LockError::Held {
-                dir: state_dir.to_path_buf(),
-                holder,
-            });
+    let started = Instant::now();
+    let mut told = false;
+    let mut file = loop {
+        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            Ok(locked) => break locked,
+            Err((unlocked, nix::errno::Errno::EWOULDBLOCK)) => {
+                let holder = std::fs::read_to_string(&path)
+                    .ok()
+                    .and_then(|text| text.trim().parse().ok());
+                let Some(gone) = holder.filter(|pid| !running(*pid)) else {
+                    return Err(LockError::Held {
+                        dir: state_dir.to_path_buf(),
+                        holder,
+                    });
+                };
+                let waited = started.elapsed();
+                if waited >= wait {
+                    return Err(LockError::Orphaned {
+                        dir: state_dir.to_path_buf(),
+                        holder: gone,
+                        waited,
+                        holders: holders_of(&path),
+                    });
+                }
+                if !told {
+                    warn!(
+                        "the state directory {}'s lock is held though the lodgerd that took it \
+                         (pid {gone}) no longer runs: waiting up to {wait:?} for the processes \
+                         it started to run their programs ({})",
+                        state_dir.display(),
+                        holders_of(&path)
+                    );
+                    told = true;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+                file = unlocked;
+            }
+            Err((_, errno)) => return Err(io(std::io::Error::from(errno))),
         }
-        Err((_, errno)) => return Err(io(std::io::Error::from(errno))),
     };
     file.set_len(0).map_err(io)?;
     file.rewind().map_err(io)?;
     writeln!(file, "{}", std::process::id()).map_err(io)?;
     Ok(StateLock { _file: file })
+}
+
+/// Whether a process `pid` exists (a zombie counts: its parent has yet to reap it).
+fn running(pid: u32) -> bool {
+    let Ok(raw) = i32::try_from(pid) else {
+        return false;
+    };
+    !matches!(
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(raw), None),
+        Err(nix::errno::Errno::ESRCH)
+    )
+}
+
+/// The processes with `path` open, as "pid N (comm)", for the message.
+fn holders_of(path: &Path) -> String {
+    let proc_root = Path::new("/proc");
+    let found: Vec<String> = crate::sys::procfs::holding_open(proc_root, path)
+        .into_iter()
+        .map(|pid| {
+            let comm = std::fs::read_to_string(proc_root.join(pid.to_string()).join("comm"))
+                .unwrap_or_default();
+            format!("pid {pid} ({})", comm.trim())
+        })
+        .collect();
+    if found.is_empty() {
+        "no process found with it open".to_string()
+    } else {
+        found.join(", ")
+    }
 }
 
 #[cfg(test)]
@@ -106,5 +188,65 @@ mod tests {
         );
         drop(first);
         lock_state_dir(&state).expect("locked again once released");
+    }
+
+    /// The lock of `state` taken as a child of a killed lodgerd holds it: another open file
+    /// description of the lock file (so this process conflicts with it), with the pid of a
+    /// process that has ended written in it.
+    fn held_for_a_dead_lodgerd(state: &Path) -> (Flock<File>, u32) {
+        let mut ended = std::process::Command::new("true")
+            .spawn()
+            .expect("spawn true");
+        let gone = ended.id();
+        ended.wait().expect("wait for true");
+        std::fs::create_dir_all(state).expect("state dir");
+        let path = state.join(LOCK_FILE);
+        std::fs::write(&path, format!("{gone}\n")).expect("write the lock file");
+        let file = File::open(&path).expect("open the lock file");
+        let held = Flock::lock(file, FlockArg::LockExclusiveNonblock).expect("take the lock");
+        (held, gone)
+    }
+
+    /// A lock whose lodgerd has ended is waited for (a process it forked holds it until its
+    /// exec), and taken once released.
+    #[test]
+    fn a_lock_a_dead_lodgerd_left_to_its_child_is_waited_for() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let state = dir.path().join("state");
+        let (held, _) = held_for_a_dead_lodgerd(&state);
+        let release = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            drop(held);
+        });
+        let taken = lock_waiting(&state, Duration::from_secs(20));
+        release.join().expect("release thread");
+        assert!(taken.is_ok(), "{:?}", taken.err());
+        let text = std::fs::read_to_string(state.join(LOCK_FILE)).expect("read the lock file");
+        assert_eq!(text.trim(), std::process::id().to_string());
+    }
+
+    /// A lock its dead lodgerd's child never lets go of ends the wait with an error naming the
+    /// processes that hold it.
+    #[test]
+    fn a_lock_held_past_the_wait_names_who_holds_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let state = dir.path().join("state");
+        let (_held, gone) = held_for_a_dead_lodgerd(&state);
+        let err = match lock_waiting(&state, Duration::from_millis(50)) {
+            Ok(_) => panic!("locked a directory whose lock is held"),
+            Err(e) => e,
+        };
+        let me = format!("pid {} (", std::process::id());
+        assert!(
+            matches!(&err, LockError::Orphaned { holder, holders, .. }
+                if *holder == gone && holders.contains(&me)),
+            "{err:?}"
+        );
+        assert!(
+            err.to_string().contains(&format!(
+                "the lodgerd that took it (pid {gone}) no longer runs"
+            )),
+            "{err}"
+        );
     }
 }
