@@ -81,3 +81,47 @@ fn a_reload_applies_live_keys_refuses_the_rest_and_keeps_the_jobs() {
         d.ctl_json(&["status"])["ticks"].as_u64() > Some(ticks)
     });
 }
+
+/// A SIGTERM (`systemctl stop lodgerd`) while a reload's read hangs (here the config file is a
+/// FIFO nobody writes, as a dead mount would hang it) stops lodgerd then, not once the read's
+/// 10-s bound has passed and the reload was refused.
+#[test]
+fn a_stop_during_a_hung_reload_is_not_held_back() {
+    if !need_root("a_stop_during_a_hung_reload_is_not_held_back") {
+        return;
+    }
+    let bus = PrivateBus::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut d = Daemon::start(
+        &bus,
+        dir.path(),
+        DaemonOptions {
+            sim: true,
+            ..DaemonOptions::default()
+        },
+    );
+    std::fs::remove_file(&d.config).expect("remove the config");
+    nix::unistd::mkfifo(&d.config, nix::sys::stat::Mode::from_bits_truncate(0o600))
+        .expect("a FIFO in the config's place");
+    d.hup();
+    // The reload's read runs on a thread of its own, named for it: once it is there, the read
+    // is under way (its open of the FIFO does not return until a writer comes).
+    let pid = d.pid();
+    wait_until(WAIT, "the reload's read to start", || {
+        std::fs::read_dir(format!("/proc/{pid}/task"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|t| {
+                std::fs::read_to_string(t.path().join("comm"))
+                    .is_ok_and(|c| c.trim() == "lodgerd-reload")
+            })
+    });
+    d.stop();
+    let log = d.log();
+    assert!(
+        log.contains("asked to stop during a reload"),
+        "lodgerd did not stop during the reload:\n{log}"
+    );
+    assert!(!log.contains("reload refused"), "{log}");
+}

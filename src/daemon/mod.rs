@@ -21,7 +21,7 @@ use self::settings::{
     agent_settings_on, batch_settings, enforce_settings, instance_settings, sampler_settings,
     Enforceable,
 };
-use self::signals::{Signal, Signals};
+use self::signals::{unless_stopped, During, Signal, Signals};
 
 use crate::agent::{Agent, AgentHandle, Enforce, MbaTarget};
 use crate::api::{self, Authority, Bus};
@@ -547,18 +547,35 @@ fn serve(
         }
         let mut running = config.clone();
         let reader = reload::reader();
-        while signals.next().await == Signal::Reload {
+        let mut next = signals.next().await;
+        while next == Signal::Reload {
             notify(&[sd_notify::NotifyState::Reloading]);
-            running = reload::reload(
+            let reloading = reload::reload(
                 &running,
                 &reader,
                 handle,
                 &auth,
                 classifier.as_ref(),
                 enforceable,
-            )
-            .await;
-            notify(&[sd_notify::NotifyState::Ready]);
+            );
+            match unless_stopped(reloading, &mut signals).await {
+                During::Done {
+                    value,
+                    reload_again,
+                } => {
+                    running = value;
+                    notify(&[sd_notify::NotifyState::Ready]);
+                    next = if reload_again {
+                        Signal::Reload
+                    } else {
+                        signals.next().await
+                    };
+                }
+                During::Stopped => {
+                    info!("asked to stop during a reload: the reload is left unfinished");
+                    break;
+                }
+            }
         }
         notify(&[sd_notify::NotifyState::Stopping]);
         info!("stopping");
