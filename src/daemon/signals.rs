@@ -82,12 +82,14 @@ pub(super) async fn unless_stopped<T>(
     tokio::pin!(work);
     let mut reload_again = false;
     loop {
+        // Signals first: one that came by the time the work finished is not left for later.
         tokio::select! {
-            value = &mut work => return During::Done { value, reload_again },
+            biased;
             signal = signals.next() => match signal {
                 Signal::Stop => return During::Stopped,
                 Signal::Reload => reload_again = true,
             },
+            value = &mut work => return During::Done { value, reload_again },
         }
     }
 }
