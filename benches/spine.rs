@@ -19,7 +19,9 @@
 //!    whenever a task was created on the node (the baseline, the way before) and with the table
 //!    kept from the process events, in the same run. The node is filled up to
 //!    `LODGER_BENCH_NODE_PROCS` processes (default 500) with sleeping ones, since a rescan's
-//!    cost grows with them.
+//!    cost grows with them. Then an inference instance's move by affinity (a shell and its two
+//!    children) on the same node: its descendants from every process's parent read from /proc
+//!    on each pass (the baseline, before) and from its threads' children, in the same run.
 //! 4. lodgerd idle over 60 s: CPU time and RSS with 50 registered jobs (simulated enforcement on
 //!    the 64-CPU fixture topology, since this 2-CPU machine cannot host 50 placements) against the
 //!    same lodgerd with no job.
@@ -35,6 +37,9 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use lodger::cpuset::CpuSet;
+use lodger::enforce::instances::{
+    Identity, InstanceOutput, InstancePlacement, InstanceSettings, InstanceSpec, Instances,
+};
 use lodger::enforce::quiet::FULL_SWEEP_EVERY;
 use lodger::enforce::{EnforceSettings, Enforcer, JobRecord, PidPinning, TrainingClass};
 use lodger::job::{JobId, Target};
@@ -503,6 +508,64 @@ fn pid_job_sweep(by_last_pid: bool) -> Duration {
     cost / (TICKS * JOBS as u32)
 }
 
+/// Mean CPU time of one move by affinity of an inference instance (a shell and its two
+/// children) between the two CPUs: 40 moves. `from_proc`: the descendants found as before, from
+/// every process's parent read from /proc on each pass (the baseline).
+fn instance_move(from_proc: bool) -> Duration {
+    const MOVES: u32 = 40;
+    let mut inst = Instances::new(InstanceSettings {
+        parent: unique("lodger-bench-inst"),
+        placement: InstancePlacement::Affinity,
+        output: InstanceOutput::Null,
+        ..InstanceSettings::default()
+    })
+    .expect("instances");
+    inst.descendants_from_proc(from_proc);
+    let mut spec = InstanceSpec {
+        job: JobId::from_seq(1),
+        index: 0,
+        argv: ["/bin/sh", "-c", "sleep 1000 & sleep 1000 & wait"]
+            .map(String::from)
+            .to_vec(),
+        cpus: CpuSet::parse("0").expect("cpus"),
+        mems: CpuSet::new(),
+        threads: 1,
+        batch: 1,
+        offline: false,
+        identity: Identity {
+            uid: nix::unistd::getuid().as_raw(),
+            ..Identity::default()
+        },
+        memory_max: None,
+    };
+    inst.reconcile(std::slice::from_ref(&spec)).expect("start");
+    // Setup, not measured: the shell runs and has forked both sleeps.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let pid = inst.stats().first().and_then(|s| s.pid);
+        let children = pid.map_or(0, |p| {
+            std::fs::read_to_string(format!("/proc/{p}/task/{p}/children"))
+                .unwrap_or_default()
+                .split_whitespace()
+                .count()
+        });
+        if children == 2 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the instance did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut cost = Duration::ZERO;
+    for i in 0..MOVES {
+        spec.cpus = CpuSet::parse(if i % 2 == 0 { "1" } else { "0" }).expect("cpus");
+        let c0 = thread_cpu_time();
+        let out = inst.reconcile(std::slice::from_ref(&spec)).expect("move");
+        cost += thread_cpu_time() - c0;
+        assert_eq!(out.moved.len(), 1, "{out:?}");
+    }
+    cost / MOVES
+}
+
 fn descendants_on_a_busy_node() {
     let want = std::env::var("LODGER_BENCH_NODE_PROCS")
         .ok()
@@ -530,6 +593,13 @@ fn descendants_on_a_busy_node() {
         baseline.as_secs_f64() / events.as_secs_f64().max(1e-9),
         events.as_secs_f64() / quiet.as_secs_f64().max(1e-9),
         if events.as_secs_f64() <= 1.2 * quiet.as_secs_f64() { "met" } else { "MISSED" }
+    );
+    let (from_proc, walked) = (instance_move(true), instance_move(false));
+    println!(
+        "an inference instance's move by affinity (a shell and 2 children), {procs} processes on the node: {:.1} us with every process's parent read from /proc on each pass (baseline), {:.1} us walking its threads' children ({:.1}x less)",
+        us(from_proc),
+        us(walked),
+        from_proc.as_secs_f64() / walked.as_secs_f64().max(1e-9)
     );
 }
 

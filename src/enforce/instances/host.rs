@@ -2,8 +2,10 @@
 //! hierarchy (lodger's `<parent>/lodgers` subtree), moving and killing processes, removing
 //! cgroups, reading report pipes. Touches cgroupfs, /proc and signals.
 
+use std::collections::HashSet;
 use std::fs;
 use std::io::{self, Read};
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
@@ -29,6 +31,10 @@ use crate::sys::procfs::{ProcReader, ProcessTable};
 /// during the first, and only an instance forking from processes created during each pass needs
 /// more.
 const PIN_PASSES: usize = 4;
+/// How long after a move by affinity each poll walks the instance's tree again (see
+/// [`Host::repin`]): two ticks at the default 1-s interval. A walk costs the instance's own
+/// processes (tens of microseconds), not the node's.
+pub(super) const REPIN_FOR: Duration = Duration::from_secs(2);
 
 /// Everything that touches the node, apart from the slots.
 #[derive(Debug)]
@@ -44,7 +50,11 @@ pub(super) struct Host {
     /// The CPUs of the node (the cpuset hierarchy's root).
     pub(super) node: CpuSet,
     pub(super) reader: ProcReader,
+    /// Every process's parent, for an instance's descendants where the kernel does not list
+    /// children (see [`Host::pin_pass`]).
     pub(super) table: ProcessTable,
+    /// Whether the kernel lists each thread's children: asked at the first move by affinity.
+    pub(super) lists_children: Option<bool>,
     /// lodger's parent cgroup was created here (not by the training enforcer): remove it with the
     /// last instance.
     pub(super) created_parent: bool,
@@ -170,10 +180,11 @@ impl Host {
     }
 
     /// CPUs (and memory nodes) changed alone: move the running instance. Returns whether
-    /// anything was written.
+    /// anything was written. A move by affinity marks the slot for more walks of its tree at the
+    /// polls that follow ([`Slot::repin_until`]).
     pub(super) fn move_in_place(
         &mut self,
-        slot: &Slot,
+        slot: &mut Slot,
         spec: &InstanceSpec,
     ) -> Result<bool, InstanceError> {
         let key = slot.key();
@@ -196,8 +207,33 @@ impl Host {
                 if slot.spec.cpus == spec.cpus {
                     return Ok(false);
                 }
-                self.pin_tree(&key, run.pid, &spec.cpus)
+                let moved = self.pin_tree(&key, run.pid, &spec.cpus)?;
+                if moved {
+                    slot.repin_until = Some(Instant::now() + REPIN_FOR);
+                }
+                Ok(moved)
             }
+        }
+    }
+
+    /// The walks after a move by affinity ([`Slot::repin_until`]), at each poll for
+    /// [`REPIN_FOR`]: a process whose fork began before its parent moved has the old CPUs, and
+    /// is listed among its parent's children only once the fork is done, which on a loaded node
+    /// can be after every pass of the move. Nothing when the slot is not marked or no longer
+    /// runs.
+    pub(super) fn repin(&mut self, slot: &mut Slot, now: Instant) -> Result<(), InstanceError> {
+        match slot.repin_until {
+            Some(until) if now <= until => {}
+            _ => {
+                slot.repin_until = None;
+                return Ok(());
+            }
+        }
+        match &slot.run {
+            Some(run) => self
+                .pin_tree(&slot.key(), run.pid, &slot.spec.cpus)
+                .map(drop),
+            None => Ok(()),
         }
     }
 
@@ -240,19 +276,32 @@ impl Host {
         Ok(changed)
     }
 
-    /// One pass of [`Host::pin_tree`]: returns whether a thread moved.
+    /// One pass of [`Host::pin_tree`]: returns whether a thread moved. The tree is walked from
+    /// `pid` through each thread's children (`/proc/PID/task/TID/children`), each process's
+    /// threads moved before its children are read: the walk costs the instance's own processes,
+    /// where a read of every process's parent from /proc (the fall-back, on kernels that do not
+    /// list children) costs every process on the node, on each pass.
     fn pin_pass(
         &mut self,
         key: &InstanceKey,
         pid: u32,
         mask: &CpuMask,
     ) -> Result<bool, InstanceError> {
-        self.table.rescan(&mut self.reader)?;
+        let lists_children = *self
+            .lists_children
+            .get_or_insert_with(|| self.reader.lists_children());
         let mut pids = vec![pid];
-        self.table.descendants(&[pid], &mut pids);
+        if !lists_children {
+            self.table.rescan(&mut self.reader)?;
+            self.table.descendants(&[pid], &mut pids);
+        }
+        let mut seen: HashSet<u32> = pids.iter().copied().collect();
         let mut changed = false;
-        let mut tids = Vec::new();
-        for pid in pids {
+        let (mut tids, mut children) = (Vec::new(), Vec::new());
+        // `pids` grows as children are found (with the table, it holds the whole tree already).
+        let mut next = 0;
+        while let Some(&pid) = pids.get(next) {
+            next += 1;
             tids.clear();
             self.reader.threads(pid, &mut tids)?;
             for &tid in &tids {
@@ -266,6 +315,13 @@ impl Host {
                         })
                     }
                 }
+            }
+            if lists_children {
+                children.clear();
+                for &tid in &tids {
+                    self.reader.children(pid, tid, &mut children)?;
+                }
+                pids.extend(children.iter().filter(|c| seen.insert(**c)));
             }
         }
         Ok(changed)
@@ -512,5 +568,53 @@ impl Host {
                 Err(e) => errors.push(e.into()),
             }
         }
+    }
+}
+
+/// The host as [`Instances`](super::Instances)' callers see it: how instances are placed, where
+/// their cgroups are.
+impl super::Instances {
+    pub fn placement(&self) -> PinMethod {
+        self.host.placement
+    }
+
+    /// The cgroup2 directory affinity-placed instances join before exec, if any (see
+    /// [`InstanceSettings::start_cgroup`]).
+    pub fn start_cgroup(&self) -> Option<&Path> {
+        self.host.settings.start_cgroup.as_deref()
+    }
+
+    pub fn cgroup_version(&self) -> CgroupVersion {
+        self.host.version
+    }
+
+    /// The directory of an instance cgroup named in [`InstanceStats::cgroup`](super::InstanceStats::cgroup).
+    pub fn cgroup_dir(&self, cgroup: &str) -> PathBuf {
+        self.host.cpusets.dir(cgroup)
+    }
+
+    pub fn settings(&self) -> &InstanceSettings {
+        &self.host.settings
+    }
+
+    /// The cgroup (v2, from the hierarchy's root) of the instance unit named in
+    /// [`InstanceStats::unit`](super::InstanceStats::unit).
+    pub fn unit_cgroup(&self, unit: &str) -> String {
+        format!("{}/{unit}", self.host.slices.cgroup().display())
+    }
+
+    /// Affinity placement: instances started from now on join the cgroup2 directory `dir`
+    /// before exec ([`InstanceSettings::start_cgroup`]). No effect with cgroup placement, where
+    /// each instance has its own cgroup from the start.
+    pub fn start_in_cgroup(&mut self, dir: PathBuf) {
+        self.host.settings.start_cgroup = Some(dir);
+    }
+
+    /// For the spine benchmark's baseline only: with `true`, a move by affinity finds an
+    /// instance's descendants as before, from every process's parent read from /proc on each
+    /// pass, rather than from each thread's children.
+    #[doc(hidden)]
+    pub fn descendants_from_proc(&mut self, on: bool) {
+        self.host.lists_children = if on { Some(false) } else { None };
     }
 }

@@ -174,6 +174,8 @@ pub(super) struct Slot {
     /// a unit, whose count is the slice's).
     pub(super) oom_seen: Option<u64>,
     pub(super) oom_kills: u32,
+    /// Moved by affinity: its tree is walked again at each poll until then (`Host::repin`).
+    pub(super) repin_until: Option<Instant>,
 }
 
 impl Slot {
@@ -194,6 +196,7 @@ impl Slot {
             memory_max: None,
             oom_seen: None,
             oom_kills: 0,
+            repin_until: None,
         }
     }
 
@@ -348,6 +351,7 @@ impl Instances {
                 node,
                 reader,
                 table: ProcessTable::default(),
+                lists_children: None,
                 created_parent: false,
                 pending_removal: Vec::new(),
                 memory,
@@ -359,42 +363,6 @@ impl Instances {
             left_running: false,
         })
         .inspect(|i| i.host.log_memory())
-    }
-
-    pub fn placement(&self) -> PinMethod {
-        self.host.placement
-    }
-
-    /// The cgroup2 directory affinity-placed instances join before exec, if any (see
-    /// [`InstanceSettings::start_cgroup`]).
-    pub fn start_cgroup(&self) -> Option<&Path> {
-        self.host.settings.start_cgroup.as_deref()
-    }
-
-    pub fn cgroup_version(&self) -> CgroupVersion {
-        self.host.version
-    }
-
-    /// The directory of an instance cgroup named in [`InstanceStats::cgroup`].
-    pub fn cgroup_dir(&self, cgroup: &str) -> PathBuf {
-        self.host.cpusets.dir(cgroup)
-    }
-
-    pub fn settings(&self) -> &InstanceSettings {
-        &self.host.settings
-    }
-
-    /// The cgroup (v2, from the hierarchy's root) of the instance unit named in
-    /// [`InstanceStats::unit`].
-    pub fn unit_cgroup(&self, unit: &str) -> String {
-        format!("{}/{unit}", self.host.slices.cgroup().display())
-    }
-
-    /// Affinity placement: instances started from now on join the cgroup2 directory `dir`
-    /// before exec ([`InstanceSettings::start_cgroup`]). No effect with cgroup placement, where
-    /// each instance has its own cgroup from the start.
-    pub fn start_in_cgroup(&mut self, dir: PathBuf) {
-        self.host.settings.start_cgroup = Some(dir);
     }
 
     /// Makes the running instances match `desired` (all instances of all jobs): starts missing
@@ -600,6 +568,9 @@ impl Instances {
                         if slot.run.as_ref().is_some_and(|r| r.unit.is_some()) {
                             // A running unit's baseline follows the slice's count.
                             slot.oom_seen = slice_ooms;
+                        }
+                        if let Err(e) = self.host.repin(slot, now) {
+                            out.errors.push(e);
                         }
                         let free = matches!(&slot.state, SlotState::Moving { to } if !must_wait(to, &held));
                         if free {
