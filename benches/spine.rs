@@ -543,13 +543,7 @@ fn instance_move(from_proc: bool) -> Duration {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let pid = inst.stats().first().and_then(|s| s.pid);
-        let children = pid.map_or(0, |p| {
-            std::fs::read_to_string(format!("/proc/{p}/task/{p}/children"))
-                .unwrap_or_default()
-                .split_whitespace()
-                .count()
-        });
-        if children == 2 {
+        if pid.is_some_and(|p| children(p).len() == 2) {
             break;
         }
         assert!(Instant::now() < deadline, "the instance did not start");

@@ -110,6 +110,16 @@ pub fn sched_of(tid: u32) -> Option<(i32, i32)> {
     Some((policy, param.sched_priority))
 }
 
+/// The children of process `pid`'s main thread (`/proc/PID/task/PID/children`); none when it
+/// is gone.
+pub fn children(pid: u32) -> Vec<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|c| c.parse().ok())
+        .collect()
+}
+
 /// `Cpus_allowed_list` of a thread.
 pub fn cpus_allowed(pid: u32, tid: u32) -> Option<String> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status")).ok()?;

@@ -195,9 +195,7 @@ fn affinity_placement_pins_moves_and_sweeps_without_cgroups() {
         let sh = inst.stats()[0].pid.expect("pid");
         let mut child = None;
         wait_until(WAIT, "the wrapped worker to start", || {
-            child = std::fs::read_to_string(format!("/proc/{sh}/task/{sh}/children"))
-                .ok()
-                .and_then(|t| t.split_whitespace().next()?.parse::<u32>().ok());
+            child = children(sh).first().copied();
             child.is_some()
         });
         tx.send((sh, child.expect("child"))).expect("send");

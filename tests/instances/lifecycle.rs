@@ -352,8 +352,7 @@ fn an_online_instance_waits_for_a_stopping_instance_to_leave_its_cpus() {
         s.iter()
             .find(|x| x.job == job(j) && x.index == i)
             .and_then(|x| x.pid)
-            .and_then(|p| std::fs::read_to_string(format!("/proc/{p}/task/{p}/children")).ok())
-            .is_some_and(|c| !c.trim().is_empty())
+            .is_some_and(|p| !children(p).is_empty())
     };
     let find = |s: &[InstanceStats], j: &str, i: u32| {
         s.iter().find(|x| x.job == job(j) && x.index == i).cloned()
@@ -455,10 +454,7 @@ fn an_online_instance_moved_in_place_waits_for_a_stopping_instance_to_leave_its_
     let stats = f.poll_until("both running, j10-0 ignoring SIGTERM", |s| {
         s.len() == 2
             && s.iter().all(|x| x.state == InstanceState::Running)
-            && s[0].pid.is_some_and(|p| {
-                std::fs::read_to_string(format!("/proc/{p}/task/{p}/children"))
-                    .is_ok_and(|c| !c.trim().is_empty())
-            })
+            && s[0].pid.is_some_and(|p| !children(p).is_empty())
     });
     let pid = pid_of(&stats, "j10", 1);
     // Every thread of the moved instance is allowed exactly `cpus`.
@@ -537,9 +533,7 @@ fn a_process_a_move_by_affinity_left_behind_is_moved_at_the_next_poll() {
     let sh = pid_of(&stats, "j15", 0);
     let mut child = None;
     wait_until(WAIT, "the shell's child", || {
-        child = std::fs::read_to_string(format!("/proc/{sh}/task/{sh}/children"))
-            .ok()
-            .and_then(|c| c.split_whitespace().next()?.parse::<u32>().ok());
+        child = children(sh).first().copied();
         child.is_some()
     });
     let child = child.expect("child");
@@ -589,14 +583,7 @@ fn a_move_by_affinity_reaches_processes_forked_while_it_is_made() {
         let mut all = vec![sh];
         let mut i = 0;
         while i < all.len() {
-            let p = all[i];
-            let children = std::fs::read_to_string(format!("/proc/{p}/task/{p}/children"));
-            all.extend(
-                children
-                    .unwrap_or_default()
-                    .split_whitespace()
-                    .filter_map(|c| c.parse::<u32>().ok()),
-            );
+            all.extend(children(all[i]));
             i += 1;
         }
         all.into_iter()
