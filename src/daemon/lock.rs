@@ -128,15 +128,30 @@ fn lock_waiting(state_dir: &Path, wait: Duration) -> Result<StateLock, LockError
     Ok(StateLock { _file: file })
 }
 
-/// Whether a process `pid` exists (a zombie counts: its parent has yet to reap it).
+/// Whether `pid` is a lodgerd that runs: a process that exists (a zombie counts: its parent has
+/// yet to reap it) running the program this one runs. A pid the kernel gave to another program
+/// since the lodgerd that wrote it ended is not one; a process whose program cannot be read
+/// (a zombie, another user's without the right) counts as one.
 fn running(pid: u32) -> bool {
     let Ok(raw) = i32::try_from(pid) else {
         return false;
     };
-    !matches!(
+    if matches!(
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(raw), None),
         Err(nix::errno::Errno::ESRCH)
-    )
+    ) {
+        return false;
+    }
+    // The file name alone: an upgraded lodgerd's predecessor runs a deleted file.
+    let program = |who: &str| {
+        let target = std::fs::read_link(Path::new("/proc").join(who).join("exe")).ok()?;
+        let name = target.file_name()?.to_string_lossy().into_owned();
+        Some(name.trim_end_matches(" (deleted)").to_string())
+    };
+    match (program(&pid.to_string()), program("self")) {
+        (Some(theirs), Some(ours)) => theirs == ours,
+        _ => true,
+    }
 }
 
 /// The processes with `path` open, as "pid N (comm)", for the message.
@@ -199,12 +214,42 @@ mod tests {
             .expect("spawn true");
         let gone = ended.id();
         ended.wait().expect("wait for true");
+        (held_naming(state, gone), gone)
+    }
+
+    /// The lock of `state` held by this process through another open file description, with
+    /// `pid` written in it.
+    fn held_naming(state: &Path, pid: u32) -> Flock<File> {
         std::fs::create_dir_all(state).expect("state dir");
         let path = state.join(LOCK_FILE);
-        std::fs::write(&path, format!("{gone}\n")).expect("write the lock file");
+        std::fs::write(&path, format!("{pid}\n")).expect("write the lock file");
         let file = File::open(&path).expect("open the lock file");
-        let held = Flock::lock(file, FlockArg::LockExclusiveNonblock).expect("take the lock");
-        (held, gone)
+        Flock::lock(file, FlockArg::LockExclusiveNonblock).expect("take the lock")
+    }
+
+    /// A lock naming a pid that another program now has (the kernel reused the pid of the
+    /// lodgerd that wrote it) is an orphaned lock, not another lodgerd: waited for, then refused
+    /// naming who holds it.
+    #[test]
+    fn a_lock_naming_a_pid_another_program_now_has_is_not_another_lodgerd() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let state = dir.path().join("state");
+        let mut other = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("spawn sleep");
+        let _held = held_naming(&state, other.id());
+        let taken = lock_waiting(&state, Duration::from_millis(50));
+        let _ = other.kill();
+        let _ = other.wait();
+        let err = match taken {
+            Ok(_) => panic!("locked a directory whose lock is held"),
+            Err(e) => e,
+        };
+        assert!(
+            matches!(&err, LockError::Orphaned { holder, .. } if *holder == other.id()),
+            "{err:?}"
+        );
     }
 
     /// A lock whose lodgerd has ended is waited for (a process it forked holds it until its
