@@ -339,6 +339,12 @@ impl Quiet {
         Ok(&self.table)
     }
 
+    /// Whether [`Quiet::table`] at `now` would use the table kept in step by the events rather
+    /// than read /proc in full first (see [`Quiet::table_fresh`]). False without events.
+    pub(crate) fn table_is_fresh(&self, now: Instant) -> bool {
+        self.events.is_some() && !self.keyed && self.table_fresh(now)
+    }
+
     /// Whether the table, kept in step by the events, may be used at `now` without reading /proc
     /// in full: read less than [`FULL_SWEEP_EVERY`] ago, and fewer than [`MAX_UNSETTLED`]
     /// processes waiting to be read again.

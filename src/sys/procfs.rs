@@ -208,6 +208,35 @@ impl ProcReader {
         }
     }
 
+    /// Appends to `out` every descendant of the processes in `roots` that is not already in
+    /// `out` (`out` may hold the roots themselves), walked through each of their threads'
+    /// [`children`](Self::children): what [`ProcessTable::descendants`] finds, read from the
+    /// kernel as it is now at a cost of the tree's own threads, not the node's processes. A child
+    /// the kernel gave to another thread of its process, or to a subreaper in the tree, is
+    /// listed there; one whose fork is under way is not yet.
+    pub fn descendants(&mut self, roots: &[u32], out: &mut Vec<u32>) -> Result<(), ProcError> {
+        let mut seen: HashSet<u32> = out.iter().chain(roots).copied().collect();
+        let mut stack = roots.to_vec();
+        let (mut tids, mut kids) = (Vec::new(), Vec::new());
+        while let Some(pid) = stack.pop() {
+            tids.clear();
+            if !self.threads(pid, &mut tids)? {
+                continue;
+            }
+            kids.clear();
+            for &tid in &tids {
+                self.children(pid, tid, &mut kids)?;
+            }
+            for &kid in &kids {
+                if seen.insert(kid) {
+                    out.push(kid);
+                    stack.push(kid);
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// How many threads `pid` has, from the link count of `/proc/PID/task` (the kernel counts
     /// each thread as a link of that directory, beside `.` and `..`): one `stat`, where listing
     /// the directory makes an entry for every thread (issue 21). `None`: the process is gone.

@@ -117,6 +117,10 @@ struct Scratch {
     cgroups: Vec<String>,
     roles: roles::ThreadRoles,
     quiet: quiet::Quiet,
+    /// Where the kernel lists each thread's children: a pid job's descendants are walked through
+    /// them when `quiet`'s process table would have to be read from /proc in full first (see
+    /// `descendants`).
+    walk_children: bool,
 }
 
 /// Enforces training jobs' placements and SCHED_RR. One per lodgerd; `Send` and `Sync`.
@@ -169,8 +173,11 @@ impl Enforcer {
             }
         }
         let rt_groups = RtGroups::new(&settings.cgroup_root);
+        let mut reader = ProcReader::new(&settings.proc_root);
+        let walk_children = reader.lists_children();
         let scratch = Scratch {
-            reader: ProcReader::new(&settings.proc_root),
+            walk_children,
+            reader,
             began: std::time::Instant::now(),
             tids: Vec::new(),
             in_cgroup: Vec::new(),
@@ -378,7 +385,18 @@ impl Enforcer {
     /// task was created on the node since the last.
     #[doc(hidden)]
     pub fn descendants_by_last_pid(&self, on: bool) {
-        self.scratch().quiet.keep_table_by_last_pid(on);
+        let mut s = self.scratch();
+        s.quiet.keep_table_by_last_pid(on);
+        s.walk_children = !on && s.reader.lists_children();
+    }
+
+    /// For the spine benchmark's baseline only: with `true`, pid jobs' descendants always come
+    /// from the process table, read from /proc in full when it is not fresh, as before the
+    /// walk, even where the kernel lists each thread's children.
+    #[doc(hidden)]
+    pub fn descendants_from_table(&self, on: bool) {
+        let mut s = self.scratch();
+        s.walk_children = !on && s.reader.lists_children();
     }
 
     /// Whether applies skip the jobs nothing happened to (the kernel's process events are read).
@@ -503,8 +521,23 @@ fn within(current: &CpuSet, limit: &CpuSet) -> Option<CpuSet> {
 
 /// Appends to `out` the descendants of `known` not in it yet, from the process table as it is
 /// now (`quiet::Quiet::table`: kept in step by the process events where they are read, else
-/// /proc read again whenever a task was created on the node since the last read).
-fn descendants(s: &mut Scratch, known: &[u32], out: &mut Vec<u32>) -> Result<(), EnforceError> {
+/// /proc read again whenever a task was created on the node since the last read). Where the
+/// table would first have to be read from /proc in full (never read, or not fresh: a
+/// registration after a quiet spell, when no sweep has used the table for
+/// `quiet::FULL_SWEEP_EVERY`) for a one-off look (`once`: a job's first apply, its release)
+/// and the kernel lists each thread's children, the job's tree is walked instead
+/// (`ProcReader::descendants`): its own threads read, not every process of the node. The
+/// sweeps of a job pinned by affinity, which look every time, keep using the table (and so
+/// keep it fresh).
+fn descendants(
+    s: &mut Scratch,
+    known: &[u32],
+    out: &mut Vec<u32>,
+    once: bool,
+) -> Result<(), EnforceError> {
+    if once && s.walk_children && !s.quiet.table_is_fresh(s.began) {
+        return Ok(s.reader.descendants(known, out)?);
+    }
     let table = s.quiet.table(&mut s.reader, s.began)?;
     table.descendants(known, out);
     Ok(())

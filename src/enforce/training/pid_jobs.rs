@@ -127,7 +127,9 @@ impl Enforcer {
         if scan && !members.is_empty() {
             let known: Vec<u32> = members.iter().map(|(p, _)| *p).collect();
             let mut found = Vec::new();
-            descendants(s, &known, &mut found)?;
+            // A sweep of a job pinned by affinity looks every time; the rest are one-off looks.
+            let once = first || rec.pinning != PinMethod::Affinity;
+            descendants(s, &known, &mut found, once)?;
             for pid in found {
                 if let Some(st) = s.reader.stat(pid)? {
                     if st.running {
@@ -324,7 +326,7 @@ impl Enforcer {
         if !members.is_empty() {
             s.began = std::time::Instant::now();
             let known = members.clone();
-            if let Err(e) = descendants(s, &known, &mut members) {
+            if let Err(e) = descendants(s, &known, &mut members, true) {
                 errors.push(e);
             }
         }

@@ -227,6 +227,9 @@ fn a_pid_jobs_descendants_come_from_events_not_from_reading_proc_again() {
         return;
     }
     let e = pinned_by_affinity("table", true);
+    // The table from the first apply on, as where the kernel lists no thread's children (a
+    // first look walks the job's tree where it does: tested below).
+    e.descendants_from_table(true);
     let mut w = Workload::start(2);
     let target = Target::Pids(vec![w.pid]);
     let mut record = JobRecord::default();
@@ -325,6 +328,7 @@ fn a_child_that_execs_from_another_thread_stays_the_jobs() {
         return;
     }
     let e = pinned_by_affinity("execthread", true);
+    e.descendants_from_table(true);
     let mut w = Workload::start(1);
     let target = Target::Pids(vec![w.pid]);
     let mut record = JobRecord::default();
@@ -343,4 +347,46 @@ fn a_child_that_execs_from_another_thread_stays_the_jobs() {
     assert_eq!(e.scratch().quiet.rescans(), 1, "/proc read again");
     e.release(&job(61), &target, &record).expect("release");
     assert_threads(&[w.pid, child], None, &unpinned());
+}
+
+/// A pid job's first apply (its registration) on a node whose process table is not fresh walks
+/// the job's own tree where the kernel lists each thread's children, instead of reading every
+/// process of the node from /proc first; the sweeps after it (pinned by affinity, they look
+/// every time) use the table, read once.
+#[test]
+fn a_pid_jobs_first_look_walks_its_tree_instead_of_reading_proc() {
+    use crate::enforce::quiet::DRAIN_EVERY;
+    const TEST: &str = "a_pid_jobs_first_look_walks_its_tree_instead_of_reading_proc";
+    if !need_root(TEST) {
+        return;
+    }
+    let e = pinned_by_affinity("firstlook", true);
+    if !e.scratch().reader.lists_children() {
+        crate::privileged::not_applicable(
+            TEST,
+            "this kernel lists no thread's children (CONFIG_PROC_CHILDREN)",
+        );
+        return;
+    }
+    let mut w = Workload::start(2);
+    let wide = w.spawn_wide_child();
+    let target = Target::Pids(vec![w.pid]);
+    let mut record = JobRecord::default();
+    let cpus = set("0");
+    let first = e
+        .apply(&job(63), &target, &cpus, &CpuSet::new(), &mut record)
+        .expect("apply");
+    assert!(first.pids.contains(&wide), "{first:?}");
+    assert_threads(&[w.pid, wide], Some(7), "0");
+    let rescans = || e.scratch().quiet.rescans();
+    assert_eq!(rescans(), 0, "the first apply read /proc in full");
+    let orphan = w.spawn_orphan();
+    std::thread::sleep(DRAIN_EVERY);
+    let out = e
+        .apply(&job(63), &target, &cpus, &CpuSet::new(), &mut record)
+        .expect("apply");
+    assert!(out.pids.contains(&orphan), "{out:?}");
+    assert_eq!(rescans(), 1, "the sweep after it reads the table once");
+    e.release(&job(63), &target, &record).expect("release");
+    assert_threads(&[w.pid, wide, orphan], None, &unpinned());
 }
