@@ -456,20 +456,26 @@ fn processes_on_the_node() -> usize {
         .unwrap_or(0)
 }
 
+/// An enforcer that pins pid jobs by affinity, SCHED_RR without thread roles, reading the
+/// kernel's process events, under a parent cgroup named from `prefix`.
+fn affinity_enforcer(prefix: &str) -> Enforcer {
+    Enforcer::new(EnforceSettings {
+        parent: unique(prefix),
+        pid_jobs: PidPinning::Affinity,
+        class: TrainingClass::Rr { roles: false },
+        process_events: true,
+        ..EnforceSettings::default()
+    })
+    .expect("enforcer")
+}
+
 /// Mean CPU time of one apply of a pid job pinned by affinity that sweeps it: 4 jobs, each a
 /// shell forking a `sleep` every 50 ms, applied every 100 ms for 3 s. `by_last_pid`: the
 /// descendants found as before issue 21 item 2 (the baseline).
 fn pid_job_sweep(by_last_pid: bool) -> Duration {
     const JOBS: usize = 4;
     const TICKS: u32 = 30;
-    let enforcer = Enforcer::new(EnforceSettings {
-        parent: unique("lodger-bench"),
-        pid_jobs: PidPinning::Affinity,
-        class: TrainingClass::Rr { roles: false },
-        process_events: true,
-        ..EnforceSettings::default()
-    })
-    .expect("enforcer");
+    let enforcer = affinity_enforcer("lodger-bench");
     assert!(enforcer.event_driven(), "process events unavailable");
     enforcer.descendants_by_last_pid(by_last_pid);
     // The table for every apply, the first included (which would otherwise walk the job's
@@ -578,14 +584,7 @@ fn first_apply(from_table: bool) -> Duration {
     let cpus = CpuSet::parse("1").expect("cpus");
     let mut cost = Duration::ZERO;
     for i in 0..SAMPLES {
-        let enforcer = Enforcer::new(EnforceSettings {
-            parent: unique("lodger-bench-first"),
-            pid_jobs: PidPinning::Affinity,
-            class: TrainingClass::Rr { roles: false },
-            process_events: true,
-            ..EnforceSettings::default()
-        })
-        .expect("enforcer");
+        let enforcer = affinity_enforcer("lodger-bench-first");
         enforcer.descendants_from_table(from_table);
         let (id, target) = (
             JobId::from_seq(u64::from(i) + 1),
