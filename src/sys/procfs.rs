@@ -215,6 +215,19 @@ impl ProcReader {
     /// the kernel gave to another thread of its process, or to a subreaper in the tree, is
     /// listed there; one whose fork is under way is not yet.
     pub fn descendants(&mut self, roots: &[u32], out: &mut Vec<u32>) -> Result<(), ProcError> {
+        self.walk_tree(roots, out, |_, _| Ok::<(), ProcError>(()))
+    }
+
+    /// [`Self::descendants`], calling `visit` with each process of the trees (the roots
+    /// included) and its threads before its children are read: a move pins a process's threads
+    /// there, so a child forked after that is born on the new CPUs, and each thread is listed
+    /// once.
+    pub fn walk_tree<E: From<ProcError>>(
+        &mut self,
+        roots: &[u32],
+        out: &mut Vec<u32>,
+        mut visit: impl FnMut(u32, &[u32]) -> Result<(), E>,
+    ) -> Result<(), E> {
         let mut seen: HashSet<u32> = out.iter().chain(roots).copied().collect();
         let mut stack = roots.to_vec();
         let (mut tids, mut kids) = (Vec::new(), Vec::new());
@@ -223,6 +236,7 @@ impl ProcReader {
             if !self.threads(pid, &mut tids)? {
                 continue;
             }
+            visit(pid, &tids)?;
             kids.clear();
             for &tid in &tids {
                 self.children(pid, tid, &mut kids)?;

@@ -2,7 +2,6 @@
 //! hierarchy (lodger's `<parent>/lodgers` subtree), moving and killing processes, removing
 //! cgroups, reading report pipes. Touches cgroupfs, /proc and signals.
 
-use std::collections::HashSet;
 use std::fs;
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
@@ -53,8 +52,8 @@ pub(super) struct Host {
     /// Every process's parent, for an instance's descendants where the kernel does not list
     /// children (see [`Host::pin_pass`]).
     pub(super) table: ProcessTable,
-    /// Whether the kernel lists each thread's children: asked at the first move by affinity.
-    pub(super) lists_children: Option<bool>,
+    /// Whether the kernel lists each thread's children (`ProcReader::lists_children`).
+    pub(super) lists_children: bool,
     /// lodger's parent cgroup was created here (not by the training enforcer): remove it with the
     /// last instance.
     pub(super) created_parent: bool,
@@ -276,35 +275,20 @@ impl Host {
         Ok(changed)
     }
 
-    /// One pass of [`Host::pin_tree`]: returns whether a thread moved. The tree is walked from
-    /// `pid` through each thread's children (`/proc/PID/task/TID/children`), each process's
-    /// threads moved before its children are read: the walk costs the instance's own processes,
-    /// where a read of every process's parent from /proc (the fall-back, on kernels that do not
-    /// list children) costs every process on the node, on each pass.
+    /// One pass of [`Host::pin_tree`]: returns whether a thread moved. The instance's tree is
+    /// walked through its threads' children (`ProcReader::walk_tree`), each process's threads
+    /// moved before its children are read: the instance's own processes read, where the
+    /// fall-back, on kernels that do not list children, reads every process's parent from /proc,
+    /// on each pass.
     fn pin_pass(
         &mut self,
         key: &InstanceKey,
         pid: u32,
         mask: &CpuMask,
     ) -> Result<bool, InstanceError> {
-        let lists_children = *self
-            .lists_children
-            .get_or_insert_with(|| self.reader.lists_children());
-        let mut pids = vec![pid];
-        if !lists_children {
-            self.table.rescan(&mut self.reader)?;
-            self.table.descendants(&[pid], &mut pids);
-        }
-        let mut seen: HashSet<u32> = pids.iter().copied().collect();
         let mut changed = false;
-        let (mut tids, mut children) = (Vec::new(), Vec::new());
-        // `pids` grows as children are found (with the table, it holds the whole tree already).
-        let mut next = 0;
-        while let Some(&pid) = pids.get(next) {
-            next += 1;
-            tids.clear();
-            self.reader.threads(pid, &mut tids)?;
-            for &tid in &tids {
+        let mut pin = |_: u32, tids: &[u32]| -> Result<(), InstanceError> {
+            for &tid in tids {
                 match sched::ensure_affinity(tid, mask) {
                     Ok(AffinityState::Changed) => changed = true,
                     Ok(_) => {}
@@ -316,13 +300,20 @@ impl Host {
                     }
                 }
             }
-            if lists_children {
-                children.clear();
-                for &tid in &tids {
-                    self.reader.children(pid, tid, &mut children)?;
-                }
-                pids.extend(children.iter().filter(|c| seen.insert(**c)));
-            }
+            Ok(())
+        };
+        if self.lists_children {
+            self.reader.walk_tree(&[pid], &mut Vec::new(), pin)?;
+            return Ok(changed);
+        }
+        self.table.rescan(&mut self.reader)?;
+        let mut pids = vec![pid];
+        self.table.descendants(&[pid], &mut pids);
+        let mut tids = Vec::new();
+        for pid in pids {
+            tids.clear();
+            self.reader.threads(pid, &mut tids)?;
+            pin(pid, &tids)?;
         }
         Ok(changed)
     }
@@ -615,6 +606,6 @@ impl super::Instances {
     /// pass, rather than from each thread's children.
     #[doc(hidden)]
     pub fn descendants_from_proc(&mut self, on: bool) {
-        self.host.lists_children = if on { Some(false) } else { None };
+        self.host.lists_children = !on && self.host.reader.lists_children();
     }
 }

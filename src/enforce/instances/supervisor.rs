@@ -340,7 +340,8 @@ impl Instances {
                 PinMethod::Affinity => String::new(),
             }
         );
-        let reader = ProcReader::new(&settings.proc_root);
+        let mut reader = ProcReader::new(&settings.proc_root);
+        let lists_children = reader.lists_children();
         Ok(Instances {
             host: Host {
                 version,
@@ -351,7 +352,7 @@ impl Instances {
                 node,
                 reader,
                 table: ProcessTable::default(),
-                lists_children: None,
+                lists_children,
                 created_parent: false,
                 pending_removal: Vec::new(),
                 memory,
