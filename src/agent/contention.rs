@@ -141,6 +141,7 @@ impl Contention {
                 let m = obs.jobs.get(&s.job.id);
                 let mut o = JobObservation::new(s.job.id.clone(), role, cores);
                 o.membw_bytes_per_s = m.and_then(|m| m.membw_bytes_per_s);
+                o.membw_domains = m.map(|m| m.membw_domains.clone()).unwrap_or_default();
                 o.progress = m.and_then(|m| m.gpu_percent);
                 if role == Role::Training {
                     // Its own cgroup's memory stalls where it has one (v2), else the node's.

@@ -660,3 +660,75 @@ fn an_mba_group_that_cannot_be_made_is_throttled_by_halving() {
         "{text}"
     );
 }
+
+/// On AMD, MB values are absolute (1/8 GB/s per L3 domain) and the default group's 2048 is no
+/// limit: the first step counts down from what the lodgers used in their busiest domain (their
+/// jobs' MBM per domain, as sensing gives it), so it bites at once; a restart keeps the base.
+#[test]
+fn contention_on_an_amd_tree_counts_down_from_what_the_lodgers_used() {
+    use crate::sys::resctrlfs::{CpuVendor, MbaCaps};
+    const GIB: f64 = (1u64 << 30) as f64;
+    let resctrl = crate::testutil::copy_of(&crate::testutil::resctrl_fixture("amd"));
+    let schemata = resctrl.path().join("lodger-lodgers/schemata");
+    std::fs::write(&schemata, "MB:0=2048;1=2048;2=2048;3=2048\n").unwrap();
+    std::fs::write(resctrl.path().join("lodger-lodgers/tasks"), "").unwrap();
+    let caps = MbaCaps::read(resctrl.path(), &CpuVendor::Amd).unwrap();
+
+    let rig = Rig::new();
+    rig.spawn(100);
+    std::fs::create_dir_all(rig.proc_root.path().join("300/task/300")).unwrap();
+    let mut agent = rig
+        .builder()
+        .mba(MbaTarget::new(resctrl.path().to_path_buf(), caps.clone()))
+        .start()
+        .unwrap();
+    let train = agent.register(spec(vec![100], 2), 0).unwrap();
+    let lodger = insert_lodger(&mut agent, &train.id, |job| job.pids = vec![300]);
+    let pass = |agent: &mut Agent, ms: u64, fraction: f64| {
+        let mut obs = Observations {
+            unix_ms: ms,
+            ..Observations::default()
+        };
+        obs.node.membw_bytes_per_s = Some(fraction * 100e9);
+        obs.node.membw_fraction_of_peak = Some(fraction);
+        obs.jobs.insert(
+            lodger.clone(),
+            crate::sense::JobMetrics {
+                membw_bytes_per_s: Some(24.0 * GIB),
+                membw_domains: [(0, 20.0 * GIB), (1, 4.0 * GIB)].into_iter().collect(),
+                ..Default::default()
+            },
+        );
+        agent.observations = std::sync::Arc::new(obs);
+        agent.tick();
+    };
+    let mb = || std::fs::read_to_string(&schemata).unwrap();
+    pass(&mut agent, 1000, 0.95);
+    pass(&mut agent, 1001, 0.95);
+    // 20 GiB/s is 160 eighths; one step of 10 %: 144 in every domain. Counted from 2048 it
+    // would have been 1844 (230 GB/s), more than any CCX uses.
+    assert_eq!(mb().trim(), "MB:0=144;1=144;2=144;3=144");
+    assert!(agent.state.jobs[&lodger]
+        .job
+        .throttle
+        .as_deref()
+        .is_some_and(|t| t.contains("MB:3=144")
+            && t.contains("from the 20.0 GB/s it used in its busiest L3 domain")));
+    // A restart holds the step where it was, counted from the same base.
+    agent.shutdown();
+    drop(agent);
+    let mut agent = rig
+        .builder()
+        .mba(MbaTarget::new(resctrl.path().to_path_buf(), caps))
+        .start()
+        .unwrap();
+    agent.tick();
+    assert_eq!(mb().trim(), "MB:0=144;1=144;2=144;3=144");
+    pass(&mut agent, 1002, 0.95);
+    pass(&mut agent, 1003, 0.95);
+    assert_eq!(mb().trim(), "MB:0=128;1=128;2=128;3=128", "80 % of 160");
+    for i in 0..60u64 {
+        pass(&mut agent, 2000 + i, 0.3);
+    }
+    assert_eq!(mb().trim(), "MB:0=2048;1=2048;2=2048;3=2048");
+}

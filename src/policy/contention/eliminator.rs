@@ -62,6 +62,9 @@ pub struct ContentionEliminator {
     pub(super) calm_needed: u32,
     last_give_back: Option<u64>,
     pub(super) mba_levels: BTreeMap<MbaGroup, BTreeMap<u32, u32>>,
+    /// Where each group's steps count down from per domain, while it has a step there (AMD:
+    /// what it used at its first step, [`MbaLadder::base_for`]; absent: the unthrottled value).
+    pub(super) mba_bases: BTreeMap<MbaGroup, BTreeMap<u32, u32>>,
     pub(super) cuts: BTreeMap<JobId, CoreCut>,
     pub(super) steps: Vec<Step>,
     pub(super) learners: BTreeMap<JobId, Learner>,
@@ -95,6 +98,7 @@ impl ContentionEliminator {
             calm_needed,
             last_give_back: None,
             mba_levels: BTreeMap::new(),
+            mba_bases: BTreeMap::new(),
             cuts: BTreeMap::new(),
             steps: Vec::new(),
             learners: BTreeMap::new(),
@@ -173,7 +177,7 @@ impl ContentionEliminator {
                     .domains()
                     .map(|d| {
                         let level = levels.get(&d).copied().unwrap_or(0);
-                        (d, ladder.value(d, level))
+                        (d, self.mba_value(ladder, group, d, level))
                     })
                     .collect();
                 t.mba.insert(group, values);
@@ -418,43 +422,6 @@ impl ContentionEliminator {
             .retain(|s| !matches!(s, Step::Cores { job } if !cuts.contains_key(job)));
     }
 
-    /// A job that joins a throttled MBA group is throttled with it: say so.
-    fn notice_joiners(&mut self, tick: &Tick<'_>, actions: &mut Vec<ThrottleAction>) {
-        for group in MbaGroup::ALL {
-            let now: BTreeSet<JobId> = tick
-                .jobs
-                .values()
-                .filter(|j| j.role.mba_group() == Some(group))
-                .map(|j| j.id.clone())
-                .collect();
-            let before = self.members.insert(group, now.clone()).unwrap_or_default();
-            let Some(ladder) = &self.ladder else {
-                continue;
-            };
-            let Some(levels) = self.mba_levels.get(&group) else {
-                continue;
-            };
-            for id in now.difference(&before) {
-                for (&domain, &level) in levels {
-                    if level == 0 {
-                        continue;
-                    }
-                    let value = ladder.value(domain, level);
-                    actions.push(self.action(
-                        id.clone(),
-                        Mechanism::Mba {
-                            group,
-                            domain,
-                            value,
-                        },
-                        level,
-                        format!("joined {group}, which is throttled"),
-                    ));
-                }
-            }
-        }
-    }
-
     // -----------------------------------------------------------------------------------------
     // Steps.
 
@@ -495,56 +462,6 @@ impl ContentionEliminator {
             }
         }
         false
-    }
-
-    /// One MBA step down for `group`, in the pressured domains (all where unknown).
-    fn step_mba(
-        &mut self,
-        tick: &Tick<'_>,
-        group: MbaGroup,
-        evidence: &str,
-        actions: &mut Vec<ThrottleAction>,
-    ) -> bool {
-        let Some(ladder) = &self.ladder else {
-            return false;
-        };
-        let levels = self.mba_levels.get(&group).cloned().unwrap_or_default();
-        let open: Vec<u32> = ladder
-            .domains()
-            .filter(|d| levels.get(d).copied().unwrap_or(0) < ladder.max_level(*d))
-            .collect();
-        let pressured: Vec<u32> = tick
-            .membw
-            .map(|m| {
-                open.iter()
-                    .copied()
-                    .filter(|d| {
-                        m.domain_fractions
-                            .get(d)
-                            .is_some_and(|f| *f >= self.config.membw_threshold)
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        let domains = if pressured.is_empty() {
-            open
-        } else {
-            pressured
-        };
-        if domains.is_empty() {
-            return false;
-        }
-        let mut changes = Vec::new();
-        let entry = self.mba_levels.entry(group).or_default();
-        for &d in &domains {
-            let level = entry.entry(d).or_insert(0);
-            *level += 1;
-            changes.push((d, *level, ladder.value(d, *level)));
-        }
-        self.steps.push(Step::Mba { group, domains });
-        let why = format!("{evidence}; {group} MBA one step down");
-        self.mba_actions(tick, group, &changes, &why, actions);
-        true
     }
 
     /// Halves the cores of the most suspect of `eligible` that is above its floor.
@@ -597,25 +514,7 @@ impl ContentionEliminator {
 
     fn undo(&mut self, tick: &Tick<'_>, step: Step, why: &str, actions: &mut Vec<ThrottleAction>) {
         match step {
-            Step::Mba { group, domains } => {
-                let Some(ladder) = &self.ladder else {
-                    return;
-                };
-                let mut changes = Vec::new();
-                if let Some(levels) = self.mba_levels.get_mut(&group) {
-                    for d in domains {
-                        if let Some(level) = levels.get_mut(&d) {
-                            *level = level.saturating_sub(1);
-                            changes.push((d, *level, ladder.value(d, *level)));
-                        }
-                    }
-                    levels.retain(|_, l| *l > 0);
-                    if levels.is_empty() {
-                        self.mba_levels.remove(&group);
-                    }
-                }
-                self.mba_actions(tick, group, &changes, why, actions);
-            }
+            Step::Mba { group, domains } => self.undo_mba(tick, group, domains, why, actions),
             Step::Cores { job } => {
                 let floor = self.config.min_cores;
                 let Some(cut) = self.cuts.get_mut(&job) else {
@@ -663,35 +562,8 @@ impl ContentionEliminator {
             self.undo(tick, step, why, actions);
         }
         self.mba_levels.clear();
+        self.mba_bases.clear();
         self.cuts.clear();
-    }
-
-    /// Emits one MBA action per member of `group` per changed domain.
-    fn mba_actions(
-        &self,
-        tick: &Tick<'_>,
-        group: MbaGroup,
-        changes: &[(u32, u32, u32)],
-        why: &str,
-        actions: &mut Vec<ThrottleAction>,
-    ) {
-        for job in tick.jobs.values() {
-            if job.role.mba_group() != Some(group) {
-                continue;
-            }
-            for &(domain, level, value) in changes {
-                actions.push(self.action(
-                    job.id.clone(),
-                    Mechanism::Mba {
-                        group,
-                        domain,
-                        value,
-                    },
-                    level,
-                    why.to_string(),
-                ));
-            }
-        }
     }
 
     /// Appends a `Release` for every job that was throttled and no longer is, and remembers
@@ -724,7 +596,7 @@ impl ContentionEliminator {
         by_cores || by_mba
     }
 
-    fn action(
+    pub(super) fn action(
         &self,
         job: JobId,
         mechanism: Mechanism,

@@ -19,6 +19,10 @@ pub struct HeldContention {
     /// MBA steps per group and L3 domain.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub(super) mba_levels: BTreeMap<MbaGroup, BTreeMap<u32, u32>>,
+    /// Where those steps count down from per group and domain (AMD: what the group used at its
+    /// first step); absent: the unthrottled value.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub(super) mba_bases: BTreeMap<MbaGroup, BTreeMap<u32, u32>>,
     /// Core cuts per job.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub(super) cuts: BTreeMap<JobId, CoreCut>,
@@ -65,7 +69,10 @@ impl HeldContention {
 
     /// The throttles only, not what was learnt: two states with the same throttles in force.
     pub fn same_throttles(&self, other: &HeldContention) -> bool {
-        self.mba_levels == other.mba_levels && self.cuts == other.cuts && self.steps == other.steps
+        self.mba_levels == other.mba_levels
+            && self.mba_bases == other.mba_bases
+            && self.cuts == other.cuts
+            && self.steps == other.steps
     }
 }
 
@@ -74,6 +81,7 @@ impl ContentionEliminator {
     pub fn held(&self) -> HeldContention {
         HeldContention {
             mba_levels: self.mba_levels.clone(),
+            mba_bases: self.mba_bases.clone(),
             cuts: self.cuts.clone(),
             steps: self.steps.clone(),
             calm_needed: if self.calm_needed == self.config.calm_ticks.max(1) {
@@ -99,6 +107,7 @@ impl ContentionEliminator {
     pub fn restore(&mut self, held: HeldContention) {
         let HeldContention {
             mba_levels,
+            mba_bases,
             cuts,
             steps,
             calm_needed,
@@ -106,6 +115,25 @@ impl ContentionEliminator {
             throttled,
             learnt,
         } = held;
+        // A base only where a step is held on a ladder that counts from one (AMD), and no
+        // higher than what the ladder would take now.
+        self.mba_bases = match &self.ladder {
+            Some(ladder) if ladder.is_absolute() => mba_bases
+                .into_iter()
+                .map(|(group, bases)| {
+                    let held = mba_levels.get(&group);
+                    let bases = bases
+                        .into_iter()
+                        .filter(|(d, _)| held.is_some_and(|l| l.get(d).is_some_and(|&l| l > 0)))
+                        .filter_map(|(d, b)| Some((d, ladder.held_base(b)?)))
+                        .collect::<BTreeMap<_, _>>();
+                    (group, bases)
+                })
+                .filter(|(_, bases)| !bases.is_empty())
+                .collect(),
+            _ => BTreeMap::new(),
+        };
+        let bases = &self.mba_bases;
         self.mba_levels = match &self.ladder {
             Some(ladder) => mba_levels
                 .into_iter()
@@ -113,7 +141,10 @@ impl ContentionEliminator {
                     let levels = levels
                         .into_iter()
                         .filter(|(d, _)| ladder.domains().any(|known| known == *d))
-                        .map(|(d, l)| (d, l.min(ladder.max_level(d))))
+                        .map(|(d, l)| {
+                            let base = bases.get(&group).and_then(|b| b.get(&d)).copied();
+                            (d, l.min(ladder.max_level_at(d, base)))
+                        })
                         .collect::<BTreeMap<_, _>>();
                     (group, levels)
                 })

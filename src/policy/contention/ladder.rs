@@ -1,8 +1,14 @@
-//! MBA and core-halving arithmetic: the MB values one MBA step after another per L3 domain,
-//! and the core counts of successive halvings. Pure: touches nothing.
+//! MBA and core-halving arithmetic: the MB values one MBA step after another per L3 domain
+//! (on AMD counting down from what the group used, [`MbaLadder::base_for`]), and the core counts
+//! of successive halvings. Pure: touches nothing.
 
 use super::config::ContentionConfig;
+use super::types::JobObservation;
 use super::{MbaCaps, MbaUnit};
+
+/// Bytes per second in one AMD MB unit (1/8 GB/s; GB read as 2^30 bytes, so the default group's
+/// 2048 is 256 GiB/s: read as 10^9 bytes a unit would be 7 % smaller, less than one step).
+const AMD_UNIT_BYTES_PER_S: f64 = (1u64 << 30) as f64 / 8.0;
 
 /// The largest number of steps any ladder has (bounds loops on odd configurations).
 pub(super) const MAX_LEVEL: u32 = 64;
@@ -63,10 +69,56 @@ impl MbaLadder {
         }
     }
 
+    /// Whether MB values are absolute bandwidth (AMD), so a group's steps count down from what
+    /// it used ([`MbaLadder::base_for`]) rather than from the unthrottled value.
+    pub fn is_absolute(&self) -> bool {
+        self.caps.unit == MbaUnit::AmdEighthGigabytesPerSecond
+    }
+
+    /// Where a group's steps count down from, given `bytes_per_s`, the most it used in any one L3
+    /// domain just before its first step ([`group_peak`]). On AMD that bandwidth in MB units,
+    /// rounded up, within `min_bandwidth` and the unthrottled value: the first step (by
+    /// `mba_step_percent`) then bites at once, where from the unthrottled 2048 (256 GB/s) only the
+    /// last steps go below what a CCX uses. One base for every domain, the busiest one's: a
+    /// domain the group barely uses is capped no tighter than its busiest, so a member moved
+    /// there later is not starved. `None` (count from the unthrottled value) on Intel, whose
+    /// percent steps are relative already, and when nothing was measured.
+    pub fn base_for(&self, bytes_per_s: Option<f64>) -> Option<u32> {
+        if !self.is_absolute() {
+            return None;
+        }
+        let bytes_per_s = bytes_per_s.filter(|b| b.is_finite() && *b > 0.0)?;
+        // A ratio of bandwidths, rounded up; saturates far above any unthrottled value.
+        let units = (bytes_per_s / AMD_UNIT_BYTES_PER_S)
+            .ceil()
+            .min(f64::from(u32::MAX)) as u32;
+        Some(units.max(self.caps.min_bandwidth.max(1)))
+    }
+
+    /// A base an earlier lodgerd kept, bounded as a measured one is; `None` where this ladder
+    /// counts from none (Intel).
+    pub fn held_base(&self, base: u32) -> Option<u32> {
+        self.is_absolute()
+            .then(|| base.max(self.caps.min_bandwidth.max(1)))
+    }
+
+    /// The value `base` stands for in `domain`: `base`, at most the unthrottled value; the
+    /// unthrottled value without one.
+    fn top(&self, domain: u32, base: Option<u32>) -> u32 {
+        let unthrottled = self.unthrottled(domain);
+        base.map_or(unthrottled, |b| b.min(unthrottled))
+    }
+
     /// The lowest value: `mba_floor_percent` of unthrottled, not below `min_bandwidth`.
     pub fn floor(&self, domain: u32) -> u32 {
-        let base = u64::from(self.unthrottled(domain));
-        let floor = (base * u64::from(self.floor_percent)).div_ceil(100);
+        self.floor_at(domain, None)
+    }
+
+    /// The lowest value counting down from `base` ([`MbaLadder::base_for`]):
+    /// `mba_floor_percent` of it, not below `min_bandwidth`.
+    pub fn floor_at(&self, domain: u32, base: Option<u32>) -> u32 {
+        let top = u64::from(self.top(domain, base));
+        let floor = (top * u64::from(self.floor_percent)).div_ceil(100);
         self.caps
             .valid_value(u32::try_from(floor).unwrap_or(u32::MAX))
     }
@@ -75,22 +127,52 @@ impl MbaLadder {
     /// way the kernel would (up to `bandwidth_gran`, at least `min_bandwidth`), not below the
     /// floor.
     pub fn value(&self, domain: u32, level: u32) -> u32 {
-        let base = u64::from(self.unthrottled(domain));
+        self.value_at(domain, None, level)
+    }
+
+    /// [`MbaLadder::value`] counting down from `base`; level 0 is the unthrottled value
+    /// whatever the base (no limit).
+    pub fn value_at(&self, domain: u32, base: Option<u32>, level: u32) -> u32 {
+        if level == 0 {
+            return self.caps.valid_value(self.unthrottled(domain));
+        }
+        let top = u64::from(self.top(domain, base));
         let percent = 100u64.saturating_sub(u64::from(level) * u64::from(self.step_percent));
-        let wanted = (base * percent).div_ceil(100);
+        let wanted = (top * percent).div_ceil(100);
         let wanted = u32::try_from(wanted).unwrap_or(u32::MAX);
-        self.caps.valid_value(wanted).max(self.floor(domain))
+        self.caps
+            .valid_value(wanted)
+            .max(self.floor_at(domain, base))
     }
 
     /// Steps until the floor: levels run from 0 (unthrottled) to this.
     pub fn max_level(&self, domain: u32) -> u32 {
-        let floor = self.floor(domain);
+        self.max_level_at(domain, None)
+    }
+
+    /// [`MbaLadder::max_level`] counting down from `base`.
+    pub fn max_level_at(&self, domain: u32, base: Option<u32>) -> u32 {
+        let floor = self.floor_at(domain, base);
         let mut level = 0;
-        while level < MAX_LEVEL && self.value(domain, level) > floor {
+        while level < MAX_LEVEL && self.value_at(domain, base, level) > floor {
             level += 1;
         }
         level
     }
+}
+
+/// The most bandwidth `members` used together in any one L3 domain (their MBM per domain
+/// summed), bytes/s; `None` when none of them has a per-domain figure.
+pub fn group_peak<'a>(members: impl Iterator<Item = &'a JobObservation>) -> Option<f64> {
+    let mut per_domain = std::collections::BTreeMap::<u32, f64>::new();
+    for job in members {
+        for (&domain, &bytes_per_s) in &job.membw_domains {
+            if bytes_per_s.is_finite() && bytes_per_s > 0.0 {
+                *per_domain.entry(domain).or_insert(0.0) += bytes_per_s;
+            }
+        }
+    }
+    per_domain.into_values().reduce(f64::max)
 }
 
 /// Cores left after `level` halvings of `nominal`: `ceil(nominal / 2^level)`, not below `floor`.

@@ -33,6 +33,8 @@
 
 use crate::sys::resctrlfs::{MbaCaps, MbaUnit};
 
+#[cfg(test)]
+mod amd_tests;
 mod config;
 mod detect;
 mod eliminator;
@@ -40,6 +42,7 @@ mod held;
 #[cfg(test)]
 mod held_tests;
 mod ladder;
+mod mba;
 #[cfg(test)]
 mod pressure_tests;
 #[cfg(test)]

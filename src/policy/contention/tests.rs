@@ -22,7 +22,7 @@ pub(super) fn intel_caps() -> MbaCaps {
     }
 }
 
-fn amd_caps() -> MbaCaps {
+pub(super) fn amd_caps() -> MbaCaps {
     // As tests/fixtures/resctrl/amd reads.
     MbaCaps {
         unit: MbaUnit::AmdEighthGigabytesPerSecond,
@@ -34,11 +34,11 @@ fn amd_caps() -> MbaCaps {
     }
 }
 
-fn training(seq: u64) -> JobObservation {
+pub(super) fn training(seq: u64) -> JobObservation {
     JobObservation::new(id(seq), Role::Training, 8)
 }
 
-fn lodger(seq: u64, role: Role, cores: u32, bw: Option<f64>) -> JobObservation {
+pub(super) fn lodger(seq: u64, role: Role, cores: u32, bw: Option<f64>) -> JobObservation {
     let mut j = JobObservation::new(id(seq), role, cores);
     j.membw_bytes_per_s = bw;
     if role == Role::Online {
@@ -55,14 +55,14 @@ fn membw(fraction: f64) -> Option<NodeMembw> {
     })
 }
 
-fn obs(fraction: Option<f64>, jobs: Vec<JobObservation>) -> ContentionObservations {
+pub(super) fn obs(fraction: Option<f64>, jobs: Vec<JobObservation>) -> ContentionObservations {
     ContentionObservations {
         membw: fraction.and_then(membw),
         jobs,
     }
 }
 
-fn config(pressure: u32, calm: u32) -> ContentionConfig {
+pub(super) fn config(pressure: u32, calm: u32) -> ContentionConfig {
     ContentionConfig {
         pressure_ticks: pressure,
         calm_ticks: calm,
@@ -71,7 +71,7 @@ fn config(pressure: u32, calm: u32) -> ContentionConfig {
 }
 
 /// Runs `ticks` ticks of the same observations; returns every action.
-fn run(
+pub(super) fn run(
     c: &mut ContentionEliminator,
     ticks: u32,
     o: &ContentionObservations,
@@ -810,6 +810,10 @@ proptest! {
                 .map(|&(seq, role, cores, bw, progress, slo)| {
                     let mut j = JobObservation::new(id(seq), role, cores);
                     j.membw_bytes_per_s = bw;
+                    // Per domain as the sensor gives it: split over two of the four.
+                    if let Some(bw) = bw.filter(|_| seq % 2 == 0) {
+                        j.membw_domains = BTreeMap::from([(0, bw * 0.75), (seq as u32 % 4, bw * 0.25)]);
+                    }
                     j.progress = progress;
                     j.slo_met = slo;
                     j
@@ -853,7 +857,9 @@ proptest! {
                 for (group, values) in &t.mba {
                     prop_assert!(roles.values().any(|j| j.role.mba_group() == Some(*group)));
                     for (&d, &v) in values {
-                        prop_assert!(v >= ladder.floor(d) && v <= ladder.unthrottled(d));
+                        let base = c.mba_base(*group, d);
+                        prop_assert!(v >= ladder.floor_at(d, base) && v <= ladder.unthrottled(d));
+                        prop_assert!(base.is_none() || caps.unit == MbaUnit::AmdEighthGigabytesPerSecond);
                         prop_assert_eq!(caps.valid_value(v), v);
                     }
                 }

@@ -67,6 +67,9 @@ pub struct JobObservation {
     pub cores: u32,
     /// Its own memory bandwidth (MBM), bytes/s.
     pub membw_bytes_per_s: Option<f64>,
+    /// The same per L3 domain, bytes/s (empty when not measured): where an AMD MBA ladder
+    /// counts down from ([`super::MbaLadder::base_for`]).
+    pub membw_domains: BTreeMap<u32, f64>,
     /// Its cache misses per second (perf), the ranking key where MBM is absent.
     pub cache_misses_per_s: Option<f64>,
     /// Training: progress, higher is better (GPU utilization percent, or the emulated source's
@@ -90,6 +93,7 @@ impl JobObservation {
             role,
             cores,
             membw_bytes_per_s: None,
+            membw_domains: BTreeMap::new(),
             cache_misses_per_s: None,
             progress: None,
             baseline: None,
