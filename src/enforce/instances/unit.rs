@@ -276,6 +276,8 @@ pub fn unit_name(key: &str) -> String {
 pub struct Systemd {
     rt: tokio::runtime::Runtime,
     conn: zbus::Connection,
+    /// How long a start may take ([`START_WAIT`]; shorter in tests).
+    start_wait: Duration,
 }
 
 static SYSTEMD: OnceLock<Option<Systemd>> = OnceLock::new();
@@ -305,7 +307,11 @@ pub fn systemd() -> Option<&'static Systemd> {
                     .await
             };
             match outside_runtime(|| rt.block_on(connect())) {
-                Ok(conn) => Some(Systemd { rt, conn }),
+                Ok(conn) => Some(Systemd {
+                    rt,
+                    conn,
+                    start_wait: START_WAIT,
+                }),
                 Err(e) => {
                     tracing::warn!("systemd is PID 1 but its bus does not answer ({e}): lodgerd forks instances itself");
                     // Dropping a runtime may panic inside another runtime; this may not.
@@ -352,6 +358,23 @@ fn to_value<'a>(
 }
 
 impl Systemd {
+    /// A client of the systemd at `address` (a test's fake on a private bus) that waits
+    /// `start_wait` for a start.
+    #[cfg(test)]
+    pub(super) fn at(address: &str, start_wait: Duration) -> zbus::Result<Systemd> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let conn = outside_runtime(|| {
+            rt.block_on(async { zbus::connection::Builder::address(address)?.build().await })
+        })?;
+        Ok(Systemd {
+            rt,
+            conn,
+            start_wait,
+        })
+    }
+
     fn call<B, R>(&self, iface: &str, path: &str, method: &str, body: &B) -> zbus::Result<R>
     where
         B: serde::Serialize + zbus::zvariant::DynamicType + Sync,
@@ -404,7 +427,7 @@ impl Systemd {
 
     /// Waits (at most [`START_WAIT`]) until the unit just started has a main process: its pid.
     fn main_pid(&self, name: &str) -> Result<u32, String> {
-        let deadline = Instant::now() + START_WAIT;
+        let deadline = Instant::now() + self.start_wait;
         loop {
             let unit: OwnedObjectPath = self
                 .call(MANAGER, PATH, "GetUnit", &(name,))
@@ -434,7 +457,10 @@ impl Systemd {
                 }
             }
             if Instant::now() >= deadline {
-                return Err(format!("{} has no main process after {START_WAIT:?}", name));
+                return Err(format!(
+                    "{} has no main process after {:?}",
+                    name, self.start_wait
+                ));
             }
             std::thread::sleep(STEP);
         }
@@ -446,7 +472,7 @@ impl Systemd {
     /// stopped with the slice (seen in the VM suite: a restarted instance that "did not start
     /// (inactive)").
     fn wait_for_slice_jobs(&self, slices: &Slices) {
-        let deadline = Instant::now() + START_WAIT;
+        let deadline = Instant::now() + self.start_wait;
         for slice in [&slices.instances, &slices.outer] {
             // Not loaded: nothing pending.
             let Ok(unit) =
@@ -530,10 +556,14 @@ pub fn stop_slices_if_connected(slices: &Slices) {
 }
 
 #[cfg(test)]
+#[path = "unit_fake_tests.rs"]
+mod fake_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
-    fn spec() -> UnitSpec {
+    pub(super) fn spec() -> UnitSpec {
         UnitSpec {
             name: unit_name("job/1-0"),
             description: "lodger instance job-0".into(),
