@@ -17,7 +17,8 @@
 //!    so that every 100-ms tick sweeps it), on a quiet node, then beside a shell forking
 //!    `/bin/true` back to back outside every job: with the process table read again from /proc
 //!    whenever a task was created on the node (the baseline, the way before) and with the table
-//!    kept from the process events, in the same run. The node is filled up to
+//!    kept from the process events, in the same run, and what lodgerd spends per process created
+//!    outside every job (the processes created counted from /proc/stat). The node is filled up to
 //!    `LODGER_BENCH_NODE_PROCS` processes (default 500) with sleeping ones, since a rescan's
 //!    cost grows with them. Then an inference instance's move by affinity (a shell and its two
 //!    children) on the same node: its descendants from every process's parent read from /proc
@@ -469,10 +470,29 @@ fn affinity_enforcer(prefix: &str) -> Enforcer {
     .expect("enforcer")
 }
 
+/// Processes created on the node since boot (`processes` in /proc/stat).
+fn forks_since_boot() -> u64 {
+    std::fs::read_to_string("/proc/stat")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("processes ")?.trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// What [`pid_job_sweep`] measured.
+struct Sweep {
+    /// Mean CPU time of one apply.
+    per_apply: Duration,
+    /// Processes created on the node per second meanwhile (the jobs' own `sleep`s included).
+    forks_per_s: f64,
+}
+
 /// Mean CPU time of one apply of a pid job pinned by affinity that sweeps it: 4 jobs, each a
 /// shell forking a `sleep` every 50 ms, applied every 100 ms for 3 s. `by_last_pid`: the
 /// descendants found as before issue 21 item 2 (the baseline).
-fn pid_job_sweep(by_last_pid: bool) -> Duration {
+fn pid_job_sweep(by_last_pid: bool) -> Sweep {
     const JOBS: usize = 4;
     const TICKS: u32 = 30;
     let enforcer = affinity_enforcer("lodger-bench");
@@ -506,17 +526,23 @@ fn pid_job_sweep(by_last_pid: bool) -> Duration {
     };
     apply(&mut held);
     let mut cost = Duration::ZERO;
+    let (forks0, t0) = (forks_since_boot(), Instant::now());
     for _ in 0..TICKS {
         std::thread::sleep(Duration::from_millis(100));
         let c0 = thread_cpu_time();
         apply(&mut held);
         cost += thread_cpu_time() - c0;
     }
+    let forks_per_s =
+        forks_since_boot().saturating_sub(forks0) as f64 / t0.elapsed().as_secs_f64().max(1e-9);
     for (id, t, r) in &held {
         enforcer.release(id, t, r).expect("release");
     }
     enforcer.tidy();
-    cost / (TICKS * JOBS as u32)
+    Sweep {
+        per_apply: cost / (TICKS * JOBS as u32),
+        forks_per_s,
+    }
 }
 
 /// Mean CPU time of one move by affinity of an inference instance (a shell and its two
@@ -614,10 +640,17 @@ fn descendants_on_a_busy_node() {
     let procs = processes_on_the_node();
     let us = |d: Duration| d.as_secs_f64() * 1e6;
     let quiet = pid_job_sweep(false);
-    let (baseline, events) = {
+    let (baseline, busy) = {
         let _forker = Shell::start("while :; do /bin/true; done");
         (pid_job_sweep(true), pid_job_sweep(false))
     };
+    // What the busy node adds, per process created on it: the 4 jobs' applies of one 100-ms
+    // tick cost (busy - quiet) × 4 more, while (busy - quiet forks/s) / 10 more were created.
+    let added_per_tick = busy.per_apply.saturating_sub(quiet.per_apply).as_secs_f64() * 4.0;
+    let added_forks_per_tick = (busy.forks_per_s - quiet.forks_per_s).max(1.0) / 10.0;
+    let ns_per_fork = added_per_tick / added_forks_per_tick * 1e9;
+    let quiet_forks = quiet.forks_per_s;
+    let (quiet, baseline, events) = (quiet.per_apply, baseline.per_apply, busy.per_apply);
     println!(
         "a pid job's sweep (affinity, 4 jobs forking a sleep every 50 ms, 100-ms ticks), {procs} processes on the node ({} sleeping ones added):",
         fill.len()
@@ -630,6 +663,13 @@ fn descendants_on_a_busy_node() {
         baseline.as_secs_f64() / events.as_secs_f64().max(1e-9),
         events.as_secs_f64() / quiet.as_secs_f64().max(1e-9),
         if events.as_secs_f64() <= 1.2 * quiet.as_secs_f64() { "met" } else { "MISSED" }
+    );
+    println!(
+        "  the busy node created {:.0} processes/s against {:.0} on the quiet one: {:.0} ns of lodgerd's CPU per process created outside every job, {:.3}% of one CPU at 1,000 processes/s (all jobs together)",
+        busy.forks_per_s,
+        quiet_forks,
+        ns_per_fork,
+        ns_per_fork * 1000.0 / 1e9 * 100.0
     );
     let (table, walked) = (first_apply(true), first_apply(false));
     println!(
