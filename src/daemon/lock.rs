@@ -238,6 +238,15 @@ mod tests {
             .arg("30")
             .spawn()
             .expect("spawn sleep");
+        // A spawn returns once the child's exec has let go of this process's memory, which can
+        // be a moment before /proc shows the new program (seen on a slow emulated guest): until
+        // then the child still runs this program, as a lodgerd's child would.
+        let exe = format!("/proc/{}/exe", other.id());
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while std::fs::read_link(&exe).map_or(true, |p| !p.ends_with("sleep")) {
+            assert!(std::time::Instant::now() < deadline, "sleep never ran");
+            std::thread::sleep(Duration::from_millis(1));
+        }
         let _held = held_naming(&state, other.id());
         let taken = lock_waiting(&state, Duration::from_millis(50));
         let _ = other.kill();
