@@ -6,7 +6,6 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -22,20 +21,13 @@ fn policy_file() -> PathBuf {
 }
 
 /// A `dbus-daemon` configured like the system bus, with lodger's policy included.
-struct SystemLikeBus {
-    child: Child,
-    address: String,
-}
+type SystemLikeBus = common::PrivateBus;
 
-impl SystemLikeBus {
-    fn start(dir: &Path) -> SystemLikeBus {
-        let socket = dir.join("system_bus_socket");
-        let conf = dir.join("system.conf");
-        // The default context of dbus's own system.conf, abridged to what matters here.
-        std::fs::write(
-            &conf,
-            format!(
-                r#"<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-BUS Bus Configuration 1.0//EN"
+fn system_like_bus() -> SystemLikeBus {
+    // The default context of dbus's own system.conf, abridged to what matters here.
+    common::PrivateBus::with_config(|socket| {
+        format!(
+            r#"<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-BUS Bus Configuration 1.0//EN"
  "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
 <busconfig>
   <type>system</type>
@@ -61,37 +53,10 @@ impl SystemLikeBus {
   <include>{policy}</include>
 </busconfig>
 "#,
-                socket = socket.display(),
-                policy = policy_file().display()
-            ),
+            socket = socket.display(),
+            policy = policy_file().display()
         )
-        .expect("write bus config");
-        let mut child = Command::new("dbus-daemon")
-            .arg(format!("--config-file={}", conf.display()))
-            .args(["--nofork", "--nopidfile", "--print-address"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("dbus-daemon (install the dbus package)");
-        let stdout = child.stdout.take().expect("stdout");
-        let mut line = String::new();
-        BufReader::new(stdout)
-            .read_line(&mut line)
-            .expect("dbus-daemon address");
-        let address = line.trim().to_string();
-        assert!(!address.is_empty(), "dbus-daemon printed no address");
-        // Every local user may connect to a system bus.
-        std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o777))
-            .expect("chmod socket");
-        SystemLikeBus { child, address }
-    }
-}
-
-impl Drop for SystemLikeBus {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+    })
 }
 
 /// Runs a program against the bus, as root or as `uid` (with that uid as gid, no supplementary
@@ -171,7 +136,7 @@ fn bus_policy_lets_everyone_read_and_only_root_change() {
     }
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    let bus = SystemLikeBus::start(dir.path());
+    let bus = system_like_bus();
 
     // Nobody but root may own the name: a lodgerd started as an ordinary user is refused by the
     // bus. Its state directory is its own so that owning the name is the first thing to fail.
@@ -516,7 +481,7 @@ fn members_change_only_what_they_own() {
     let users = TestUsers::create();
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    let bus = SystemLikeBus::start(dir.path());
+    let bus = system_like_bus();
     let parent = common::unique("lt15");
     let state = dir.path().join("state");
     let config = dir.path().join("lodger.toml");

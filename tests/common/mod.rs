@@ -2,6 +2,7 @@
 //! state directory and cgroup parent, `lodgerctl` runs, and the bundled workloads.
 #![allow(dead_code)]
 
+pub mod bus;
 pub mod contention;
 pub mod cpus;
 pub mod fuse;
@@ -10,6 +11,8 @@ pub mod procs;
 pub mod workload;
 
 #[allow(unused_imports)]
+pub use bus::PrivateBus;
+#[allow(unused_imports)]
 pub use cpus::*;
 #[allow(unused_imports)]
 pub use procs::*;
@@ -17,7 +20,6 @@ pub use procs::*;
 pub use workload::*;
 
 use std::io::{BufRead, BufReader, Read};
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -138,14 +140,6 @@ pub fn wait_ready(child: &mut Child, what: &str) {
     });
 }
 
-/// A private bus with a permissive policy, reachable by any local user (so a non-root caller
-/// can be tested), removed on drop.
-pub struct PrivateBus {
-    child: Child,
-    pub address: String,
-    _dir: tempfile::TempDir,
-}
-
 impl PrivateBus {
     /// The bus daemon's pid.
     pub fn pid(&self) -> u32 {
@@ -174,61 +168,6 @@ impl PrivateBus {
             .block_on(lodger::api::proxy::ManagerProxy::new(&conn))
             .expect("proxy");
         (rt, proxy)
-    }
-
-    pub fn start() -> PrivateBus {
-        let dir = tempfile::tempdir().expect("tempdir");
-        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
-            .expect("chmod");
-        let socket = dir.path().join("bus");
-        let conf = dir.path().join("bus.conf");
-        std::fs::write(
-            &conf,
-            format!(
-                r#"<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-BUS Bus Configuration 1.0//EN"
- "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
-<busconfig>
-  <listen>unix:path={}</listen>
-  <auth>EXTERNAL</auth>
-  <policy context="default">
-    <allow user="*"/>
-    <allow own="*"/>
-    <allow send_destination="*"/>
-    <allow receive_sender="*"/>
-  </policy>
-</busconfig>
-"#,
-                socket.display()
-            ),
-        )
-        .expect("write bus config");
-        let mut child = Command::new("dbus-daemon")
-            .arg(format!("--config-file={}", conf.display()))
-            .args(["--nofork", "--print-address"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("dbus-daemon (install the dbus package)");
-        let stdout = child.stdout.take().expect("stdout");
-        let mut line = String::new();
-        BufReader::new(stdout)
-            .read_line(&mut line)
-            .expect("dbus-daemon address");
-        let address = line.trim().to_string();
-        assert!(!address.is_empty(), "dbus-daemon printed no address");
-        std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o777)).ok();
-        PrivateBus {
-            child,
-            address,
-            _dir: dir,
-        }
-    }
-}
-
-impl Drop for PrivateBus {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

@@ -7,8 +7,6 @@
 //! `dbus-daemon`, as the end-to-end tests do.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -16,6 +14,9 @@ use zbus::zvariant::{OwnedObjectPath, OwnedValue};
 
 use super::tests::spec;
 use super::*;
+
+#[path = "../../../tests/common/bus.rs"]
+mod bus;
 
 /// What the fake's next started unit does.
 #[derive(Debug, Clone, Copy)]
@@ -206,53 +207,17 @@ impl FakeSlice {
 
 /// A private bus with the fake systemd on it, and a client of it.
 struct Fake {
-    daemon: Child,
-    _dir: tempfile::TempDir,
     _rt: tokio::runtime::Runtime,
     _server: zbus::Connection,
     script: Shared,
     client: Systemd,
-}
-
-impl Drop for Fake {
-    fn drop(&mut self) {
-        let _ = self.daemon.kill();
-        let _ = self.daemon.wait();
-    }
+    // Last: the bus outlives the connections to it.
+    _bus: bus::PrivateBus,
 }
 
 impl Fake {
     fn start(start: Start, start_wait: Duration) -> Fake {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let conf = dir.path().join("bus.conf");
-        std::fs::write(
-            &conf,
-            format!(
-                r#"<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-BUS Bus Configuration 1.0//EN"
- "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
-<busconfig>
-  <listen>unix:path={}</listen>
-  <auth>EXTERNAL</auth>
-  <policy context="default">
-    <allow user="*"/><allow own="*"/><allow send_destination="*"/><allow receive_sender="*"/>
-  </policy>
-</busconfig>
-"#,
-                dir.path().join("bus").display()
-            ),
-        )
-        .expect("bus config");
-        let mut daemon = Command::new("dbus-daemon")
-            .arg(format!("--config-file={}", conf.display()))
-            .args(["--nofork", "--print-address"])
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("dbus-daemon (install the dbus package)");
-        let mut address = String::new();
-        BufReader::new(daemon.stdout.take().expect("stdout"))
-            .read_line(&mut address)
-            .expect("bus address");
-        let address = address.trim().to_string();
+        let bus = bus::PrivateBus::start();
         let script = Arc::new(Mutex::new(Script {
             start,
             calls: Vec::new(),
@@ -274,7 +239,7 @@ impl Fake {
         };
         let server = rt
             .block_on(async {
-                zbus::connection::Builder::address(address.as_str())?
+                zbus::connection::Builder::address(bus.address.as_str())?
                     .name(DEST)?
                     .serve_at(PATH, manager)?
                     .serve_at(SLICE_PATH, slice)?
@@ -282,14 +247,13 @@ impl Fake {
                     .await
             })
             .expect("fake systemd");
-        let client = Systemd::at(&address, start_wait).expect("client");
+        let client = Systemd::at(&bus.address, start_wait).expect("client");
         Fake {
-            daemon,
-            _dir: dir,
             _rt: rt,
             _server: server,
             script,
             client,
+            _bus: bus,
         }
     }
 
