@@ -165,24 +165,11 @@ fn contention_throttles_offline_lodgers_with_mba_on_an_intel_tree() {
     for tid in [300, 301] {
         std::fs::create_dir_all(rig.proc_root.path().join(format!("300/task/{tid}"))).unwrap();
     }
-    let mut agent = rig
-        .builder()
-        .mba(MbaTarget::new(resctrl.path().to_path_buf(), caps.clone()))
-        .start()
-        .unwrap();
+    let mut agent = mba_agent(&rig, resctrl.path(), &caps);
     let train = agent.register(spec(vec![100], 2), 0).unwrap();
     let lodger = insert_lodger(&mut agent, &train.id, |job| job.pids = vec![300]);
     let mut events = agent.events.subscribe();
-    let pass = |agent: &mut Agent, ms: u64, fraction: f64| {
-        let mut obs = Observations {
-            unix_ms: ms,
-            ..Observations::default()
-        };
-        obs.node.membw_bytes_per_s = Some(fraction * 100e9);
-        obs.node.membw_fraction_of_peak = Some(fraction);
-        agent.observations = std::sync::Arc::new(obs);
-        agent.tick();
-    };
+    let pass = pressure_pass;
     let mb = || std::fs::read_to_string(&schemata).unwrap();
     pass(&mut agent, 1000, 0.5);
     assert_eq!(mb(), "MB:0=100;1=100\n", "no pressure, no throttle");
@@ -235,11 +222,7 @@ fn contention_throttles_offline_lodgers_with_mba_on_an_intel_tree() {
     agent.shutdown();
     drop(agent);
     assert_eq!(mb(), second, "a stop gave the bandwidth back");
-    let mut agent = rig
-        .builder()
-        .mba(MbaTarget::new(resctrl.path().to_path_buf(), caps))
-        .start()
-        .unwrap();
+    let mut agent = mba_agent(&rig, resctrl.path(), &caps);
     assert!(agent.state.contention.holds_mba());
     agent.tick();
     assert_eq!(mb(), second, "the restarted agent gave the bandwidth back");
@@ -495,14 +478,33 @@ fn a_restart_moves_no_reused_pid_into_the_mba_group() {
 
 /// One sensing pass with the node's memory bandwidth at `fraction` of its peak.
 fn pressure_pass(agent: &mut Agent, ms: u64, fraction: f64) {
+    pressure_pass_with(agent, ms, fraction, &[]);
+}
+
+/// [`pressure_pass`] with `jobs`' own metrics.
+fn pressure_pass_with(
+    agent: &mut Agent,
+    ms: u64,
+    fraction: f64,
+    jobs: &[(JobId, crate::sense::JobMetrics)],
+) {
     let mut obs = Observations {
         unix_ms: ms,
         ..Observations::default()
     };
     obs.node.membw_bytes_per_s = Some(fraction * 100e9);
     obs.node.membw_fraction_of_peak = Some(fraction);
+    obs.jobs.extend(jobs.iter().cloned());
     agent.observations = std::sync::Arc::new(obs);
     agent.tick();
+}
+
+/// An agent on `rig` that throttles through the resctrl tree at `resctrl`.
+fn mba_agent(rig: &Rig, resctrl: &std::path::Path, caps: &crate::sys::resctrlfs::MbaCaps) -> Agent {
+    rig.builder()
+        .mba(MbaTarget::new(resctrl.to_path_buf(), caps.clone()))
+        .start()
+        .unwrap()
 }
 
 /// Finding 5: a restart in advise mode gives back the MBA throttle an earlier lodgerd held:
@@ -677,30 +679,20 @@ fn contention_on_an_amd_tree_counts_down_from_what_the_lodgers_used() {
     let rig = Rig::new();
     rig.spawn(100);
     std::fs::create_dir_all(rig.proc_root.path().join("300/task/300")).unwrap();
-    let mut agent = rig
-        .builder()
-        .mba(MbaTarget::new(resctrl.path().to_path_buf(), caps.clone()))
-        .start()
-        .unwrap();
+    let mut agent = mba_agent(&rig, resctrl.path(), &caps);
     let train = agent.register(spec(vec![100], 2), 0).unwrap();
     let lodger = insert_lodger(&mut agent, &train.id, |job| job.pids = vec![300]);
+    // The lodger's own bandwidth, as sensing gives it: 20 GiB/s in L3 domain 0, 4 in 1.
+    let used = [(
+        lodger.clone(),
+        crate::sense::JobMetrics {
+            membw_bytes_per_s: Some(24.0 * GIB),
+            membw_domains: [(0, 20.0 * GIB), (1, 4.0 * GIB)].into_iter().collect(),
+            ..Default::default()
+        },
+    )];
     let pass = |agent: &mut Agent, ms: u64, fraction: f64| {
-        let mut obs = Observations {
-            unix_ms: ms,
-            ..Observations::default()
-        };
-        obs.node.membw_bytes_per_s = Some(fraction * 100e9);
-        obs.node.membw_fraction_of_peak = Some(fraction);
-        obs.jobs.insert(
-            lodger.clone(),
-            crate::sense::JobMetrics {
-                membw_bytes_per_s: Some(24.0 * GIB),
-                membw_domains: [(0, 20.0 * GIB), (1, 4.0 * GIB)].into_iter().collect(),
-                ..Default::default()
-            },
-        );
-        agent.observations = std::sync::Arc::new(obs);
-        agent.tick();
+        pressure_pass_with(agent, ms, fraction, &used);
     };
     let mb = || std::fs::read_to_string(&schemata).unwrap();
     pass(&mut agent, 1000, 0.95);
@@ -717,11 +709,7 @@ fn contention_on_an_amd_tree_counts_down_from_what_the_lodgers_used() {
     // A restart holds the step where it was, counted from the same base.
     agent.shutdown();
     drop(agent);
-    let mut agent = rig
-        .builder()
-        .mba(MbaTarget::new(resctrl.path().to_path_buf(), caps))
-        .start()
-        .unwrap();
+    let mut agent = mba_agent(&rig, resctrl.path(), &caps);
     agent.tick();
     assert_eq!(mb().trim(), "MB:0=144;1=144;2=144;3=144");
     pass(&mut agent, 1002, 0.95);
