@@ -34,9 +34,13 @@ fn an_amd_ladder_counts_down_from_what_the_group_used() {
     // Level 0 is no limit (the default group's value); every step bites.
     assert_eq!(values, [2048, 288, 256, 224, 192, 160, 128, 96, 64, 32]);
     assert_eq!(ladder.floor_at(0, base), 32);
-    // Rounded up, never to nothing; above the unthrottled value it counts from that.
+    // Rounded up, not below 2 GB/s (a group using less is not the hog, and counted from what
+    // it used its floor would starve it); above the unthrottled value it counts from that.
     assert_eq!(ladder.base_for(Some(40.0 * GIB + 1.0)), Some(321));
-    assert_eq!(ladder.base_for(Some(1.0)), Some(1));
+    assert_eq!(ladder.base_for(Some(1.0)), Some(16));
+    assert_eq!(ladder.base_for(Some(0.5 * GIB)), Some(16));
+    assert_eq!(ladder.base_for(Some(2.5 * GIB)), Some(20));
+    assert_eq!(ladder.held_base(3), Some(16));
     let huge = ladder.base_for(Some(1e15));
     assert_eq!(ladder.value_at(0, huge, 1), ladder.value(0, 1));
     assert_eq!(ladder.value(0, 1), 1844);

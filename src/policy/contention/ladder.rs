@@ -9,6 +9,11 @@ use super::{MbaCaps, MbaUnit};
 /// Bytes per second in one AMD MB unit (1/8 GB/s; GB read as 2^30 bytes, so the default group's
 /// 2048 is 256 GiB/s: read as 10^9 bytes a unit would be 7 % smaller, less than one step).
 const AMD_UNIT_BYTES_PER_S: f64 = (1u64 << 30) as f64 / 8.0;
+/// The lowest base an AMD ladder counts down from: 16 units, 2 GB/s. A group that used less in
+/// its busiest domain is not what loads the memory bus; counted from what it used, its floor
+/// would be a few hundred MB/s and would starve it should it need more before the steps are
+/// given back.
+const AMD_MIN_BASE: u32 = 16;
 
 /// The largest number of steps any ladder has (bounds loops on odd configurations).
 pub(super) const MAX_LEVEL: u32 = 64;
@@ -81,7 +86,8 @@ impl MbaLadder {
     /// `mba_step_percent`) then bites at once, where from the unthrottled 2048 (256 GB/s) only the
     /// last steps go below what a CCX uses. One base for every domain, the busiest one's: a
     /// domain the group barely uses is capped no tighter than its busiest, so a member moved
-    /// there later is not starved. `None` (count from the unthrottled value) on Intel, whose
+    /// there later is not starved. At least 2 GB/s (`AMD_MIN_BASE`). `None` (count from the
+    /// unthrottled value) on Intel, whose
     /// percent steps are relative already, and when nothing was measured.
     pub fn base_for(&self, bytes_per_s: Option<f64>) -> Option<u32> {
         if !self.is_absolute() {
@@ -92,14 +98,14 @@ impl MbaLadder {
         let units = (bytes_per_s / AMD_UNIT_BYTES_PER_S)
             .ceil()
             .min(f64::from(u32::MAX)) as u32;
-        Some(units.max(self.caps.min_bandwidth.max(1)))
+        Some(units.max(self.caps.min_bandwidth).max(AMD_MIN_BASE))
     }
 
     /// A base an earlier lodgerd kept, bounded as a measured one is; `None` where this ladder
     /// counts from none (Intel).
     pub fn held_base(&self, base: u32) -> Option<u32> {
         self.is_absolute()
-            .then(|| base.max(self.caps.min_bandwidth.max(1)))
+            .then(|| base.max(self.caps.min_bandwidth).max(AMD_MIN_BASE))
     }
 
     /// The value `base` stands for in `domain`: `base`, at most the unthrottled value; the
