@@ -34,6 +34,13 @@ fn an_amd_ladder_counts_down_from_what_the_group_used() {
     // Level 0 is no limit (the default group's value); every step bites.
     assert_eq!(values, [2048, 288, 256, 224, 192, 160, 128, 96, 64, 32]);
     assert_eq!(ladder.floor_at(0, base), 32);
+    // Counted from 2048, as before, no step goes below 205 (25.6 GB/s): a group using 20 GiB/s
+    // in a domain (160 units) was never held back, one using 40 GiB/s only at the last step.
+    assert!((1..=ladder.max_level(0)).all(|l| ladder.value(0, l) > 160));
+    assert_eq!(
+        (1..=ladder.max_level(0)).find(|&l| ladder.value(0, l) < 320),
+        Some(9)
+    );
     // Rounded up, not below 2 GB/s (a group using less is not the hog, and counted from what
     // it used its floor would starve it); above the unthrottled value it counts from that.
     assert_eq!(ladder.base_for(Some(40.0 * GIB + 1.0)), Some(321));
