@@ -81,7 +81,7 @@ impl MbaLadder {
     }
 
     /// Where a group's steps count down from, given `bytes_per_s`, the most it used in any one L3
-    /// domain just before its first step ([`group_peak`]). On AMD that bandwidth in MB units,
+    /// domain just before its first step (`group_peak`). On AMD that bandwidth in MB units,
     /// rounded up, within `min_bandwidth` and the unthrottled value: the first step (by
     /// `mba_step_percent`) then bites at once, where from the unthrottled 2048 (256 GB/s) only the
     /// last steps go below what a CCX uses. One base for every domain, the busiest one's: a
