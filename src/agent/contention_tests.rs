@@ -705,7 +705,7 @@ fn contention_on_an_amd_tree_counts_down_from_what_the_lodgers_used() {
         .throttle
         .as_deref()
         .is_some_and(|t| t.contains("MB:3=144")
-            && t.contains("from the 20.0 GB/s it used in its busiest L3 domain")));
+            && t.contains("from 20.0 GB/s (it used 20.0 GB/s in its busiest L3 domain)")));
     // A restart holds the step where it was, counted from the same base.
     agent.shutdown();
     drop(agent);

@@ -82,13 +82,13 @@ impl MbaLadder {
 
     /// Where a group's steps count down from, given `bytes_per_s`, the most it used in any one L3
     /// domain just before its first step (`group_peak`). On AMD that bandwidth in MB units,
-    /// rounded up, within `min_bandwidth` and the unthrottled value: the first step (by
-    /// `mba_step_percent`) then bites at once, where from the unthrottled 2048 (256 GB/s) only the
-    /// last steps go below what a CCX uses. One base for every domain, the busiest one's: a
-    /// domain the group barely uses is capped no tighter than its busiest, so a member moved
-    /// there later is not starved. At least 2 GB/s (`AMD_MIN_BASE`). `None` (count from the
-    /// unthrottled value) on Intel, whose
-    /// percent steps are relative already, and when nothing was measured.
+    /// rounded up, at least 2 GB/s (`AMD_MIN_BASE`) and `min_bandwidth`, at most the unthrottled
+    /// value: the first step (by `mba_step_percent`) then bites at once, where counted from the
+    /// unthrottled 2048 (256 GB/s) no step went below 205 (25.6 GB/s), more than a CCX hog uses.
+    /// One base for every domain, the busiest one's: a domain the group barely uses is capped no
+    /// tighter than its busiest, so a member moved there later is not starved. `None` (count
+    /// from the unthrottled value) on Intel, whose percent steps are relative already, and when
+    /// nothing was measured.
     pub fn base_for(&self, bytes_per_s: Option<f64>) -> Option<u32> {
         if !self.is_absolute() {
             return None;

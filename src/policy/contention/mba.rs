@@ -79,12 +79,13 @@ impl ContentionEliminator {
         let levels = self.mba_levels.get(&group).cloned().unwrap_or_default();
         // A domain's first step counts down from what the group uses now (AMD; see
         // `MbaLadder::base_for`); a domain already stepped keeps the base it started from.
-        let fresh = ladder.base_for(group_peak(
+        let peak = group_peak(
             tick.jobs
                 .values()
                 .copied()
                 .filter(|j| j.role.mba_group() == Some(group)),
-        ));
+        );
+        let fresh = ladder.base_for(peak);
         let level_of = |d: u32| levels.get(&d).copied().unwrap_or(0);
         let base_of = |d: u32| {
             if level_of(d) > 0 {
@@ -121,9 +122,11 @@ impl ContentionEliminator {
         }
         let first = domains.iter().any(|&(d, _)| level_of(d) == 0);
         let from = match fresh {
+            // GB as the ladder reads AMD's unit: 2^30 bytes.
             Some(base) if first => format!(
-                " from the {:.1} GB/s it used in its busiest L3 domain",
-                f64::from(base) / 8.0
+                " from {:.1} GB/s (it used {:.1} GB/s in its busiest L3 domain)",
+                f64::from(base) / 8.0,
+                peak.unwrap_or(0.0) / f64::from(1u32 << 30)
             ),
             None if first && ladder.is_absolute() => {
                 " from the unthrottled value (no bandwidth of its own measured per L3 domain)"
