@@ -177,6 +177,22 @@ fn a_restart_keeps_the_base_and_a_node_without_one_drops_it() {
     again.restore(back.clone());
     assert_eq!(again.throttles(), c.throttles());
     assert_eq!(lodgers_values(&again), [288; 4]);
+    // A base for a domain this node does not have is not taken up.
+    let mut elsewhere = back.clone();
+    elsewhere
+        .mba_bases
+        .entry(MbaGroup::Lodgers)
+        .or_default()
+        .insert(9, 320);
+    elsewhere
+        .mba_levels
+        .entry(MbaGroup::Lodgers)
+        .or_default()
+        .insert(9, 1);
+    let mut here = ContentionEliminator::new(config(2, 3), Some(amd_caps()));
+    here.restore(elsewhere);
+    assert_eq!(here.mba_base(MbaGroup::Lodgers, 9), None);
+    assert_eq!(here.held().mba_bases, back.mba_bases);
     // A state file from before bases (no such key): the steps count from no limit, as they
     // were taken.
     let mut before = back.clone();

@@ -115,8 +115,8 @@ impl ContentionEliminator {
             throttled,
             learnt,
         } = held;
-        // A base only where a step is held on a ladder that counts from one (AMD), and no
-        // higher than what the ladder would take now.
+        // A base only where a step is held, in a domain this node has, on a ladder that counts
+        // from one (AMD), bounded as a measured base is.
         self.mba_bases = match &self.ladder {
             Some(ladder) if ladder.is_absolute() => mba_bases
                 .into_iter()
@@ -125,6 +125,7 @@ impl ContentionEliminator {
                     let bases = bases
                         .into_iter()
                         .filter(|(d, _)| held.is_some_and(|l| l.get(d).is_some_and(|&l| l > 0)))
+                        .filter(|(d, _)| ladder.domains().any(|known| known == *d))
                         .filter_map(|(d, b)| Some((d, ladder.held_base(b)?)))
                         .collect::<BTreeMap<_, _>>();
                     (group, bases)
