@@ -32,6 +32,12 @@
 //! Slurm jobs are always swept: their processes are found in cgroups lodger does not own and
 //! pinned by affinity (`slurm_jobs`).
 //!
+//! Where eBPF can be loaded, only the jobs' processes' events are read (`sys::procwatch`, issue
+//! 21: a node forking outside every job cost lodgerd 2.2 µs a process): every process a sweep
+//! finds is watched ([`Quiet::watch`]; a cgroup job's in [`Quiet::threads`], a pid job's
+//! before anything is pinned), and the kernel watches a watched process's new children itself.
+//! A process's forks from before it was watched were not reported: the caller walks its tree.
+//!
 //! A sweep need not list a process's threads again (`Quiet::threads`): the last listing
 //! stands while no event touched the process since (a new thread is a fork, which is
 //! reported) and the kernel counts as many threads as it listed (a thread's end is not
@@ -50,7 +56,11 @@
 //! is [`FULL_SWEEP_EVERY`] old (the safety net) or [`MAX_UNSETTLED`] processes wait to be read
 //! again; without events, whenever a task was created on the node since the last read
 //! (`/proc/loadavg`), as before: on a busy node (a CI runner, a data loader forking workers)
-//! that was every sweep of a pid job reading every process's `stat`.
+//! that was every sweep of a pid job reading every process's `stat`. With only the jobs'
+//! processes' events, the table is kept in step for the jobs' trees alone, and the rest of it
+//! stays as /proc was at the last full read: no job's descendants depend on it, since a process
+//! joins a job's tree only by a fork the kernel reports (or a walk finds) or, given to a
+//! subreaper, from within that tree.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -134,6 +144,9 @@ pub(crate) struct Quiet {
     /// Full reads of /proc for the table, for the tests.
     #[cfg(test)]
     rescans: u64,
+    /// Process events read, for the tests.
+    #[cfg(test)]
+    events_read: u64,
 }
 
 /// The placement an apply was asked for.
@@ -145,10 +158,24 @@ pub(crate) struct Asked<'a> {
 
 impl Quiet {
     /// With `events`, skipping is on; without, every apply sweeps (one log line says why).
-    pub(crate) fn new(events: bool) -> Quiet {
+    /// With `watch` too, only the events of the jobs' processes are read ([`Quiet::watch`]):
+    /// the caller must then look for a newly watched process's children itself, since its
+    /// forks before it was watched were not reported.
+    pub(crate) fn new(events: bool, watch: bool) -> Quiet {
         let events = if events {
             match ProcEvents::open() {
-                Ok(e) => Some(Box::new(e) as Box<dyn Source>),
+                Ok(mut e) => {
+                    if watch {
+                        match e.watch_jobs() {
+                            Ok(()) => debug!("process events: only the jobs' processes' are read"),
+                            Err(e) => info!(
+                                "process events: every process's are read, not only the jobs' \
+                                 (the kernel filter could not be loaded: {e})"
+                            ),
+                        }
+                    }
+                    Some(Box::new(e) as Box<dyn Source>)
+                }
                 Err(e) => {
                     info!(
                         "process events unavailable ({e}): every job's threads are listed \
@@ -182,6 +209,8 @@ impl Quiet {
             listings: 0,
             #[cfg(test)]
             rescans: 0,
+            #[cfg(test)]
+            events_read: 0,
         }
     }
 
@@ -214,24 +243,79 @@ impl Quiet {
         self.drained = Some(now);
         let (touched, listed) = (&mut self.touched, &mut self.listed);
         let mut table = self.scanned.is_some().then_some(&mut self.table);
-        match events.drain(&mut |event| on_event(touched, listed, table.as_deref_mut(), event, now))
-        {
+        let drained =
+            events.drain(&mut |event| on_event(touched, listed, table.as_deref_mut(), event, now));
+        #[cfg(test)]
+        if let Ok(d) = &drained {
+            self.events_read += d.events;
+        }
+        match drained {
             Ok(d) if d.lost => {
+                if d.unwatched {
+                    info!(
+                        "process events: the kernel's map of the jobs' processes is full \
+                         ({} processes): every process's events are read from now on",
+                        crate::sys::procwatch::MAX_WATCHED
+                    );
+                }
                 debug!("process events were lost: every job is swept, /proc read again");
-                self.swept.clear();
-                self.listed.clear();
-                self.scanned = None;
+                self.start_over();
             }
             Ok(_) => {}
             Err(e) => {
                 info!("process events failed ({e}): every job's threads are listed every tick from now on");
                 self.events = None;
-                self.swept.clear();
-                self.listed.clear();
-                self.scanned = None;
+                self.start_over();
             }
         }
         self.prune(now);
+    }
+
+    /// After events were lost: every job is swept and the table read from /proc again.
+    fn start_over(&mut self) {
+        self.swept.clear();
+        self.listed.clear();
+        self.scanned = None;
+    }
+
+    /// Reads every process's events from now on, as before they were narrowed to the jobs'
+    /// (the spine benchmark's comparison).
+    pub(crate) fn read_every_process_event(&mut self) {
+        if let Some(events) = &mut self.events {
+            if events.unwatch().is_err() {
+                self.events = None;
+            }
+            self.start_over();
+        }
+    }
+
+    /// Whether only watched processes' events are read.
+    pub(crate) fn watching(&self) -> bool {
+        self.events.as_ref().is_some_and(|e| e.watching())
+    }
+
+    /// Watches `pids` (a job's processes, seen at `now`) and appends to `new` those not watched
+    /// before: their forks until now were not reported, so the caller looks for their children
+    /// in /proc. Nothing where every process's events are read. If the kernel cannot watch one
+    /// (its map is full), every process's events are read from now on, and every job is swept.
+    pub(crate) fn watch(&mut self, pids: &[u32], now: Instant, new: &mut Vec<u32>) {
+        let Some(events) = self.events.as_mut().filter(|e| e.watching()) else {
+            return;
+        };
+        for &pid in pids {
+            match events.watch(pid, now) {
+                Ok(true) => new.push(pid),
+                Ok(false) => {}
+                Err(e) => {
+                    info!(
+                        "process events: the kernel cannot watch the jobs' processes any more \
+                         ({e}): every process's events are read from now on"
+                    );
+                    self.start_over();
+                    return;
+                }
+            }
+        }
     }
 
     /// Forgets what no sweep can need any more, at most once a second, so a node forking
@@ -269,6 +353,8 @@ impl Quiet {
     ) -> Result<bool, ProcError> {
         tids.clear();
         self.drain(now);
+        // A cgroup job's process is first seen here; a pid job's were watched when found.
+        self.watch(&[pid], now, &mut Vec::new());
         if self.events.is_some() {
             if let Some((known, at)) = self.listing(pid) {
                 match reader.thread_count(pid)? {
@@ -374,6 +460,12 @@ impl Quiet {
     #[cfg(test)]
     pub(crate) fn rescans(&self) -> u64 {
         self.rescans
+    }
+
+    /// How many process events were read.
+    #[cfg(test)]
+    pub(crate) fn events_read(&self) -> u64 {
+        self.events_read
     }
 
     /// How many times [`Quiet::threads`] listed a process's threads.

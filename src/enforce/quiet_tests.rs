@@ -22,7 +22,11 @@ impl Source for Script {
         let (events, lost) = std::mem::take(&mut *self.0.lock().expect("script"));
         let n = events.len() as u64;
         events.into_iter().for_each(on);
-        Ok(Drained { events: n, lost })
+        Ok(Drained {
+            events: n,
+            lost,
+            ..Drained::default()
+        })
     }
 }
 
@@ -127,7 +131,7 @@ fn lost_events_read_the_table_from_proc_again() {
 /// listing goes with its event; another process's listing with no event since stays.
 #[test]
 fn a_pruned_exit_leaves_no_listing_for_a_reused_pid() {
-    let mut q = Quiet::new(false);
+    let mut q = Quiet::new(false, false);
     let t0 = Instant::now();
     let (dead, calm) = (100_000u32, 100_001u32);
     q.listed.insert(dead, (vec![dead, dead + 7], t0));

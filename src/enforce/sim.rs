@@ -26,7 +26,7 @@ impl SimulatedEnforcer {
         Self {
             reader: ProcReader::new(proc_root.as_ref()),
             tids: Vec::new(),
-            quiet: Quiet::new(real),
+            quiet: Quiet::new(real, real),
         }
     }
 

@@ -9,5 +9,6 @@ pub mod cgroupfs;
 pub mod command;
 pub mod procevents;
 pub mod procfs;
+pub mod procwatch;
 pub mod resctrlfs;
 pub mod stall;

@@ -184,10 +184,13 @@ impl Enforcer {
             cgroups: Vec::new(),
             roles: roles::ThreadRoles::new(&settings.proc_root),
             // Events speak of the node's processes: a fake proc tree (tests) has none.
+            // Only the jobs' processes' events where their trees can be walked (see
+            // `descendants`).
             quiet: quiet::Quiet::new(
                 settings.process_events
                     && settings.proc_root.as_path()
                         == std::path::Path::new(crate::sys::procfs::DEFAULT_PROC_ROOT),
+                walk_children,
             ),
         };
         Ok(Enforcer {
@@ -399,6 +402,19 @@ impl Enforcer {
         s.walk_children = !on && s.reader.lists_children();
     }
 
+    /// For the spine benchmark's comparison only: every process's events are read, as before
+    /// they were narrowed to the jobs' processes in the kernel (`sys::procwatch`).
+    #[doc(hidden)]
+    pub fn read_every_process_event(&self) {
+        self.scratch().quiet.read_every_process_event();
+    }
+
+    /// Whether only the jobs' processes' events are read (`sys::procwatch`).
+    #[doc(hidden)]
+    pub fn watches_jobs_in_the_kernel(&self) -> bool {
+        self.scratch().quiet.watching()
+    }
+
     /// Whether applies skip the jobs nothing happened to (the kernel's process events are read).
     pub fn event_driven(&self) -> bool {
         self.scratch().quiet.enabled()
@@ -529,16 +545,41 @@ fn within(current: &CpuSet, limit: &CpuSet) -> Option<CpuSet> {
 /// (`ProcReader::descendants`): its own threads read, not every process of the node. The
 /// sweeps of a job pinned by affinity, which look every time, keep using the table (and so
 /// keep it fresh).
+///
+/// Where only the jobs' processes' events are read (`quiet::Quiet::watching`), the table knows
+/// of a process's children only from the time it is watched: the job's processes are watched
+/// here, before anything is pinned, and the trees of those not watched before (a job's first
+/// apply, a process found by the safety net's read of /proc) are walked through /proc, each
+/// process watched before its children are read. A child forked after its parent is watched is
+/// reported (the kernel watches it as it forks); one forked before is found by the walk.
 fn descendants(
     s: &mut Scratch,
     known: &[u32],
     out: &mut Vec<u32>,
     once: bool,
 ) -> Result<(), EnforceError> {
-    if once && s.walk_children && !s.quiet.table_is_fresh(s.began) {
-        return Ok(s.reader.descendants(known, out)?);
+    let began = s.began;
+    let mut new = Vec::new();
+    s.quiet.watch(known, began, &mut new);
+    if once && s.walk_children && !s.quiet.table_is_fresh(began) {
+        return walk_watching(s, known, out);
     }
-    let table = s.quiet.table(&mut s.reader, s.began)?;
-    table.descendants(known, out);
+    let before = out.len();
+    s.quiet.table(&mut s.reader, began)?.descendants(known, out);
+    let found = out[before..].to_vec();
+    s.quiet.watch(&found, began, &mut new);
+    if !new.is_empty() && s.quiet.watching() {
+        walk_watching(s, &new, out)?;
+    }
     Ok(())
+}
+
+/// Appends to `out` the descendants of `roots` not in it yet, walked through /proc, each process
+/// watched (`quiet::Quiet::watch`) before its children are read.
+fn walk_watching(s: &mut Scratch, roots: &[u32], out: &mut Vec<u32>) -> Result<(), EnforceError> {
+    let (began, quiet) = (s.began, &mut s.quiet);
+    s.reader.walk_tree(roots, out, |pid, _| {
+        quiet.watch(&[pid], began, &mut Vec::new());
+        Ok::<(), EnforceError>(())
+    })
 }

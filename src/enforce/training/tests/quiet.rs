@@ -169,7 +169,9 @@ fn a_sweep_lists_threads_again_only_when_they_may_have_changed() {
         t.sort_unstable();
         t
     };
-    let mut q = Quiet::new(true);
+    // Only the job's processes' events, where the kernel takes the filter: the first listing
+    // watches the process, and its new threads are reported.
+    let mut q = Quiet::new(true, true);
     assert!(q.enabled(), "process events unavailable");
     assert_eq!(sorted(&mut q, &mut buf), listed(pid));
     assert_eq!(q.listings(), 1);
@@ -206,7 +208,7 @@ fn a_sweep_lists_threads_again_only_when_they_may_have_changed() {
     assert_eq!(swapped, listed(pid));
 
     // Without process events every sweep lists.
-    let mut q = Quiet::new(false);
+    let mut q = Quiet::new(false, false);
     for n in 1..=3 {
         assert_eq!(sorted(&mut q, &mut buf), listed(pid));
         assert_eq!(q.listings(), n);
@@ -291,7 +293,7 @@ fn the_table_reads_the_events_pending_when_it_is_used() {
     if !need_root(TEST) {
         return;
     }
-    let mut q = Quiet::new(true);
+    let mut q = Quiet::new(true, false);
     assert!(q.enabled(), "process events unavailable");
     let mut reader = ProcReader::new(std::path::Path::new("/proc"));
     let me = std::process::id();
@@ -389,4 +391,72 @@ fn a_pid_jobs_first_look_walks_its_tree_instead_of_reading_proc() {
     assert_eq!(rescans(), 1, "the sweep after it reads the table once");
     e.release(&job(63), &target, &record).expect("release");
     assert_threads(&[w.pid, wide, orphan], None, &unpinned());
+}
+
+/// Where the kernel takes the watch filter (`sys::procwatch`), only the jobs' processes' events
+/// are read: tasks created outside every job cost lodgerd no event at all, while a job's child
+/// and the grandchild it forks (watched by the kernel, not by lodger) are still reported. And a
+/// pid job registered on a process whose child was forked before anything watched it finds that
+/// child with the table fresh (its fork was never reported): the tree of a process not watched
+/// before is walked.
+#[test]
+fn only_the_jobs_processes_events_are_read() {
+    use crate::enforce::quiet::DRAIN_EVERY;
+    const TEST: &str = "only_the_jobs_processes_events_are_read";
+    if !need_root(TEST) {
+        return;
+    }
+    let e = pinned_by_affinity("watched", true);
+    if !e.scratch().quiet.watching() {
+        crate::privileged::skip(TEST, "the kernel did not take the eBPF watch filter");
+        return;
+    }
+    e.descendants_from_table(true);
+    let mut a = Workload::start(1);
+    let target_a = Target::Pids(vec![a.pid]);
+    let mut record_a = JobRecord::default();
+    let cpus = set("0");
+    let apply = |id: u64, target: &Target, record: &mut JobRecord| {
+        std::thread::sleep(DRAIN_EVERY);
+        e.apply(&job(id), target, &cpus, &CpuSet::new(), record)
+            .expect("apply")
+    };
+    apply(64, &target_a, &mut record_a);
+    let read = || e.scratch().quiet.events_read();
+    let rescans = || e.scratch().quiet.rescans();
+    assert_eq!(rescans(), 1);
+    let before = read();
+    for _ in 0..30 {
+        let status = Command::new("true").status().expect("run true");
+        assert!(status.success());
+    }
+    apply(64, &target_a, &mut record_a);
+    assert_eq!(
+        read(),
+        before,
+        "30 processes outside every job (90 events) were read"
+    );
+    // The job's child, and the grandchild that child forks (then exits): reported.
+    let orphan = a.spawn_orphan();
+    let out = apply(64, &target_a, &mut record_a);
+    assert!(out.pids.contains(&orphan), "{orphan} missed: {out:?}");
+    assert!(read() > before, "the job's forks were not read");
+    assert_eq!(rescans(), 1, "/proc read again");
+    // A process that forked before any job had it: its child's fork was not reported, and the
+    // table (fresh) does not have it.
+    let mut b = Workload::start(1);
+    let wide = b.spawn_wide_child();
+    let target_b = Target::Pids(vec![b.pid]);
+    let mut record_b = JobRecord::default();
+    let out = apply(65, &target_b, &mut record_b);
+    assert_eq!(rescans(), 1, "/proc read again");
+    assert!(out.pids.contains(&wide), "{wide} missed: {out:?}");
+    assert_threads(&[b.pid, wide], Some(7), "0");
+    // Watched from now on: its next child is reported.
+    let next = b.spawn_wide_child();
+    let out = apply(65, &target_b, &mut record_b);
+    assert!(out.pids.contains(&next), "{next} missed: {out:?}");
+    assert_eq!(rescans(), 1);
+    e.release(&job(64), &target_a, &record_a).expect("release");
+    e.release(&job(65), &target_b, &record_b).expect("release");
 }

@@ -1,0 +1,280 @@
+//! The process events' parsing, filter and subscription, against crafted datagrams and (as root) the kernel.
+
+use super::*;
+
+/// A datagram as the kernel sends it: nlmsghdr, cn_msg, proc_event.
+pub(crate) fn event(what: u32, data: &[u32]) -> Vec<u8> {
+    let payload = EVENT_DATA + 4 * data.len();
+    let total = NLMSG_HDR + CN_MSG_HDR + payload;
+    let mut m = Vec::new();
+    m.extend_from_slice(&(total as u32).to_ne_bytes());
+    m.extend_from_slice(&[0; 12]);
+    m.extend_from_slice(&CN_IDX_PROC.to_ne_bytes());
+    m.extend_from_slice(&CN_VAL_PROC.to_ne_bytes());
+    m.extend_from_slice(&[0; 8]);
+    m.extend_from_slice(&(payload as u16).to_ne_bytes());
+    m.extend_from_slice(&[0; 2]);
+    m.extend_from_slice(&what.to_ne_bytes());
+    m.extend_from_slice(&[0; 12]); // cpu, timestamp
+    for d in data {
+        m.extend_from_slice(&d.to_ne_bytes());
+    }
+    m
+}
+
+#[test]
+fn forks_execs_and_exits_touch_their_processes() {
+    let mut seen = Vec::new();
+    // A thread of 100 (tid 101) and a new process 200 forked by 100.
+    let mut d = event(PROC_EVENT_FORK, &[100, 100, 101, 100]);
+    d.extend(event(PROC_EVENT_FORK, &[100, 100, 200, 200]));
+    d.extend(event(PROC_EVENT_EXEC, &[200, 200]));
+    d.extend(event(PROC_EVENT_EXIT, &[101, 100, 0, 0, 1, 1]));
+    d.extend(event(0x0000_0004, &[300, 300, 0, 0])); // a UID change: nothing
+    let mut events = Vec::new();
+    assert_eq!(parse(&d, &mut |e: Event| events.push(e)), (5, false));
+    seen.extend(events.iter().flat_map(Event::touched).flatten());
+    assert_eq!(seen, [100, 100, 100, 200, 200, 100]);
+    assert_eq!(
+        events[..2],
+        [
+            Event::Fork {
+                parent_tgid: 100,
+                child_pid: 101,
+                child_tgid: 100
+            },
+            Event::Fork {
+                parent_tgid: 100,
+                child_pid: 200,
+                child_tgid: 200
+            }
+        ]
+    );
+    assert_eq!(
+        events[3],
+        Event::Exit {
+            pid: 101,
+            tgid: 100
+        }
+    );
+}
+
+#[test]
+fn truncated_or_foreign_messages_are_skipped() {
+    let d = event(PROC_EVENT_EXEC, &[7, 7]);
+    let mut seen = Vec::new();
+    assert_eq!(
+        parse(&d[..d.len() - 10], &mut |e| seen.push(e)),
+        (0, true),
+        "cut short"
+    );
+    let mut other = d.clone();
+    other[NLMSG_HDR..NLMSG_HDR + 4].copy_from_slice(&9u32.to_ne_bytes());
+    assert_eq!(parse(&other, &mut |e| seen.push(e)), (0, false));
+    assert_eq!(parse(&[], &mut |e| seen.push(e)), (0, false));
+    assert!(seen.is_empty());
+}
+
+/// The kernel's acknowledgement of a subscription: `event` with `ack` set to `cookie` + 1.
+fn acknowledged(cookie: u32, err: u32) -> Vec<u8> {
+    let mut d = event(PROC_EVENT_NONE, &[err]);
+    d[NLMSG_HDR + 12..NLMSG_HDR + 16].copy_from_slice(&cookie.wrapping_add(1).to_ne_bytes());
+    d
+}
+
+#[test]
+fn the_acknowledgement_is_recognised_by_its_cookie() {
+    assert_eq!(acknowledgement(&acknowledged(41, 0), 41), Some(0));
+    let eperm = u32::try_from(libc::EPERM).expect("errno");
+    assert_eq!(
+        acknowledgement(&acknowledged(41, eperm), 41),
+        Some(libc::EPERM)
+    );
+    // Another subscriber's, an event, a truncated one: not ours.
+    assert_eq!(acknowledgement(&acknowledged(7, 0), 41), None);
+    assert_eq!(
+        acknowledgement(&event(PROC_EVENT_EXEC, &[42, 42]), 41),
+        None
+    );
+    let ours = acknowledged(41, 0);
+    assert_eq!(acknowledgement(&ours[..ours.len() - 8], 41), None);
+    assert_eq!(acknowledgement(&[], 41), None);
+    // The cookie goes out in the subscription's `ack` field.
+    let listen = listen_message(41);
+    assert_eq!(u32_at(&listen, NLMSG_HDR + 12), Some(41));
+}
+
+/// A non-blocking Unix datagram pair: the kernel's end and lodgerd's, for the tests.
+pub(crate) fn datagram_pair() -> (OwnedFd, OwnedFd) {
+    let mut fds = [0; 2];
+    // SAFETY: `fds` has room for the two descriptors socketpair writes.
+    let rc = unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    };
+    assert_eq!(rc, 0, "socketpair: {}", io::Error::last_os_error());
+    // SAFETY: both descriptors were just opened and are owned here.
+    unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) }
+}
+
+/// `confirm` on a Unix datagram pair standing in for the kernel: other datagrams are passed
+/// over, an acceptance confirms, a refusal is its error, silence is an error that says why.
+#[test]
+fn confirm_waits_for_this_subscriptions_answer() {
+    let send = |fd: &OwnedFd, d: &[u8]| {
+        // SAFETY: the datagram is valid for its length.
+        let sent = unsafe { libc::send(fd.as_raw_fd(), d.as_ptr().cast(), d.len(), 0) };
+        assert_eq!(sent, d.len() as isize);
+    };
+    let (tx, rx) = datagram_pair();
+    send(&tx, &event(PROC_EVENT_FORK, &[1, 1, 2, 2]));
+    send(&tx, &acknowledged(7, 0));
+    send(&tx, &acknowledged(41, 0));
+    confirm(&rx, 41, CONFIRM_WITHIN).expect("accepted");
+
+    let (tx, rx) = datagram_pair();
+    send(
+        &tx,
+        &acknowledged(41, u32::try_from(libc::EPERM).expect("errno")),
+    );
+    let err = confirm(&rx, 41, CONFIRM_WITHIN).expect_err("refused");
+    assert_eq!(err.kind(), io::ErrorKind::PermissionDenied, "{err}");
+
+    let (tx, rx) = datagram_pair();
+    send(&tx, &acknowledged(7, 0));
+    let err = confirm(&rx, 41, Duration::from_millis(20)).expect_err("no answer");
+    assert_eq!(err.kind(), io::ErrorKind::TimedOut, "{err}");
+    assert!(err.to_string().contains("namespaces"), "{err}");
+}
+
+const CHILD_ENV: &str = "LODGER_TEST_PROCEVENTS_CHILD";
+
+/// Run by `a_subscription_from_another_pid_namespace_is_refused` inside a new pid
+/// namespace: says whether `open` succeeded.
+#[test]
+#[ignore = "run by a_subscription_from_another_pid_namespace_is_refused in a child pid namespace"]
+fn open_in_this_namespace() {
+    assert_eq!(
+        std::env::var(CHILD_ENV).as_deref(),
+        Ok("1"),
+        "run by its parent test"
+    );
+    match ProcEvents::open() {
+        Ok(_) => println!("PROCEVENTS: opened"),
+        Err(e) => println!("PROCEVENTS: refused: {e}"),
+    }
+}
+
+/// As root: in a pid namespace of its own (lodgerd in a container) the kernel ignores the
+/// subscription, and what the socket receives (other subscribers' events, in the initial
+/// namespace's pids, or nothing) must not pass for events: `open` fails with why.
+#[test]
+fn a_subscription_from_another_pid_namespace_is_refused() {
+    const TEST: &str = "a_subscription_from_another_pid_namespace_is_refused";
+    if !crate::privileged::need_root(TEST) {
+        return;
+    }
+    // A subscriber of our own in the initial namespace, so that events flow meanwhile. A
+    // test host that is itself in a container cannot subscribe at all: that is this test's
+    // subject, not its failure.
+    let _here = match ProcEvents::open() {
+        Ok(p) => p,
+        Err(e) => {
+            crate::privileged::skip(TEST, &format!("cannot subscribe here either: {e}"));
+            return;
+        }
+    };
+    let exe = std::env::current_exe().expect("test binary");
+    let out = match std::process::Command::new("unshare")
+        .args(["--pid", "--fork", "--kill-child"])
+        .arg(exe)
+        .args([
+            "--exact",
+            "sys::procevents::tests::open_in_this_namespace",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD_ENV, "1")
+        .output()
+    {
+        Ok(out) => out,
+        Err(e) => {
+            crate::privileged::skip(TEST, &format!("cannot run unshare(1): {e}"));
+            return;
+        }
+    };
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() && !stdout.contains("PROCEVENTS:") {
+        // unshare itself refused (root without CAP_SYS_ADMIN).
+        crate::privileged::skip(TEST, &format!("unshare --pid failed: {stderr}"));
+        return;
+    }
+    assert!(
+        stdout.contains("PROCEVENTS: refused") && stdout.contains("namespaces"),
+        "open in a child pid namespace: {stdout}\n{stderr}"
+    );
+}
+
+/// The socket filter, run by the kernel on a Unix datagram socket (same classic BPF, same
+/// absolute offsets from the datagram's start): forks, execs and process exits pass; thread
+/// exits and other events do not.
+#[test]
+fn the_filter_keeps_forks_execs_and_process_exits() {
+    let (tx, rx) = datagram_pair();
+    attach(&rx, &filter()).expect("attach the filter");
+    let cases = [
+        (event(PROC_EVENT_FORK, &[100, 100, 101, 100]), true),
+        (event(PROC_EVENT_FORK, &[100, 100, 200, 200]), true),
+        (event(PROC_EVENT_EXEC, &[200, 200]), true),
+        (event(PROC_EVENT_EXIT, &[200, 200, 0, 0, 1, 1]), true),
+        (event(PROC_EVENT_EXIT, &[101, 100, 0, 0, 1, 1]), false),
+        (event(0x0000_0200, &[101, 100]), false), // a rename (PROC_EVENT_COMM)
+        (event(0, &[0, 0]), false),               // the subscription's reply
+    ];
+    let mut buf = [0u8; 256];
+    for (i, (datagram, kept)) in cases.iter().enumerate() {
+        // SAFETY: the datagram is valid for its length.
+        let sent =
+            unsafe { libc::send(tx.as_raw_fd(), datagram.as_ptr().cast(), datagram.len(), 0) };
+        assert_eq!(sent, datagram.len() as isize, "case {i}");
+        // SAFETY: `buf` is valid for writes of its length.
+        let got = unsafe { libc::recv(rx.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+        assert_eq!(got > 0, *kept, "case {i}: received {got}");
+    }
+}
+
+/// As root: the kernel reports this test's own child processes, and one drain reads far more
+/// events than one `recvmmsg` batch holds (each child is a fork, an exec and an exit)
+/// without losing any.
+#[test]
+fn one_drain_reads_every_batch_of_events() {
+    const TEST: &str = "one_drain_reads_every_batch_of_events";
+    if !crate::privileged::need_root(TEST) {
+        return;
+    }
+    let mut events = ProcEvents::open().expect("subscribe to process events");
+    let mut children = std::collections::HashSet::new();
+    for _ in 0..3 * BATCH {
+        let mut child = std::process::Command::new("true")
+            .spawn()
+            .expect("spawn true");
+        children.insert(child.id());
+        child.wait().expect("wait");
+    }
+    let mut seen = std::collections::HashSet::new();
+    let drained = events
+        .drain(|e| {
+            seen.extend(e.touched().into_iter().flatten());
+        })
+        .expect("drain events");
+    assert!(!drained.lost, "events were lost");
+    assert!(drained.events >= 3 * 3 * BATCH as u64, "{drained:?}");
+    let missed: Vec<_> = children.difference(&seen).collect();
+    assert!(missed.is_empty(), "no event for children {missed:?}");
+}
