@@ -278,3 +278,122 @@ fn one_drain_reads_every_batch_of_events() {
     let missed: Vec<_> = children.difference(&seen).collect();
     assert!(missed.is_empty(), "no event for children {missed:?}");
 }
+
+/// A shell that forks `/bin/true` on each line it reads, and says when it is done: its forks
+/// are its own, whatever else the test process forks meanwhile.
+struct Forker {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    stdout: std::io::BufReader<std::process::ChildStdout>,
+}
+
+impl Forker {
+    fn start() -> Forker {
+        use std::process::{Command, Stdio};
+        let mut child = Command::new("sh")
+            .args(["-c", "while read x; do /bin/true; echo done; done"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn sh");
+        let stdin = child.stdin.take().expect("stdin");
+        let stdout = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+        Forker {
+            child,
+            stdin,
+            stdout,
+        }
+    }
+
+    fn fork(&mut self) {
+        use std::io::{BufRead, Write};
+        writeln!(self.stdin, "go").expect("the shell listens");
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).expect("the shell answers");
+        assert_eq!(line.trim(), "done");
+    }
+}
+
+impl Drop for Forker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The processes `events` reports forked by `parent`, and what the drain found.
+fn forked_by(events: &mut ProcEvents, parent: u32) -> (Drained, Vec<u32>) {
+    let mut kids = Vec::new();
+    let d = events
+        .drain(|e| {
+            if let Event::Fork {
+                parent_tgid,
+                child_pid,
+                child_tgid,
+            } = e
+            {
+                if parent_tgid == parent && child_pid == child_tgid {
+                    kids.push(child_tgid);
+                }
+            }
+        })
+        .expect("drain");
+    (d, kids)
+}
+
+/// Fills `events`'s watch map, with pids above any `pid_max` (no process of the node's).
+fn fill(events: &mut ProcEvents) {
+    let now = Instant::now();
+    let mut fake = 1u32 << 30;
+    let full = crate::sys::procwatch::MAX_WATCHED as usize;
+    while events.watch.as_ref().is_some_and(|w| w.len() < full) {
+        assert!(events.watch(fake, now).expect("room in the map"), "{fake}");
+        fake += 1;
+    }
+}
+
+/// As root, where eBPF loads: a watched process's forks are reported and others' are not; once
+/// the kernel's map is full, a fork whose child the program cannot watch is read as events
+/// lost, a process lodger cannot watch is an error, and either way every process's events pass
+/// from then on.
+#[test]
+fn a_full_watch_map_is_read_as_events_lost_and_every_event_passes_after() {
+    const TEST: &str = "a_full_watch_map_is_read_as_events_lost_and_every_event_passes_after";
+    if !crate::privileged::need_root(TEST) {
+        return;
+    }
+    let mut events = ProcEvents::open().expect("subscribe to process events");
+    if let Err(e) = events.watch_jobs() {
+        crate::privileged::skip(TEST, &format!("cannot load the eBPF filter: {e}"));
+        return;
+    }
+    let mut sh = Forker::start();
+    let pid = sh.child.id();
+    sh.fork();
+    let (d, kids) = forked_by(&mut events, pid);
+    assert!(kids.is_empty(), "reported unwatched: {d:?}");
+    assert!(events.watch(pid, Instant::now()).expect("watch the shell"));
+    sh.fork();
+    let (d, kids) = forked_by(&mut events, pid);
+    assert_eq!(kids.len(), 1, "{d:?}");
+    assert!(!d.lost);
+    // The map full (the shell and its child in it): the next child cannot be watched.
+    fill(&mut events);
+    sh.fork();
+    let (d, kids) = forked_by(&mut events, pid);
+    assert!(d.lost && d.unwatched, "{d:?}");
+    assert!(kids.is_empty(), "the cut-short fork was read as an event");
+    assert!(!Source::watching(&events), "still watching");
+    // Every process's events now.
+    sh.fork();
+    assert_eq!(forked_by(&mut events, pid).1.len(), 1);
+
+    // The same full map met by lodger's own watch: an error, and every event passes.
+    let mut events = ProcEvents::open().expect("subscribe to process events");
+    events.watch_jobs().expect("the filter loaded a moment ago");
+    fill(&mut events);
+    assert!(events.watch(pid, Instant::now()).is_err());
+    assert!(!Source::watching(&events));
+    sh.fork();
+    assert_eq!(forked_by(&mut events, pid).1.len(), 1);
+}

@@ -141,6 +141,12 @@ check "Delegate=yes: cpuset is among the controllers of lodgerd.service's cgroup
 check_eq "no device allow-list (NVML opens /dev/nvidia*; ProtectClock=yes made one before systemd 252)" \
     "$(systemctl show -p DeviceAllow --value lodgerd)" ""
 check "watchdog armed (WatchdogSec=30s)" test "$(systemctl show -p WatchdogUSec --value lodgerd)" = 30s
+# The eBPF filter that narrows the process events to the jobs' processes (src/sys/procwatch.rs)
+# loads within the unit's bounding set: lodgerd holds its map (65536 entries), and no fall-back
+# line was logged.
+check "process events narrowed to the jobs' processes in the kernel (eBPF map held, no fall-back)" \
+    sh -c "grep -qs 'max_entries:[[:space:]]*65536\$' /proc/$lodgerd_pid/fdinfo/* &&
+        ! journalctl -b -u lodgerd -o cat | grep -q 'the kernel filter could not be loaded'"
 check "GPU utilization source: the training emulator's published records (gpu = \"emulated\")" \
     sh -c 'journalctl -b -u lodgerd -o cat -n 50 | grep "GPU sensing" | tail -n 1 | grep emulated'
 lodgerctl status 2>&1 | note
