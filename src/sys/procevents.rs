@@ -29,9 +29,9 @@ use std::time::{Duration, Instant};
 use super::procwatch::Watch;
 
 /// `struct nlmsghdr`: 16 bytes.
-const NLMSG_HDR: usize = 16;
+pub(super) const NLMSG_HDR: usize = 16;
 /// `struct cn_msg` without its payload: `cb_id` (idx, val), seq, ack, len (u16), flags (u16).
-const CN_MSG_HDR: usize = 20;
+pub(super) const CN_MSG_HDR: usize = 20;
 /// `struct proc_event`: `what` (u32), `cpu` (u32), `timestamp_ns` (u64), then the union.
 const EVENT_DATA: usize = 16;
 const CN_IDX_PROC: u32 = 1;
@@ -177,17 +177,7 @@ impl ProcEvents {
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
         let size: libc::c_int = RECV_BUFFER;
         for opt in [libc::SO_RCVBUFFORCE, libc::SO_RCVBUF] {
-            // SAFETY: the option value is a c_int that lives across the call.
-            let rc = unsafe {
-                libc::setsockopt(
-                    fd.as_raw_fd(),
-                    libc::SOL_SOCKET,
-                    opt,
-                    std::ptr::addr_of!(size).cast(),
-                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-                )
-            };
-            if rc == 0 {
+            if set_option(&fd, opt, &size).is_ok() {
                 break;
             }
         }
@@ -398,14 +388,20 @@ fn attach(fd: &OwnedFd, program: &[libc::sock_filter]) -> io::Result<()> {
         len: u16::try_from(program.len()).map_err(|_| io::ErrorKind::InvalidInput)?,
         filter: program.as_ptr().cast_mut(),
     };
-    // SAFETY: `prog` points at `program`, which outlives the call (the kernel copies it).
+    // `prog` points at `program`, which outlives the call (the kernel copies it).
+    set_option(fd, SO_ATTACH_FILTER, &prog)
+}
+
+/// `setsockopt(fd, SOL_SOCKET, opt, value)`.
+pub(super) fn set_option<T>(fd: &OwnedFd, opt: libc::c_int, value: &T) -> io::Result<()> {
+    // SAFETY: `value` is a live `T` of the size given; the kernel reads no more than that.
     let rc = unsafe {
         libc::setsockopt(
             fd.as_raw_fd(),
             libc::SOL_SOCKET,
-            SO_ATTACH_FILTER,
-            std::ptr::addr_of!(prog).cast(),
-            std::mem::size_of::<libc::sock_fprog>() as libc::socklen_t,
+            opt,
+            std::ptr::from_ref(value).cast(),
+            std::mem::size_of::<T>() as libc::socklen_t,
         )
     };
     if rc < 0 {

@@ -34,6 +34,8 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
+use super::procevents::{CN_MSG_HDR, NLMSG_HDR};
+
 /// How many processes the map holds. An entry costs the kernel about 80 bytes (allocated as it
 /// is added: `BPF_F_NO_PREALLOC`); a node's jobs have far fewer processes, but a job forking
 /// short-lived children keeps [`FORGET_AFTER`]'s worth of the ended ones in it.
@@ -47,9 +49,6 @@ pub const FORGET_AFTER: Duration = Duration::from_secs(30);
 /// datagram cut to its headers and the event's `what`, shorter than its netlink header says.
 pub const FULL_MARK: u32 = (NLMSG_HDR + CN_MSG_HDR + 4) as u32;
 
-/// `struct nlmsghdr` and `struct cn_msg` without its payload, as in `procevents`.
-const NLMSG_HDR: usize = 16;
-const CN_MSG_HDR: usize = 20;
 /// Where `struct proc_event` starts, and how much of it the program reads: `what`, `cpu`,
 /// `timestamp_ns`, then the first four u32 of the union (fork: parent pid and tgid, child pid
 /// and tgid; exec and exit: pid, tgid, ...). Every event is as long as the whole union.
@@ -185,20 +184,8 @@ impl Watch {
         };
         let map = owned(bpf(BPF_MAP_CREATE, &mut create)?)?;
         let prog = load(&program(map.as_raw_fd()))?;
-        let fd = prog.as_raw_fd();
-        // SAFETY: the option value is a c_int that lives across the call.
-        let rc = unsafe {
-            libc::setsockopt(
-                socket.as_raw_fd(),
-                libc::SOL_SOCKET,
-                SO_ATTACH_BPF,
-                std::ptr::addr_of!(fd).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
-        if rc < 0 {
-            return Err(io::Error::last_os_error());
-        }
+        let fd: libc::c_int = prog.as_raw_fd();
+        super::procevents::set_option(socket, SO_ATTACH_BPF, &fd)?;
         // The socket holds the program now, and the program the map; `prog` may close.
         Ok(Watch {
             map,
@@ -394,6 +381,14 @@ impl Asm {
         self.op(MOV64_REG, reg, R10, 0, 0)
             .op(ADD64_IMM, reg, 0, 0, off)
     }
+    /// Goes on only if the u32 on the stack at `key` is in the map; else to "drop".
+    fn watched(&mut self, fd: i32, key: i32) -> &mut Self {
+        self.map(fd)
+            .stack(R2, key)
+            .op(CALL, 0, 0, 0, HELPER_MAP_LOOKUP_ELEM)
+            .jump(JEQ_IMM, R0, 0, 0, "drop")
+    }
+
     /// The program, every jump's offset counted from the instruction after it.
     fn finish(mut self) -> Vec<Insn> {
         for (at, to) in &self.jumps {
@@ -430,10 +425,7 @@ fn program(map: i32) -> Vec<Insn> {
         .op(LDX_W, R2, R10, -12, 0)
         .jump(JNE_REG, R1, R2, 0, "drop")
         .label("lookup")
-        .map(map)
-        .stack(R2, -12)
-        .op(CALL, 0, 0, 0, HELPER_MAP_LOOKUP_ELEM)
-        .jump(JEQ_IMM, R0, 0, 0, "drop")
+        .watched(map, -12)
         .jump(JA, 0, 0, 0, "pass")
         .label("fork")
         // A new thread (child pid != child tgid): its own process's key, since its parent is
@@ -441,17 +433,11 @@ fn program(map: i32) -> Vec<Insn> {
         .op(LDX_W, R1, R10, -8, 0)
         .op(LDX_W, R2, R10, -4, 0)
         .jump(JEQ_REG, R1, R2, 0, "process")
-        .map(map)
-        .stack(R2, -4)
-        .op(CALL, 0, 0, 0, HELPER_MAP_LOOKUP_ELEM)
-        .jump(JEQ_IMM, R0, 0, 0, "drop")
+        .watched(map, -4)
         .jump(JA, 0, 0, 0, "pass")
         // A new process: kept, and watched from now on, when its parent's process is watched.
         .label("process")
-        .map(map)
-        .stack(R2, -12)
-        .op(CALL, 0, 0, 0, HELPER_MAP_LOOKUP_ELEM)
-        .jump(JEQ_IMM, R0, 0, 0, "drop")
+        .watched(map, -12)
         .op(ST_W, R10, 0, -36, 1)
         .map(map)
         .stack(R2, -4)
