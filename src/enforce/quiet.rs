@@ -34,7 +34,7 @@
 //!
 //! Where eBPF can be loaded, only the jobs' processes' events are read (`sys::procwatch`, issue
 //! 21: a node forking outside every job cost lodgerd 2.2 µs a process): every process a sweep
-//! finds is watched ([`Quiet::watch`]; a cgroup job's in [`Quiet::threads`], a pid job's
+//! finds is watched (`Quiet::watch`; a cgroup job's in `Quiet::threads`, a pid job's
 //! before anything is pinned), and the kernel watches a watched process's new children itself.
 //! A process's forks from before it was watched were not reported: the caller walks its tree.
 //!
