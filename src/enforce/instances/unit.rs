@@ -436,10 +436,7 @@ impl Systemd {
             // names the main pid as soon as it has forked, while that process still carries
             // PID 1's environment (not yet lodger's marks, which a restarted lodgerd adopts by):
             // the pid is handed on only once the exec is done.
-            let state = self
-                .property(&unit, "org.freedesktop.systemd1.Unit", "ActiveState")
-                .and_then(|v| String::try_from(v).ok())
-                .unwrap_or_default();
+            let state = self.active_state(&unit);
             if state != "activating" {
                 let pid = self.property(&unit, "org.freedesktop.systemd1.Service", "MainPID");
                 if let Some(pid) = pid.and_then(|v| u32::try_from(v).ok()).filter(|&p| p != 0) {
@@ -449,7 +446,12 @@ impl Systemd {
                 let queued = self
                     .pending_job(&unit)
                     .is_some_and(|id| id != 0 && state == "inactive");
-                if (state == "failed" || state == "inactive") && !queued {
+                // Over only if the state read after the job still says so: a slow manager may
+                // have run the whole start job between the reads above (seen in the VM suite).
+                if (state == "failed" || state == "inactive")
+                    && !queued
+                    && self.active_state(&unit) == state
+                {
                     return Err(format!(
                         "{} did not start ({state}; `journalctl -u {}` says why)",
                         name, name
@@ -487,6 +489,12 @@ impl Systemd {
                 }
             }
         }
+    }
+
+    fn active_state(&self, unit: &OwnedObjectPath) -> String {
+        self.property(unit, "org.freedesktop.systemd1.Unit", "ActiveState")
+            .and_then(|v| String::try_from(v).ok())
+            .unwrap_or_default()
     }
 
     /// The id of the job queued for the unit (0: none), if systemd says.

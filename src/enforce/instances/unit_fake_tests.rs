@@ -32,6 +32,9 @@ enum Start {
     /// Inactive with its start job still queued (a busy manager) for this many looks, then
     /// active with this main pid.
     QueuedFor(u32, u32),
+    /// Inactive at the first look, with no main pid yet, and then, the start job having run
+    /// meanwhile (a slow manager), no job and active with this main pid.
+    RanBetweenLooks(u32),
 }
 
 #[derive(Debug)]
@@ -150,7 +153,8 @@ impl FakeUnit {
             Start::Fail => "failed",
             Start::ActiveAfter(n, _) if s.looks <= n => "activating",
             Start::QueuedFor(n, _) if s.looks <= n => "inactive",
-            Start::ActiveAfter(..) | Start::QueuedFor(..) => "active",
+            Start::RanBetweenLooks(_) if s.looks <= 1 => "inactive",
+            Start::ActiveAfter(..) | Start::QueuedFor(..) | Start::RanBetweenLooks(_) => "active",
         }
         .to_string()
     }
@@ -179,6 +183,7 @@ impl FakeService {
         let s = lock(&self.0.script);
         match s.start {
             Start::ActiveAfter(n, pid) | Start::QueuedFor(n, pid) if s.looks > n => pid,
+            Start::RanBetweenLooks(pid) if s.looks > 1 => pid,
             _ => 0,
         }
     }
@@ -402,5 +407,21 @@ fn an_inactive_unit_whose_start_is_still_queued_is_waited_for() {
     assert_eq!(
         fake.changes(),
         [format!("StartTransientUnit {} replace aux=0", spec.name)]
+    );
+}
+
+/// A start job that a slow manager runs between lodgerd's look at the unit's state (inactive,
+/// the job queued) and its look at the job (gone): the unit started, and the state read again
+/// says so. Taken for "did not start (inactive)" before, as a re-layout's restart in the VM
+/// suite once was.
+#[test]
+fn a_start_job_run_between_two_looks_is_not_taken_for_a_unit_that_did_not_start() {
+    let fake = Fake::start(Start::RanBetweenLooks(4243), Duration::from_secs(10));
+    let (spec, result) = fake.start_unit();
+    assert_eq!(result, Ok(4243));
+    assert_eq!(
+        fake.changes(),
+        [format!("StartTransientUnit {} replace aux=0", spec.name)],
+        "killed or stopped a unit that started"
     );
 }
