@@ -230,6 +230,13 @@ impl ProcEvents {
         Ok(())
     }
 
+    /// [`ProcEvents::watch_jobs`] with a map of `max` processes (a test fills a small one).
+    #[cfg(test)]
+    pub(crate) fn watch_jobs_holding(&mut self, max: u32) -> io::Result<()> {
+        self.watch = Some(Watch::attach_holding(&self.fd, max)?);
+        Ok(())
+    }
+
     /// See [`Source::watch`]. On an error (the kernel's map is full) every process's events
     /// pass from now on.
     pub fn watch(&mut self, tgid: u32, now: Instant) -> io::Result<bool> {

@@ -163,6 +163,8 @@ fn name(s: &str) -> [u8; 16] {
 #[derive(Debug)]
 pub struct Watch {
     map: OwnedFd,
+    /// How many processes the map holds.
+    max: u32,
     /// Each watched process and when lodger last saw it in a job (or learnt of its fork).
     seen: HashMap<u32, Instant>,
     pruned: Option<Instant>,
@@ -173,11 +175,16 @@ impl Watch {
     /// there. Fails where the kernel has no eBPF or lodgerd may not use it (no CAP_BPF or
     /// CAP_SYS_ADMIN: a container), or refuses the program.
     pub fn attach(socket: &OwnedFd) -> io::Result<Watch> {
+        Watch::attach_holding(socket, MAX_WATCHED)
+    }
+
+    /// [`Watch::attach`] with a map of `max` processes (the tests fill a small one).
+    pub fn attach_holding(socket: &OwnedFd, max: u32) -> io::Result<Watch> {
         let mut create = MapCreate {
             map_type: BPF_MAP_TYPE_HASH,
             key_size: 4,
             value_size: 4,
-            max_entries: MAX_WATCHED,
+            max_entries: max,
             map_flags: BPF_F_NO_PREALLOC,
             map_name: name("lodger_watch"),
             ..MapCreate::default()
@@ -189,6 +196,7 @@ impl Watch {
         // The socket holds the program now, and the program the map; `prog` may close.
         Ok(Watch {
             map,
+            max,
             seen: HashMap::new(),
             pruned: None,
         })
@@ -268,7 +276,7 @@ impl Watch {
         let mut key: Option<u32> = None;
         let mut next = 0u32;
         // At most the map's size: a map that changes as it is walked may start over.
-        for _ in 0..MAX_WATCHED {
+        for _ in 0..self.max {
             let mut attr = MapElem {
                 map_fd: self.map_fd(),
                 key: key.as_ref().map_or(0, |k| std::ptr::from_ref(k) as u64),

@@ -18,11 +18,15 @@ struct Pair {
 
 impl Pair {
     fn new(test: &str) -> Option<Pair> {
+        Pair::holding(test, MAX_WATCHED)
+    }
+
+    fn holding(test: &str, max: u32) -> Option<Pair> {
         if !crate::privileged::need_root(test) {
             return None;
         }
         let (tx, rx) = datagram_pair();
-        match Watch::attach(&rx) {
+        match Watch::attach_holding(&rx, max) {
             Ok(watch) => Some(Pair { tx, rx, watch }),
             Err(e) => {
                 crate::privileged::skip(test, &format!("cannot load the eBPF filter: {e}"));
@@ -175,15 +179,19 @@ fn a_process_no_sweep_saw_for_the_forget_time_is_unwatched_and_adopted_ones_too(
 
 #[test]
 fn a_fork_the_full_map_cannot_watch_passes_cut_short() {
-    let Some(mut p) = Pair::new("a_fork_the_full_map_cannot_watch_passes_cut_short") else {
+    // A small map: filling lodgerd's own (65,536) took memory and time from the tests beside.
+    let Some(mut p) = Pair::holding("a_fork_the_full_map_cannot_watch_passes_cut_short", 64) else {
         return;
     };
     let now = Instant::now();
-    for tgid in 1..=MAX_WATCHED {
-        p.watch.watch(tgid, now).expect("room in the map");
+    // Until the kernel says it is full: its count, not lodger's, decides (Linux 6.1 on 4 CPUs
+    // took one more than the map's size).
+    let mut tgid = 1;
+    while p.watch.watch(tgid, now).is_ok() {
+        tgid += 1;
+        assert!(tgid < 1_000, "the map never filled");
     }
-    let over = p.watch.watch(MAX_WATCHED + 1, now);
-    assert!(over.is_err(), "the map took one more: {over:?}");
+    assert!(p.watch.len() >= 64, "refused at {}", p.watch.len());
     assert_eq!(
         p.pass(&full(EV_FORK, &[7, 7, 1_000_000, 1_000_000])),
         Some(FULL_MARK as usize)
