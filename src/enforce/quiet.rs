@@ -147,6 +147,9 @@ pub(crate) struct Quiet {
     /// Process events read, for the tests.
     #[cfg(test)]
     events_read: u64,
+    /// Why every job was swept again ([`Quiet::start_over`]), for the tests.
+    #[cfg(test)]
+    started_over: Vec<&'static str>,
 }
 
 /// The placement an apply was asked for.
@@ -211,6 +214,8 @@ impl Quiet {
             rescans: 0,
             #[cfg(test)]
             events_read: 0,
+            #[cfg(test)]
+            started_over: Vec::new(),
         }
     }
 
@@ -259,20 +264,28 @@ impl Quiet {
                     );
                 }
                 debug!("process events were lost: every job is swept, /proc read again");
-                self.start_over();
+                self.start_over(if d.unwatched {
+                    "a fork the watch could not follow"
+                } else {
+                    "events lost"
+                });
             }
             Ok(_) => {}
             Err(e) => {
                 info!("process events failed ({e}): every job's threads are listed every tick from now on");
                 self.events = None;
-                self.start_over();
+                self.start_over("events failed");
             }
         }
         self.prune(now);
     }
 
-    /// After events were lost: every job is swept and the table read from /proc again.
-    fn start_over(&mut self) {
+    /// After events were lost: every job is swept and the table read from /proc again. `why`
+    /// is kept for the tests.
+    fn start_over(&mut self, why: &'static str) {
+        #[cfg(test)]
+        self.started_over.push(why);
+        let _ = why;
         self.swept.clear();
         self.listed.clear();
         self.scanned = None;
@@ -285,7 +298,7 @@ impl Quiet {
             if events.unwatch().is_err() {
                 self.events = None;
             }
-            self.start_over();
+            self.start_over("every event asked for");
         }
     }
 
@@ -311,7 +324,7 @@ impl Quiet {
                         "process events: the kernel cannot watch the jobs' processes any more \
                          ({e}): every process's events are read from now on"
                     );
-                    self.start_over();
+                    self.start_over("a watch refused");
                     return;
                 }
             }
@@ -460,6 +473,12 @@ impl Quiet {
     #[cfg(test)]
     pub(crate) fn rescans(&self) -> u64 {
         self.rescans
+    }
+
+    /// Why every job was swept again, in order.
+    #[cfg(test)]
+    pub(crate) fn started_over(&self) -> Vec<&'static str> {
+        self.started_over.clone()
     }
 
     /// How many process events were read.
