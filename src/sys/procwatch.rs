@@ -228,17 +228,15 @@ impl Watch {
     }
 
     /// Whether `tgid` is watched, as far as lodger knows.
-    pub fn watches(&self, tgid: u32) -> bool {
+    #[cfg(test)]
+    pub(crate) fn watches(&self, tgid: u32) -> bool {
         self.seen.contains_key(&tgid)
     }
 
     /// How many processes are watched, as far as lodger knows.
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.seen.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.seen.is_empty()
     }
 
     /// Unwatches every process not seen for [`FORGET_AFTER`], at most once a second.

@@ -566,8 +566,7 @@ fn descendants(
     }
     let before = out.len();
     s.quiet.table(&mut s.reader, began)?.descendants(known, out);
-    let found = out[before..].to_vec();
-    s.quiet.watch(&found, began, &mut new);
+    s.quiet.watch(&out[before..], began, &mut new);
     if !new.is_empty() && s.quiet.watching() {
         walk_watching(s, &new, out)?;
     }
