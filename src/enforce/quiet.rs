@@ -138,6 +138,8 @@ pub(crate) struct Quiet {
     table_key: Option<u32>,
     /// The table is read as without events even with them (the spine benchmark's baseline).
     keyed: bool,
+    /// Whether the log has said that events arrive cut short (once).
+    said_cut: bool,
     /// Listings made, for the tests.
     #[cfg(test)]
     listings: u64,
@@ -208,6 +210,7 @@ impl Quiet {
             scanned: None,
             table_key: None,
             keyed: false,
+            said_cut: false,
             #[cfg(test)]
             listings: 0,
             #[cfg(test)]
@@ -263,9 +266,17 @@ impl Quiet {
                         crate::sys::procwatch::MAX_WATCHED
                     );
                 }
+                if d.cut && !self.said_cut {
+                    self.said_cut = true;
+                    info!(
+                        "process events arrive cut short (another program's socket filter on                          the kernel's process connector cuts them for every listener): every                          job is swept when one does"
+                    );
+                }
                 debug!("process events were lost: every job is swept, /proc read again");
                 self.start_over(if d.unwatched {
                     "a fork the watch could not follow"
+                } else if d.cut {
+                    "events cut short"
                 } else {
                     "events lost"
                 });

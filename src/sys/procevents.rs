@@ -103,6 +103,9 @@ pub struct Drained {
     /// The kernel's map of watched processes was full: every process's events pass from now
     /// on ([`ProcEvents::watch_jobs`] undone), and `lost` is set.
     pub unwatched: bool,
+    /// A datagram arrived shorter than its header says (another listener's filter cut it for
+    /// every listener: `sys::procwatch`'s module doc): an event is unread, and `lost` is set.
+    pub cut: bool,
 }
 
 /// Where a reader of process events gets them: the kernel's connector ([`ProcEvents`]), or in
@@ -266,7 +269,7 @@ impl ProcEvents {
     pub fn drain(&mut self, mut on: impl FnMut(Event)) -> io::Result<Drained> {
         let mut out = Drained::default();
         let now = Instant::now();
-        let mut cut = false;
+        let (mut cut, mut forks) = (false, false);
         loop {
             // SAFETY: all-zero is a valid `iovec` and `mmsghdr` (null pointers, zero lengths);
             // each is pointed at its own part of `buf` below.
@@ -308,7 +311,7 @@ impl ProcEvents {
                 }
             }
             let received = usize::try_from(n).unwrap_or(0).min(BATCH);
-            let watch = &mut self.watch;
+            let (watch, forks) = (&mut self.watch, &mut forks);
             let mut each = |e: Event| {
                 // A new process of a watched one: the filter watches it already.
                 if let (
@@ -322,6 +325,7 @@ impl ProcEvents {
                 {
                     if child_pid == child_tgid {
                         w.forked(child_tgid, now);
+                        *forks = true;
                     }
                 }
                 on(e);
@@ -341,12 +345,14 @@ impl ProcEvents {
                 break;
             }
         }
-        if cut && self.watch.is_some() {
-            // The filter's mark: a fork it could not watch the child of (its map is full).
+        out.cut = cut;
+        out.lost |= cut;
+        // A new process read, or events lost: the program may have had no room for one.
+        if (forks || out.lost) && self.watch.as_ref().is_some_and(Watch::missed_a_fork) {
             self.unwatch()?;
             out.unwatched = true;
+            out.lost = true;
         }
-        out.lost |= cut;
         if let Some(w) = &mut self.watch {
             if out.lost {
                 w.adopt(now);
@@ -550,8 +556,8 @@ fn u32_at(b: &[u8], at: usize) -> Option<u32> {
 }
 
 /// Walks the netlink messages of one datagram; returns how many process events it held, and
-/// whether a message was cut short (shorter than its header says: the watch filter's mark that
-/// its map is full, `procwatch::FULL_MARK`).
+/// whether a message was cut short (shorter than its header says: a socket filter cut it, and
+/// the event in it cannot be read).
 fn parse(datagram: &[u8], on: &mut impl FnMut(Event)) -> (u64, bool) {
     let mut events = 0;
     let mut at = 0;

@@ -393,8 +393,12 @@ fn a_full_watch_map_is_read_as_events_lost_and_every_event_passes_after() {
     fill(&mut events);
     sh.fork();
     let (d, kids) = forked_by(&mut events, pid);
-    assert!(d.lost && d.unwatched, "{d:?}");
-    assert!(kids.is_empty(), "the cut-short fork was read as an event");
+    assert!(d.lost && d.unwatched && !d.cut, "{d:?}");
+    assert_eq!(
+        kids.len(),
+        1,
+        "the fork the map had no room for is read whole"
+    );
     assert!(!Source::watching(&events), "still watching");
     // Every process's events now.
     sh.fork();
@@ -410,4 +414,45 @@ fn a_full_watch_map_is_read_as_events_lost_and_every_event_passes_after() {
     assert!(!Source::watching(&events));
     sh.fork();
     assert_eq!(forked_by(&mut events, pid).1.len(), 1);
+}
+
+/// A lodger socket whose map is full leaves every other listener's events whole: the
+/// connector hands the first listener's filter its own buffer, so a filter that cut a fork
+/// short cut it for the sockets subscribed before it too (the VM suite's safety-net test read
+/// another test's cut forks as its own map full). Both kinds of listener are subscribed before
+/// the full one, where a cut reached them.
+#[test]
+fn a_full_watch_map_leaves_other_listeners_events_whole() {
+    const TEST: &str = "a_full_watch_map_leaves_other_listeners_events_whole";
+    if !crate::privileged::need_root(TEST) {
+        return;
+    }
+    let mut every = ProcEvents::open().expect("subscribe to process events");
+    let mut narrow = ProcEvents::open().expect("subscribe to process events");
+    if let Err(e) = narrow.watch_jobs_holding(SMALL) {
+        crate::privileged::skip(TEST, &format!("cannot load the eBPF filter: {e}"));
+        return;
+    }
+    let mut full = ProcEvents::open().expect("subscribe to process events");
+    full.watch_jobs_holding(SMALL)
+        .expect("the filter loaded a moment ago");
+    let mut sh = Forker::start();
+    let pid = sh.child.id();
+    assert!(full.watch(pid, Instant::now()).expect("watch the shell"));
+    fill(&mut full);
+    for _ in 0..3 {
+        sh.fork();
+    }
+    let (d, kids) = forked_by(&mut full, pid);
+    assert!(d.unwatched && kids.len() == 3, "{d:?} {kids:?}");
+    let (d, kids) = forked_by(&mut every, pid);
+    assert!(!d.cut && !d.lost, "every event read: {d:?}");
+    assert_eq!(kids.len(), 3, "every event read");
+    let (d, kids) = forked_by(&mut narrow, pid);
+    assert!(
+        !d.cut && !d.lost && !d.unwatched,
+        "a watch of nothing: {d:?}"
+    );
+    assert!(kids.is_empty(), "a watch of nothing read {kids:?}");
+    assert!(Source::watching(&narrow));
 }

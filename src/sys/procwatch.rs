@@ -13,7 +13,7 @@
 //! that child's own children; this one follows the job's tree as it grows, so what passes is
 //! exactly the events of processes descended from a watched one.
 //!
-//! Why by hand: the program is 40 instructions, and the crates that load eBPF (aya, libbpf-rs)
+//! Why by hand: the program is 55 instructions, and the crates that load eBPF (aya, libbpf-rs)
 //! load it from an ELF object built by an eBPF toolchain (bpf-linker or clang) that the build
 //! would then need. `bpf(2)`'s attributes and the instruction encoding below are written from
 //! the kernel's UAPI header (`linux/bpf.h`).
@@ -25,9 +25,20 @@
 //! `execve` ends the leader first (an exit event for the pid) and goes on under the same pid.
 //! A pid reused by another program meanwhile lets that program's events through, which lodger
 //! takes as it takes any process's events. When the map is full the program cannot watch a new
-//! child: it then passes the fork with its datagram cut short ([`FULL_MARK`]), which
-//! `procevents` reads as events lost (every job swept, /proc read again) and answers by going
+//! child: it passes the fork whole and sets a flag in a second, one-entry map, which lodger
+//! reads after a drain that saw a new process ([`Watch::missed_a_fork`]) and answers by going
 //! back to reading every process's events.
+//!
+//! The program never cuts a datagram short, though a socket filter may (its return value is
+//! the length kept). The connector broadcasts each event to every listener, and for the first
+//! one the kernel hands the filter the broadcast's own buffer rather than a copy
+//! (`do_one_broadcast` in `net/netlink/af_netlink.c` takes a reference while nobody else holds
+//! one): a length cut there is the length every later listener gets, whatever its own filter
+//! says. The first version marked a full map by passing the fork cut to its headers, and in
+//! the VM suite another test's lodger socket, subscribed before it, read those forks cut short
+//! and took its own map for full. Two connector sockets show it, the later one with a classic
+//! filter that returns 40: the earlier one gets 40-byte datagrams. A datagram that still
+//! arrives cut short (another program's filter) is read as events lost.
 
 use std::collections::HashMap;
 use std::io;
@@ -45,9 +56,6 @@ pub const MAX_WATCHED: u32 = 65_536;
 /// for slow ticks without dropping a process a job still has (which a sweep would watch again,
 /// walking its tree).
 pub const FORGET_AFTER: Duration = Duration::from_secs(30);
-/// What the program returns for a fork whose child it could not add (the map is full): the
-/// datagram cut to its headers and the event's `what`, shorter than its netlink header says.
-pub const FULL_MARK: u32 = (NLMSG_HDR + CN_MSG_HDR + 4) as u32;
 
 /// Where `struct proc_event` starts, and how much of it the program reads: `what`, `cpu`,
 /// `timestamp_ns`, then the first four u32 of the union (fork: parent pid and tgid, child pid
@@ -61,11 +69,13 @@ const PROC_EVENT_EXIT: i32 = i32::MIN;
 
 // bpf(2) commands, map and program types, helpers (`linux/bpf.h`).
 const BPF_MAP_CREATE: libc::c_long = 0;
+const BPF_MAP_LOOKUP_ELEM: libc::c_long = 1;
 const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
 const BPF_MAP_DELETE_ELEM: libc::c_long = 3;
 const BPF_MAP_GET_NEXT_KEY: libc::c_long = 4;
 const BPF_PROG_LOAD: libc::c_long = 5;
 const BPF_MAP_TYPE_HASH: u32 = 1;
+const BPF_MAP_TYPE_ARRAY: u32 = 2;
 const BPF_F_NO_PREALLOC: u32 = 1;
 const BPF_PROG_TYPE_SOCKET_FILTER: u32 = 1;
 const BPF_ANY: u64 = 0;
@@ -163,6 +173,8 @@ fn name(s: &str) -> [u8; 16] {
 #[derive(Debug)]
 pub struct Watch {
     map: OwnedFd,
+    /// One u32 the program sets when it could not add a watched process's new child.
+    missed: OwnedFd,
     /// How many processes the map holds.
     max: u32,
     /// Each watched process and when lodger last saw it in a job (or learnt of its fork).
@@ -190,12 +202,22 @@ impl Watch {
             ..MapCreate::default()
         };
         let map = owned(bpf(BPF_MAP_CREATE, &mut create)?)?;
-        let prog = load(&program(map.as_raw_fd()))?;
+        let mut flag = MapCreate {
+            map_type: BPF_MAP_TYPE_ARRAY,
+            key_size: 4,
+            value_size: 4,
+            max_entries: 1,
+            map_name: name("lodger_missed"),
+            ..MapCreate::default()
+        };
+        let missed = owned(bpf(BPF_MAP_CREATE, &mut flag)?)?;
+        let prog = load(&program(map.as_raw_fd(), missed.as_raw_fd()))?;
         let fd: libc::c_int = prog.as_raw_fd();
         super::procevents::set_option(socket, SO_ATTACH_BPF, &fd)?;
         // The socket holds the program now, and the program the map; `prog` may close.
         Ok(Watch {
             map,
+            missed,
             max,
             seen: HashMap::new(),
             pruned: None,
@@ -225,6 +247,20 @@ impl Watch {
     /// Records a new process the program watched at its fork (its event passed), at `now`.
     pub fn forked(&mut self, tgid: u32, now: Instant) {
         self.seen.insert(tgid, now);
+    }
+
+    /// Whether the program has failed to watch a watched process's new child (the map was
+    /// full): from then on the map holds less than the jobs' processes. One `bpf(2)` call; a
+    /// failed read counts as a miss.
+    pub fn missed_a_fork(&self) -> bool {
+        let (key, mut value) = (0u32, 0u32);
+        let mut attr = MapElem {
+            map_fd: fd_u32(&self.missed),
+            key: std::ptr::addr_of!(key) as u64,
+            value: std::ptr::addr_of_mut!(value) as u64,
+            ..MapElem::default()
+        };
+        bpf(BPF_MAP_LOOKUP_ELEM, &mut attr).map_or(true, |_| value != 0)
     }
 
     /// Whether `tgid` is watched, as far as lodger knows.
@@ -291,8 +327,12 @@ impl Watch {
     }
 
     fn map_fd(&self) -> u32 {
-        u32::try_from(self.map.as_raw_fd()).unwrap_or(u32::MAX)
+        fd_u32(&self.map)
     }
+}
+
+fn fd_u32(fd: &OwnedFd) -> u32 {
+    u32::try_from(fd.as_raw_fd()).unwrap_or(u32::MAX)
 }
 
 fn load(program: &[Insn]) -> io::Result<OwnedFd> {
@@ -377,7 +417,7 @@ impl Asm {
         self.labels.insert(name, self.code.len());
         self
     }
-    /// `r1 = the map` (two instructions).
+    /// `r1 = a map` (two instructions).
     fn map(&mut self, fd: i32) -> &mut Self {
         self.op(LD_IMM64, R1, PSEUDO_MAP_FD, 0, fd)
             .op(0, 0, 0, 0, 0)
@@ -412,8 +452,9 @@ impl Asm {
 /// tgid). The key is a process's tgid: for a new process its parent's (the fork's parent
 /// tgid), for a new thread its own process's (the fork's child tgid: a thread's parent is its
 /// process's parent, the kernel's `real_parent`), for an exec or exit the process's. A thread's
-/// exit is dropped, as the classic filter does (`procevents::filter`).
-fn program(map: i32) -> Vec<Insn> {
+/// exit is dropped, as the classic filter does (`procevents::filter`). A new child the map
+/// has no room for sets the flag in `missed` (key 0 at -40); its fork passes whole.
+fn program(map: i32, missed: i32) -> Vec<Insn> {
     let mut a = Asm::default();
     // r0 = bpf_skb_load_bytes(skb = r1, EVENT_AT, fp - 32, EVENT_READ)
     a.op(MOV64_IMM, R2, 0, 0, EVENT_AT)
@@ -451,9 +492,14 @@ fn program(map: i32) -> Vec<Insn> {
         .op(MOV64_IMM, R4, 0, 0, BPF_ANY as i32)
         .op(CALL, 0, 0, 0, HELPER_MAP_UPDATE_ELEM)
         .jump(JEQ_IMM, R0, 0, 0, "pass")
-        // The map is full: pass the fork cut short, which lodger reads as events lost.
-        .op(MOV64_IMM, R0, 0, 0, FULL_MARK as i32)
-        .op(EXIT, 0, 0, 0, 0)
+        // The map is full: the flag says so, and the fork passes whole (never cut: see the
+        // module doc).
+        .op(ST_W, R10, 0, -40, 0)
+        .map(missed)
+        .stack(R2, -40)
+        .op(CALL, 0, 0, 0, HELPER_MAP_LOOKUP_ELEM)
+        .jump(JEQ_IMM, R0, 0, 0, "pass")
+        .op(ST_W, R0, 0, 0, 1)
         .label("pass")
         .op(MOV64_IMM, R0, 0, 0, -1)
         .op(EXIT, 0, 0, 0, 0)

@@ -177,10 +177,13 @@ fn a_process_no_sweep_saw_for_the_forget_time_is_unwatched_and_adopted_ones_too(
     assert!(p.passes(EV_EXEC, &[100, 100]));
 }
 
+/// A fork whose child the full map has no room for passes whole (a cut would reach every
+/// listener: see the module doc), and the program sets the flag lodger reads.
 #[test]
-fn a_fork_the_full_map_cannot_watch_passes_cut_short() {
+fn a_fork_the_full_map_cannot_watch_passes_whole_and_sets_the_flag() {
+    const TEST: &str = "a_fork_the_full_map_cannot_watch_passes_whole_and_sets_the_flag";
     // A small map: filling lodgerd's own (65,536) took memory and time from the tests beside.
-    let Some(mut p) = Pair::holding("a_fork_the_full_map_cannot_watch_passes_cut_short", 64) else {
+    let Some(mut p) = Pair::holding(TEST, 64) else {
         return;
     };
     let now = Instant::now();
@@ -192,20 +195,27 @@ fn a_fork_the_full_map_cannot_watch_passes_cut_short() {
         assert!(tgid < 1_000, "the map never filled");
     }
     assert!(p.watch.len() >= 64, "refused at {}", p.watch.len());
-    assert_eq!(
-        p.pass(&full(EV_FORK, &[7, 7, 1_000_000, 1_000_000])),
-        Some(FULL_MARK as usize)
+    // A thread needs no room.
+    let thread = full(EV_FORK, &[1, 1, 8, 7]);
+    assert_eq!(p.pass(&thread), Some(thread.len()));
+    // Nor does an exec, and a child already in the map replaces itself.
+    assert!(p.passes(EV_EXEC, &[7, 7]));
+    assert!(
+        !p.watch.missed_a_fork(),
+        "flagged before any fork was missed"
     );
-    // A thread needs no room: passed whole.
-    assert_eq!(
-        p.pass(&full(EV_FORK, &[1, 1, 8, 7])),
-        Some(full(EV_FORK, &[1, 1, 8, 7]).len())
+    let fork = full(EV_FORK, &[7, 7, 1_000_000, 1_000_000]);
+    assert_eq!(p.pass(&fork), Some(fork.len()), "cut or dropped");
+    assert!(p.watch.missed_a_fork(), "the missed fork is not flagged");
+    assert!(
+        !p.passes(EV_EXEC, &[1_000_000, 1_000_000]),
+        "watched after all"
     );
 }
 
 #[test]
 fn every_jump_lands_inside_the_program() {
-    let code = program(3);
+    let code = program(3, 4);
     for (at, insn) in code.iter().enumerate() {
         let class = insn.code & 0x07;
         let is_jump = (class == 0x05 || class == 0x06) && insn.code != CALL && insn.code != EXIT;
