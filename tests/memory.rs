@@ -284,12 +284,28 @@ fn memory_pressure_while_lodgers_run_throttles_them_and_calm_gives_back() {
             let _ = nix::sys::signal::kill(pgid, nix::sys::signal::Signal::SIGSTOP);
         }
     }
-    wait_until(
+    // It failed once in the VM suite (CI at 14d2745), with no more said than the time-out: the
+    // job and the daemon's contention lines say where the calm stuck.
+    wait_until_explained(
         std::time::Duration::from_secs(60),
         "the cut given back on calm",
         || {
-            job = d.job(&hog);
+            let job = d.job(&hog);
             job["throttle"].is_null() || job["throttle"] == ""
+        },
+        || {
+            let log = d.log();
+            let lines: Vec<&str> = log
+                .lines()
+                .filter(|l| l.contains("throttl") || l.contains("contention") || l.contains("calm"))
+                .collect();
+            format!(
+                "job: {}\ntraining: {}\nlog, contention lines (last 30 of {}):\n{}",
+                d.job(&hog),
+                d.job(&train),
+                lines.len(),
+                lines[lines.len().saturating_sub(30)..].join("\n")
+            )
         },
     );
     assert!(d.log().contains("mechanism=release"), "{}", d.log());
