@@ -72,7 +72,7 @@ use super::Outcome;
 use crate::cpuset::CpuSet;
 use crate::enforce::cpusets::CpusetHierarchy;
 use crate::job::{JobId, Target};
-use crate::sys::procevents::{Event, ProcEvents, Source};
+use crate::sys::procevents::{Drained, Event, ProcEvents, Source, REWATCH_AFTER};
 use crate::sys::procfs::{processes_cpu_ns, ProcError, ProcReader, ProcessTable};
 
 /// The safety net: every job is swept in full at least this often.
@@ -258,30 +258,20 @@ impl Quiet {
             self.events_read += d.events;
         }
         match drained {
-            Ok(d) if d.lost => {
-                if d.unwatched {
-                    info!(
-                        "process events: the kernel's map of the jobs' processes is full \
-                         ({} processes): every process's events are read from now on",
-                        crate::sys::procwatch::MAX_WATCHED
-                    );
+            Ok(d) => {
+                if d.lost {
+                    self.lost(d);
                 }
-                if d.cut && !self.said_cut {
-                    self.said_cut = true;
+                if d.rewatched {
                     info!(
-                        "process events arrive cut short (another program's socket filter on                          the kernel's process connector cuts them for every listener): every                          job is swept when one does"
+                        "process events: the kernel's map of the jobs' processes is loaded \
+                         again; only the jobs' processes' events are read"
                     );
+                    // The new map is empty: every job's processes are watched at its next sweep,
+                    // and a pid job's trees walked, as at a first apply.
+                    self.start_over("the watch loaded again");
                 }
-                debug!("process events were lost: every job is swept, /proc read again");
-                self.start_over(if d.unwatched {
-                    "a fork the watch could not follow"
-                } else if d.cut {
-                    "events cut short"
-                } else {
-                    "events lost"
-                });
             }
-            Ok(_) => {}
             Err(e) => {
                 info!("process events failed ({e}): every job's threads are listed every tick from now on");
                 self.events = None;
@@ -289,6 +279,36 @@ impl Quiet {
             }
         }
         self.prune(now);
+    }
+
+    /// Events were lost, the watch lost, or a datagram arrived cut short: every job is swept.
+    fn lost(&mut self, d: Drained) {
+        if d.unwatched {
+            info!(
+                "process events: the kernel's map of the jobs' processes could not take a new \
+                 process (full at {} processes, or the kernel short of memory): every process's \
+                 events are read until it is loaded again ({} s at first, longer if this keeps \
+                 happening)",
+                crate::sys::procwatch::MAX_WATCHED,
+                REWATCH_AFTER.as_secs()
+            );
+        }
+        if d.cut && !self.said_cut {
+            self.said_cut = true;
+            info!(
+                "process events arrive cut short (another program's socket filter on the \
+                 kernel's process connector cuts them for every listener): every job is swept \
+                 when one does"
+            );
+        }
+        debug!("process events were lost: every job is swept, /proc read again");
+        self.start_over(if d.unwatched {
+            "a fork the watch could not follow"
+        } else if d.cut {
+            "events cut short"
+        } else {
+            "events lost"
+        });
     }
 
     /// After events were lost: every job is swept and the table read from /proc again. `why`
@@ -321,7 +341,8 @@ impl Quiet {
     /// Watches `pids` (a job's processes, seen at `now`) and appends to `new` those not watched
     /// before: their forks until now were not reported, so the caller looks for their children
     /// in /proc. Nothing where every process's events are read. If the kernel cannot watch one
-    /// (its map is full), every process's events are read from now on, and every job is swept.
+    /// (its map is full), every process's events are read for [`REWATCH_AFTER`], and every job
+    /// is swept.
     pub(crate) fn watch(&mut self, pids: &[u32], now: Instant, new: &mut Vec<u32>) {
         let Some(events) = self.events.as_mut().filter(|e| e.watching()) else {
             return;
@@ -332,8 +353,10 @@ impl Quiet {
                 Ok(false) => {}
                 Err(e) => {
                     info!(
-                        "process events: the kernel cannot watch the jobs' processes any more \
-                         ({e}): every process's events are read from now on"
+                        "process events: the kernel cannot watch the jobs' processes ({e}): \
+                         every process's events are read until the watch is loaded again ({} s \
+                         at first, longer if this keeps happening)",
+                        REWATCH_AFTER.as_secs()
                     );
                     self.start_over("a watch refused");
                     return;

@@ -9,23 +9,32 @@ use std::sync::{Arc, Mutex};
 /// Process events from a script: what the next drain reads, and whether it finds the socket
 /// overflowed. Overflowing the real one on demand is unreliable.
 #[derive(Debug, Clone, Default)]
-struct Script(Arc<Mutex<(Vec<Event>, bool)>>);
+struct Script(Arc<Mutex<(Vec<Event>, Drained)>>);
 
 impl Script {
     fn next(&self, events: Vec<Event>, lost: bool) {
-        *self.0.lock().expect("script") = (events, lost);
+        self.next_drained(
+            events,
+            Drained {
+                lost,
+                ..Drained::default()
+            },
+        );
+    }
+
+    fn next_drained(&self, events: Vec<Event>, drained: Drained) {
+        *self.0.lock().expect("script") = (events, drained);
     }
 }
 
 impl Source for Script {
     fn drain(&mut self, on: &mut dyn FnMut(Event)) -> std::io::Result<Drained> {
-        let (events, lost) = std::mem::take(&mut *self.0.lock().expect("script"));
+        let (events, drained) = std::mem::take(&mut *self.0.lock().expect("script"));
         let n = events.len() as u64;
         events.into_iter().for_each(on);
         Ok(Drained {
             events: n,
-            lost,
-            ..Drained::default()
+            ..drained
         })
     }
 }
@@ -36,7 +45,8 @@ fn scripted() -> (Quiet, Script) {
 }
 
 /// Events lost (the socket overflowed) may have been any job's fork: the next apply sweeps
-/// every job, where an event of one job's process sweeps that job alone.
+/// every job, where an event of one job's process sweeps that job alone. So does the watch
+/// loaded again (`procevents::REWATCH_AFTER`): none of the jobs' processes is in its map.
 #[test]
 fn lost_events_sweep_every_job_at_the_next_apply() {
     let (mut q, script) = scripted();
@@ -51,17 +61,21 @@ fn lost_events_sweep_every_job_at_the_next_apply() {
         .collect();
     // At the slots' epoch: no safety-net sweep falls due in the ticks below.
     let t0 = q.epoch;
-    for (id, target) in &jobs {
-        let Target::Pids(pids) = target else {
-            unreachable!()
-        };
-        let outcome = Outcome {
-            pids: pids.clone(),
-            alive: true,
-            ..Outcome::default()
-        };
-        q.remember(id, target, &asked, &outcome, Vec::new(), None, t0);
-    }
+    // What an apply that swept every job leaves.
+    let swept = |q: &mut Quiet, at: Instant| {
+        for (id, target) in &jobs {
+            let Target::Pids(pids) = target else {
+                unreachable!()
+            };
+            let outcome = Outcome {
+                pids: pids.clone(),
+                alive: true,
+                ..Outcome::default()
+            };
+            q.remember(id, target, &asked, &outcome, Vec::new(), None, at);
+        }
+    };
+    swept(&mut q, t0);
     let mut buf = Vec::new();
     // Which jobs the tick `n` (each one DRAIN_EVERY after the last) skips.
     let mut skipped = |q: &mut Quiet, n: u32| -> Vec<u64> {
@@ -79,6 +93,26 @@ fn lost_events_sweep_every_job_at_the_next_apply() {
     assert_eq!(skipped(&mut q, 2), vec![1, 3], "an exec in job 2");
     script.next(Vec::new(), true);
     assert_eq!(skipped(&mut q, 3), Vec::<u64>::new(), "events were lost");
+    swept(&mut q, t0 + DRAIN_EVERY * 3);
+    assert_eq!(skipped(&mut q, 4), vec![1, 2, 3], "swept at the last tick");
+    // The watch loaded again with an empty map: every job is swept, so that its processes
+    // are watched (and a pid job's tree walked) as at a first apply.
+    script.next_drained(
+        Vec::new(),
+        Drained {
+            rewatched: true,
+            ..Drained::default()
+        },
+    );
+    assert_eq!(
+        skipped(&mut q, 5),
+        Vec::<u64>::new(),
+        "the watch loaded again"
+    );
+    assert_eq!(
+        q.started_over(),
+        vec!["events lost", "the watch loaded again"]
+    );
 }
 
 /// Events lost may have been any fork or exit: the process table is read from /proc again

@@ -50,6 +50,16 @@ const BATCH: usize = 64;
 const DATAGRAM: usize = 256;
 /// Asked for (root may exceed `net.core.rmem_max`): about a thousand events between two reads.
 const RECV_BUFFER: libc::c_int = 1 << 20;
+/// How long after the watch was lost ([`Drained::unwatched`]) it is loaded again, with a new,
+/// empty map: a job that filled the map may have ended, and a refused entry may have been the
+/// kernel short of memory for a moment. Until then every process's events are read, as
+/// without eBPF. Lost again within [`REWATCH_HELD`], the wait doubles, up to
+/// [`REWATCH_AFTER_MOST`]: a job that keeps filling the map is not met with a new map (and two
+/// log lines) every minute and a half.
+pub const REWATCH_AFTER: Duration = Duration::from_secs(60);
+pub const REWATCH_AFTER_MOST: Duration = Duration::from_secs(64 * 60);
+/// A watch that held this long was not lost to the same cause as the one before it.
+pub const REWATCH_HELD: Duration = Duration::from_secs(10 * 60);
 /// How long [`ProcEvents::open`] waits for the kernel to acknowledge the subscription. The
 /// kernel answers while handling the request, so the answer is there at once; it never comes
 /// where the kernel ignores the request (another pid or user namespace).
@@ -100,12 +110,15 @@ pub struct Drained {
     pub events: u64,
     /// The socket overflowed: some events since the last drain are gone.
     pub lost: bool,
-    /// The kernel's map of watched processes was full: every process's events pass from now
-    /// on ([`ProcEvents::watch_jobs`] undone), and `lost` is set.
+    /// The kernel's map of watched processes was full: every process's events pass
+    /// ([`ProcEvents::watch_jobs`] undone) until [`REWATCH_AFTER`], and `lost` is set.
     pub unwatched: bool,
     /// A datagram arrived shorter than its header says (another listener's filter cut it for
     /// every listener: `sys::procwatch`'s module doc): an event is unread, and `lost` is set.
     pub cut: bool,
+    /// The watch, lost [`REWATCH_AFTER`] or more ago, is loaded again with an empty map: from now on
+    /// only watched processes' events pass, and none is watched yet.
+    pub rewatched: bool,
 }
 
 /// Where a reader of process events gets them: the kernel's connector ([`ProcEvents`]), or in
@@ -118,7 +131,8 @@ pub trait Source: std::fmt::Debug + Send {
 
     /// Lets process `tgid`'s events (and its new children's) through from now on, seen in a job
     /// at `now`: `Ok(true)` when it was not watched before. Where every process's events pass
-    /// (the default), `Ok(false)`. An error means every process's events pass from now on.
+    /// (the default), `Ok(false)`. An error means every process's events pass (for a while:
+    /// [`REWATCH_AFTER`]).
     fn watch(&mut self, _tgid: u32, _now: Instant) -> io::Result<bool> {
         Ok(false)
     }
@@ -159,6 +173,14 @@ pub struct ProcEvents {
     buf: Vec<u8>,
     /// Only these processes' events pass ([`ProcEvents::watch_jobs`]).
     watch: Option<Watch>,
+    /// The size of the watch's map.
+    watch_max: u32,
+    /// After the watch was lost (its map full, or the kernel refusing an entry): when to load
+    /// it again.
+    rewatch: Option<Instant>,
+    /// The wait before the next load after a loss, and when the watch was last loaded again.
+    rewatch_wait: Duration,
+    rewatched_at: Option<Instant>,
 }
 
 impl ProcEvents {
@@ -221,6 +243,10 @@ impl ProcEvents {
             fd,
             buf: vec![0; BATCH * DATAGRAM],
             watch: None,
+            watch_max: crate::sys::procwatch::MAX_WATCHED,
+            rewatch: None,
+            rewatch_wait: REWATCH_AFTER,
+            rewatched_at: None,
         })
     }
 
@@ -230,6 +256,7 @@ impl ProcEvents {
     /// process's events still pass.
     pub fn watch_jobs(&mut self) -> io::Result<()> {
         self.watch = Some(Watch::attach(&self.fd)?);
+        self.watch_max = crate::sys::procwatch::MAX_WATCHED;
         Ok(())
     }
 
@@ -237,11 +264,12 @@ impl ProcEvents {
     #[cfg(test)]
     pub(crate) fn watch_jobs_holding(&mut self, max: u32) -> io::Result<()> {
         self.watch = Some(Watch::attach_holding(&self.fd, max)?);
+        self.watch_max = max;
         Ok(())
     }
 
     /// See [`Source::watch`]. On an error (the kernel's map is full) every process's events
-    /// pass from now on.
+    /// pass until the watch is loaded again ([`REWATCH_AFTER`]).
     pub fn watch(&mut self, tgid: u32, now: Instant) -> io::Result<bool> {
         let Some(watch) = &mut self.watch else {
             return Ok(false);
@@ -249,16 +277,55 @@ impl ProcEvents {
         match watch.watch(tgid, now) {
             Ok(new) => Ok(new),
             Err(e) => {
-                self.unwatch()?;
+                self.lose_watch(now)?;
                 Err(e)
             }
         }
     }
 
-    /// Lets every process's events through again: the classic filter replaces the watch.
+    /// Lets every process's events through again, for good: the classic filter replaces the
+    /// watch.
     pub fn unwatch(&mut self) -> io::Result<()> {
+        self.rewatch = None;
         self.watch = None;
         attach(&self.fd, &filter())
+    }
+
+    /// The watch could not follow the jobs' processes: every process's events pass, and the
+    /// watch is loaded again, with a new map, [`REWATCH_AFTER`] from `now` (or longer: see
+    /// there).
+    fn lose_watch(&mut self, now: Instant) -> io::Result<()> {
+        self.unwatch()?;
+        let again_soon = self
+            .rewatched_at
+            .is_some_and(|at| now.saturating_duration_since(at) < REWATCH_HELD);
+        self.rewatch_wait = if again_soon {
+            (self.rewatch_wait * 2).min(REWATCH_AFTER_MOST)
+        } else {
+            REWATCH_AFTER
+        };
+        self.rewatch = Some(now + self.rewatch_wait);
+        Ok(())
+    }
+
+    /// Loads the watch again if it was lost and its time has come; true if it was. A failure
+    /// tries again [`REWATCH_AFTER`] later.
+    fn rewatch_if_due(&mut self, now: Instant) -> bool {
+        if self.watch.is_some() || !self.rewatch.is_some_and(|at| now >= at) {
+            return false;
+        }
+        match Watch::attach_holding(&self.fd, self.watch_max) {
+            Ok(w) => {
+                self.watch = Some(w);
+                self.rewatch = None;
+                self.rewatched_at = Some(now);
+                true
+            }
+            Err(_) => {
+                self.rewatch = Some(now + self.rewatch_wait);
+                false
+            }
+        }
     }
 
     /// Reads every pending event and calls `on` for each, in the kernel's order. Never blocks.
@@ -349,10 +416,11 @@ impl ProcEvents {
         out.lost |= cut;
         // A new process read, or events lost: the program may have had no room for one.
         if (forks || out.lost) && self.watch.as_ref().is_some_and(Watch::missed_a_fork) {
-            self.unwatch()?;
+            self.lose_watch(now)?;
             out.unwatched = true;
             out.lost = true;
         }
+        out.rewatched = self.rewatch_if_due(now);
         if let Some(w) = &mut self.watch {
             if out.lost {
                 w.adopt(now);

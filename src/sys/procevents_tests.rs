@@ -367,7 +367,7 @@ fn fill(events: &mut ProcEvents) {
 /// As root, where eBPF loads: a watched process's forks are reported and others' are not; once
 /// the kernel's map is full, a fork whose child the program cannot watch is read as events
 /// lost, a process lodger cannot watch is an error, and either way every process's events pass
-/// from then on.
+/// until the watch is loaded again, with an empty map, `REWATCH_AFTER` later.
 #[test]
 fn a_full_watch_map_is_read_as_events_lost_and_every_event_passes_after() {
     const TEST: &str = "a_full_watch_map_is_read_as_events_lost_and_every_event_passes_after";
@@ -400,9 +400,48 @@ fn a_full_watch_map_is_read_as_events_lost_and_every_event_passes_after() {
         "the fork the map had no room for is read whole"
     );
     assert!(!Source::watching(&events), "still watching");
-    // Every process's events now.
+    // Every process's events now, for a while.
+    assert!(
+        events
+            .rewatch
+            .is_some_and(|at| at > Instant::now() + REWATCH_AFTER / 2),
+        "no new watch planned: {:?}",
+        events.rewatch
+    );
+    sh.fork();
+    let (d, kids) = forked_by(&mut events, pid);
+    assert_eq!(kids.len(), 1);
+    assert!(!d.rewatched && !Source::watching(&events));
+    // Its time come, the watch is loaded again with an empty map: nothing passes until the
+    // shell is watched again, and its forks then.
+    events.rewatch = Some(Instant::now());
+    let (d, _) = forked_by(&mut events, pid);
+    assert!(d.rewatched && Source::watching(&events), "{d:?}");
+    assert!(events.rewatch.is_none());
+    sh.fork();
+    assert!(
+        forked_by(&mut events, pid).1.is_empty(),
+        "the new map holds nothing"
+    );
+    assert!(events
+        .watch(pid, Instant::now())
+        .expect("watch the shell again"));
     sh.fork();
     assert_eq!(forked_by(&mut events, pid).1.len(), 1);
+    // Full again soon after: the next load waits twice as long.
+    fill(&mut events);
+    sh.fork();
+    assert!(forked_by(&mut events, pid).0.unwatched);
+    assert!(
+        events
+            .rewatch
+            .is_some_and(|at| at > Instant::now() + REWATCH_AFTER * 3 / 2),
+        "the wait did not grow: {:?}",
+        events.rewatch
+    );
+    // Undone on purpose, the watch stays off.
+    events.unwatch().expect("unwatch");
+    assert!(events.rewatch.is_none());
 
     // The same full map met by lodger's own watch: an error, and every event passes.
     let mut events = ProcEvents::open().expect("subscribe to process events");
@@ -412,6 +451,7 @@ fn a_full_watch_map_is_read_as_events_lost_and_every_event_passes_after() {
     fill(&mut events);
     assert!(events.watch(pid, Instant::now()).is_err());
     assert!(!Source::watching(&events));
+    assert!(events.rewatch.is_some(), "no new watch planned");
     sh.fork();
     assert_eq!(forked_by(&mut events, pid).1.len(), 1);
 }

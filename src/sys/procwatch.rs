@@ -26,8 +26,9 @@
 //! A pid reused by another program meanwhile lets that program's events through, which lodger
 //! takes as it takes any process's events. When the map is full the program cannot watch a new
 //! child: it passes the fork whole and sets a flag in a second, one-entry map, which lodger
-//! reads after a drain that saw a new process ([`Watch::missed_a_fork`]) and answers by going
-//! back to reading every process's events.
+//! reads after a drain that saw a new process ([`Watch::missed_a_fork`]) and answers by reading
+//! every process's events for a minute (`procevents::REWATCH_AFTER`), then loading the program
+//! again with a new map, whose entries the jobs' next sweeps add.
 //!
 //! The program never cuts a datagram short, though a socket filter may (its return value is
 //! the length kept). The connector broadcasts each event to every listener, and for the first
