@@ -116,8 +116,8 @@ pub struct Drained {
     /// A datagram arrived shorter than its header says (another listener's filter cut it for
     /// every listener: `sys::procwatch`'s module doc): an event is unread, and `lost` is set.
     pub cut: bool,
-    /// The watch, lost [`REWATCH_AFTER`] or more ago, is loaded again with an empty map: from now on
-    /// only watched processes' events pass, and none is watched yet.
+    /// The watch, lost [`REWATCH_AFTER`] or more ago, is loaded again with an empty map: from
+    /// now on only watched processes' events pass, and none is watched yet.
     pub rewatched: bool,
 }
 
@@ -309,7 +309,7 @@ impl ProcEvents {
     }
 
     /// Loads the watch again if it was lost and its time has come; true if it was. A failure
-    /// tries again [`REWATCH_AFTER`] later.
+    /// tries again after the same wait.
     fn rewatch_if_due(&mut self, now: Instant) -> bool {
         if self.watch.is_some() || !self.rewatch.is_some_and(|at| now >= at) {
             return false;
