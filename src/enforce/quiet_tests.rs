@@ -109,10 +109,22 @@ fn lost_events_sweep_every_job_at_the_next_apply() {
         Vec::<u64>::new(),
         "the watch loaded again"
     );
+    // A datagram cut short by another listener's filter: an event unread, whichever it was.
+    swept(&mut q, t0 + DRAIN_EVERY * 5);
+    script.next_drained(
+        Vec::new(),
+        Drained {
+            lost: true,
+            cut: true,
+            ..Drained::default()
+        },
+    );
+    assert_eq!(skipped(&mut q, 6), Vec::<u64>::new(), "an event cut short");
     assert_eq!(
         q.started_over(),
-        vec!["events lost", "the watch loaded again"]
+        vec!["events lost", "the watch loaded again", "events cut short"]
     );
+    assert!(q.said_cut);
 }
 
 /// Events lost may have been any fork or exit: the process table is read from /proc again
