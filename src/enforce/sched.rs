@@ -119,20 +119,24 @@ pub fn revert_oom_score(proc_root: &Path, pid: u32, set: i32) -> Result<(), Sche
     }
 }
 
-/// SCHED_RR's priority range on this kernel.
+/// SCHED_RR's priority range on this kernel, asked once (it is fixed: a sweep asked for it for
+/// every thread, two system calls each).
 pub fn rr_priority_range() -> (i32, i32) {
-    // SAFETY: plain system calls without pointers.
-    let (min, max) = unsafe {
-        (
-            libc::sched_get_priority_min(libc::SCHED_RR),
-            libc::sched_get_priority_max(libc::SCHED_RR),
-        )
-    };
-    if min < 0 || max < 0 {
-        (1, 99)
-    } else {
-        (min, max)
-    }
+    static RANGE: std::sync::OnceLock<(i32, i32)> = std::sync::OnceLock::new();
+    *RANGE.get_or_init(|| {
+        // SAFETY: plain system calls without pointers.
+        let (min, max) = unsafe {
+            (
+                libc::sched_get_priority_min(libc::SCHED_RR),
+                libc::sched_get_priority_max(libc::SCHED_RR),
+            )
+        };
+        if min < 0 || max < 0 {
+            (1, 99)
+        } else {
+            (min, max)
+        }
+    })
 }
 
 pub fn check_priority(priority: i32) -> Result<(), SchedError> {

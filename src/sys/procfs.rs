@@ -105,6 +105,32 @@ pub fn is_gone(e: &io::Error) -> bool {
     e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH)
 }
 
+/// Reads the whole file at `path` into `buf` (cleared first): open, read until the end, close.
+/// By hand because `std`'s `read_to_end` on a `File` first asks for the file's size and
+/// position (`statx`, `lseek`), two of its six system calls, and a /proc file has no size to
+/// give. A registration reads a few small /proc files per thread (issue 21 item 1).
+pub fn read_small(path: &Path, buf: &mut Vec<u8>) -> io::Result<()> {
+    const CHUNK: usize = 512;
+    let mut f = File::open(path)?;
+    buf.clear();
+    loop {
+        let len = buf.len();
+        buf.resize(len + CHUNK, 0);
+        match f.read(&mut buf[len..]) {
+            Ok(0) => {
+                buf.truncate(len);
+                return Ok(());
+            }
+            Ok(n) => buf.truncate(len + n),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => buf.truncate(len),
+            Err(e) => {
+                buf.truncate(len);
+                return Err(e);
+            }
+        }
+    }
+}
+
 /// Reads /proc with buffers kept between calls, so a sweep does not allocate per process.
 #[derive(Debug)]
 pub struct ProcReader {
@@ -138,10 +164,8 @@ impl ProcReader {
     pub fn stat(&mut self, pid: u32) -> Result<Option<ProcStat>, ProcError> {
         let pid_s = pid.to_string();
         self.set_path(&[&pid_s, "stat"]);
-        self.buf.clear();
-        let read = File::open(&self.path).and_then(|mut f| f.read_to_end(&mut self.buf));
-        match read {
-            Ok(_) => Ok(parse_stat(&self.buf)),
+        match read_small(&self.path, &mut self.buf) {
+            Ok(()) => Ok(parse_stat(&self.buf)),
             Err(e) if is_gone(&e) => Ok(None),
             Err(source) => Err(ProcError::Read {
                 path: self.path.clone(),
@@ -189,10 +213,8 @@ impl ProcReader {
     pub fn children(&mut self, pid: u32, tid: u32, out: &mut Vec<u32>) -> Result<(), ProcError> {
         let (pid_s, tid_s) = (pid.to_string(), tid.to_string());
         self.set_path(&[&pid_s, "task", &tid_s, "children"]);
-        self.buf.clear();
-        let read = File::open(&self.path).and_then(|mut f| f.read_to_end(&mut self.buf));
-        match read {
-            Ok(_) => {
+        match read_small(&self.path, &mut self.buf) {
+            Ok(()) => {
                 out.extend(
                     self.buf
                         .split(u8::is_ascii_whitespace)
@@ -286,10 +308,7 @@ impl ProcReader {
     /// every fork and clone, so an unchanged value means no process appeared since it was read.
     pub fn last_pid(&mut self) -> Option<u32> {
         self.set_path(&["loadavg"]);
-        self.buf.clear();
-        File::open(&self.path)
-            .and_then(|mut f| f.read_to_end(&mut self.buf))
-            .ok()?;
+        read_small(&self.path, &mut self.buf).ok()?;
         std::str::from_utf8(&self.buf)
             .ok()?
             .split_ascii_whitespace()

@@ -295,3 +295,28 @@ fn scan_finds_this_process_and_its_parent() {
     t.descendants(&[parent], &mut out);
     assert!(out.contains(&std::process::id()));
 }
+
+/// `read_small` reads a file whole whatever its length against its 512-byte reads (empty, one
+/// read, several), replaces what the buffer held, and says a missing file is gone.
+#[test]
+fn read_small_reads_whole_files_into_the_buffer() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut buf = b"left from before".to_vec();
+    for len in [0usize, 1, 511, 512, 513, 5_000] {
+        let text: Vec<u8> = (0..len).map(|i| b'a' + (i % 26) as u8).collect();
+        let path = dir.path().join(format!("f{len}"));
+        fs::write(&path, &text).expect("write");
+        read_small(&path, &mut buf).expect("read");
+        assert_eq!(buf, text, "a file of {len} bytes");
+    }
+    // A real /proc file, whose size the kernel does not know.
+    read_small(Path::new("/proc/self/stat"), &mut buf).expect("read /proc/self/stat");
+    let pid = std::process::id().to_string();
+    assert!(
+        buf.starts_with(pid.as_bytes()),
+        "{:?}",
+        String::from_utf8_lossy(&buf)
+    );
+    let e = read_small(&dir.path().join("missing"), &mut buf).expect_err("missing");
+    assert!(is_gone(&e));
+}

@@ -15,6 +15,8 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use crate::sys::procfs::read_small;
+
 /// Below this share of a CPU since the last sweep, a thread is latency-critical.
 pub const LATENCY_BELOW: f64 = 0.3;
 /// Above it, a worker.
@@ -46,6 +48,8 @@ struct Seen {
 pub struct ThreadRoles {
     proc_root: PathBuf,
     seen: HashMap<u32, Seen>,
+    /// The schedstat file's bytes, kept between reads.
+    buf: Vec<u8>,
 }
 
 impl ThreadRoles {
@@ -53,6 +57,7 @@ impl ThreadRoles {
         Self {
             proc_root: proc_root.to_path_buf(),
             seen: HashMap::new(),
+            buf: Vec::new(),
         }
     }
 
@@ -65,9 +70,9 @@ impl ThreadRoles {
     /// The role of `tid` (of process `pid`) now; `Worker` until it has been seen twice.
     pub fn role(&mut self, pid: u32, tid: u32, now: Instant) -> Role {
         let path = self.proc_root.join(format!("{pid}/task/{tid}/schedstat"));
-        let on_cpu = std::fs::read_to_string(&path)
+        let on_cpu = read_small(&path, &mut self.buf)
             .ok()
-            .and_then(|t| parse_on_cpu_ns(&t));
+            .and_then(|()| parse_on_cpu_ns(std::str::from_utf8(&self.buf).ok()?));
         let Some(on_cpu_ns) = on_cpu else {
             return Role::Worker;
         };
