@@ -200,8 +200,10 @@ fn cgroup_v2() -> bool {
 /// inside their 32 MiB limits (each re-reads a 48 MiB file it wrote) stall on memory, which the
 /// node's PSI shows; with a training job registered that is pressure, and contention control
 /// cuts the lodgers' cores (one instance fewer). Once the instances stop thrashing (a file
-/// tells them to, and every instance started after: SIGSTOP of the running ones left an
-/// instance started on a give-back thrashing again) the stalls end and the cut is given back.
+/// tells them to, and every instance started after) the stalls end and the cut is given back.
+/// The calm was a SIGSTOP of the instances then running, which leaves an instance started
+/// after it (a second cut's give-back) thrashing: the likely cause, not seen, of the one
+/// time-out in the VM suite.
 #[test]
 fn memory_pressure_while_lodgers_run_throttles_them_and_calm_gives_back() {
     let test = "memory_pressure_while_lodgers_run_throttles_them_and_calm_gives_back";
