@@ -12,7 +12,8 @@
 //! - no process events are available (no CAP_NET_ADMIN, or a kernel without the connector);
 //! - it was never swept, or its placement (CPUs, memory nodes, memory limit) differs;
 //! - a process of the job forked (a thread or a child), exec'd or exited since;
-//! - events were lost (the socket overflowed): every job;
+//! - events were lost (the socket overflowed, a datagram arrived cut short, or the kernel's
+//!   watch of the jobs' processes was lost or loaded again with an empty map): every job;
 //! - a cgroup job's `cgroup.procs` differs (a process attached from outside: `kubectl exec`,
 //!   a Slurm step), read each tick (one file);
 //! - with thread roles, one of its latency threads started computing, or the job was placed

@@ -13,10 +13,10 @@
 //! that child's own children; this one follows the job's tree as it grows, so what passes is
 //! exactly the events of processes descended from a watched one.
 //!
-//! Why by hand: the program is 55 instructions, and the crates that load eBPF (aya, libbpf-rs)
-//! load it from an ELF object built by an eBPF toolchain (bpf-linker or clang) that the build
-//! would then need. `bpf(2)`'s attributes and the instruction encoding below are written from
-//! the kernel's UAPI header (`linux/bpf.h`).
+//! Why by hand: the program is a few dozen instructions, and the crates that load eBPF (aya,
+//! libbpf-rs) load it from an ELF object built by an eBPF toolchain (bpf-linker or clang) that
+//! the build would then need. `bpf(2)`'s attributes and the instruction encoding below are
+//! written from the kernel's UAPI header (`linux/bpf.h`).
 //!
 //! What the map holds is a superset of what lodger needs, never less: an entry is added for
 //! every process lodger sweeps as a job's ([`Watch::watch`]) and by the program for every new

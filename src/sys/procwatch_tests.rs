@@ -198,7 +198,7 @@ fn a_fork_the_full_map_cannot_watch_passes_whole_and_sets_the_flag() {
     // A thread needs no room.
     let thread = full(EV_FORK, &[1, 1, 8, 7]);
     assert_eq!(p.pass(&thread), Some(thread.len()));
-    // Nor does an exec, and a child already in the map replaces itself.
+    // Nor does an exec.
     assert!(p.passes(EV_EXEC, &[7, 7]));
     assert!(
         !p.watch.missed_a_fork(),

@@ -129,8 +129,9 @@ fn the_safety_net_sweeps_jobs_placed_together_apart() {
     }
     // One job a tick when the ticks keep time; a late tick may take two or three slots.
     let most = swept_at.iter().map(Vec::len).max().unwrap_or(0);
-    // Why lodgerd started over, if it did (the VM suite saw all ten swept in one tick twice
-    // after the process events were narrowed to the jobs' processes, cause not found).
+    // Why lodgerd started over, if it did: the VM suite saw all ten swept in one tick twice,
+    // "a fork the watch could not follow", when another test's filter cut forks short for
+    // every listener (`sys::procwatch`'s module doc; the program no longer cuts).
     let started_over = e.scratch().quiet.started_over();
     assert!(
         most <= 4,
