@@ -84,6 +84,9 @@ pub trait CpusetHierarchy: Send + Sync + fmt::Debug {
     fn children(&self, cgroup: &str, out: &mut Vec<String>) -> Result<(), CgroupError>;
     /// Creates a cgroup whose parent exists. v1: it starts with its parent's cpus and mems.
     fn create(&self, cgroup: &str) -> Result<(), CgroupError>;
+    /// Creates `cgroup` with no values of its own: on v1 its cpus and mems stay empty, and it
+    /// takes no task, until both are written; on v2 the same as [`create`](Self::create).
+    fn create_empty(&self, cgroup: &str) -> Result<(), CgroupError>;
     /// Removes an empty cgroup lodger created.
     fn remove(&self, cgroup: &str) -> Result<(), CgroupError>;
     /// Removes the cgroup if it has neither processes nor children; `Ok(false)` if it is in use.
@@ -245,6 +248,11 @@ impl CpusetHierarchy for V1Cpuset {
         let dir = self.dir(cgroup);
         create_with(&self.controller(&dir), &dir)
     }
+    fn create_empty(&self, cgroup: &str) -> Result<(), CgroupError> {
+        // A plain mkdir: the kernel leaves a new v1 cpuset's cpus and mems empty.
+        let dir = self.dir(cgroup);
+        fs::create_dir(&dir).map_err(|source| CgroupError::Create { path: dir, source })
+    }
     fn remove(&self, cgroup: &str) -> Result<(), CgroupError> {
         let dir = self.dir(cgroup);
         remove_with(&self.controller(&dir), &dir)
@@ -337,6 +345,9 @@ impl CpusetHierarchy for V2Cpuset {
         // ancestor up from the root, which is not lodger's to change under systemd.
         let dir = self.dir(cgroup);
         create_with(&self.controller(&dir), &dir)
+    }
+    fn create_empty(&self, cgroup: &str) -> Result<(), CgroupError> {
+        self.create(cgroup)
     }
     fn remove(&self, cgroup: &str) -> Result<(), CgroupError> {
         let dir = self.dir(cgroup);
@@ -441,16 +452,23 @@ pub fn nested_write_order(changes: &[NestedChange]) -> Vec<(String, CpuSet)> {
 /// The writes that set `cgroup` to `cpus` (and `mems`, unless empty) and, where the hierarchy
 /// nests subsets (v1), grow each of `ancestors` to hold them: ancestors are never shrunk, other
 /// cgroups live in them. In the order [`write_nested`] takes; empty when `cgroup` already holds
-/// those values.
+/// those values. `known`: `cgroup`'s cpus and mems when the caller knows them (both empty in a
+/// cgroup it just made with [`CpusetHierarchy::create_empty`]); read otherwise.
 pub fn set_with_ancestors(
     h: &dyn CpusetHierarchy,
     cgroup: &str,
     cpus: &CpuSet,
     mems: &CpuSet,
     ancestors: &[&str],
+    known: Option<(CpuSet, CpuSet)>,
 ) -> Result<Vec<CpusetTarget>, CgroupError> {
-    let cur_cpus = h.read(cgroup, CpusetFile::Cpus)?;
-    let cur_mems = h.read(cgroup, CpusetFile::Mems)?;
+    let (cur_cpus, cur_mems) = match known {
+        Some(values) => values,
+        None => (
+            h.read(cgroup, CpusetFile::Cpus)?,
+            h.read(cgroup, CpusetFile::Mems)?,
+        ),
+    };
     let want_mems = (!mems.is_empty()).then(|| mems.clone());
     if cur_cpus == *cpus && want_mems.as_ref().map_or(true, |m| *m == cur_mems) {
         return Ok(Vec::new());

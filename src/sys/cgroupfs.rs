@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::cpuset::CpuSet;
+use crate::sys::procfs::read_small;
 
 /// Default mount point of the cgroup hierarchies.
 pub const DEFAULT_CGROUP_ROOT: &str = "/sys/fs/cgroup";
@@ -277,7 +278,12 @@ pub fn gone_or(dir: &Path, err: CgroupError) -> CgroupError {
 /// Hand-written: cgroups-rs readers turn errors into defaults.
 pub fn read_file(dir: &Path, name: &str) -> Result<String, CgroupError> {
     let path = dir.join(name);
-    fs::read_to_string(&path).map_err(|source| {
+    // `read_small`, not `fs::read_to_string`: a cgroup file has no size to ask for first.
+    let mut buf = Vec::new();
+    let read = read_small(&path, &mut buf).and_then(|()| {
+        String::from_utf8(buf).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+    });
+    read.map_err(|source| {
         let missing = source.kind() == io::ErrorKind::NotFound;
         let err = CgroupError::Read { path, source };
         if missing {

@@ -107,8 +107,9 @@ pub fn is_gone(e: &io::Error) -> bool {
 
 /// Reads the whole file at `path` into `buf` (cleared first): open, read until the end, close.
 /// By hand because `std`'s `read_to_end` on a `File` first asks for the file's size and
-/// position (`statx`, `lseek`), two of its six system calls, and a /proc file has no size to
-/// give. A registration reads a few small /proc files per thread (issue 21 item 1).
+/// position (`statx`, `lseek`), two of its six system calls, and a /proc or cgroupfs file has no
+/// size to give. A registration reads a few small /proc files per thread and a job's cpuset
+/// files (issue 21 item 1).
 pub fn read_small(path: &Path, buf: &mut Vec<u8>) -> io::Result<()> {
     const CHUNK: usize = 512;
     let mut f = File::open(path)?;

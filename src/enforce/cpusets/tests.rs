@@ -197,6 +197,9 @@ impl CpusetHierarchy for KernelRules {
     fn create(&self, cgroup: &str) -> Result<(), CgroupError> {
         self.inner.create(cgroup)
     }
+    fn create_empty(&self, cgroup: &str) -> Result<(), CgroupError> {
+        self.inner.create_empty(cgroup)
+    }
     fn remove(&self, cgroup: &str) -> Result<(), CgroupError> {
         self.inner.remove(cgroup)
     }

@@ -135,7 +135,7 @@ impl Host {
         let h = &*self.cpusets;
         // Other instances (and, for the parent, training jobs) live below the ancestors.
         let ancestors = [self.parent.as_str(), self.lodgers.as_str()];
-        let entries = cpusets::set_with_ancestors(h, cg, cpus, mems, &ancestors)?;
+        let entries = cpusets::set_with_ancestors(h, cg, cpus, mems, &ancestors, None)?;
         if entries.is_empty() {
             return Ok(false);
         }

@@ -11,7 +11,7 @@ use super::{
     TrackedProcess,
 };
 use crate::cpuset::CpuSet;
-use crate::enforce::cpusets;
+use crate::enforce::cpusets::{self, CpusetFile};
 use crate::enforce::sched::CpuMask;
 use crate::enforce::PinMethod;
 use crate::job::JobId;
@@ -259,22 +259,20 @@ impl Enforcer {
     ) -> Result<bool, EnforceError> {
         let h = &*self.cpusets;
         let parent = parent_of(cg).unwrap_or("/").to_string();
+        // The node's CPUs are read once, before the first change.
+        let mut node_checked = false;
+        let mut check_node = |cpus: &CpuSet| -> Result<(), EnforceError> {
+            if !node_checked {
+                self.check_node_cpus(cpus)?;
+                node_checked = true;
+            }
+            Ok(())
+        };
         let mut changed = false;
         if !h.exists(&parent) {
-            self.check_node_cpus(cpus)?;
+            check_node(cpus)?;
             h.create(&parent)?;
             changed = true;
-        }
-        if !h.exists(cg) {
-            self.check_node_cpus(cpus)?;
-            // v2: the job's cgroup gets cpuset files only if its parent enables the controller.
-            h.enable_cpuset(cg, &parent)?;
-            h.create(cg)?;
-            changed = true;
-            self.set_job_memory(cg, &parent, memory_max);
-        }
-        if !h.cpuset_enabled(cg)? {
-            changed |= h.enable_cpuset(cg, &parent)?;
         }
         // lodger's parent only ever grows: other jobs' cgroups live in it.
         let ancestors: &[&str] = if parent == "/" {
@@ -282,13 +280,60 @@ impl Enforcer {
         } else {
             &[parent.as_str()]
         };
-        let entries = cpusets::set_with_ancestors(h, cg, cpus, mems, ancestors)?;
+        if !h.exists(cg) {
+            check_node(cpus)?;
+            // v2: the job's cgroup gets cpuset files only if its parent enables the controller.
+            h.enable_cpuset(cg, &parent)?;
+            self.create_job_cgroup(cg, &parent, ancestors, cpus, mems)?;
+            self.set_job_memory(cg, &parent, memory_max);
+            return Ok(true);
+        }
+        if !h.cpuset_enabled(cg)? {
+            changed |= h.enable_cpuset(cg, &parent)?;
+        }
+        let entries = cpusets::set_with_ancestors(h, cg, cpus, mems, ancestors, None)?;
         if entries.is_empty() {
             return Ok(changed);
         }
-        self.check_node_cpus(cpus)?;
+        check_node(cpus)?;
         cpusets::write_nested(h, &entries)?;
         Ok(true)
+    }
+
+    /// Creates the job's cgroup empty and writes its values at once (v1: the parent grown
+    /// first, then mems, then cpus, before any task), rather than giving it its parent's values
+    /// and narrowing them (cgroups-rs's v1 create reads and writes both files of both cgroups):
+    /// that was a third of a registration's enforcement (issue 21 item 1). A cgroup whose
+    /// values could not be written is removed: an empty v1 cpuset takes no task.
+    fn create_job_cgroup(
+        &self,
+        cg: &str,
+        parent: &str,
+        ancestors: &[&str],
+        cpus: &CpuSet,
+        mems: &CpuSet,
+    ) -> Result<(), EnforceError> {
+        let h = &*self.cpusets;
+        h.create_empty(cg)?;
+        let written = (|| {
+            // v1: a cpuset with no memory node takes no task; the job names none, so it gets
+            // its parent's.
+            let mems = if mems.is_empty() && h.nested_subsets() {
+                h.read(parent, CpusetFile::Mems)?
+            } else {
+                mems.clone()
+            };
+            let fresh = (CpuSet::new(), CpuSet::new());
+            let entries = cpusets::set_with_ancestors(h, cg, cpus, &mems, ancestors, Some(fresh))?;
+            cpusets::write_nested(h, &entries)
+        })();
+        if let Err(e) = written {
+            if let Err(removed) = h.remove(cg) {
+                warn!("{removed}");
+            }
+            return Err(e.into());
+        }
+        Ok(())
     }
 
     pub(super) fn release_pids(

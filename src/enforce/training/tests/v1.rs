@@ -123,6 +123,49 @@ fn v1_pid_job_pinned_by_cgroup() {
     );
 }
 
+/// A pid job's new v1 cpuset is made empty and given the job's values at once (issue 21 item 1),
+/// not its parent's first: lodger's parent grown first where the job's CPUs are outside it, the
+/// parent's memory nodes when the job names none. One whose values the kernel refuses is removed,
+/// not left behind empty (or, as before, holding its parent's values).
+#[test]
+fn v1_a_new_job_cpuset_gets_its_values_at_once_or_is_not_left_behind() {
+    let name = "v1_a_new_job_cpuset_gets_its_values_at_once_or_is_not_left_behind";
+    if !need_root(name) || !crate::privileged::need_cgroup_v1(name) {
+        return;
+    }
+    let parent = unique("fresh");
+    let _guard = CgroupGuard::new(CPUSET_V1, &parent);
+    let p = make_cpuset(&parent, "0", "0");
+    let e = enforcer(settings(&parent, PidPinning::Cgroup));
+    let w = Workload::start(2);
+    let original = cpuset_cgroup_of(w.pid);
+    let target = Target::Pids(vec![w.pid]);
+
+    // A memory node the node lacks: the kernel refuses to grow the parent's mems to it.
+    let mut refused = JobRecord::default();
+    let err = e
+        .apply(&job(30), &target, &set("1"), &set("0,63"), &mut refused)
+        .expect_err("a memory node the node lacks");
+    assert!(!p.join("j30").exists(), "left behind after: {err}");
+    assert_eq!(read_trim(p.join("cpuset.mems")), "0");
+    assert_eq!(cpuset_cgroup_of(w.pid), original);
+
+    let mut record = JobRecord::default();
+    let out = e
+        .apply(&job(31), &target, &set("1"), &CpuSet::new(), &mut record)
+        .expect("apply");
+    assert!(out.changed && out.alive);
+    assert_eq!(read_trim(p.join("cpuset.cpus")), "0-1", "parent grown");
+    let j = p.join("j31");
+    assert_eq!(read_trim(j.join("cpuset.cpus")), "1");
+    assert_eq!(read_trim(j.join("cpuset.mems")), "0", "the parent's mems");
+    assert_eq!(cpuset_cgroup_of(w.pid), format!("/{parent}/j31"));
+    assert_threads(&[w.pid], Some(7), "1");
+    e.release(&job(31), &target, &record).expect("release");
+    assert!(!j.exists(), "job cgroup removed");
+    assert_eq!(cpuset_cgroup_of(w.pid), original);
+}
+
 /// Finding 6 (review at cc00f65): a child forked after lodger pinned its parent, first seen at
 /// the apply that moves the job, inherited lodger's old mask: that is not its own. It gets its
 /// parent's original mask, and the release gives it back (it used to get lodger's old mask).
