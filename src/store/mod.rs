@@ -10,8 +10,9 @@
 //! lose is the last half second of changes, and a crash of the node ends the jobs they
 //! describe; after one, a file that did not reach the disk whole is set aside as unreadable,
 //! as any is. A file of an older
-//! [`STATE_VERSION`] is migrated (`migrate`); a newer or unreadable one is set aside. Touches
-//! only its own files.
+//! [`STATE_VERSION`] is migrated (`migrate`); a newer or unreadable one is set aside. The intent
+//! file of a training registration under way ([`Pending`]) is not renamed into place but
+//! written in place, a line per step (see [`Store::write_pending`]). Touches only its own files.
 
 mod migrate;
 #[cfg(test)]
@@ -45,8 +46,8 @@ pub const PENDING_FILE: &str = "registering.json";
 /// supersedes it. A lodgerd killed before the registration is answered leaves it without `job`,
 /// and the next one undoes what the registration may have done (its threads back to
 /// SCHED_OTHER, out of lodger's cgroup) rather than leave threads real-time that no job owns; the
-/// caller, who got no answer, registers again. Once the job is enforced the file is rewritten
-/// with the job as it will be recorded (`job`, [`Store::commit_pending`]) and the caller is
+/// caller, who got no answer, registers again. Once the job is enforced a second record is
+/// appended, with the job as it will be recorded (`job`, [`Store::commit_pending`]), and the caller is
 /// answered before the state file is saved (issue 21: the state file's write was the largest
 /// part of a registration's path): a lodgerd killed between the answer and the save leaves it
 /// with `job`, and the next one records the job from it. Not fsynced: it guards against lodgerd
@@ -420,26 +421,49 @@ impl Store {
         })
     }
 
-    /// Records the registration about to touch the node (see [`Pending`]).
+    /// Records the registration about to touch the node (see [`Pending`]): the file's first line.
+    ///
+    /// Neither this nor [`Store::commit_pending`] renames: on ext4, a file renamed over another
+    /// has its data written out at once (`auto_da_alloc`), which was most of the commit's share
+    /// of a registration (issue 21 item 1). The file is written in place instead, one JSON line
+    /// per step, and read back by its last whole line (see [`Store::take_pending`]). No earlier
+    /// record is lost by it: the previous registration's is in a saved state file before this
+    /// one starts, and lodger touches nothing before this line is written.
     pub fn write_pending(&self, pending: &Pending) -> Result<(), StoreError> {
+        self.write_pending_line(pending, false)
+    }
+
+    /// Records an answered registration until the next saved state file covers it (see
+    /// [`Pending`]): `pending.job` is the job as the caller is told it is registered. Appended
+    /// to the intent: a lodgerd killed while writing it leaves a cut last line, and the intent
+    /// is read (the caller got no answer; the registration is undone).
+    pub fn commit_pending(&mut self, pending: &Pending) -> Result<(), StoreError> {
+        self.write_pending_line(pending, true)?;
+        self.committed = true;
+        Ok(())
+    }
+
+    fn write_pending_line(&self, pending: &Pending, append: bool) -> Result<(), StoreError> {
+        use std::os::unix::fs::OpenOptionsExt;
         self.ensure_dir()?;
-        let bytes = serde_json::to_vec(pending)?;
+        let mut bytes = serde_json::to_vec(pending)?;
+        bytes.push(b'\n');
         let path = self.dir.join(PENDING_FILE);
-        let tmp = self.dir.join(format!(".{PENDING_FILE}.tmp"));
         let werr = |source| StoreError::Write {
             path: path.clone(),
             source,
         };
-        fs::write(&tmp, bytes).map_err(werr)?;
-        fs::rename(&tmp, &path).map_err(werr)
-    }
-
-    /// Records an answered registration until the next saved state file covers it (see
-    /// [`Pending`]): `pending.job` is the job as the caller is told it is registered.
-    pub fn commit_pending(&mut self, pending: &Pending) -> Result<(), StoreError> {
-        self.write_pending(pending)?;
-        self.committed = true;
-        Ok(())
+        let mut f = fs::OpenOptions::new();
+        f.create(true).mode(0o600);
+        if append {
+            f.append(true);
+        } else {
+            f.write(true).truncate(true);
+        }
+        // One write(2): whole unless lodgerd is killed inside it, and then cut, never mixed.
+        f.open(&path)
+            .and_then(|mut f| f.write_all(&bytes))
+            .map_err(werr)
     }
 
     /// The pending file holds an answered registration no saved state file covers yet: the
@@ -460,14 +484,27 @@ impl Store {
         self.committed = false;
     }
 
-    /// The registration a killed lodgerd left under way, if any (an unreadable file counts as
-    /// none, and is removed).
+    /// The registration a killed lodgerd left under way, if any: its last whole record (an
+    /// answered registration's, or the intent when the answer's record was cut short). A file
+    /// with no whole record counts as none, and is set aside.
     pub fn take_pending(&mut self) -> Option<Pending> {
         let path = self.dir.join(PENDING_FILE);
         let bytes = fs::read(&path).ok()?;
-        let pending = match serde_json::from_slice(&bytes) {
-            Ok(p) => Some(p),
-            Err(e) => {
+        let mut last = None;
+        for line in bytes.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
+            // A file of lodger before issue 21's in-place records holds one record, no newline.
+            match serde_json::from_slice::<Pending>(line) {
+                Ok(p) => last = Some(Ok(p)),
+                Err(e) if last.is_none() => last = Some(Err(e)),
+                Err(_) => {}
+            }
+        }
+        let pending = match last {
+            // Empty: lodgerd was killed before its intent was written, so before it touched
+            // anything.
+            None => None,
+            Some(Ok(p)) => Some(p),
+            Some(Err(e)) => {
                 // Kept for the operator: it may name a job whose threads are still real-time.
                 let aside = self.dir.join(format!(
                     "{PENDING_FILE}.unreadable-{}",

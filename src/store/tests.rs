@@ -244,6 +244,77 @@ fn a_committed_pending_file_is_kept_until_a_save() {
     assert!(!dir.path().join(PENDING_FILE).exists());
 }
 
+/// The pending file is written in place, a line per step (issue 21 item 1): an answer's record cut
+/// short by a kill reads as the intent (the registration is undone, its caller got no answer),
+/// a file left empty before the intent was whole reads as nothing under way, and a file of
+/// lodger before (one record, no newline) reads as it did.
+#[test]
+fn a_pending_file_is_read_by_its_last_whole_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(PENDING_FILE);
+    let intent = Pending {
+        id: JobId::from_seq(7),
+        target: crate::job::Target::Pids(vec![4321]),
+        placement: crate::policy::Placement {
+            cpus: crate::cpuset::CpuSet::parse("2-3").unwrap(),
+            mems: crate::cpuset::CpuSet::parse("0").unwrap(),
+        },
+        job: None,
+        authorized: Vec::new(),
+        cpusets: None,
+    };
+    let answered = Pending {
+        job: Some(Box::new(
+            parse(include_str!("testdata/state-v1.json"))
+                .unwrap()
+                .state
+                .jobs
+                .into_values()
+                .next()
+                .expect("a job in the v1 file"),
+        )),
+        ..intent.clone()
+    };
+    let mut store = Store::new(dir.path());
+    store.write_pending(&intent).unwrap();
+    store.commit_pending(&answered).unwrap();
+    let whole = std::fs::read(&path).unwrap();
+    assert_eq!(
+        whole.iter().filter(|&&b| b == b'\n').count(),
+        2,
+        "a line per step"
+    );
+    assert_eq!(
+        Store::new(dir.path()).take_pending(),
+        Some(answered.clone())
+    );
+
+    // Killed inside the answer's write: every cut of its record reads as the intent (one cut
+    // only of its newline leaves the record whole, and it is read as answered).
+    let first = whole.iter().position(|&b| b == b'\n').unwrap() + 1;
+    for cut in [first, first + 1, first + 40, whole.len() - 2] {
+        std::fs::write(&path, &whole[..cut]).unwrap();
+        assert_eq!(
+            Store::new(dir.path()).take_pending(),
+            Some(intent.clone()),
+            "cut at {cut} of {}",
+            whole.len()
+        );
+        assert!(!path.exists(), "taken");
+    }
+    // Killed before the intent was written: nothing was touched, nothing is set aside.
+    std::fs::write(&path, b"").unwrap();
+    assert_eq!(Store::new(dir.path()).take_pending(), None);
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+    assert!(left.is_empty(), "{left:?}");
+    // The file lodger wrote before: one record, renamed into place, no newline.
+    std::fs::write(&path, serde_json::to_vec(&answered).unwrap()).unwrap();
+    assert_eq!(Store::new(dir.path()).take_pending(), Some(answered));
+    // A new intent replaces whatever a failed clear left.
+    store.write_pending(&intent).unwrap();
+    assert_eq!(Store::new(dir.path()).take_pending(), Some(intent));
+}
+
 /// A pending file that cannot be read is not undone, and not lost either: it is set aside
 /// beside the state file, for the operator (its job's threads may still be real-time).
 #[test]
