@@ -243,6 +243,10 @@ pub struct Agent {
     /// lodgerd and its ancestors as last read (`trust::own_ancestry`), which nobody may
     /// register: read again only when it refuses something (see `authorize`).
     ancestry: std::cell::RefCell<Vec<u32>>,
+    /// A training job the command under way registered, announced (the sensor told, `JobAdded`
+    /// emitted) once its caller is answered: both wake other lodgerd threads, which on its
+    /// housekeeping CPU ran before the answer did (issue 21 item 1).
+    unannounced: Option<JobId>,
 }
 
 /// Everything the agent is wired to, gathered before it starts so it never ticks half-wired.
@@ -359,6 +363,7 @@ impl AgentBuilder {
             slurm: SlurmSeen::default(),
             lending: Lending::new(&self.settings.proc_root),
             ancestry: std::cell::RefCell::new(trust::own_ancestry(&self.settings.proc_root)),
+            unannounced: None,
             inference: self.runner.map(|(runner, probe_window)| {
                 Inference::new(runner, probe_window, training_core_batch_ms, &state)
             }),
@@ -464,6 +469,14 @@ impl Agent {
 
     fn views(&self) -> Vec<TrainingJobView> {
         training::views(&self.state, self.rightsize.enforce(), &self.slurm)
+    }
+
+    /// Announces the training job the last command registered, if any (see `unannounced`).
+    fn announce(&mut self) {
+        if let Some(id) = self.unannounced.take() {
+            self.send_jobs_to_sensor();
+            self.emit(Event::JobAdded(id));
+        }
     }
 
     fn emit(&self, event: Event) {

@@ -1,5 +1,6 @@
 //! The read-only calls answer from the published snapshot while the loop is stuck in
-//! enforcement (issue: never block the control surface).
+//! enforcement (issue: never block the control surface); what a command's answer carries and
+//! what follows it.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Condvar, Mutex};
@@ -196,4 +197,34 @@ fn a_registration_too_large_is_refused_before_its_pids_are_looked_at() {
     );
     handle.stop();
     join.join().expect("agent thread ends");
+}
+
+/// A training job registered through the loop is announced (`JobAdded`, once) after its caller
+/// is answered, no longer before (issue 21 item 1: the announcement woke other threads on
+/// lodgerd's CPU ahead of the answer); a refused registration announces nothing.
+#[test]
+fn a_registered_training_job_is_announced_once_after_the_answer() {
+    let rig = Rig::new();
+    rig.spawn(100);
+    let agent = rig.agent();
+    let (handle, join) = agent.spawn().expect("agent thread");
+    let mut events = handle.subscribe();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("runtime");
+    let training = |pids| JobSpec::new(JobKind::Training, Target::Pids(pids), 1);
+    let job = rt
+        .block_on(handle.register(training(vec![100]), None, Caller::uid(0)))
+        .expect("registered");
+    let again = rt.block_on(handle.register(training(vec![100]), None, Caller::uid(0)));
+    assert!(matches!(again, Err(AgentError::Conflict(_))), "{again:?}");
+    handle.stop();
+    join.join().expect("agent thread ends");
+    let mut added = Vec::new();
+    while let Ok(event) = events.try_recv() {
+        if let super::Event::JobAdded(id) = event {
+            added.push(id);
+        }
+    }
+    assert_eq!(added, vec![job.id]);
 }

@@ -464,6 +464,7 @@ impl Agent {
     #[cfg(test)]
     pub(super) fn register(&mut self, spec: JobSpec, owner_uid: u32) -> Result<Job, AgentError> {
         let job = self.register_unsaved(spec, owner_uid)?;
+        self.announce();
         if let Err(e) = self.save_answered() {
             warn!("{e}");
         }
@@ -591,8 +592,8 @@ impl Agent {
             us(t0.elapsed() - t_enforce),
         );
         info!(job = %id, cpus = %job.cpus, pids = ?job.pids, threads = job.threads, "registered training job");
-        self.send_jobs_to_sensor();
-        self.emit(Event::JobAdded(id));
+        // After the answer (see `Agent::unannounced`).
+        self.unannounced = Some(id);
         Ok(job)
     }
 

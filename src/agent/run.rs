@@ -123,6 +123,7 @@ impl Agent {
                 self.publish();
                 let _ = reply.send(result);
                 let answered = started.elapsed();
+                self.announce();
                 // After the answer (see `store::Pending`).
                 if let Err(e) = self.save_answered() {
                     warn!("{e}");
