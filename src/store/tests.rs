@@ -187,6 +187,40 @@ fn a_file_that_is_not_utf8_is_set_aside() {
     }
 }
 
+/// The intent of registering job `seq` for process `pid` (start time 4242) on `cpus`.
+fn intent(seq: u64, pid: u32, cpus: &str) -> Pending {
+    Pending {
+        id: JobId::from_seq(seq),
+        target: crate::job::Target::Pids(vec![pid]),
+        placement: crate::policy::Placement {
+            cpus: crate::cpuset::CpuSet::parse(cpus).unwrap(),
+            mems: crate::cpuset::CpuSet::parse("0").unwrap(),
+        },
+        job: None,
+        authorized: vec![crate::enforce::RootProcess {
+            pid,
+            start_time: 4242,
+        }],
+        cpusets: None,
+    }
+}
+
+/// `intent` answered, with the v1 test file's job.
+fn answered(intent: &Pending) -> Pending {
+    Pending {
+        job: Some(Box::new(
+            parse(include_str!("testdata/state-v1.json"))
+                .unwrap()
+                .state
+                .jobs
+                .into_values()
+                .next()
+                .expect("a job in the v1 file"),
+        )),
+        ..intent.clone()
+    }
+}
+
 /// An answered registration's pending file (issue 21) is read back with its job, and any
 /// later save (a write, or a state the file already holds) supersedes and removes it.
 #[test]
@@ -195,20 +229,7 @@ fn a_committed_pending_file_is_kept_until_a_save() {
     let mut store = Store::new(dir.path());
     let state = State::default();
     assert!(store.save(&state).unwrap());
-    let pending = Pending {
-        id: JobId::from_seq(1),
-        target: crate::job::Target::Pids(vec![100]),
-        placement: crate::policy::Placement {
-            cpus: crate::cpuset::CpuSet::parse("1").unwrap(),
-            mems: crate::cpuset::CpuSet::parse("0").unwrap(),
-        },
-        job: None,
-        authorized: vec![crate::enforce::RootProcess {
-            pid: 100,
-            start_time: 4242,
-        }],
-        cpusets: None,
-    };
+    let pending = intent(1, 100, "1");
     store.write_pending(&pending).unwrap();
     assert!(
         !store.committed(),
@@ -219,18 +240,7 @@ fn a_committed_pending_file_is_kept_until_a_save() {
         dir.path().join(PENDING_FILE).exists(),
         "a save does not remove an unanswered intent"
     );
-    let answered = Pending {
-        job: Some(Box::new(
-            parse(include_str!("testdata/state-v1.json"))
-                .unwrap()
-                .state
-                .jobs
-                .into_values()
-                .next()
-                .expect("a job in the v1 file"),
-        )),
-        ..pending
-    };
+    let answered = answered(&pending);
     store.commit_pending(&answered).unwrap();
     assert!(store.committed());
     let read = Store::new(dir.path())
@@ -252,29 +262,8 @@ fn a_committed_pending_file_is_kept_until_a_save() {
 fn a_pending_file_is_read_by_its_last_whole_record() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join(PENDING_FILE);
-    let intent = Pending {
-        id: JobId::from_seq(7),
-        target: crate::job::Target::Pids(vec![4321]),
-        placement: crate::policy::Placement {
-            cpus: crate::cpuset::CpuSet::parse("2-3").unwrap(),
-            mems: crate::cpuset::CpuSet::parse("0").unwrap(),
-        },
-        job: None,
-        authorized: Vec::new(),
-        cpusets: None,
-    };
-    let answered = Pending {
-        job: Some(Box::new(
-            parse(include_str!("testdata/state-v1.json"))
-                .unwrap()
-                .state
-                .jobs
-                .into_values()
-                .next()
-                .expect("a job in the v1 file"),
-        )),
-        ..intent.clone()
-    };
+    let intent = intent(7, 4321, "2-3");
+    let answered = answered(&intent);
     let mut store = Store::new(dir.path());
     store.write_pending(&intent).unwrap();
     store.commit_pending(&answered).unwrap();
