@@ -153,6 +153,8 @@ pub(crate) struct Quiet {
     /// Why every job was swept again ([`Quiet::start_over`]), for the tests.
     #[cfg(test)]
     started_over: Vec<&'static str>,
+    /// How many times every job was swept again (the spine benchmark says so beside a figure).
+    start_overs: u64,
 }
 
 /// The placement an apply was asked for.
@@ -220,6 +222,7 @@ impl Quiet {
             events_read: 0,
             #[cfg(test)]
             started_over: Vec::new(),
+            start_overs: 0,
         }
     }
 
@@ -318,6 +321,7 @@ impl Quiet {
         #[cfg(test)]
         self.started_over.push(why);
         let _ = why;
+        self.start_overs += 1;
         self.swept.clear();
         self.listed.clear();
         self.scanned = None;
@@ -508,6 +512,11 @@ impl Quiet {
     #[cfg(test)]
     pub(crate) fn rescans(&self) -> u64 {
         self.rescans
+    }
+
+    /// How many times every job was swept again since this was made.
+    pub(crate) fn start_overs(&self) -> u64 {
+        self.start_overs
     }
 
     /// Why every job was swept again, in order.

@@ -409,6 +409,13 @@ impl Enforcer {
         self.scratch().quiet.read_every_process_event();
     }
 
+    /// How many times every job was swept again since this enforcer was made (process events
+    /// lost or cut short, the watch lost or loaded again), for the spine benchmark.
+    #[doc(hidden)]
+    pub fn events_started_over(&self) -> u64 {
+        self.scratch().quiet.start_overs()
+    }
+
     /// Whether only the jobs' processes' events are read (`sys::procwatch`).
     #[doc(hidden)]
     pub fn watches_jobs_in_the_kernel(&self) -> bool {
