@@ -196,7 +196,11 @@ fn registration_latency(others: usize, light: bool, housekeeping: bool) {
         println!();
     } else {
         let (a50, a99) = p50_p99(&mut to_all_rr);
-        println!("; every thread RR on its cpuset p50 {a50:.2} ms p99 {a99:.2} ms");
+        println!(
+            "; every thread RR on its cpuset p50 {a50:.2} ms p99 {a99:.2} ms ({:.1}x GetStatus's p99: {})",
+            a99 / s99,
+            if a99 <= 10.0 * s99 { "met" } else { "MISSED" }
+        );
     }
     // lodgerd's own phases: `registration timing: plan A us, pending B us, enforce C us, commit D us`,
     // and the D-Bus method around them: `register call timing: check A us, agent B us, export C us`.

@@ -129,16 +129,33 @@ pub fn cpus_allowed(pid: u32, tid: u32) -> Option<String> {
         .map(|s| s.trim().to_string())
 }
 
-/// True when every thread of `pid` is SCHED_RR at `prio` on exactly `cpus`. With
+/// True when every thread of `pid` is SCHED_RR at `prio` on exactly `cpus` (a CPU list). With
 /// `training.role_priorities` (the default) threads that mostly wait run at `prio + 1`: either
-/// counts.
+/// counts. System calls only (`sched_getaffinity`, not each thread's `status` file): the spine
+/// benchmark times how soon after `RegisterJob` this holds, and its own reads are in that time.
 pub fn all_rr_on(pid: u32, prio: i32, cpus: &str) -> bool {
+    let Ok(want) = lodger::cpuset::CpuSet::parse(cpus) else {
+        return false;
+    };
     let tids = tids(pid);
     !tids.is_empty()
         && tids.iter().all(|&t| {
             matches!(sched_of(t), Some((libc::SCHED_RR, p)) if p == prio || p == prio + 1)
-                && cpus_allowed(pid, t).as_deref() == Some(cpus)
+                && affinity(t).as_ref() == Some(&want)
         })
+}
+
+/// A thread's CPU affinity, from `sched_getaffinity`.
+pub fn affinity(tid: u32) -> Option<lodger::cpuset::CpuSet> {
+    let tid = i32::try_from(tid).ok()?;
+    let mask = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(tid)).ok()?;
+    let mut set = lodger::cpuset::CpuSet::new();
+    for cpu in 0..nix::sched::CpuSet::count() {
+        if mask.is_set(cpu).ok()? {
+            set.insert(u32::try_from(cpu).ok()?);
+        }
+    }
+    Some(set)
 }
 
 /// True when every thread of `pid` is SCHED_OTHER.
