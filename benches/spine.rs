@@ -54,6 +54,20 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[idx.min(sorted.len() - 1)]
 }
 
+/// Jobs j1, j2, ... of one root process each, with empty records, for an enforcer to hold.
+fn held_jobs(roots: impl Iterator<Item = u32>) -> Vec<(JobId, Target, JobRecord)> {
+    roots
+        .enumerate()
+        .map(|(i, pid)| {
+            (
+                JobId::from_seq(i as u64 + 1),
+                Target::Pids(vec![pid]),
+                JobRecord::default(),
+            )
+        })
+        .collect()
+}
+
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
@@ -334,17 +348,7 @@ fn enforcement_tick(jobs: usize, threads: usize, events: bool) -> TickCost {
     let cpus = CpuSet::parse("1").expect("cpus");
     let mems = CpuSet::parse("0").expect("mems");
     let workloads: Vec<Sleeper> = (0..jobs).map(|_| Sleeper::start(threads)).collect();
-    let mut held: Vec<(JobId, Target, JobRecord)> = workloads
-        .iter()
-        .enumerate()
-        .map(|(i, w)| {
-            (
-                JobId::from_seq(i as u64 + 1),
-                Target::Pids(vec![w.pid()]),
-                JobRecord::default(),
-            )
-        })
-        .collect();
+    let mut held = held_jobs(workloads.iter().map(Sleeper::pid));
     // First applies register; roles settle (quiet::ROLES_SETTLE) before the steady state.
     let settle = Instant::now();
     while settle.elapsed() < Duration::from_secs(6) {

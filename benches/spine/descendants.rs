@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::{percentile, thread_cpu_time};
+use super::{held_jobs, percentile, thread_cpu_time};
 use crate::common::{children, unique, wait_until, WAIT};
 use crate::sleeper::Sleeper;
 use lodger::cpuset::CpuSet;
@@ -139,17 +139,7 @@ fn pid_job_sweep(table: Table, forker: &Shell) -> (Sweep, Sweep) {
     let roots: Vec<Shell> = (0..JOBS)
         .map(|_| Shell::start("while :; do sleep 0.05; done"))
         .collect();
-    let mut held: Vec<(JobId, Target, JobRecord)> = roots
-        .iter()
-        .enumerate()
-        .map(|(i, sh)| {
-            (
-                JobId::from_seq(i as u64 + 1),
-                Target::Pids(vec![sh.pid()]),
-                JobRecord::default(),
-            )
-        })
-        .collect();
+    let mut held = held_jobs(roots.iter().map(Shell::pid));
     let apply = |held: &mut Vec<(JobId, Target, JobRecord)>| {
         for (id, t, r) in held.iter_mut() {
             let o = enforcer

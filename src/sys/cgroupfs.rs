@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::cpuset::CpuSet;
-use crate::sys::procfs::read_small;
+use crate::sys::read_small;
 
 /// Default mount point of the cgroup hierarchies.
 pub const DEFAULT_CGROUP_ROOT: &str = "/sys/fs/cgroup";

@@ -1,7 +1,8 @@
 //! The kernel vocabularies that sensing and enforcement share, one module per interface: how
 //! `/proc`, cgroupfs and resctrl are laid out, read and written, the one runner for external
 //! programs (`tc`, `ip`, `nft`), blocking work waited for within a bound, and a bounded look at
-//! paths that may hang. Each takes its root (or program) as an argument; nothing here imports
+//! paths that may hang, and the reader of small kernel files they share (`read_small`). Each
+//! takes its root (or program) as an argument; nothing here imports
 //! `sense`, `policy`, `enforce` or `agent`.
 
 pub mod bounded;
@@ -12,3 +13,31 @@ pub mod procfs;
 pub mod procwatch;
 pub mod resctrlfs;
 pub mod stall;
+
+/// Reads the whole file at `path` into `buf` (cleared first): open, read until the end, close.
+/// By hand because `std`'s `read_to_end` on a `File` first asks for the file's size and
+/// position (`statx`, `lseek`), two of its six system calls, and a /proc or cgroupfs file has no
+/// size to give. A registration reads a few small /proc files per thread and a job's cpuset
+/// files (issue 21 item 1).
+pub fn read_small(path: &std::path::Path, buf: &mut Vec<u8>) -> std::io::Result<()> {
+    use std::io::Read;
+    const CHUNK: usize = 512;
+    let mut f = std::fs::File::open(path)?;
+    buf.clear();
+    loop {
+        let len = buf.len();
+        buf.resize(len + CHUNK, 0);
+        match f.read(&mut buf[len..]) {
+            Ok(0) => {
+                buf.truncate(len);
+                return Ok(());
+            }
+            Ok(n) => buf.truncate(len + n),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => buf.truncate(len),
+            Err(e) => {
+                buf.truncate(len);
+                return Err(e);
+            }
+        }
+    }
+}

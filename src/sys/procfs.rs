@@ -12,9 +12,11 @@
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fs::{self, File};
-use std::io::{self, Read};
+use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+
+use super::read_small;
 
 /// Default mount point of procfs.
 pub const DEFAULT_PROC_ROOT: &str = "/proc";
@@ -103,33 +105,6 @@ pub fn uids(proc_root: &Path, pid: u32) -> Option<(u32, u32)> {
 
 pub fn is_gone(e: &io::Error) -> bool {
     e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ESRCH)
-}
-
-/// Reads the whole file at `path` into `buf` (cleared first): open, read until the end, close.
-/// By hand because `std`'s `read_to_end` on a `File` first asks for the file's size and
-/// position (`statx`, `lseek`), two of its six system calls, and a /proc or cgroupfs file has no
-/// size to give. A registration reads a few small /proc files per thread and a job's cpuset
-/// files (issue 21 item 1).
-pub fn read_small(path: &Path, buf: &mut Vec<u8>) -> io::Result<()> {
-    const CHUNK: usize = 512;
-    let mut f = File::open(path)?;
-    buf.clear();
-    loop {
-        let len = buf.len();
-        buf.resize(len + CHUNK, 0);
-        match f.read(&mut buf[len..]) {
-            Ok(0) => {
-                buf.truncate(len);
-                return Ok(());
-            }
-            Ok(n) => buf.truncate(len + n),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => buf.truncate(len),
-            Err(e) => {
-                buf.truncate(len);
-                return Err(e);
-            }
-        }
-    }
 }
 
 /// Reads /proc with buffers kept between calls, so a sweep does not allocate per process.

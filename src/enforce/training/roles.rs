@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::sys::procfs::read_small;
+use crate::sys::read_small;
 
 /// Below this share of a CPU since the last sweep, a thread is latency-critical.
 pub const LATENCY_BELOW: f64 = 0.3;
