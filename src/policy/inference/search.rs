@@ -197,10 +197,12 @@ pub(super) struct Need(pub(super) LayoutConfig);
 /// - The next probe is the layout not yet measured with the highest predicted throughput among
 ///   those predicted within the SLO: its p99 (mean latency × the tail ratio measured at the
 ///   nearest instance count) must meet the aim (the p99 whose judged bound just meets the SLO)
-///   with a little room, more where nothing was measured nearby. Throughput is predicted
-///   optimistically where nothing was measured nearby, so that a surrogate wrong in the
-///   layout's favour gets found out. When no such layout is predicted to beat the best measured
-///   one, the room is dropped once (the predicted p99 within the aim is enough) before giving up.
+///   with a little room, more where nothing was measured nearby. Throughput is predicted by
+///   the most favourable of the fits that explain the probes about as well as the best one
+///   (with a knee or without: `Surrogate::plausible` in `surrogate.rs`), and more optimistically
+///   still where nothing was measured nearby, so that a surrogate wrong in the layout's favour
+///   gets found out. When no such layout is predicted to beat the best measured one, the room
+///   is dropped once (the predicted p99 within the aim is enough) before giving up.
 ///   A batch at or past one measured over the SLO on the same rung is never asked for.
 /// - The search ends when no candidate is predicted to beat the best measured throughput
 ///   within the SLO by the margin, or when the budget is spent. When nothing is within the SLO

@@ -98,6 +98,12 @@ const KNEE_KAPPA_GRID: [f64; 7] = [0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0];
 const KNEE_BETA_GRID: [f64; 4] = [0.0, 1.0, 4.0, 16.0];
 /// Probes below which no knee is fitted: two probes on one rung say nothing of the cores.
 const KNEE_MIN_POINTS: usize = 3;
+/// A fit whose objective is within this of the best one's still explains the probes
+/// ([`Surrogate::plausible`]): about two standard errors on the two or three parameters a knee
+/// adds, so a knee the probes allow but do not ask for is kept beside the best fit.
+const PLAUSIBLE_J: f64 = 8.0;
+/// Most plausible fits kept (each costs a prediction per candidate layout).
+const PLAUSIBLE_MOST: usize = 8;
 
 impl Surrogate {
     /// Predicted mean batch latency, ms.
@@ -116,11 +122,7 @@ impl Surrogate {
     /// twice the flat fit's grid points, not a hundred times). With one point the priors decide the shape and the point the
     /// scale. None without points.
     pub(super) fn fit(points: &[Point], prior: Prior) -> Option<Surrogate> {
-        let points: Vec<Point> = points
-            .iter()
-            .copied()
-            .filter(|p| p.latency.is_finite() && p.latency > 0.0)
-            .collect();
+        let points = usable(points);
         if points.is_empty() {
             return None;
         }
@@ -144,6 +146,56 @@ impl Surrogate {
         }
         best.map(|(_, s)| s)
     }
+
+    /// The fits that explain `points` about as well as each other, best first: the fit without
+    /// a knee and, from [`KNEE_MIN_POINTS`] probes on, for every knee of the grid the best
+    /// shape under it (`e` and `p` on their grids, `f` the knee-less fit's), those whose
+    /// objective is within [`PLAUSIBLE_J`] of the lowest among them, at most
+    /// [`PLAUSIBLE_MOST`]. Two batches on one rung and one more instance size fit about as
+    /// well with no knee as with one placing a throughput peak between the two batches; the
+    /// single best fit picks one of them, and the search would never measure the peak the
+    /// other predicts (issue 21's layout benchmark, session 35). Empty without points.
+    pub(super) fn plausible(points: &[Point], prior: Prior) -> Vec<Surrogate> {
+        let points = usable(points);
+        if points.is_empty() {
+            return Vec::new();
+        }
+        let mut fit = Fit::new(&points, prior);
+        let mut flat = None;
+        fit.shapes(Knee::NONE, &mut flat);
+        let Some(flat) = flat else {
+            return Vec::new();
+        };
+        let mut all = vec![flat];
+        if points.len() >= KNEE_MIN_POINTS {
+            for &m in &KNEE_M_GRID {
+                for &kappa in &KNEE_KAPPA_GRID {
+                    for &beta in &KNEE_BETA_GRID {
+                        let knee = Knee { m, kappa, beta };
+                        let mut under = None;
+                        fit.shapes_at(flat.1.f, knee, &mut under);
+                        all.extend(under);
+                    }
+                }
+            }
+        }
+        all.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let lowest = all[0].0;
+        all.into_iter()
+            .take_while(|(j, _)| *j <= lowest + PLAUSIBLE_J)
+            .take(PLAUSIBLE_MOST)
+            .map(|(_, s)| s)
+            .collect()
+    }
+}
+
+/// The points a fit can use: a finite, positive latency.
+fn usable(points: &[Point]) -> Vec<Point> {
+    points
+        .iter()
+        .copied()
+        .filter(|p| p.latency.is_finite() && p.latency > 0.0)
+        .collect()
 }
 
 fn keep_best(best: &mut Option<(f64, Surrogate)>, candidate: (f64, Surrogate)) {
@@ -188,15 +240,49 @@ impl<'a> Fit<'a> {
 
     /// The objective at one grid point, and the surrogate there (`ln k`, `q`, `r` solved).
     fn score(&mut self, e: f64, p: f64, f: f64, knee: Knee) -> (f64, Surrogate) {
+        for ((shape, pt), &ln_b) in self.shape.iter_mut().zip(self.points).zip(&self.ln_b) {
+            let amdahl = (1.0 - p) + p / pt.cores.max(1.0);
+            *shape = (f + (e * ln_b).exp() * amdahl * knee.factor(pt.cores, pt.batch)).ln();
+        }
+        self.judge(e, p, f, knee)
+    }
+
+    /// [`Fit::score`] for every shape of the grid (`e`, `p`) under `knee` at this `f`, the best
+    /// into `best`: the same objective, with each point's `b^e`, Amdahl term and knee factor
+    /// computed once rather than at every grid point (the plausible fits score every knee's
+    /// shapes, 22,000 grid points a search step).
+    fn shapes_at(&mut self, f: f64, knee: Knee, best: &mut Option<(f64, Surrogate)>) {
+        let n = self.points.len();
+        let knees: Vec<f64> = self
+            .points
+            .iter()
+            .map(|pt| knee.factor(pt.cores, pt.batch))
+            .collect();
+        let powers: Vec<Vec<f64>> = E_GRID
+            .iter()
+            .map(|e| self.ln_b.iter().map(|y| (e * y).exp()).collect())
+            .collect();
+        for &serial in &SERIAL_GRID {
+            let p = 1.0 - serial;
+            let work: Vec<f64> = (0..n)
+                .map(|i| ((1.0 - p) + p / self.points[i].cores.max(1.0)) * knees[i])
+                .collect();
+            for (&e, power) in E_GRID.iter().zip(&powers) {
+                for i in 0..n {
+                    self.shape[i] = (f + power[i] * work[i]).ln();
+                }
+                keep_best(best, self.judge(e, p, f, knee));
+            }
+        }
+    }
+
+    /// The objective for the shape terms in `self.shape` (computed at `e`, `p`, `f`, `knee`).
+    fn judge(&self, e: f64, p: f64, f: f64, knee: Knee) -> (f64, Surrogate) {
         let serial = 1.0 - p;
         let js = ((serial / SERIAL_PRIOR).ln() / SERIAL_LOG_SD).powi(2);
         let je = ((e - self.prior.e) / self.prior.e_sd.max(0.01)).powi(2);
         let jf = (((f + 0.02) / (FIXED_PRIOR + 0.02)).ln() / FIXED_LOG_SD).powi(2);
         let jm = (knee.m / KNEE_SD).powi(2);
-        for ((shape, pt), &ln_b) in self.shape.iter_mut().zip(self.points).zip(&self.ln_b) {
-            let amdahl = (1.0 - p) + p / pt.cores.max(1.0);
-            *shape = (f + (e * ln_b).exp() * amdahl * knee.factor(pt.cores, pt.batch)).ln();
-        }
         let shape = &self.shape;
         let [ln_k, q, r] = curvature(&self.ln_l, shape, &self.ln_b, &self.ln_c);
         let sse: f64 = (0..self.points.len())
@@ -365,6 +451,51 @@ mod tests {
         };
         let fit = Surrogate::fit(&points(&flat, &seen), PRIOR).unwrap();
         assert_eq!(fit.knee, Knee::NONE, "{fit:?}");
+    }
+
+    /// Two batches on one rung and a third probe on a larger instance (the search's first three
+    /// probes of a cache-bound model), from a curve with a knee: several fits explain all three
+    /// to within a few percent, with and without a knee, and disagree by far more between the
+    /// two batches, where a throughput peak may or may not be. The search hopes for the most
+    /// favourable of them there (`guide`), so it measures the peak when there is one. Fewer
+    /// than three probes: the knee-less fit alone.
+    #[test]
+    fn plausible_fits_explain_the_probes_and_disagree_between_them() {
+        let truth = Surrogate {
+            k: 1.0,
+            f: 0.3,
+            e: 0.8,
+            p: 0.9,
+            q: 0.0,
+            r: 0.0,
+            knee: Knee {
+                m: 2.0,
+                kappa: 2.0,
+                beta: 1.0,
+            },
+        };
+        let seen = points(&truth, &[(4.0, 1.0), (4.0, 16.0), (8.0, 4.0)]);
+        let fits = Surrogate::plausible(&seen, PRIOR);
+        assert!(
+            fits.len() > 1 && fits.len() <= PLAUSIBLE_MOST,
+            "{}",
+            fits.len()
+        );
+        for fit in &fits {
+            for p in &seen {
+                let residual = (fit.latency(p.cores, p.batch) / p.latency).ln();
+                assert!(residual.abs() < 0.05, "{fit:?} at {p:?}: {residual}");
+            }
+        }
+        let spread = |cores: f64, batch: f64| {
+            let at: Vec<f64> = fits.iter().map(|f| f.latency(cores, batch)).collect();
+            let most = at.iter().copied().fold(0.0, f64::max);
+            most / at.iter().copied().fold(f64::MAX, f64::min)
+        };
+        assert!(spread(4.0, 7.0) > 1.2, "{}", spread(4.0, 7.0));
+        assert!(fits.iter().any(|f| f.knee != Knee::NONE));
+        assert_eq!(Surrogate::plausible(&seen[..2], PRIOR).len(), 1);
+        assert!(Surrogate::plausible(&[], PRIOR).is_empty());
     }
 
     /// One probe: the priors give the shape, the probe the scale (predicted exactly there);
