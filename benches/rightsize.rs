@@ -12,9 +12,9 @@
 //!
 //! Scenarios: cold start (no history: the §V-B-1 category defaults, or the requested count for
 //! `other`; knees independent of them), the same with tolerance 0 (settle on the exact knee),
-//! owner history (§V-B-1's premise: each owner's jobs of a category have knees within 2 cores per
-//! GPU of that owner's typical one; jobs run in sequence, each recording its settled count for
-//! the next), and SODA's model types (Table I's CV, NLP and SPEECH models from the category
+//! owner history (§V-B-1's premise, "a user tends to submit similar training jobs", modelled here
+//! as knees within 2 cores per GPU of the owner's typical one, a spread the paper does not give;
+//! jobs run in sequence, each recording its settled count for the next), and SODA's model types (Table I's CV, NLP and SPEECH models from the category
 //! defaults, with best-fit counts around their category's default: 2–6 cores per GPU for CV,
 //! 3–8 for NLP and SPEECH, as the policy tests model them).
 //!

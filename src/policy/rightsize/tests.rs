@@ -1176,7 +1176,8 @@ fn settings_without_from_history_load() {
     assert_eq!(back.gpus, 0);
 }
 
-/// From the owner's history (§V-B-1: knees within 2 cores per GPU of the owner's typical one)
+/// From the owner's history (§V-B-1: an owner submits similar jobs; the benchmark models that as
+/// knees within 2 cores per GPU of the owner's typical one, a spread the paper does not give)
 /// the first probe is 2 cores per GPU below the start when the GPUs are known; else the
 /// shorter step from the start alone.
 #[test]

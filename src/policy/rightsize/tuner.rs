@@ -724,9 +724,12 @@ impl Tuner {
     /// step in a noisy window would show no significant change and a starved job would be
     /// taken to have enough.
     ///
-    /// From the owner's history the first step is at least 2 cores per GPU: §V-B-1's owner has
-    /// knees within 2 cores per GPU of the typical one, and the start (the largest settled on)
-    /// usually lies above it; a shorter step there mostly finds the curve still flat.
+    /// From the owner's history the first step is at least 2 cores per GPU: §V-B-1 starts from
+    /// the largest count the owner's earlier jobs of the category settled on ("a user tends to
+    /// submit similar training jobs"), which usually lies above this job's knee; lodger's
+    /// benchmark models "similar" as knees within 2 cores per GPU of the owner's typical one (a
+    /// spread the paper does not give), and a shorter step there mostly finds the curve still
+    /// flat.
     fn gallop(&mut self, reference: u32) -> Step {
         let prior = u32::from(self.settings.from_history).saturating_mul(self.settings.gpus);
         let first = (self.settings.start / 8)
