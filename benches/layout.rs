@@ -1,6 +1,6 @@
-//! Layout-search benchmark (`cargo bench --bench layout`, a few seconds): the online layout search
-//! (Cloud Reamer §III-B, `policy::inference::LayoutSearch`) against the exhaustive best on the
-//! simulated model family of `policy::inference::sim` (issue 21 item 3).
+//! Layout-search benchmark (`cargo bench --bench layout`, about half a minute): the online
+//! layout search (Cloud Reamer §III-B, `policy::inference::LayoutSearch`) against the exhaustive
+//! best on the simulated model family of `policy::inference::sim` (issue 21 item 3).
 //!
 //! Seeds 0..N (`LAYOUT_BENCH_SEEDS`, default 2,000) each draw one model: seed mod 4 picks the
 //! family (compute-bound: IPC rising with batch, misses flat; falling IPC; cache-bound: misses
