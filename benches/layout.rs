@@ -118,11 +118,12 @@ fn record(
 /// is probed exactly (true p99 and median, the window's batch count at the true mean: a probe
 /// without the window's noise, but with the rule's margin for the batches it holds). A search
 /// ends on a layout the rule accepts, so no search of the same rule does better than this on a
-/// model, whatever it knows; 100 when the rule accepts nothing.
-fn rule_gap(model: &PerfModel, best: f64) -> f64 {
+/// model, whatever it knows; 100 when the rule accepts nothing. Only the layouts `keep` holds
+/// for count.
+fn rule_gap(model: &PerfModel, best: f64, keep: impl Fn(&LayoutConfig) -> bool) -> f64 {
     let rule = search_for(model);
     model
-        .best_where(|c, _| rule.judges_within_slo(&model.exact_probe(*c)))
+        .best_where(|c, _| keep(c) && rule.judges_within_slo(&model.exact_probe(*c)))
         .map_or(100.0, |b| (best - b.throughput) / best * 100.0)
 }
 
@@ -131,15 +132,8 @@ fn rule_gap(model: &PerfModel, best: f64) -> f64 {
 /// and the search's gap is not, the search measured the right rungs at the wrong batches; when it
 /// is large, it never measured the right rung.
 fn probed_rungs_gap(model: &PerfModel, best: f64, probed: &[LayoutConfig]) -> f64 {
-    let rule = search_for(model);
-    let on_probed = |c: &LayoutConfig| {
-        probed
-            .iter()
-            .any(|p| (p.cores_per_instance, p.instances) == (c.cores_per_instance, c.instances))
-    };
-    model
-        .best_where(|c, _| on_probed(c) && rule.judges_within_slo(&model.exact_probe(*c)))
-        .map_or(100.0, |b| (best - b.throughput) / best * 100.0)
+    let rung = |c: &LayoutConfig| (c.cores_per_instance, c.instances);
+    rule_gap(model, best, |c| probed.iter().any(|p| rung(p) == rung(c)))
 }
 
 fn main() {
@@ -174,7 +168,7 @@ fn main() {
             continue;
         };
         space += best.space;
-        rule_gaps.push(rule_gap(&model, best.throughput));
+        rule_gaps.push(rule_gap(&model, best.throughput, |_| true));
         let noise = seed.wrapping_mul(0x2545_f491_4f6c_dd1d) ^ 0x1a40;
         let mut rng = Rng::splitmix(noise);
         let mut search = search_for(&model);

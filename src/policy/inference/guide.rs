@@ -116,7 +116,7 @@ impl LayoutSearch {
             },
             e_sd: E_SD,
         };
-        let Some(model) = Surrogate::fit(&points, prior) else {
+        let Some((model, plausible)) = Surrogate::fit_and_plausible(&points, prior) else {
             return Ok(());
         };
         // Where each layout was measured (ln cores, ln batch), and each fit's residual there:
@@ -126,7 +126,7 @@ impl LayoutSearch {
             .map(|p| (p.cores.ln(), p.batch.ln()))
             .collect();
         let fits: Vec<(Surrogate, Vec<f64>)> = std::iter::once(model)
-            .chain(Surrogate::plausible(&points, prior))
+            .chain(plausible)
             .map(|m| {
                 let residuals = points
                     .iter()

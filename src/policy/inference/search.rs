@@ -199,7 +199,7 @@ pub(super) struct Need(pub(super) LayoutConfig);
 ///   nearest instance count) must meet the aim (the p99 whose judged bound just meets the SLO)
 ///   with a little room, more where nothing was measured nearby. Throughput is predicted by
 ///   the most favourable of the fits that explain the probes about as well as the best one
-///   (with a knee or without: `Surrogate::plausible` in `surrogate.rs`), and more optimistically
+///   (with a knee or without: `Surrogate::fit_and_plausible`), and more optimistically
 ///   still where nothing was measured nearby, so that a surrogate wrong in the layout's favour
 ///   gets found out. When no such layout is predicted to beat the best measured one, the room
 ///   is dropped once (the predicted p99 within the aim is enough) before giving up.

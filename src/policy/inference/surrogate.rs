@@ -99,8 +99,9 @@ const KNEE_BETA_GRID: [f64; 4] = [0.0, 1.0, 4.0, 16.0];
 /// Probes below which no knee is fitted: two probes on one rung say nothing of the cores.
 const KNEE_MIN_POINTS: usize = 3;
 /// A fit whose objective is within this of the best one's still explains the probes
-/// ([`Surrogate::plausible`]): about two standard errors on the two or three parameters a knee
-/// adds, so a knee the probes allow but do not ask for is kept beside the best fit.
+/// ([`Surrogate::fit_and_plausible`]): about two standard errors on the two or three
+/// parameters a knee adds, so a knee the probes allow but do not ask for is kept beside the
+/// best fit.
 const PLAUSIBLE_J: f64 = 8.0;
 /// Most plausible fits kept (each costs a prediction per candidate layout).
 const PLAUSIBLE_MOST: usize = 8;
@@ -114,14 +115,27 @@ impl Surrogate {
         self.k * (self.f + work) * (self.q * y * y + self.r * x * y).exp()
     }
 
-    /// The fit of `points` (those with a finite positive latency) under `prior`: the grid point
-    /// of `e`, `f` and `p` minimizing the squared log residuals over [`RESIDUAL_SD`]² plus the
-    /// priors' penalties, with `ln k`, `q` and `r` solved there by ridge regression. Then, with
-    /// at least [`KNEE_MIN_POINTS`] probes, the knee's grid at that shape, and when a knee fits
-    /// better the shape's grid again under it (two passes rather than one joint grid: about
-    /// twice the flat fit's grid points, not a hundred times). With one point the priors decide the shape and the point the
-    /// scale. None without points.
-    pub(super) fn fit(points: &[Point], prior: Prior) -> Option<Surrogate> {
+    /// The fit of `points` (those with a finite positive latency) under `prior`, and beside it
+    /// the fits that explain them about as well. None without points.
+    ///
+    /// The fit: the grid point of `e`, `f` and `p` minimizing the squared log residuals over
+    /// [`RESIDUAL_SD`]² plus the priors' penalties, with `ln k`, `q` and `r` solved there by
+    /// ridge regression. Then, with at least [`KNEE_MIN_POINTS`] probes, the knee's grid at that
+    /// shape, and when a knee fits better the shape's grid again under it (two passes rather
+    /// than one joint grid: about twice the flat fit's grid points, not a hundred times). With
+    /// one point the priors decide the shape and the point the scale.
+    ///
+    /// The plausible fits, best first: the fit without a knee and, from [`KNEE_MIN_POINTS`]
+    /// probes on, for every knee of the grid the best shape under it (`e` and `p` on their
+    /// grids, `f` the knee-less fit's), those whose objective is within [`PLAUSIBLE_J`] of the
+    /// lowest among them, at most [`PLAUSIBLE_MOST`]. Two batches on one rung and one more
+    /// instance size fit about as well with no knee as with one placing a throughput peak
+    /// between the two batches; the single best fit picks one of them, and the search would
+    /// never measure the peak the other predicts (issue 21's layout benchmark, session 35).
+    pub(super) fn fit_and_plausible(
+        points: &[Point],
+        prior: Prior,
+    ) -> Option<(Surrogate, Vec<Surrogate>)> {
         let points = usable(points);
         if points.is_empty() {
             return None;
@@ -129,13 +143,14 @@ impl Surrogate {
         let mut fit = Fit::new(&points, prior);
         let mut best: Option<(f64, Surrogate)> = None;
         fit.shapes(Knee::NONE, &mut best);
+        let flat = best?;
+        let plausible = fit.plausible(flat);
         if points.len() >= KNEE_MIN_POINTS {
-            let (_, flat) = best?;
             for &m in &KNEE_M_GRID {
                 for &kappa in &KNEE_KAPPA_GRID {
                     for &beta in &KNEE_BETA_GRID {
                         let knee = Knee { m, kappa, beta };
-                        keep_best(&mut best, fit.score(flat.e, flat.p, flat.f, knee));
+                        keep_best(&mut best, fit.score(flat.1.e, flat.1.p, flat.1.f, knee));
                     }
                 }
             }
@@ -144,48 +159,7 @@ impl Surrogate {
                 fit.shapes(kneed.knee, &mut best);
             }
         }
-        best.map(|(_, s)| s)
-    }
-
-    /// The fits that explain `points` about as well as each other, best first: the fit without
-    /// a knee and, from [`KNEE_MIN_POINTS`] probes on, for every knee of the grid the best
-    /// shape under it (`e` and `p` on their grids, `f` the knee-less fit's), those whose
-    /// objective is within [`PLAUSIBLE_J`] of the lowest among them, at most
-    /// [`PLAUSIBLE_MOST`]. Two batches on one rung and one more instance size fit about as
-    /// well with no knee as with one placing a throughput peak between the two batches; the
-    /// single best fit picks one of them, and the search would never measure the peak the
-    /// other predicts (issue 21's layout benchmark, session 35). Empty without points.
-    pub(super) fn plausible(points: &[Point], prior: Prior) -> Vec<Surrogate> {
-        let points = usable(points);
-        if points.is_empty() {
-            return Vec::new();
-        }
-        let mut fit = Fit::new(&points, prior);
-        let mut flat = None;
-        fit.shapes(Knee::NONE, &mut flat);
-        let Some(flat) = flat else {
-            return Vec::new();
-        };
-        let mut all = vec![flat];
-        if points.len() >= KNEE_MIN_POINTS {
-            for &m in &KNEE_M_GRID {
-                for &kappa in &KNEE_KAPPA_GRID {
-                    for &beta in &KNEE_BETA_GRID {
-                        let knee = Knee { m, kappa, beta };
-                        let mut under = None;
-                        fit.shapes_at(flat.1.f, knee, &mut under);
-                        all.extend(under);
-                    }
-                }
-            }
-        }
-        all.sort_by(|a, b| a.0.total_cmp(&b.0));
-        let lowest = all[0].0;
-        all.into_iter()
-            .take_while(|(j, _)| *j <= lowest + PLAUSIBLE_J)
-            .take(PLAUSIBLE_MOST)
-            .map(|(_, s)| s)
-            .collect()
+        best.map(|(_, s)| (s, plausible))
     }
 }
 
@@ -247,27 +221,58 @@ impl<'a> Fit<'a> {
         self.judge(e, p, f, knee)
     }
 
+    /// The plausible fits (see [`Surrogate::fit_and_plausible`]) given the knee-less best.
+    fn plausible(&mut self, flat: (f64, Surrogate)) -> Vec<Surrogate> {
+        let mut all = vec![flat];
+        if self.points.len() >= KNEE_MIN_POINTS {
+            // Each point's `b^e` for every `e` of the grid, the same under every knee.
+            let powers: Vec<Vec<f64>> = E_GRID
+                .iter()
+                .map(|e| self.ln_b.iter().map(|y| (e * y).exp()).collect())
+                .collect();
+            for &m in &KNEE_M_GRID {
+                for &kappa in &KNEE_KAPPA_GRID {
+                    for &beta in &KNEE_BETA_GRID {
+                        let knee = Knee { m, kappa, beta };
+                        let mut under = None;
+                        self.shapes_at(flat.1.f, knee, &powers, &mut under);
+                        all.extend(under);
+                    }
+                }
+            }
+        }
+        all.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let lowest = all[0].0;
+        all.into_iter()
+            .take_while(|(j, _)| *j <= lowest + PLAUSIBLE_J)
+            .take(PLAUSIBLE_MOST)
+            .map(|(_, s)| s)
+            .collect()
+    }
+
     /// [`Fit::score`] for every shape of the grid (`e`, `p`) under `knee` at this `f`, the best
-    /// into `best`: the same objective, with each point's `b^e`, Amdahl term and knee factor
-    /// computed once rather than at every grid point (the plausible fits score every knee's
-    /// shapes, 22,000 grid points a search step).
-    fn shapes_at(&mut self, f: f64, knee: Knee, best: &mut Option<(f64, Surrogate)>) {
+    /// into `best`: the same objective, with each point's Amdahl term and knee factor computed
+    /// once rather than at every grid point, and `b^e` from `powers` (by `E_GRID`'s order): the
+    /// plausible fits score every knee's shapes, 22,000 grid points a search step.
+    fn shapes_at(
+        &mut self,
+        f: f64,
+        knee: Knee,
+        powers: &[Vec<f64>],
+        best: &mut Option<(f64, Surrogate)>,
+    ) {
         let n = self.points.len();
         let knees: Vec<f64> = self
             .points
             .iter()
             .map(|pt| knee.factor(pt.cores, pt.batch))
             .collect();
-        let powers: Vec<Vec<f64>> = E_GRID
-            .iter()
-            .map(|e| self.ln_b.iter().map(|y| (e * y).exp()).collect())
-            .collect();
         for &serial in &SERIAL_GRID {
             let p = 1.0 - serial;
             let work: Vec<f64> = (0..n)
                 .map(|i| ((1.0 - p) + p / self.points[i].cores.max(1.0)) * knees[i])
                 .collect();
-            for (&e, power) in E_GRID.iter().zip(&powers) {
+            for (&e, power) in E_GRID.iter().zip(powers) {
                 for i in 0..n {
                     self.shape[i] = (f + power[i] * work[i]).ln();
                 }
@@ -359,6 +364,11 @@ mod tests {
 
     const PRIOR: Prior = Prior { e: 0.85, e_sd: 0.3 };
 
+    /// The best fit alone.
+    fn best_fit(points: &[Point], prior: Prior) -> Option<Surrogate> {
+        Surrogate::fit_and_plausible(points, prior).map(|(best, _)| best)
+    }
+
     fn points(truth: &Surrogate, at: &[(f64, f64)]) -> Vec<Point> {
         at.iter()
             .map(|&(cores, batch)| Point {
@@ -395,7 +405,7 @@ mod tests {
             knee: Knee::NONE,
         };
         let seen = [(1.0, 1.0), (4.0, 1.0), (4.0, 16.0), (16.0, 4.0), (2.0, 8.0)];
-        let fit = Surrogate::fit(&points(&truth, &seen), PRIOR).unwrap();
+        let fit = best_fit(&points(&truth, &seen), PRIOR).unwrap();
         let unseen = [(8.0, 8.0), (32.0, 32.0), (2.0, 2.0), (1.0, 64.0)];
         assert_predicts(&fit, &truth, &unseen, 0.05);
     }
@@ -426,7 +436,7 @@ mod tests {
             (2.0, 3.0),
             (16.0, 12.0),
         ];
-        let fit = Surrogate::fit(&points(&truth, &seen), PRIOR).unwrap();
+        let fit = best_fit(&points(&truth, &seen), PRIOR).unwrap();
         assert!(fit.knee.m > 0.0, "{fit:?}");
         // Within 15 % between the probes (far outside them, at 8 × 32, 25 % short).
         let between = [(8.0, 4.0), (2.0, 16.0), (16.0, 4.0), (4.0, 8.0)];
@@ -449,7 +459,7 @@ mod tests {
             knee: Knee::NONE,
             ..truth
         };
-        let fit = Surrogate::fit(&points(&flat, &seen), PRIOR).unwrap();
+        let fit = best_fit(&points(&flat, &seen), PRIOR).unwrap();
         assert_eq!(fit.knee, Knee::NONE, "{fit:?}");
     }
 
@@ -475,7 +485,7 @@ mod tests {
             },
         };
         let seen = points(&truth, &[(4.0, 1.0), (4.0, 16.0), (8.0, 4.0)]);
-        let fits = Surrogate::plausible(&seen, PRIOR);
+        let (_, fits) = Surrogate::fit_and_plausible(&seen, PRIOR).unwrap();
         assert!(
             fits.len() > 1 && fits.len() <= PLAUSIBLE_MOST,
             "{}",
@@ -494,8 +504,14 @@ mod tests {
         };
         assert!(spread(4.0, 7.0) > 1.2, "{}", spread(4.0, 7.0));
         assert!(fits.iter().any(|f| f.knee != Knee::NONE));
-        assert_eq!(Surrogate::plausible(&seen[..2], PRIOR).len(), 1);
-        assert!(Surrogate::plausible(&[], PRIOR).is_empty());
+        assert_eq!(
+            Surrogate::fit_and_plausible(&seen[..2], PRIOR)
+                .unwrap()
+                .1
+                .len(),
+            1
+        );
+        assert!(Surrogate::fit_and_plausible(&[], PRIOR).is_none());
     }
 
     /// One probe: the priors give the shape, the probe the scale (predicted exactly there);
@@ -507,15 +523,15 @@ mod tests {
             batch: 1.0,
             latency: 20.0,
         }];
-        let fit = Surrogate::fit(&one, PRIOR).unwrap();
+        let fit = best_fit(&one, PRIOR).unwrap();
         assert!((fit.latency(4.0, 1.0) / 20.0 - 1.0).abs() < 1e-9);
         assert!(fit.latency(4.0, 8.0) > 20.0);
         assert!(fit.latency(16.0, 1.0) < 20.0);
-        assert!(Surrogate::fit(&[], PRIOR).is_none());
+        assert!(best_fit(&[], PRIOR).is_none());
         let bad = [Point {
             latency: f64::NAN,
             ..one[0]
         }];
-        assert!(Surrogate::fit(&bad, PRIOR).is_none());
+        assert!(best_fit(&bad, PRIOR).is_none());
     }
 }
