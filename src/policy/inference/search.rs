@@ -202,7 +202,8 @@ pub(super) struct Need(pub(super) LayoutConfig);
 ///   (with a knee or without: `Surrogate::fit_and_plausible`), and more optimistically
 ///   still where nothing was measured nearby, so that a surrogate wrong in the layout's favour
 ///   gets found out. When no such layout is predicted to beat the best measured one, the room
-///   is dropped once (the predicted p99 within the aim is enough) before giving up.
+///   is dropped (the predicted p99 within the aim is enough), and then the p99 too is hoped
+///   for as the throughput is (the most favourable plausible fit's) before giving up.
 ///   A batch at or past one measured over the SLO on the same rung is never asked for.
 /// - The search ends when no candidate is predicted to beat the best measured throughput
 ///   within the SLO by the margin, or when the budget is spent. When nothing is within the SLO

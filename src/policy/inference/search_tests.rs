@@ -240,6 +240,42 @@ fn a_throughput_peak_between_two_measured_batches_is_measured() {
     );
 }
 
+/// Issue 21's layout benchmark, seed 1363 (mixed family), noiseless: after three probes the best
+/// fit has every layout that could beat the best measured just over the SLO, while a fit that
+/// explains the probes about as well has 10 × 2 CPUs at batch 1 within it. With budget left
+/// the search measures it (the exhaustive best) rather than ending on 6 × 3 CPUs, 31 % below.
+#[test]
+fn with_budget_left_a_layout_a_plausible_fit_holds_within_the_slo_is_measured() {
+    let model = PerfModel {
+        name: "mixed",
+        free: 20,
+        slo_ms: 5.17,
+        max_batch: 32,
+        max_instances: 20,
+        item_ms: 3.52,
+        batch_ms: 1.617,
+        serial: 0.171,
+        b0: 0.0487,
+        ipc_fall: 0.0049,
+        cache_per_core_mb: 1.5,
+        weights_mb: 0.684,
+        act_mb: 0.927,
+        miss_penalty: 2.36,
+        bandwidth: 0.684,
+        lat_sigma: 0.114,
+        window_noise: 0.021,
+        counter_noise: 0.03,
+        window_s: 1.0,
+        counters: false,
+    };
+    let best = model.exhaustive().unwrap();
+    assert_eq!(best.config, layout(2, 10, 1));
+    let (asked, out) = run_model(&model, search_for(&model));
+    assert!(asked.len() < DEFAULT_PROBE_BUDGET as usize, "{asked:?}");
+    assert!(asked.contains(&layout(2, 10, 1)), "{asked:?}");
+    assert_eq!(out.config, best.config, "{asked:?}");
+}
+
 /// Issue 17: a search read back from the state file after every probe (a lodgerd restarted at
 /// each one) asks the same probes and ends at the same outcome as one never interrupted.
 #[test]
