@@ -217,21 +217,23 @@ impl LayoutSearch {
                         let sum: f64 = near.iter().zip(residuals).map(|(w, r)| w * r).sum();
                         m.latency(f64::from(rung.0), ln_b.exp()) * (sum / weights.max(1.0)).exp()
                     });
-                    // The best fit judges the SLO (but when hopeful); throughput hopes for
-                    // the most favourable plausible fit, and more where nothing was measured
-                    // nearby.
+                    // The best fit judges the SLO (but for `Judge::Hopeful`); throughput hopes
+                    // for the most favourable plausible fit, and more where nothing was
+                    // measured nearby. (The other fits are predicted only past the best's
+                    // judgement: most candidates stop there.)
                     let Some(latency) = predicted.next() else {
                         continue;
                     };
                     let unknown = 1.0 - nearest_w;
-                    let lowest = predicted.fold(latency, f64::min);
-                    let hopeful = lowest * (-OPTIMISM * unknown).exp();
-                    let judged = match judge {
-                        Judge::Careful => latency * (UNSURE * unknown).exp(),
-                        Judge::Plain => latency,
-                        Judge::Hopeful => hopeful,
+                    let lean = match judge {
+                        Judge::Careful => UNSURE,
+                        Judge::Plain | Judge::Hopeful => 0.0,
                     };
-                    if judged * tail > aim {
+                    if judge != Judge::Hopeful && latency * tail * (lean * unknown).exp() > aim {
+                        continue;
+                    }
+                    let hopeful = predicted.fold(latency, f64::min) * (-OPTIMISM * unknown).exp();
+                    if judge == Judge::Hopeful && hopeful * tail > aim {
                         continue;
                     }
                     let tp = f64::from(rung.1) * f64::from(b) * 1000.0 / hopeful;
