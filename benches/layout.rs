@@ -7,8 +7,9 @@
 //! misses flat; falling IPC; cache-bound: misses rising with batch; mixed), every other
 //! parameter is drawn from the seed, on a leftover of 8–192 CPUs. A change found on the default
 //! seeds is checked on others (`LAYOUT_BENCH_FIRST_SEED=2000 LAYOUT_BENCH_SEEDS=4000`): the
-//! p95 moves by about half a point from one set of 2,000 seeds to another. Probes are noisy as lodgerd's are: a 1- or 10-s window of batches, the worst
-//! instance's p99 of its batch latencies, a window-wide speed factor, noisy counters.
+//! p95 moves by about half a point from one set of 2,000 seeds to another. Probes are noisy as
+//! lodgerd's are: a 1- or 10-s window of batches, the worst instance's p99 of its batch
+//! latencies, a window-wide speed factor, noisy counters.
 //!
 //! Printed per family and over all seeds, for the current search (default options) and the
 //! baseline (the search before issue 21, `layout/baseline.rs`, 12 probes) on the same models and

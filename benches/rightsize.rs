@@ -14,9 +14,10 @@
 //! `other`; knees independent of them), the same with tolerance 0 (settle on the exact knee),
 //! owner history (§V-B-1's premise, "a user tends to submit similar training jobs", modelled here
 //! as knees within 2 cores per GPU of the owner's typical one, a spread the paper does not give;
-//! jobs run in sequence, each recording its settled count for the next), and SODA's model types (Table I's CV, NLP and SPEECH models from the category
-//! defaults, with best-fit counts around their category's default: 2–6 cores per GPU for CV,
-//! 3–8 for NLP and SPEECH, as the policy tests model them).
+//! jobs run in sequence, each recording its settled count for the next), and SODA's model types
+//! (Table I's CV, NLP and SPEECH models from the category defaults, with best-fit counts around
+//! their category's default: 2–6 cores per GPU for CV, 3–8 for NLP and SPEECH, as the policy
+//! tests model them).
 //!
 //! The knee, as the targets define it: the fewest cores (within the floor and the max) whose
 //! noise-free utilization is within the measured noise of the best there, the noise being one

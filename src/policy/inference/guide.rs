@@ -1,8 +1,8 @@
 //! Which layout the search probes next (Cloud Reamer §III-B; the rules are documented on
 //! [`LayoutSearch`]): the surrogate's predicted best within the SLO, its throughput hoped for
 //! from the most favourable plausible fit and more where nothing was measured nearby (and its
-//! p99 too, before the search gives up with budget left). Replayed
-//! from the measurements on every step. Pure: touches nothing.
+//! p99 too, before the search gives up with budget left). Replayed from the measurements on
+//! every step. Pure: touches nothing.
 
 use std::collections::BTreeMap;
 
@@ -180,6 +180,8 @@ impl LayoutSearch {
         // The best candidate under `judge` (see `Judge`).
         let pick = |judge: Judge| {
             let mut cand: Option<(f64, LayoutConfig)> = None;
+            // Each measured layout's weight at the candidate (reused: thousands a step).
+            let mut near: Vec<f64> = Vec::with_capacity(at.len());
             for &rung in &ladder {
                 let ln_c = f64::from(rung.0).ln();
                 let nearest = measured
@@ -203,13 +205,11 @@ impl LayoutSearch {
                         continue;
                     }
                     let ln_b = f64::from(b).ln();
-                    let near: Vec<f64> = at
-                        .iter()
-                        .map(|&(kc, kb)| {
-                            let d2 = ((kc - ln_c).powi(2) + (kb - ln_b).powi(2)) / (REACH * REACH);
-                            (-d2 / 2.0).exp()
-                        })
-                        .collect();
+                    near.clear();
+                    near.extend(at.iter().map(|&(kc, kb)| {
+                        let d2 = ((kc - ln_c).powi(2) + (kb - ln_b).powi(2)) / (REACH * REACH);
+                        (-d2 / 2.0).exp()
+                    }));
                     let weights: f64 = near.iter().sum();
                     let nearest_w = near.iter().copied().fold(0.0, f64::max);
                     // Each fit, corrected by its residuals at measured neighbours.
@@ -225,15 +225,14 @@ impl LayoutSearch {
                         continue;
                     };
                     let unknown = 1.0 - nearest_w;
-                    let lean = match judge {
-                        Judge::Careful => UNSURE,
-                        Judge::Plain | Judge::Hopeful => 0.0,
-                    };
-                    if judge != Judge::Hopeful && latency * tail * (lean * unknown).exp() > aim {
-                        continue;
+                    let over_aim = |mean: f64| mean * tail > aim;
+                    match judge {
+                        Judge::Careful if over_aim(latency * (UNSURE * unknown).exp()) => continue,
+                        Judge::Plain if over_aim(latency) => continue,
+                        _ => {}
                     }
                     let hopeful = predicted.fold(latency, f64::min) * (-OPTIMISM * unknown).exp();
-                    if judge == Judge::Hopeful && hopeful * tail > aim {
+                    if judge == Judge::Hopeful && over_aim(hopeful) {
                         continue;
                     }
                     let tp = f64::from(rung.1) * f64::from(b) * 1000.0 / hopeful;
