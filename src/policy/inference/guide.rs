@@ -124,6 +124,7 @@ impl LayoutSearch {
                 cores: f64::from(c.cores_per_instance),
                 batch: f64::from(c.batch),
                 latency: f64::from(c.instances) * f64::from(c.batch) * 1000.0 / s.throughput,
+                miss: s.miss,
             })
             .collect();
         let prior = Prior {
