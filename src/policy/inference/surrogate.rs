@@ -548,6 +548,23 @@ mod tests {
         assert_eq!(fit.knee, Knee::NONE, "{fit:?}");
     }
 
+    /// A cache-bound curve with a knee, and the search's first three probes of it: two batches
+    /// on one rung and a larger instance.
+    const KNEED: Surrogate = Surrogate {
+        k: 1.0,
+        f: 0.3,
+        e: 0.8,
+        p: 0.9,
+        q: 0.0,
+        r: 0.0,
+        knee: Knee {
+            m: 2.0,
+            kappa: 2.0,
+            beta: 1.0,
+        },
+    };
+    const FIRST_THREE: [(f64, f64); 3] = [(4.0, 1.0), (4.0, 16.0), (8.0, 4.0)];
+
     /// Two batches on one rung and a third probe on a larger instance (the search's first three
     /// probes of a cache-bound model), from a curve with a knee: several fits explain all three
     /// to within two residual standard deviations, with and without a knee, and disagree by far more between the
@@ -556,20 +573,7 @@ mod tests {
     /// than three probes: the knee-less fit alone, which is the best fit.
     #[test]
     fn plausible_fits_explain_the_probes_and_disagree_between_them() {
-        let truth = Surrogate {
-            k: 1.0,
-            f: 0.3,
-            e: 0.8,
-            p: 0.9,
-            q: 0.0,
-            r: 0.0,
-            knee: Knee {
-                m: 2.0,
-                kappa: 2.0,
-                beta: 1.0,
-            },
-        };
-        let seen = points(&truth, &[(4.0, 1.0), (4.0, 16.0), (8.0, 4.0)]);
+        let seen = points(&KNEED, &FIRST_THREE);
         let (best, others) = Surrogate::fit_and_plausible(&seen, PRIOR).unwrap();
         let fits: Vec<Surrogate> = std::iter::once(best).chain(others).collect();
         assert!(
@@ -602,26 +606,13 @@ mod tests {
 
     /// The three probes above, now with cache misses as counters report them: every fit that
     /// explains them places its knee where the misses say, give or take two standard
-    /// deviations. Risen at 4 × 16 (past the truth's knee) and at base at the other two: the
-    /// fits agree with the truth. Risen at 8 × 4 as well (a machine whose cache is smaller than
+    /// deviations. Risen at 4 × 16 (past [`KNEED`]'s knee) and at base at the other two: the
+    /// fits agree with the curve. Risen at 8 × 4 as well (a machine whose cache is smaller than
     /// the latencies suggest): the fits follow the misses, where those of the latencies alone do
     /// not. Misses that rise nowhere say nothing: the same fits as without them.
     #[test]
     fn cache_misses_place_the_knee() {
-        let truth = Surrogate {
-            k: 1.0,
-            f: 0.3,
-            e: 0.8,
-            p: 0.9,
-            q: 0.0,
-            r: 0.0,
-            knee: Knee {
-                m: 2.0,
-                kappa: 2.0,
-                beta: 1.0,
-            },
-        };
-        let blind = points(&truth, &[(4.0, 1.0), (4.0, 16.0), (8.0, 4.0)]);
+        let blind = points(&KNEED, &FIRST_THREE);
         let with_misses = |miss: [f64; 3]| -> Vec<Point> {
             blind
                 .iter()
