@@ -293,17 +293,14 @@ fn cache_misses_place_the_knee_the_search_measures_before() {
         batch_ms: 0.2922,
         serial: 0.2394,
         b0: 1.717,
-        ipc_fall: 0.0,
-        cache_per_core_mb: 1.5,
         weights_mb: 1.862,
         act_mb: 0.928,
         miss_penalty: 2.494,
         bandwidth: 0.671,
         lat_sigma: 0.1535,
         window_noise: 0.0114,
-        counter_noise: 0.03,
         window_s: 1.0,
-        counters: true,
+        ..SMALL_CACHE
     };
     let best = model.exhaustive().unwrap();
     assert_eq!(best.config, layout(4, 4, 4));

@@ -43,7 +43,7 @@ pub(super) struct Surrogate {
 /// `K(c, b) = 1 + m · z⁴ / (1 + z⁴)` with `z = (b + β) / (κ · c)`: the working set of an
 /// instance, its weights (`β`, in items) and a batch of `b` items' activations, against the
 /// cache of its `c` cores (`κ` items per core). Per-item work is about flat while the set fits
-/// (`z` below 0.6: under a tenth of the rise) and `1 + m` times as much once it is past (`z`
+/// (`z` below 0.55: under a tenth of the rise) and `1 + m` times as much once it is past (`z`
 /// above 1.8: over nine tenths), steeply but smoothly between, as a cache that stops holding a
 /// working set is: a cache-bound model may then run best on fewer, larger instances whose batch
 /// still fits, which Amdahl alone never predicts. `m` = 0 (no knee) unless the probes ask for
@@ -567,8 +567,8 @@ mod tests {
 
     /// Two batches on one rung and a third probe on a larger instance (the search's first three
     /// probes of a cache-bound model), from a curve with a knee: several fits explain all three
-    /// to within two residual standard deviations, with and without a knee, and disagree by far more between the
-    /// two batches, where a throughput peak may or may not be. The search hopes for the most
+    /// to within two residual standard deviations, with and without a knee, and disagree by far
+    /// more between the two batches, where a throughput peak may or may not be. The search hopes for the most
     /// favourable of them there (`guide`), so it measures the peak when there is one. Fewer
     /// than three probes: the knee-less fit alone, which is the best fit.
     #[test]
