@@ -26,12 +26,23 @@
 //! leaves any search (`rule_gap`: the best layout the rule accepts when every layout is probed
 //! exactly) and the same over only the rungs each search probed (`probed_rungs_gap`: how much of
 //! the gap is the batch on rungs it measured rather than rungs it never measured).
+//!
+//! Beside them, what the two targets leave a search that knew every layout's true throughput
+//! and p99 (`layout/oracle.rs`): the p95 gap it reaches while fewer than 5 % of its layouts
+//! measure over the SLO on a fresh probe. `LAYOUT_BENCH_Z=Z` runs the search (and the rule
+//! bounds) with `confidence_z` Z instead of the default, to see what the rule's margin costs.
+//!
+//! `LAYOUT_BENCH_DUMP=FILE` also writes one tab-separated line per seed (its family, the
+//! current search's gap, the two bounds above, probes, the chosen and the best layout): where a
+//! change's tail comes from, read per seed.
 
 #[path = "layout/baseline.rs"]
 mod baseline;
+#[path = "layout/oracle.rs"]
+mod oracle;
 
 use lodger::policy::inference::sim::{run_with, search_for, Family, PerfModel};
-use lodger::policy::inference::{LayoutConfig, SearchStep};
+use lodger::policy::inference::{LayoutConfig, LayoutSearch, SearchOptions, SearchStep};
 use lodger::rng::Rng;
 
 /// Targets of issue 21.
@@ -124,7 +135,7 @@ fn record(
 /// model, whatever it knows; 100 when the rule accepts nothing. Only the layouts `keep` holds
 /// for count.
 fn rule_gap(model: &PerfModel, best: f64, keep: impl Fn(&LayoutConfig) -> bool) -> f64 {
-    let rule = search_for(model);
+    let rule = tuned(search_for(model));
     model
         .best_where(|c, _| keep(c) && rule.judges_within_slo(&model.exact_probe(*c)))
         .map_or(100.0, |b| (best - b.throughput) / best * 100.0)
@@ -137,6 +148,21 @@ fn rule_gap(model: &PerfModel, best: f64, keep: impl Fn(&LayoutConfig) -> bool) 
 fn probed_rungs_gap(model: &PerfModel, best: f64, probed: &[LayoutConfig]) -> f64 {
     let rung = |c: &LayoutConfig| (c.cores_per_instance, c.instances);
     rule_gap(model, best, |c| probed.iter().any(|p| rung(p) == rung(c)))
+}
+
+/// `search` with `LAYOUT_BENCH_Z` as its `confidence_z` when that is set (the rule's margin,
+/// for the rule and the search alike), else as it is (the default options).
+fn tuned(search: LayoutSearch) -> LayoutSearch {
+    match std::env::var("LAYOUT_BENCH_Z")
+        .ok()
+        .and_then(|v| v.parse::<f64>().ok())
+    {
+        Some(z) => search.with_options(SearchOptions {
+            confidence_z: z,
+            ..SearchOptions::default()
+        }),
+        None => search,
+    }
 }
 
 fn main() {
@@ -164,9 +190,17 @@ fn main() {
     // Per seed: the same over only the rungs the search probed (see `probed_rungs_gap`).
     let mut probed_gaps = Vec::new();
     let mut space = 0u64;
+    // Per seed: the oracle's lowest fresh-probe risk at each gap threshold (see `oracle`).
+    let mut oracle_risks = Vec::new();
     let trace: Option<u64> = std::env::var("LAYOUT_BENCH_TRACE")
         .ok()
         .and_then(|v| v.parse().ok());
+    let mut dump = std::env::var_os("LAYOUT_BENCH_DUMP")
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let head = "seed\tfamily\tgap\trule_gap\tprobed_rungs_gap\tprobes\tchosen\tbest\n";
+            (p, String::from(head))
+        });
     for seed in first..first.saturating_add(seeds) {
         let fi = (seed % 4) as usize;
         let model = PerfModel::random(Family::ALL[fi], seed);
@@ -176,11 +210,26 @@ fn main() {
         };
         space += best.space;
         rule_gaps.push(rule_gap(&model, best.throughput, |_| true));
+        oracle_risks.push(oracle::lowest_fresh_risk(&model, best.throughput, seed));
         let noise = seed.wrapping_mul(0x2545_f491_4f6c_dd1d) ^ 0x1a40;
         let mut rng = Rng::splitmix(noise);
-        let mut search = search_for(&model);
+        let mut search = tuned(search_for(&model));
         let mut probed = Vec::new();
         let run = run_with(&model, &mut rng, |last| {
+            if let (Some(r), true) = (&last, trace == Some(seed)) {
+                let t = model.truth(&r.config);
+                println!(
+                    "probe {}: {:.0}/s p99 {:.2} (n {}) miss {:?}; true {:.0}/s p99 {:.2} miss {:.3}",
+                    r.config,
+                    r.throughput_per_s,
+                    r.p99_latency_ms,
+                    r.latency_samples,
+                    r.cache_miss_ratio.map(|m| (m * 1000.0).round() / 1000.0),
+                    t.throughput,
+                    t.p99,
+                    t.miss
+                );
+            }
             let step = search.next(last);
             if let SearchStep::Probe(c) = &step {
                 probed.push(*c);
@@ -189,6 +238,18 @@ fn main() {
         });
         probed_gaps.push(probed_rungs_gap(&model, best.throughput, &probed));
         record(&mut new[fi], &model, best.throughput, &run, &mut rng);
+        if let Some((_, out)) = dump.as_mut() {
+            out.push_str(&format!(
+                "{seed}\t{}\t{:.2}\t{:.2}\t{:.2}\t{}\t{}\t{}\n",
+                model.name,
+                new[fi].gaps.last().copied().unwrap_or(f64::NAN),
+                rule_gaps.last().copied().unwrap_or(f64::NAN),
+                probed_gaps.last().copied().unwrap_or(f64::NAN),
+                run.probes,
+                run.outcome.config,
+                best.config,
+            ));
+        }
         if trace == Some(seed) {
             println!(
                 "{model:?}\nbest {} {:.0} p99 {:.1}\nnew {} {:.0} p99 {:.1} probes {}",
@@ -210,6 +271,12 @@ fn main() {
         );
         let run = run_with(&model, &mut rng, |last| search.next(last));
         record(&mut old[fi], &model, best.throughput, &run, &mut rng);
+    }
+    let frontier = oracle::frontier(&oracle_risks);
+    if let Some((path, out)) = &dump {
+        if let Err(e) = std::fs::write(path, out) {
+            eprintln!("layout bench: cannot write {}: {e}", path.to_string_lossy());
+        }
     }
     println!(
         "layout search benchmark: {seeds} seeds from {first} (seed mod 4 picks the family), 8-192 free CPUs, {:.0} layouts per model on average, {no_best} seeds without a layout within the SLO skipped; {:.1} s",
@@ -293,6 +360,17 @@ fn main() {
         None,
         f64::NAN,
     );
+    let reach = oracle::GAPS
+        .iter()
+        .zip(&frontier)
+        .find(|(_, v)| **v < TARGET_VIOLATIONS)
+        .map_or(f64::NAN, |(g, _)| *g);
+    line(
+        "p95 gap % an oracle reaches with fresh probes over the SLO < 5 % (true figures, no probes)",
+        reach,
+        None,
+        f64::NAN,
+    );
     line(
         "mean probes",
         probes,
@@ -323,4 +401,12 @@ fn main() {
         None,
         all_old.pct(all_old.said_no),
     );
+    println!(
+        "\nwhat the two targets leave a search that knew every layout's truth (`layout/oracle.rs`):"
+    );
+    println!("| gap within, on 95 % of seeds | fresh probes over the SLO % |");
+    println!("|---|---|");
+    for (g, v) in oracle::GAPS.iter().zip(&frontier) {
+        println!("| {g:.1} % | {v:.2} |");
+    }
 }
