@@ -1,13 +1,14 @@
 //! Which layout the search probes next (Cloud Reamer §III-B; the rules are documented on
 //! [`LayoutSearch`]): the surrogate's predicted best within the SLO, its throughput hoped for
 //! from the most favourable plausible fit and more where nothing was measured nearby (and its
-//! p99 too, before the search gives up with budget left). Replayed from the measurements on
-//! every step. Pure: touches nothing.
+//! p99 too, before the search gives up with budget left); a cache-bound search's last probe
+//! one batch from its best towards the cache edge. Replayed from the measurements on every
+//! step. Pure: touches nothing.
 
 use std::collections::BTreeMap;
 
 use super::edge::Rung;
-use super::search::{classify, BatchTrend, LayoutSearch, ModelTraits, Need, Sample};
+use super::search::{classify, misses_rose, BatchTrend, LayoutSearch, ModelTraits, Need, Sample};
 use super::surrogate::{Point, Prior, Surrogate};
 use super::types::LayoutConfig;
 
@@ -101,6 +102,9 @@ impl LayoutSearch {
             if let Some(probe) = self.cache_probe(&ladder, ladder[start]) {
                 return Err(Need(probe));
             }
+        }
+        if let Some(step) = self.edge_step(trend) {
+            return Err(Need(step));
         }
         let measured: Vec<(LayoutConfig, Sample)> = self
             .samples
@@ -294,6 +298,39 @@ impl LayoutSearch {
         let middle = (f64::from(lo) * f64::from(hi)).sqrt().round();
         // At most max_batch (the geometric middle of two valid batches).
         Some(self.config(rung, middle as u32))
+    }
+
+    /// The last probe of a cache-bound search (see [`LayoutSearch`]): the best layout judged
+    /// within the SLO with its batch one step towards the edge of its instances' cache, up when
+    /// its misses have not risen from the lowest measured and down when they have. None before
+    /// the last probe, for other trends, without counters, when the best must be measured again
+    /// first (`to_confirm`), or when that batch was measured or is past one over the SLO.
+    fn edge_step(&self, trend: BatchTrend) -> Option<LayoutConfig> {
+        let left = self
+            .options
+            .probe_budget
+            .max(1)
+            .saturating_sub(self.probes_used());
+        if left != 1 || trend != BatchTrend::CacheBound || self.to_confirm().is_some() {
+            return None;
+        }
+        let (best, sample) = self.best_within()?;
+        let lowest = self
+            .samples
+            .values()
+            .filter_map(|s| s.miss)
+            .fold(f64::INFINITY, f64::min);
+        let batch = if misses_rose(lowest, sample.miss?) {
+            best.batch.checked_sub(1).filter(|&b| b >= 1)?
+        } else {
+            best.batch.checked_add(1).filter(|&b| b <= self.max_batch)?
+        };
+        let rung = (best.cores_per_instance, best.instances);
+        if self.lowest_over(rung).is_some_and(|o| batch >= o) {
+            return None;
+        }
+        let config = self.config(rung, batch);
+        (!self.samples.contains_key(&config)).then_some(config)
     }
 
     /// The smallest batch measured over the SLO on `rung`.

@@ -216,6 +216,14 @@ pub(super) struct Need(pub(super) LayoutConfig);
 ///   is dropped (the predicted p99 within the aim is enough), and then the p99 too is hoped
 ///   for as the throughput is (the most favourable plausible fit's) before giving up.
 ///   A batch at or past one measured over the SLO on the same rung is never asked for.
+/// - The last probe of a cache-bound search (the trend above) steps the best layout judged
+///   within the SLO by one batch towards its instances' cache edge: up when its misses have not
+///   risen from the lowest measured, down when they have. A cache-bound model's best batch on a
+///   rung is about the largest whose working set still fits the instances' cache (§III-B,
+///   Fig. 5), where throughput falls off within a batch or two, more sharply than the
+///   surrogate's knee places it (issue 21's layout benchmark: cache-bound median gap 4.65 →
+///   3.18 %, p95 over all families 16.63 → 16.48 %; seeds 2,000–5,999: 17.33 → 16.80 %).
+///   Not when that layout is still to be measured again (below).
 /// - The search ends when no candidate is predicted to beat the best measured throughput
 ///   within the SLO by the margin, or when the budget is spent. When nothing is within the SLO
 ///   and nothing is predicted to be, it tries the largest instances at batch 1 once.
@@ -411,7 +419,7 @@ impl LayoutSearch {
 
     /// The highest measured throughput judged within the SLO (the lower p99, then the smaller
     /// layout, on a tie).
-    fn best_within(&self) -> Option<(&LayoutConfig, &Sample)> {
+    pub(super) fn best_within(&self) -> Option<(&LayoutConfig, &Sample)> {
         self.samples
             .iter()
             .filter(|(_, s)| self.feasible(s))
@@ -426,7 +434,7 @@ impl LayoutSearch {
     /// The layout the search would end on, when one window measured it and its p99 with its
     /// uncertainty is judged within the SLO by less than [`CONFIRM_BELOW`]: measured once more
     /// before the search ends, while the budget lasts.
-    fn to_confirm(&self) -> Option<LayoutConfig> {
+    pub(super) fn to_confirm(&self) -> Option<LayoutConfig> {
         let (c, s) = self.best_within()?;
         (s.windows == 1 && self.upper(s) > self.slo_ms * CONFIRM_BELOW).then_some(*c)
     }

@@ -310,6 +310,60 @@ fn cache_misses_place_the_knee_the_search_measures_before() {
     assert_eq!(out.config, best.config, "{asked:?}");
 }
 
+/// Issue 21: the last probe of a cache-bound search steps the best layout's batch by one
+/// towards its instances' cache edge: up when its misses have not risen (seed 470's model,
+/// 2 × 7 CPUs at batch 4 → 5), down when they have (seed 1862's, 3 × 6 CPUs at batch 6 → 5).
+/// Each is the exhaustive best; without the step the search ended one batch off, 11.7 and
+/// 10.4 % below it.
+#[test]
+fn a_cache_bound_searchs_last_probe_steps_the_best_batch_towards_the_cache_edge() {
+    let up = PerfModel {
+        name: "cache-bound",
+        free: 14,
+        slo_ms: 136.3,
+        max_batch: 128,
+        max_instances: 14,
+        item_ms: 13.62,
+        batch_ms: 2.223,
+        serial: 0.2006,
+        b0: 3.388,
+        weights_mb: 3.0,
+        act_mb: 1.467,
+        miss_penalty: 2.623,
+        bandwidth: 0.4287,
+        lat_sigma: 0.1811,
+        window_noise: 0.04366,
+        ..SMALL_CACHE
+    };
+    let down = PerfModel {
+        free: 18,
+        slo_ms: 144.3,
+        max_instances: 18,
+        item_ms: 19.65,
+        batch_ms: 7.004,
+        serial: 0.1634,
+        b0: 3.899,
+        weights_mb: 0.997,
+        act_mb: 1.532,
+        miss_penalty: 1.825,
+        bandwidth: 0.9015,
+        lat_sigma: 0.2157,
+        window_noise: 0.04981,
+        ..up
+    };
+    for (model, before, best) in [
+        (up, layout(7, 2, 4), layout(7, 2, 5)),
+        (down, layout(6, 3, 6), layout(6, 3, 5)),
+    ] {
+        assert_eq!(model.exhaustive().unwrap().config, best);
+        let (asked, out) = run_model(&model, search_for(&model));
+        assert_eq!(asked.len(), 8, "{asked:?}");
+        assert!(asked[..7].contains(&before), "{asked:?}");
+        assert_eq!(asked[7], best, "{asked:?}");
+        assert_eq!(out.config, best, "{asked:?}");
+    }
+}
+
 /// Issue 21: a search about to end on a layout one window measured just within the SLO (its
 /// bound above 90 % of it) measures it once more, and judges it on both windows. On 2 CPUs with a
 /// 25 ms SLO, 1 × 2 CPUs at batch 64 serves the most but measures 23 ms in its first window;
