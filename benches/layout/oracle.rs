@@ -17,7 +17,6 @@
 //! can beat while meeting the violation target on these models.
 
 use lodger::policy::inference::sim::PerfModel;
-use lodger::policy::inference::LayoutConfig;
 use lodger::rng::Rng;
 
 /// Gap thresholds, in percent of the exhaustive best's throughput.
@@ -33,37 +32,26 @@ pub fn lowest_fresh_risk(model: &PerfModel, best: f64, seed: u64) -> Vec<f64> {
     let mut risk: Vec<f64> = vec![1.0; GAPS.len()];
     let widest = GAPS[GAPS.len() - 1];
     let mut rng = Rng::splitmix(seed ^ 0x0a_c1e5);
-    for c in 1..=model.free {
-        for n in 1..=(model.free / c).min(model.max_instances) {
-            for b in 1..=model.max_batch {
-                let config = LayoutConfig {
-                    cores_per_instance: c,
-                    instances: n,
-                    batch: b,
-                };
-                let t = model.truth(&config);
-                // Latency grows with the batch: nothing past the first over the SLO.
-                if t.p99 > model.slo_ms {
-                    break;
-                }
-                let gap = (best - t.throughput) / best * 100.0;
-                let Some(first) = GAPS.iter().position(|&g| gap <= g) else {
-                    continue;
-                };
-                // `risk` falls with the threshold: nothing to lower when it is 0 here.
-                if gap > widest || risk[first] == 0.0 {
-                    continue;
-                }
-                let over = (0..DRAWS)
-                    .filter(|_| model.probe(config, &mut rng).p99_latency_ms > model.slo_ms)
-                    .count();
-                let q = over as f64 / f64::from(DRAWS);
-                for r in &mut risk[first..] {
-                    *r = r.min(q);
-                }
+    model.each_where(
+        |_, t| t.p99 <= model.slo_ms,
+        |config, t| {
+            let gap = (best - t.throughput) / best * 100.0;
+            let Some(first) = GAPS.iter().position(|&g| gap <= g) else {
+                return;
+            };
+            // `risk` falls with the threshold: nothing to lower when it is 0 here.
+            if gap > widest || risk[first] == 0.0 {
+                return;
             }
-        }
-    }
+            let over = (0..DRAWS)
+                .filter(|_| model.probe(config, &mut rng).p99_latency_ms > model.slo_ms)
+                .count();
+            let q = over as f64 / f64::from(DRAWS);
+            for r in &mut risk[first..] {
+                *r = r.min(q);
+            }
+        },
+    );
     risk
 }
 

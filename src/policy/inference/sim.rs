@@ -193,10 +193,33 @@ impl PerfModel {
     /// as the SLO does (latency grows with batch): each rung's batches stop at the first refused.
     pub fn best_where(&self, ok: impl Fn(&LayoutConfig, &Truth) -> bool) -> Option<Best> {
         let mut best: Option<Best> = None;
-        let mut space = 0u64;
+        self.each_where(ok, |config, t| {
+            if best.map_or(true, |x| t.throughput > x.throughput) {
+                best = Some(Best {
+                    config,
+                    throughput: t.throughput,
+                    p99: t.p99,
+                    space: 0,
+                });
+            }
+        });
+        let rungs: u64 = (1..=self.free)
+            .map(|c| u64::from((self.free / c).min(self.max_instances)))
+            .sum();
+        let space = rungs * u64::from(self.max_batch);
+        best.map(|b| Best { space, ..b })
+    }
+
+    /// Calls `visit` with every uniform layout `ok` accepts (every cores per instance, instance
+    /// count that fits and batch) and its truth, each rung's batches up to the first `ok`
+    /// refuses (see [`PerfModel::best_where`]).
+    pub fn each_where(
+        &self,
+        ok: impl Fn(&LayoutConfig, &Truth) -> bool,
+        mut visit: impl FnMut(LayoutConfig, Truth),
+    ) {
         for c in 1..=self.free {
             for n in 1..=(self.free / c).min(self.max_instances) {
-                space += u64::from(self.max_batch);
                 // Latency grows with batch (every factor of `mean` does): stop at the first miss.
                 for b in 1..=self.max_batch {
                     let config = LayoutConfig {
@@ -208,18 +231,10 @@ impl PerfModel {
                     if !ok(&config, &t) {
                         break;
                     }
-                    if best.map_or(true, |x| t.throughput > x.throughput) {
-                        best = Some(Best {
-                            config,
-                            throughput: t.throughput,
-                            p99: t.p99,
-                            space: 0,
-                        });
-                    }
+                    visit(config, t);
                 }
             }
         }
-        best.map(|b| Best { space, ..b })
     }
 
     /// A probe of `c` without noise: the true p99 and median, the window's batch count at the
