@@ -8,8 +8,8 @@
 //! parameter is drawn from the seed, on a leftover of 8–192 CPUs. A change found on the default
 //! seeds is checked on others (`LAYOUT_BENCH_FIRST_SEED=2000 LAYOUT_BENCH_SEEDS=4000`): the
 //! p95 moves by about half a point from one set of 2,000 seeds to another. Probes are noisy as
-//! lodgerd's are: a 1- or 10-s window of batches, the worst instance's p99 of its batch
-//! latencies, a window-wide speed factor, noisy counters.
+//! lodgerd's are: a 1- or 10-s window of batches, the p99 of every instance's batch latencies
+//! pooled, a window-wide speed factor, noisy counters.
 //!
 //! Printed per family and over all seeds, for the current search (default options) and the
 //! baseline (the search before issue 21, `layout/baseline.rs`, 12 probes) on the same models and
@@ -25,16 +25,22 @@
 //! summary says which the current search meets, and beside them the p95 gap the SLO rule alone
 //! leaves any search (`rule_gap`: the best layout the rule accepts when every layout is probed
 //! exactly) and the same over only the rungs each search probed (`probed_rungs_gap`: how much of
-//! the gap is the batch on rungs it measured rather than rungs it never measured).
+//! the gap is the batch on rungs it measured rather than rungs it never measured), and the p95
+//! gap of the best layout each search measured, by its truth (`measured_gap`: what the search's
+//! probes found, before its final choice from noisy windows). Searches whose choice falls more
+//! than a point below that layout are counted by why (`Choice`): the rule refuses that layout
+//! even measured exactly, its measured p99 was judged over, or its measured throughput ranked
+//! below the chosen one's.
 //!
 //! Beside them, what the two targets leave a search that knew every layout's true throughput
 //! and p99 (`layout/oracle.rs`): the p95 gap it reaches while fewer than 5 % of its layouts
 //! measure over the SLO on a fresh probe. `LAYOUT_BENCH_Z=Z` runs the search (and the rule
-//! bounds) with `confidence_z` Z instead of the default, to see what the rule's margin costs.
+//! bounds) with `confidence_z` Z instead of the default, to see what the rule's margin costs;
+//! `LAYOUT_BENCH_BUDGET=N` with a probe budget of N instead of 8, to see what more probes buy.
 //!
 //! `LAYOUT_BENCH_DUMP=FILE` also writes one tab-separated line per seed (its family, the
-//! current search's gap, the two bounds above, probes, the chosen and the best layout): where a
-//! change's tail comes from, read per seed.
+//! current search's gap, the two rule bounds and the measured gap above, probes, the chosen and
+//! the best layout): where a change's tail comes from, read per seed.
 
 #[path = "layout/baseline.rs"]
 mod baseline;
@@ -42,7 +48,9 @@ mod baseline;
 mod oracle;
 
 use lodger::policy::inference::sim::{run_with, search_for, Family, PerfModel};
-use lodger::policy::inference::{LayoutConfig, LayoutSearch, SearchOptions, SearchStep};
+use lodger::policy::inference::{
+    LayoutConfig, LayoutSearch, ProbeResult, SearchOptions, SearchStep,
+};
 use lodger::rng::Rng;
 
 /// Targets of issue 21.
@@ -150,18 +158,87 @@ fn probed_rungs_gap(model: &PerfModel, best: f64, probed: &[LayoutConfig]) -> f6
     rule_gap(model, best, |c| probed.iter().any(|p| rung(p) == rung(c)))
 }
 
-/// `search` with `LAYOUT_BENCH_Z` as its `confidence_z` when that is set (the rule's margin,
-/// for the rule and the search alike), else as it is (the default options).
+/// `search` with `LAYOUT_BENCH_Z` as its `confidence_z` and `LAYOUT_BENCH_BUDGET` as its probe
+/// budget where they are set (the rule's margin, for the rule and the search alike), else as it
+/// is (the default options).
 fn tuned(search: LayoutSearch) -> LayoutSearch {
-    match std::env::var("LAYOUT_BENCH_Z")
+    let z = std::env::var("LAYOUT_BENCH_Z")
         .ok()
-        .and_then(|v| v.parse::<f64>().ok())
-    {
-        Some(z) => search.with_options(SearchOptions {
-            confidence_z: z,
-            ..SearchOptions::default()
-        }),
-        None => search,
+        .and_then(|v| v.parse::<f64>().ok());
+    let budget = std::env::var("LAYOUT_BENCH_BUDGET")
+        .ok()
+        .and_then(|v| v.parse::<u32>().ok());
+    if z.is_none() && budget.is_none() {
+        return search;
+    }
+    let default = SearchOptions::default();
+    search.with_options(SearchOptions {
+        confidence_z: z.unwrap_or(default.confidence_z),
+        probe_budget: budget.unwrap_or(default.probe_budget),
+        ..default
+    })
+}
+
+/// The gap, in percent, of the best layout the search measured by its truth (its true p99
+/// within the SLO, the highest true throughput): what the probes found, before the search's
+/// choice among them from noisy windows. 100 when none it measured is truly within the SLO.
+fn measured_gap(model: &PerfModel, best: f64, probed: &[LayoutConfig]) -> f64 {
+    probed
+        .iter()
+        .map(|c| model.truth(c))
+        .filter(|t| t.p99 <= model.slo_ms)
+        .map(|t| (best - t.throughput) / best * 100.0)
+        .fold(100.0, f64::min)
+}
+
+/// Why a search chose a layout more than a point below the best it measured (by truth).
+#[derive(Default)]
+struct Choice {
+    /// The rule refuses that layout even probed exactly (its margin).
+    rule: u32,
+    /// Its measured windows were judged over the SLO, though the rule accepts it exactly.
+    noisy_p99: u32,
+    /// Judged within the SLO, but its measured throughput ranked below the chosen layout's.
+    ranked_below: u32,
+}
+
+impl Choice {
+    /// Counts one search: `chosen` (within the SLO in truth) against the best layout it
+    /// measured, from the windows `results` it measured.
+    fn count(
+        &mut self,
+        model: &PerfModel,
+        rule: &LayoutSearch,
+        chosen: &LayoutConfig,
+        results: &[ProbeResult],
+    ) {
+        let truly_best = results
+            .iter()
+            .map(|r| r.config)
+            .filter(|c| model.truth(c).p99 <= model.slo_ms)
+            .max_by(|a, b| {
+                model
+                    .truth(a)
+                    .throughput
+                    .total_cmp(&model.truth(b).throughput)
+            });
+        let Some(better) = truly_best else {
+            return;
+        };
+        let (t_chosen, t_better) = (model.truth(chosen), model.truth(&better));
+        if model.truth(chosen).p99 > model.slo_ms
+            || t_better.throughput - t_chosen.throughput <= t_better.throughput * 0.01
+        {
+            return;
+        }
+        let windows: Vec<&ProbeResult> = results.iter().filter(|r| r.config == better).collect();
+        if !rule.judges_within_slo(&model.exact_probe(better)) {
+            self.rule += 1;
+        } else if windows.iter().any(|r| !rule.judges_within_slo(r)) {
+            self.noisy_p99 += 1;
+        } else {
+            self.ranked_below += 1;
+        }
     }
 }
 
@@ -189,6 +266,8 @@ fn main() {
     let mut rule_gaps = Vec::new();
     // Per seed: the same over only the rungs the search probed (see `probed_rungs_gap`).
     let mut probed_gaps = Vec::new();
+    let mut measured_gaps = Vec::new();
+    let mut choice = Choice::default();
     let mut space = 0u64;
     // Per seed: the oracle's lowest fresh-probe risk at each gap threshold (see `oracle`).
     let mut oracle_risks = Vec::new();
@@ -198,7 +277,7 @@ fn main() {
     let mut dump = std::env::var_os("LAYOUT_BENCH_DUMP")
         .filter(|p| !p.is_empty())
         .map(|p| {
-            let head = "seed\tfamily\tgap\trule_gap\tprobed_rungs_gap\tprobes\tchosen\tbest\n";
+            let head = "seed\tfamily\tgap\trule_gap\tprobed_rungs_gap\tmeasured_gap\tprobes\tchosen\tbest\n";
             (p, String::from(head))
         });
     for seed in first..first.saturating_add(seeds) {
@@ -215,6 +294,7 @@ fn main() {
         let mut rng = Rng::splitmix(noise);
         let mut search = tuned(search_for(&model));
         let mut probed = Vec::new();
+        let mut results: Vec<ProbeResult> = Vec::new();
         let run = run_with(&model, &mut rng, |last| {
             if let (Some(r), true) = (&last, trace == Some(seed)) {
                 let t = model.truth(&r.config);
@@ -230,6 +310,7 @@ fn main() {
                     t.miss
                 );
             }
+            results.extend(last.iter().cloned());
             let step = search.next(last);
             if let SearchStep::Probe(c) = &step {
                 probed.push(*c);
@@ -237,14 +318,22 @@ fn main() {
             step
         });
         probed_gaps.push(probed_rungs_gap(&model, best.throughput, &probed));
+        measured_gaps.push(measured_gap(&model, best.throughput, &probed));
+        choice.count(
+            &model,
+            &tuned(search_for(&model)),
+            &run.outcome.config,
+            &results,
+        );
         record(&mut new[fi], &model, best.throughput, &run, &mut rng);
         if let Some((_, out)) = dump.as_mut() {
             out.push_str(&format!(
-                "{seed}\t{}\t{:.2}\t{:.2}\t{:.2}\t{}\t{}\t{}\n",
+                "{seed}\t{}\t{:.2}\t{:.2}\t{:.2}\t{:.2}\t{}\t{}\t{}\n",
                 model.name,
                 new[fi].gaps.last().copied().unwrap_or(f64::NAN),
                 rule_gaps.last().copied().unwrap_or(f64::NAN),
                 probed_gaps.last().copied().unwrap_or(f64::NAN),
+                measured_gaps.last().copied().unwrap_or(f64::NAN),
                 run.probes,
                 run.outcome.config,
                 best.config,
@@ -360,6 +449,12 @@ fn main() {
         None,
         f64::NAN,
     );
+    line(
+        "p95 gap % of the best layout the search measured (by its truth, before the choice)",
+        quantile(&measured_gaps, 0.95),
+        None,
+        f64::NAN,
+    );
     let reach = oracle::GAPS
         .iter()
         .zip(&frontier)
@@ -400,6 +495,13 @@ fn main() {
         all_new.pct(all_new.said_no),
         None,
         all_old.pct(all_old.said_no),
+    );
+    println!(
+        "\nsearches choosing more than a point below the best layout they measured: {} (the rule refuses it even exactly: {}; its measured p99 judged over: {}; its measured throughput ranked below the chosen's: {})",
+        choice.rule + choice.noisy_p99 + choice.ranked_below,
+        choice.rule,
+        choice.noisy_p99,
+        choice.ranked_below
     );
     println!(
         "\nwhat the two targets leave a search that knew every layout's truth (`layout/oracle.rs`):"
