@@ -48,9 +48,7 @@ mod baseline;
 mod oracle;
 
 use lodger::policy::inference::sim::{run_with, search_for, Family, PerfModel};
-use lodger::policy::inference::{
-    LayoutConfig, LayoutSearch, ProbeResult, SearchOptions, SearchStep,
-};
+use lodger::policy::inference::{LayoutConfig, LayoutSearch, ProbeResult, SearchOptions};
 use lodger::rng::Rng;
 
 /// Targets of issue 21.
@@ -179,19 +177,26 @@ fn tuned(search: LayoutSearch) -> LayoutSearch {
     })
 }
 
-/// The gap, in percent, of the best layout the search measured by its truth (its true p99
-/// within the SLO, the highest true throughput): what the probes found, before the search's
-/// choice among them from noisy windows. 100 when none it measured is truly within the SLO.
-fn measured_gap(model: &PerfModel, best: f64, probed: &[LayoutConfig]) -> f64 {
-    probed
+/// The best layout among `measured` by its truth: the highest true throughput among those whose
+/// true p99 meets the SLO. None when none does.
+fn truly_best(model: &PerfModel, measured: &[LayoutConfig]) -> Option<(LayoutConfig, f64)> {
+    measured
         .iter()
-        .map(|c| model.truth(c))
-        .filter(|t| t.p99 <= model.slo_ms)
-        .map(|t| (best - t.throughput) / best * 100.0)
-        .fold(100.0, f64::min)
+        .map(|c| (*c, model.truth(c)))
+        .filter(|(_, t)| t.p99 <= model.slo_ms)
+        .map(|(c, t)| (c, t.throughput))
+        .max_by(|a, b| a.1.total_cmp(&b.1))
 }
 
-/// Why a search chose a layout more than a point below the best it measured (by truth).
+/// The gap, in percent, of [`truly_best`] among the layouts the search measured: what the
+/// probes found, before the search's choice among them from noisy windows. 100 when none it
+/// measured is truly within the SLO.
+fn measured_gap(model: &PerfModel, best: f64, measured: &[LayoutConfig]) -> f64 {
+    truly_best(model, measured).map_or(100.0, |(_, tp)| (best - tp) / best * 100.0)
+}
+
+/// Why a search chose a layout more than a point (of the exhaustive best) below the best it
+/// measured (by truth).
 #[derive(Default)]
 struct Choice {
     /// The rule refuses that layout even probed exactly (its margin).
@@ -203,38 +208,31 @@ struct Choice {
 }
 
 impl Choice {
-    /// Counts one search: `chosen` (within the SLO in truth) against the best layout it
-    /// measured, from the windows `results` it measured.
+    /// Counts one search that ended on `chosen` after measuring the windows `results`, judged by
+    /// `search`'s rule, against the exhaustive best's throughput `best`. A chosen layout over the
+    /// SLO in truth is not counted here (the gap counts it as 100 %).
     fn count(
         &mut self,
         model: &PerfModel,
-        rule: &LayoutSearch,
+        best: f64,
+        search: &LayoutSearch,
         chosen: &LayoutConfig,
         results: &[ProbeResult],
     ) {
-        let truly_best = results
-            .iter()
-            .map(|r| r.config)
-            .filter(|c| model.truth(c).p99 <= model.slo_ms)
-            .max_by(|a, b| {
-                model
-                    .truth(a)
-                    .throughput
-                    .total_cmp(&model.truth(b).throughput)
-            });
-        let Some(better) = truly_best else {
+        let measured: Vec<LayoutConfig> = results.iter().map(|r| r.config).collect();
+        let Some((better, better_tp)) = truly_best(model, &measured) else {
             return;
         };
-        let (t_chosen, t_better) = (model.truth(chosen), model.truth(&better));
-        if model.truth(chosen).p99 > model.slo_ms
-            || t_better.throughput - t_chosen.throughput <= t_better.throughput * 0.01
-        {
+        let t_chosen = model.truth(chosen);
+        if t_chosen.p99 > model.slo_ms || (better_tp - t_chosen.throughput) / best * 100.0 <= 1.0 {
             return;
         }
-        let windows: Vec<&ProbeResult> = results.iter().filter(|r| r.config == better).collect();
-        if !rule.judges_within_slo(&model.exact_probe(better)) {
+        if !search.judges_within_slo(&model.exact_probe(better)) {
             self.rule += 1;
-        } else if windows.iter().any(|r| !rule.judges_within_slo(r)) {
+        } else if results
+            .iter()
+            .any(|r| r.config == better && !search.judges_within_slo(r))
+        {
             self.noisy_p99 += 1;
         } else {
             self.ranked_below += 1;
@@ -293,7 +291,7 @@ fn main() {
         let noise = seed.wrapping_mul(0x2545_f491_4f6c_dd1d) ^ 0x1a40;
         let mut rng = Rng::splitmix(noise);
         let mut search = tuned(search_for(&model));
-        let mut probed = Vec::new();
+        // Every window the search measured, in order.
         let mut results: Vec<ProbeResult> = Vec::new();
         let run = run_with(&model, &mut rng, |last| {
             if let (Some(r), true) = (&last, trace == Some(seed)) {
@@ -311,17 +309,15 @@ fn main() {
                 );
             }
             results.extend(last.iter().cloned());
-            let step = search.next(last);
-            if let SearchStep::Probe(c) = &step {
-                probed.push(*c);
-            }
-            step
+            search.next(last)
         });
+        let probed: Vec<LayoutConfig> = results.iter().map(|r| r.config).collect();
         probed_gaps.push(probed_rungs_gap(&model, best.throughput, &probed));
         measured_gaps.push(measured_gap(&model, best.throughput, &probed));
         choice.count(
             &model,
-            &tuned(search_for(&model)),
+            best.throughput,
+            &search,
             &run.outcome.config,
             &results,
         );
