@@ -38,6 +38,10 @@
 //! bounds) with `confidence_z` Z instead of the default, to see what the rule's margin costs;
 //! `LAYOUT_BENCH_BUDGET=N` with a probe budget of N instead of 8, to see what more probes buy.
 //!
+//! Also printed: the wall time of a search step (`LayoutSearch::next`: the surrogate's fit and
+//! the candidates) on the seeds with 128–192 free CPUs, p50 and p95; lodgerd takes one step per
+//! probe window.
+//!
 //! `LAYOUT_BENCH_DUMP=FILE` also writes one tab-separated line per seed (its family, the
 //! current search's gap, the two rule bounds and the measured gap above, probes, the chosen and
 //! the best layout): where a change's tail comes from, read per seed.
@@ -266,6 +270,9 @@ fn main() {
     let mut probed_gaps = Vec::new();
     let mut measured_gaps = Vec::new();
     let mut choice = Choice::default();
+    // Wall time of each `LayoutSearch::next` on leftovers of at least 128 CPUs, ms: what a
+    // search step costs the agent's thread once per probe window.
+    let mut step_times: Vec<f64> = Vec::new();
     let mut space = 0u64;
     // Per seed: the oracle's lowest fresh-probe risk at each gap threshold (see `oracle`).
     let mut oracle_risks = Vec::new();
@@ -309,7 +316,12 @@ fn main() {
                 );
             }
             results.extend(last.iter().cloned());
-            search.next(last)
+            let timer = std::time::Instant::now();
+            let step = search.next(last);
+            if model.free >= 128 {
+                step_times.push(timer.elapsed().as_secs_f64() * 1000.0);
+            }
+            step
         });
         let probed: Vec<LayoutConfig> = results.iter().map(|r| r.config).collect();
         probed_gaps.push(probed_rungs_gap(&model, best.throughput, &probed));
@@ -491,6 +503,12 @@ fn main() {
         all_new.pct(all_new.said_no),
         None,
         all_old.pct(all_old.said_no),
+    );
+    println!(
+        "\na search step (`LayoutSearch::next`, wall time on this host) at 128-192 free CPUs: p50 {:.2} ms, p95 {:.2} ms over {} steps (once per probe window of 1-10 s)",
+        quantile(&step_times, 0.5),
+        quantile(&step_times, 0.95),
+        step_times.len()
     );
     println!(
         "\nsearches choosing more than a point below the best layout they measured: {} (the rule refuses it even exactly: {}; its measured p99 judged over: {}; its measured throughput ranked below the chosen's: {})",

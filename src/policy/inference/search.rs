@@ -193,9 +193,10 @@ pub(super) struct Need(pub(super) LayoutConfig);
 ///   two batches: a larger instance's cache may hold a batch that overflowed the first's.
 /// - Every probe, within the SLO or not, gives the layout's mean batch latency (instances ×
 ///   batch / throughput: under saturating load instances serve batches back to back) and its
-///   p99 over that mean. The mean latency is fitted as `k·(f + b^e·((1 − p) + p/c)·K)` over
-///   cores per instance `c` and batch `b` (a fixed cost per batch, per-item work growing like
-///   `b^e`, Amdahl scaling inside an instance, and from three probes on a knee `K` where the
+///   p99 over that mean. The mean latency is fitted as `k·(f + (w + b^e)·((1 − p) + p/c)·K)`
+///   over cores per instance `c` and batch `b` (a fixed cost per batch, per-batch work `w` and
+///   per-item work growing like `b^e` that the cores share, Amdahl scaling inside an instance,
+///   and from three probes on a knee `K` where the
 ///   working set, weights plus the batch, outgrows the instance's cache), times small
 ///   second-order terms in `ln b` and `ln c · ln b` shrunk towards 0, by least squares in log
 ///   space with priors on `e`, `f`, the serial fraction `1 − p` and the knee's height; a
