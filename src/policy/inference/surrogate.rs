@@ -1,10 +1,12 @@
 //! The layout search's surrogate latency model: mean batch latency as a function of cores per
 //! instance and batch, fitted to the probes so far by least squares in log space with priors.
-//! Generic (a fixed cost per batch, a power law in the batch, Amdahl scaling inside an
-//! instance, a steep but smooth rise of per-item work once the working set outgrows the
-//! instance's cache, placed by the probes' cache misses where counters report them),
-//! deliberately not the simulator's model (`sim`), so the search is not tuned to one curve.
-//! Pure arithmetic; touches nothing.
+//! Generic (a fixed cost per batch, per-batch and per-item work, the latter a power law in the
+//! batch, Amdahl scaling inside an instance, a steep but smooth rise of per-item work once the
+//! working set outgrows the instance's cache, placed by the probes' cache misses where counters
+//! report them), kept apart from the simulator's models (`sim`), so the search is not tuned to
+//! one curve. (One of them, the compute-bound family's mean latency, is a special case of the
+//! affine form, `e` = 1; the falling-IPC, cache-overflow and contention terms are not.) Pure
+//! arithmetic; touches nothing.
 
 use super::search::misses_rose;
 
@@ -31,7 +33,9 @@ pub(super) struct Point {
 /// small batches where `w` dominates and linear past it: a power law alone bends the same way
 /// everywhere, and fitted to a few small batches under a tight SLO it badly under-predicts what
 /// a large batch buys on a larger instance (issue 21's layout benchmark: p95 gap 16.48 ->
-/// 15.39 %, on seeds 2,000–5,999 16.80 -> 14.99 %; session 41). `K` is the working set's knee
+/// 15.39 %, on seeds 2,000–5,999 16.80 -> 14.99 %; session 41). The bundled worker's measured
+/// batch latencies (the lodgers benchmark's sweep, batch 1–64 on 2 CPUs) are affine within 8 %
+/// (1 × 2 CPUs: 15 %), a single power law within 18 % (22 %). `K` is the working set's knee
 /// ([`Knee`]): per-item work rising once an instance's weights and batch no longer fit its
 /// share of the cache, which more cores per instance hold (Cloud Reamer §III-B, Fig. 5: cache
 /// misses rising with batch). The second-order terms (`q`: the batch exponent drifting with the
@@ -166,9 +170,10 @@ impl Surrogate {
     ///
     /// The plausible fits, best first: the fit without a knee and, from [`KNEE_MIN_POINTS`]
     /// probes on, for every knee of the grid the best shape under it (`e` and `p` on their
-    /// grids, `f` and `w` the knee-less fit's), those whose objective is within [`PLAUSIBLE_J`] of the
-    /// lowest among them, at most [`PLAUSIBLE_MOST`], less the best fit when it is one of them. Two batches on one rung and one more
-    /// instance size fit about as well with no knee as with one placing a throughput peak
+    /// grids, `f` and `w` the knee-less fit's), those whose objective is within
+    /// [`PLAUSIBLE_J`] of the lowest among them, at most [`PLAUSIBLE_MOST`], less the best fit
+    /// when it is one of them. Two batches on one rung and one more instance size fit about as
+    /// well with no knee as with one placing a throughput peak
     /// between the two batches; the single best fit picks one of them, and the search would
     /// never measure the peak the other predicts (issue 21's layout benchmark, session 35).
     pub(super) fn fit_and_plausible(
@@ -185,11 +190,11 @@ impl Surrogate {
         let flat = best?;
         let plausible = fit.plausible(flat);
         if points.len() >= KNEE_MIN_POINTS {
+            let (e, p, f, w) = (flat.1.e, flat.1.p, flat.1.f, flat.1.w);
             for &m in &KNEE_M_GRID {
                 for &kappa in &KNEE_KAPPA_GRID {
                     for &beta in &KNEE_BETA_GRID {
                         let knee = Knee { m, kappa, beta };
-                        let (e, p, f, w) = (flat.1.e, flat.1.p, flat.1.f, flat.1.w);
                         keep_best(&mut best, fit.score(e, p, f, w, knee));
                     }
                 }
@@ -317,8 +322,8 @@ impl<'a> Fit<'a> {
             .collect()
     }
 
-    /// [`Fit::score`] for every shape of the grid (`e`, `p`) under `knee` at this `f` and `w`, the best
-    /// into `best`: the same objective, with each point's Amdahl term and knee factor computed
+    /// [`Fit::score`] for every shape of the grid (`e`, `p`) under `knee` at this `f` and `w`,
+    /// the best into `best`: the same objective, with each point's Amdahl term and knee factor computed
     /// once rather than at every grid point and `b^e` once a fit (the plausible fits score
     /// every knee's shapes, 22,000 grid points a search step).
     fn shapes_at(&mut self, f: f64, w: f64, knee: Knee, best: &mut Option<(f64, Surrogate)>) {
@@ -330,15 +335,16 @@ impl<'a> Fit<'a> {
         let spill = self.spill_penalty(knee);
         for &serial in &SERIAL_GRID {
             let p = 1.0 - serial;
-            let work: Vec<f64> = self
+            // Per point, what a unit of shared work takes: Amdahl's share times the knee.
+            let per_unit: Vec<f64> = self
                 .points
                 .iter()
                 .zip(&knees)
                 .map(|(pt, k)| ((1.0 - p) + p / pt.cores.max(1.0)) * k)
                 .collect();
             for (&e, power) in E_GRID.iter().zip(&self.powers) {
-                for ((shape, b_e), a) in self.shape.iter_mut().zip(power).zip(&work) {
-                    *shape = (f + (w + b_e) * a).ln();
+                for ((shape, b_e), unit) in self.shape.iter_mut().zip(power).zip(&per_unit) {
+                    *shape = (f + (w + b_e) * unit).ln();
                 }
                 keep_best(best, self.judge(e, p, f, w, knee, spill));
             }
