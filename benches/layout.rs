@@ -1,4 +1,4 @@
-//! Layout-search benchmark (`cargo bench --bench layout`, about half a minute): the online
+//! Layout-search benchmark (`cargo bench --bench layout`, about a minute): the online
 //! layout search (Cloud Reamer §III-B, `policy::inference::LayoutSearch`) against the exhaustive
 //! best on the simulated model family of `policy::inference::sim` (issue 21 item 3).
 //!
@@ -42,6 +42,10 @@
 //! the candidates) on the seeds with 128–192 free CPUs, p50 and p95; lodgerd takes one step per
 //! probe window.
 //!
+//! `LAYOUT_BENCH_NOISELESS=1` measures every probe of both searches noise-free (each figure the
+//! layout's truth, `sim::PerfModel::noiseless_probe`; the fresh probe after the search stays
+//! noisy): what is left of the gap is where the search probes, not the window noise.
+//!
 //! `LAYOUT_BENCH_DUMP=FILE` also writes one tab-separated line per seed (its family, the
 //! current search's gap, the two rule bounds and the measured gap above, probes, the chosen and
 //! the best layout): where a change's tail comes from, read per seed.
@@ -51,7 +55,7 @@ mod baseline;
 #[path = "layout/oracle.rs"]
 mod oracle;
 
-use lodger::policy::inference::sim::{run_with, search_for, Family, PerfModel};
+use lodger::policy::inference::sim::{run_with, search_for, Family, PerfModel, Probes};
 use lodger::policy::inference::{LayoutConfig, LayoutSearch, ProbeResult, SearchOptions};
 use lodger::rng::Rng;
 
@@ -276,6 +280,12 @@ fn main() {
     let mut space = 0u64;
     // Per seed: the oracle's lowest fresh-probe risk at each gap threshold (see `oracle`).
     let mut oracle_risks = Vec::new();
+    let probes = if std::env::var_os("LAYOUT_BENCH_NOISELESS").is_some_and(|v| v == "1") {
+        println!("probes measured noise-free (LAYOUT_BENCH_NOISELESS=1)");
+        Probes::Noiseless
+    } else {
+        Probes::Noisy
+    };
     let trace: Option<u64> = std::env::var("LAYOUT_BENCH_TRACE")
         .ok()
         .and_then(|v| v.parse().ok());
@@ -300,7 +310,7 @@ fn main() {
         let mut search = tuned(search_for(&model));
         // Every window the search measured, in order.
         let mut results: Vec<ProbeResult> = Vec::new();
-        let run = run_with(&model, &mut rng, |last| {
+        let run = run_with(&model, &mut rng, probes, |last| {
             if let (Some(r), true) = (&last, trace == Some(seed)) {
                 let t = model.truth(&r.config);
                 println!(
@@ -366,7 +376,7 @@ fn main() {
             model.max_batch,
             model.max_instances,
         );
-        let run = run_with(&model, &mut rng, |last| search.next(last));
+        let run = run_with(&model, &mut rng, probes, |last| search.next(last));
         record(&mut old[fi], &model, best.throughput, &run, &mut rng);
     }
     let frontier = oracle::frontier(&oracle_risks);

@@ -253,6 +253,18 @@ impl PerfModel {
         }
     }
 
+    /// [`PerfModel::exact_probe`] with the counters too, where the model has them, noise-free:
+    /// a probe whose every figure is the layout's truth, for telling what the search loses to
+    /// window noise from what it loses to where it probes.
+    pub fn noiseless_probe(&self, c: LayoutConfig) -> ProbeResult {
+        let t = self.truth(&c);
+        ProbeResult {
+            ipc: self.counters.then_some(t.ipc),
+            cache_miss_ratio: self.counters.then_some(t.miss),
+            ..self.exact_probe(c)
+        }
+    }
+
     /// The batches `instances` instances serve in a window at a mean batch latency of
     /// `mean_ms`: what a probe's percentiles are taken from.
     fn window_batches(&self, mean_ms: f64, instances: u32) -> u32 {
@@ -461,22 +473,38 @@ pub struct SimRun {
     pub truth: Truth,
 }
 
+/// How a simulated search's probes are measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Probes {
+    /// As lodgerd measures them ([`PerfModel::probe`]).
+    Noisy,
+    /// Every figure the layout's truth ([`PerfModel::noiseless_probe`]).
+    Noiseless,
+}
+
 /// Drives `search` against `model` with noisy probes from `rng` to its end. Panics when the
 /// search asks for more than 1,000 probes (it does not end).
 pub fn run_search(model: &PerfModel, mut search: super::LayoutSearch, rng: &mut Rng) -> SimRun {
-    run_with(model, rng, |last| search.next(last))
+    run_with(model, rng, Probes::Noisy, |last| search.next(last))
 }
 
-/// [`run_search`] for any search driven the same way (`next` as a closure), such as a baseline.
+/// [`run_search`] for any search driven the same way (`next` as a closure), such as a baseline,
+/// with its probes measured as `probes` says.
 pub fn run_with(
     model: &PerfModel,
     rng: &mut Rng,
+    probes: Probes,
     mut next: impl FnMut(Option<ProbeResult>) -> super::SearchStep,
 ) -> SimRun {
     let mut last = None;
     for _ in 0..=1000 {
         match next(last.take()) {
-            super::SearchStep::Probe(config) => last = Some(model.probe(config, rng)),
+            super::SearchStep::Probe(config) => {
+                last = Some(match probes {
+                    Probes::Noisy => model.probe(config, rng),
+                    Probes::Noiseless => model.noiseless_probe(config),
+                })
+            }
             super::SearchStep::Done(outcome) => {
                 return SimRun {
                     probes: outcome.probes,
@@ -552,3 +580,37 @@ pub const BALANCED: PerfModel = PerfModel {
     miss_penalty: 1.5,
     ..COMPUTE_BOUND
 };
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Noise-free probes repeat the layout's truth, counters included where the model has them,
+    /// so a search driven by them ends the same whatever the noise seed.
+    #[test]
+    fn noiseless_probes_are_the_truth_and_need_no_noise() {
+        for seed in 0..8u64 {
+            let model = PerfModel::random(Family::ALL[(seed % 4) as usize], seed);
+            let config = LayoutConfig {
+                cores_per_instance: 2,
+                instances: 2,
+                batch: 4,
+            };
+            let (t, p) = (model.truth(&config), model.noiseless_probe(config));
+            assert_eq!(p.throughput_per_s, t.throughput);
+            assert_eq!(p.p99_latency_ms, t.p99);
+            assert_eq!(p.cache_miss_ratio, model.counters.then_some(t.miss));
+            assert_eq!(p.ipc, model.counters.then_some(t.ipc));
+            let run = |noise: u64| {
+                let mut search = search_for(&model);
+                let mut rng = Rng::splitmix(noise);
+                run_with(&model, &mut rng, Probes::Noiseless, |last| {
+                    search.next(last)
+                })
+            };
+            let (a, b) = (run(1), run(2));
+            assert_eq!(a.outcome.config, b.outcome.config, "seed {seed}");
+            assert_eq!(a.probes, b.probes, "seed {seed}");
+        }
+    }
+}
