@@ -46,10 +46,9 @@
 #                       a guest up in time usually is in 40-90 s, emulated); one that is not,
 #                       whose kernel reports a CPU stuck for 90 s or more (a soft lockup) or a
 #                       CPU's timer not firing (RCU, three times) before it is, or whose qemu
-#                       ends before, is booted again,
-#                       LODGER_E2E_BOOT_TRIES boots in all (default 3); so is one whose root
-#                       disk hangs after it is up (the kernel's jbd2 hung-task report) while no
-#                       check has failed
+#                       ends before, is booted again, LODGER_E2E_BOOT_TRIES boots in all
+#                       (default 3); so is one whose root disk hangs after it is up (the
+#                       kernel's jbd2 hung-task report) while no check has failed
 #   LODGER_E2E_ACCEL    kvm, tcg or auto (default: kvm when /dev/kvm can boot a stock kernel)
 #   LODGER_E2E_KEEP=1   keep the run directory (serial log, results) under target/e2e-run
 #                       (target/e2e-cargo-run for --cargo-tests)
