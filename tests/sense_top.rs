@@ -280,7 +280,6 @@ fn per_job_memory_bandwidth_from_a_resctrl_fixture_tree() {
         let running = running.clone();
         let (c0, c1) = (counter("mon_L3_00"), counter("mon_L3_01"));
         std::thread::spawn(move || {
-            let mut n: u64 = 0;
             // Written whole, as the kernel's counters read: `fs::write` truncates before it
             // writes, and a read in between saw an empty file, a parse error that left the job
             // without a bandwidth for that pass (the metrics page then lacked its series).
@@ -289,11 +288,16 @@ fn per_job_memory_bandwidth_from_a_resctrl_fixture_tree() {
                 let _ = std::fs::write(&next, format!("{value}\n"))
                     .and_then(|()| std::fs::rename(&next, path));
             };
+            // The counters follow the clock, 1 and 2 bytes a nanosecond, as the kernel's
+            // count traffic: a writer held up by a loaded machine leaves them stale for a
+            // moment but does not lower the rate they show over the next interval (counting
+            // per wake-up did, and a loaded CI run read 0.75 GB/s).
+            let start = std::time::Instant::now();
             while running.load(Ordering::SeqCst) {
-                n += 1;
-                set(&c0, n * 50_000_000);
-                set(&c1, n * 100_000_000);
-                std::thread::sleep(std::time::Duration::from_millis(50));
+                let n = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX / 2);
+                set(&c0, n);
+                set(&c1, 2 * n);
+                std::thread::sleep(std::time::Duration::from_millis(20));
             }
         })
     };
@@ -321,15 +325,23 @@ fn per_job_memory_bandwidth_from_a_resctrl_fixture_tree() {
     let total = m["membw_bytes_per_s"].as_f64().expect("total");
     assert!((total - (d0 + d1)).abs() < 1.0, "{m}");
     assert!((0.5e9..6e9).contains(&total), "about 3 GB/s: {m}");
-    // The table's MEMBW column, and Prometheus, per job and per domain.
-    let table = d.ctl_ok(&["top", "--once"]);
-    let row = table
-        .lines()
-        .find(|l| l.starts_with(&id))
-        .expect("the job's row");
-    // MEMBW is the column before NET.
-    let membw = row.split_whitespace().rev().nth(1).unwrap_or("");
-    assert!(membw.ends_with("G/s"), "{table}");
+    // The table's MEMBW column (the one before NET), and Prometheus, per job and per domain.
+    // One sample may straddle a moment the counters' writer was held up, so the table is read
+    // until it shows the rate in G/s; a column that never does fails with the last table.
+    let mut table = String::new();
+    let shown = (0..50).any(|_| {
+        table = d.ctl_ok(&["top", "--once"]);
+        let membw = table
+            .lines()
+            .find(|l| l.starts_with(&id))
+            .and_then(|row| row.split_whitespace().rev().nth(1))
+            .unwrap_or("");
+        membw.ends_with("G/s") || {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            false
+        }
+    });
+    assert!(shown, "the MEMBW column never showed about 3 G/s:\n{table}");
     let page = {
         use std::io::{Read, Write};
         let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
