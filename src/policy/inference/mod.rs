@@ -20,6 +20,7 @@
 mod budget;
 mod cache;
 mod capacity;
+mod curvature;
 mod edge;
 mod guide;
 mod place;

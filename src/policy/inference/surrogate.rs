@@ -8,6 +8,7 @@
 //! affine form, `e` = 1; the falling-IPC, cache-overflow and contention terms are not.) Pure
 //! arithmetic; touches nothing.
 
+use super::curvature::Curvature;
 use super::search::misses_rose;
 
 /// One measured layout, as the fit sees it.
@@ -99,7 +100,7 @@ pub(super) struct Prior {
 }
 
 /// Spread of one probe's log latency around the model (window noise and model error).
-const RESIDUAL_SD: f64 = 0.05;
+pub(super) const RESIDUAL_SD: f64 = 0.05;
 /// Serial fraction prior (log-normal around 5 %): most inference kernels parallelize well.
 const SERIAL_PRIOR: f64 = 0.05;
 const SERIAL_LOG_SD: f64 = 1.5;
@@ -107,7 +108,7 @@ const SERIAL_LOG_SD: f64 = 1.5;
 const FIXED_PRIOR: f64 = 0.3;
 const FIXED_LOG_SD: f64 = 1.5;
 /// Spread of the second-order coefficients' priors (both centred on 0).
-const CURVE_SD: f64 = 0.01;
+pub(super) const CURVE_SD: f64 = 0.01;
 /// Spread of the knee's height prior (centred on 0: no knee).
 const KNEE_SD: f64 = 2.0;
 
@@ -263,6 +264,8 @@ struct Fit<'a> {
     ln_c: Vec<f64>,
     powers: Vec<Vec<f64>>,
     prior: Prior,
+    /// The second-order terms' least squares, its matrix eliminated once a fit.
+    curvature: Curvature,
     shape: Vec<f64>,
     /// Per point, what its cache misses say of its working set ([`spills`]).
     spills: Vec<Option<bool>>,
@@ -275,11 +278,13 @@ impl<'a> Fit<'a> {
             .iter()
             .map(|e| ln_b.iter().map(|y| (e * y).exp()).collect())
             .collect();
+        let ln_c: Vec<f64> = points.iter().map(|p| p.cores.max(1.0).ln()).collect();
         Fit {
             points,
+            curvature: Curvature::new(&ln_b, &ln_c),
             ln_b,
             ln_l: points.iter().map(|p| p.latency.ln()).collect(),
-            ln_c: points.iter().map(|p| p.cores.max(1.0).ln()).collect(),
+            ln_c,
             powers,
             prior,
             shape: vec![0.0; points.len()],
@@ -385,7 +390,7 @@ impl<'a> Fit<'a> {
         let jf = (((f + 0.02) / (FIXED_PRIOR + 0.02)).ln() / FIXED_LOG_SD).powi(2);
         let jm = (knee.m / KNEE_SD).powi(2) + spill;
         let shape = &self.shape;
-        let [ln_k, q, r] = curvature(&self.ln_l, shape, &self.ln_b, &self.ln_c);
+        let [ln_k, q, r] = self.curvature.solve(&self.ln_l, shape);
         let sse: f64 = (0..self.points.len())
             .map(|i| {
                 let y = self.ln_b[i];
@@ -407,52 +412,6 @@ impl<'a> Fit<'a> {
         };
         (j, fit)
     }
-}
-
-/// `[ln k, q, r]` minimizing `Σ (ln L − shape − ln k − q·y² − r·x·y)²` over [`RESIDUAL_SD`]²
-/// plus `(q² + r²)` over [`CURVE_SD`]² (ridge; `ln k` unpenalized).
-fn curvature(ln_l: &[f64], shape: &[f64], ln_b: &[f64], ln_c: &[f64]) -> [f64; 3] {
-    let mut a = [[0.0f64; 3]; 3];
-    let mut v = [0.0f64; 3];
-    for i in 0..ln_l.len() {
-        let row = [1.0, ln_b[i] * ln_b[i], ln_c[i] * ln_b[i]];
-        let t = ln_l[i] - shape[i];
-        for j in 0..3 {
-            v[j] += row[j] * t;
-            for k in 0..3 {
-                a[j][k] += row[j] * row[k];
-            }
-        }
-    }
-    let ridge = (RESIDUAL_SD / CURVE_SD).powi(2);
-    a[1][1] += ridge;
-    a[2][2] += ridge;
-    let mean = v[0] / a[0][0].max(1.0);
-    solve3(a, v).unwrap_or([mean, 0.0, 0.0])
-}
-
-/// `a·s = v` by Gauss-Jordan elimination with partial pivoting; None when singular.
-fn solve3(mut a: [[f64; 3]; 3], mut v: [f64; 3]) -> Option<[f64; 3]> {
-    for col in 0..3 {
-        let pivot = (col..3).max_by(|&x, &y| a[x][col].abs().total_cmp(&a[y][col].abs()))?;
-        if a[pivot][col].abs() < 1e-12 {
-            return None;
-        }
-        a.swap(col, pivot);
-        v.swap(col, pivot);
-        for row in 0..3 {
-            if row != col {
-                let f = a[row][col] / a[col][col];
-                let pivot_row = a[col];
-                for (x, p) in a[row].iter_mut().zip(pivot_row) {
-                    *x -= f * p;
-                }
-                v[row] -= f * v[col];
-            }
-        }
-    }
-    let s = [v[0] / a[0][0], v[1] / a[1][1], v[2] / a[2][2]];
-    s.iter().all(|x| x.is_finite()).then_some(s)
 }
 
 #[cfg(test)]
