@@ -28,17 +28,7 @@ impl Curvature {
             .zip(ln_c)
             .map(|(y, x)| [1.0, y * y, x * y])
             .collect();
-        let mut a = [[0.0f64; 3]; 3];
-        for row in &rows {
-            for j in 0..3 {
-                for k in 0..3 {
-                    a[j][k] += row[j] * row[k];
-                }
-            }
-        }
-        let ridge = (RESIDUAL_SD / CURVE_SD).powi(2);
-        a[1][1] += ridge;
-        a[2][2] += ridge;
+        let a = normal_matrix(&rows);
         Curvature {
             rows,
             count: a[0][0],
@@ -62,6 +52,23 @@ impl Curvature {
             .and_then(|e| e.solve(v))
             .unwrap_or([mean, 0.0, 0.0])
     }
+}
+
+/// The normal equations' matrix of these rows, its ridge included: `Σ rowᵀ·row`, plus
+/// [`RESIDUAL_SD`]² over [`CURVE_SD`]² on `q`'s and `r`'s diagonal.
+fn normal_matrix(rows: &[[f64; 3]]) -> [[f64; 3]; 3] {
+    let mut a = [[0.0f64; 3]; 3];
+    for row in rows {
+        for j in 0..3 {
+            for k in 0..3 {
+                a[j][k] += row[j] * row[k];
+            }
+        }
+    }
+    let ridge = (RESIDUAL_SD / CURVE_SD).powi(2);
+    a[1][1] += ridge;
+    a[2][2] += ridge;
+    a
 }
 
 /// Gauss-Jordan elimination with partial pivoting of a 3 × 3 matrix, its steps (each column's
@@ -127,17 +134,7 @@ mod tests {
     fn an_elimination_kept_solves_every_right_hand_side() {
         let swapped = [[0.0, 2.0, 1.0], [3.0, 1.0, 0.5], [1.0, 0.5, 4.0]];
         let normal = Curvature::new(&[0.0, 1.0, 2.0, 3.5], &[0.0, 0.7, 1.4, 2.1]);
-        let mut normal_a = [[0.0; 3]; 3];
-        for row in &normal.rows {
-            for j in 0..3 {
-                for k in 0..3 {
-                    normal_a[j][k] += row[j] * row[k];
-                }
-            }
-        }
-        let ridge = (RESIDUAL_SD / CURVE_SD).powi(2);
-        normal_a[1][1] += ridge;
-        normal_a[2][2] += ridge;
+        let normal_a = normal_matrix(&normal.rows);
         for (a, e) in [
             (swapped, Elimination::of(swapped)),
             (normal_a, normal.elimination),
