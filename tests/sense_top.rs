@@ -327,21 +327,20 @@ fn per_job_memory_bandwidth_from_a_resctrl_fixture_tree() {
     assert!((0.5e9..6e9).contains(&total), "about 3 GB/s: {m}");
     // The table's MEMBW column (the one before NET), and Prometheus, per job and per domain.
     // One sample may straddle a moment the counters' writer was held up, so the table is read
-    // until it shows the rate in G/s; a column that never does fails with the last table.
-    let mut table = String::new();
-    let shown = (0..50).any(|_| {
-        table = d.ctl_ok(&["top", "--once"]);
-        let membw = table
+    // until it shows the rate in G/s.
+    let membw_shown = || {
+        d.ctl_ok(&["top", "--once"])
             .lines()
             .find(|l| l.starts_with(&id))
             .and_then(|row| row.split_whitespace().rev().nth(1))
-            .unwrap_or("");
-        membw.ends_with("G/s") || {
-            std::thread::sleep(std::time::Duration::from_millis(200));
-            false
-        }
-    });
-    assert!(shown, "the MEMBW column never showed about 3 G/s:\n{table}");
+            .is_some_and(|membw| membw.ends_with("G/s"))
+    };
+    wait_until_explained(
+        WAIT,
+        "the MEMBW column to show about 3 G/s",
+        membw_shown,
+        || d.ctl_ok(&["top", "--once"]),
+    );
     let page = {
         use std::io::{Read, Write};
         let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");

@@ -15,8 +15,6 @@ use super::surrogate::{CURVE_SD, RESIDUAL_SD};
 pub(super) struct Curvature {
     /// Each point's row, `[1, y², x·y]` (`y = ln b`, `x = ln c`).
     rows: Vec<[f64; 3]>,
-    /// The matrix's first entry: the number of points (the fallback's mean divides by it).
-    count: f64,
     /// The matrix eliminated; None when it is singular.
     elimination: Option<Elimination>,
 }
@@ -28,11 +26,9 @@ impl Curvature {
             .zip(ln_c)
             .map(|(y, x)| [1.0, y * y, x * y])
             .collect();
-        let a = normal_matrix(&rows);
         Curvature {
+            elimination: Elimination::of(normal_matrix(&rows)),
             rows,
-            count: a[0][0],
-            elimination: Elimination::of(a),
         }
     }
 
@@ -46,7 +42,7 @@ impl Curvature {
                 v[j] += row[j] * t;
             }
         }
-        let mean = v[0] / self.count.max(1.0);
+        let mean = v[0] / (self.rows.len() as f64).max(1.0);
         self.elimination
             .as_ref()
             .and_then(|e| e.solve(v))
