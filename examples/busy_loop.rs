@@ -11,13 +11,12 @@
 mod support;
 
 use std::hint::black_box;
-use std::io::Write;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::thread;
-use std::time::{Duration, Instant};
-use support::{install_signal_handlers, STOP};
+use support::{
+    flush_stdout, install_signal_handlers, per_second, run_counting, start_workers, STOP,
+};
 
 use clap::Parser;
 
@@ -82,60 +81,23 @@ fn run(args: &Args) -> Result<(), String> {
     install_signal_handlers().map_err(|e| format!("cannot install signal handlers: {e}"))?;
     let iterations = Arc::new(AtomicU64::new(0));
     let ready = Arc::new(AtomicUsize::new(0));
-    let mut workers = Vec::new();
-    for i in 0..args.threads {
+    let workers = start_workers(args.threads, "spin", &ready, |i| {
         let (iterations, ready) = (iterations.clone(), ready.clone());
-        let handle = thread::Builder::new()
-            .name(format!("spin-{i}"))
-            .spawn(move || spin(u64::from(i) + 1, &iterations, &ready))
-            .map_err(|e| format!("cannot start thread: {e}"))?;
-        workers.push(handle);
-    }
-    let want = workers.len();
-    while ready.load(Ordering::SeqCst) < want {
-        if STOP.load(Ordering::SeqCst) || workers.iter().any(|w| w.is_finished()) {
-            break;
-        }
-        thread::sleep(Duration::from_millis(1));
-    }
-    let thread_count = std::fs::read_dir("/proc/self/task")
-        .map(|d| d.count())
-        .unwrap_or(want + 1);
-    println!("ready pid={} threads={thread_count}", std::process::id());
+        move || spin(u64::from(i) + 1, &iterations, &ready)
+    })?;
+    println!(
+        "ready pid={} threads={}",
+        std::process::id(),
+        workers.threads
+    );
     flush_stdout();
-
-    let start = Instant::now();
-    let base = iterations.load(Ordering::Relaxed);
-    let limit = (args.seconds > 0).then(|| Duration::from_secs(args.seconds));
-    let mut last = (start, base);
-    let mut next_report = start + Duration::from_secs(1);
-    // The main thread only watches the clock; the workers do the work.
-    while !STOP.load(Ordering::SeqCst) {
-        thread::sleep(Duration::from_millis(20));
-        let now = Instant::now();
-        if limit.is_some_and(|l| now.duration_since(start) >= l) {
-            break;
-        }
-        if now >= next_report {
-            next_report += Duration::from_secs(1);
-            let total = iterations.load(Ordering::Relaxed);
-            println!(
-                "t={:.0}s iterations/s={:.0}",
-                now.duration_since(start).as_secs_f64(),
-                per_second(total - last.1, now.duration_since(last.0))
-            );
-            flush_stdout();
-            last = (now, total);
-        }
-    }
-    STOP.store(true, Ordering::SeqCst);
-    for worker in workers {
-        if worker.join().is_err() {
-            return Err("a spinning thread panicked".to_string());
-        }
-    }
-    let elapsed = start.elapsed();
-    let total = iterations.load(Ordering::Relaxed) - base;
+    let (elapsed, total) = run_counting(
+        workers,
+        &iterations,
+        args.seconds,
+        "a spinning thread",
+        |t, n, over| println!("t={t:.0}s iterations/s={:.0}", per_second(n, over)),
+    )?;
     println!(
         "final seconds={:.2} iterations={total} iterations/s={:.0}",
         elapsed.as_secs_f64(),
@@ -143,17 +105,4 @@ fn run(args: &Args) -> Result<(), String> {
     );
     flush_stdout();
     Ok(())
-}
-
-fn per_second(n: u64, over: Duration) -> f64 {
-    let secs = over.as_secs_f64();
-    if secs <= 0.0 {
-        return 0.0;
-    }
-    n as f64 / secs
-}
-
-fn flush_stdout() {
-    // Tests read these lines through a pipe; a closed pipe is not an error worth dying for.
-    let _ = std::io::stdout().flush();
 }

@@ -12,13 +12,13 @@
 mod support;
 
 use std::hint::black_box;
-use std::io::Write;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::thread;
-use std::time::{Duration, Instant};
-use support::{install_signal_handlers, last_level_cache_bytes, STOP};
+use support::{
+    flush_stdout, install_signal_handlers, last_level_cache_bytes, per_second, run_counting,
+    start_workers, STOP,
+};
 
 use clap::Parser;
 
@@ -103,80 +103,31 @@ fn run(args: &Args) -> Result<(), String> {
 
     let bytes = Arc::new(AtomicU64::new(0));
     let ready = Arc::new(AtomicUsize::new(0));
-    let mut workers = Vec::new();
-    for i in 0..args.threads {
+    let workers = start_workers(args.threads, "stream", &ready, |_| {
         let (bytes, ready) = (bytes.clone(), ready.clone());
-        let handle = thread::Builder::new()
-            .name(format!("stream-{i}"))
-            .spawn(move || stream(elements, &bytes, &ready))
-            .map_err(|e| format!("cannot start thread: {e}"))?;
-        workers.push(handle);
-    }
-    let want = workers.len();
-    while ready.load(Ordering::SeqCst) < want {
-        if STOP.load(Ordering::SeqCst) || workers.iter().any(|w| w.is_finished()) {
-            break;
-        }
-        thread::sleep(Duration::from_millis(5));
-    }
-    let thread_count = std::fs::read_dir("/proc/self/task")
-        .map(|d| d.count())
-        .unwrap_or(want + 1);
-    println!("ready pid={} threads={thread_count}", std::process::id());
+        move || stream(elements, &bytes, &ready)
+    })?;
+    println!(
+        "ready pid={} threads={}",
+        std::process::id(),
+        workers.threads
+    );
     flush_stdout();
-
-    let start = Instant::now();
-    // Bytes streamed before every thread was ready do not count.
-    let base = bytes.load(Ordering::Relaxed);
-    let limit = (args.seconds > 0).then(|| Duration::from_secs(args.seconds));
-    let mut last = (start, base);
-    let mut next_report = start + Duration::from_secs(1);
-    while !STOP.load(Ordering::SeqCst) {
-        thread::sleep(Duration::from_millis(20));
-        let now = Instant::now();
-        if limit.is_some_and(|l| now.duration_since(start) >= l) {
-            break;
-        }
-        if now >= next_report {
-            next_report += Duration::from_secs(1);
-            let total = bytes.load(Ordering::Relaxed);
-            let rate = gb_per_s(total - last.1, now.duration_since(last.0));
-            println!(
-                "t={:.0}s GB/s={rate:.2} threads={}",
-                now.duration_since(start).as_secs_f64(),
-                args.threads
-            );
-            flush_stdout();
-            last = (now, total);
-        }
-    }
-
-    STOP.store(true, Ordering::SeqCst);
-    for worker in workers {
-        if worker.join().is_err() {
-            return Err("a streaming thread panicked".to_string());
-        }
-    }
-    let elapsed = start.elapsed();
-    let total = bytes.load(Ordering::Relaxed) - base;
+    let (elapsed, total) = run_counting(
+        workers,
+        &bytes,
+        args.seconds,
+        "a streaming thread",
+        |t, n, over| {
+            let rate = per_second(n, over) / 1e9;
+            println!("t={t:.0}s GB/s={rate:.2} threads={}", args.threads);
+        },
+    )?;
     println!(
         "final seconds={:.2} GB/s={:.2} bytes={total}",
         elapsed.as_secs_f64(),
-        gb_per_s(total, elapsed)
+        per_second(total, elapsed) / 1e9
     );
     flush_stdout();
     Ok(())
-}
-
-fn gb_per_s(bytes: u64, over: Duration) -> f64 {
-    let secs = over.as_secs_f64();
-    if secs <= 0.0 {
-        return 0.0;
-    }
-    bytes as f64 / secs / 1e9
-}
-
-fn flush_stdout() {
-    // Tests read these lines through a pipe; a closed pipe is not an error worth dying for.
-    let _ = std::io::stdout().flush();
 }
