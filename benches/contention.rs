@@ -48,7 +48,7 @@ mod view;
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use common::contention::{CALM_TICKS, PRESSURE_TICKS, SENSE_MS};
@@ -73,50 +73,6 @@ const REACT: Duration = Duration::from_secs(30);
 
 // ---------------------------------------------------------------------------------------------
 // Processes
-
-/// A workload process, stopped with SIGTERM (then SIGKILL) when dropped.
-struct Proc {
-    child: Child,
-    /// Its stdout when redirected to a file.
-    out: PathBuf,
-}
-
-impl Proc {
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    fn lines(&self) -> Vec<String> {
-        complete_lines(&self.out)
-    }
-
-    fn stop(&mut self) {
-        if let Ok(Some(_)) = self.child.try_wait() {
-            return;
-        }
-        if let Ok(pid) = i32::try_from(self.child.id()) {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGTERM,
-            );
-        }
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
 
 struct Bench {
     dir: tempfile::TempDir,
@@ -150,7 +106,10 @@ impl Bench {
             .spawn()
             .expect("spawn train_emulator");
         wait_ready(&mut child, "train_emulator");
-        Proc { child, out: report }
+        Proc {
+            child,
+            out: Some(report),
+        }
     }
 
     /// A hog on `cpu`, SCHED_OTHER; waits until it streams.
@@ -162,7 +121,10 @@ impl Bench {
             .stderr(Stdio::null())
             .spawn()
             .expect("spawn membw_hog");
-        let p = Proc { child, out };
+        let p = Proc {
+            child,
+            out: Some(out),
+        };
         wait_until(WAIT, "the hog to stream", || {
             p.lines().iter().any(|l| l.starts_with("ready"))
         });

@@ -58,7 +58,7 @@ mod training;
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -91,52 +91,6 @@ const OTHER_CPU: &str = "0";
 
 // ---------------------------------------------------------------------------------------------
 // Processes
-
-/// A workload process, stopped with SIGTERM (then SIGKILL) when dropped.
-struct Proc {
-    child: Child,
-    /// Its stdout (report lines) when redirected to a file.
-    out: Option<PathBuf>,
-}
-
-impl Proc {
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// SIGTERM, then waits (SIGKILL after 5 s).
-    fn stop(&mut self) {
-        if let Ok(Some(_)) = self.child.try_wait() {
-            return;
-        }
-        if let Ok(pid) = i32::try_from(self.child.id()) {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGTERM,
-            );
-        }
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-
-    /// Complete lines of its stdout file so far.
-    fn lines(&self) -> Vec<String> {
-        self.out.as_deref().map(complete_lines).unwrap_or_default()
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
 
 struct Bench {
     dir: tempfile::TempDir,

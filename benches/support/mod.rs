@@ -1,10 +1,11 @@
 //! Helpers shared by the benchmarks that drive the bundled workloads (`lodgers`, `contention`):
-//! building the examples, starting commands on CPUs, reading /proc.
+//! building the examples, starting commands on CPUs and stopping them, reading /proc.
 
 use std::fs::File;
 use std::io::Read;
-use std::path::Path;
-use std::process::Command;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
 
 pub fn env_u64(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -183,5 +184,51 @@ impl Drop for AutogroupNice {
         if let Some(old) = self.old {
             let _ = std::fs::write(Self::PATH, old.to_string());
         }
+    }
+}
+
+/// A workload process, stopped with SIGTERM (then SIGKILL) when dropped.
+pub struct Proc {
+    pub child: Child,
+    /// Its stdout (report lines) when redirected to a file.
+    pub out: Option<PathBuf>,
+}
+
+impl Proc {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Complete lines of its stdout file so far.
+    pub fn lines(&self) -> Vec<String> {
+        self.out.as_deref().map(complete_lines).unwrap_or_default()
+    }
+
+    /// SIGTERM, then waits (SIGKILL after 5 s).
+    pub fn stop(&mut self) {
+        if let Ok(Some(_)) = self.child.try_wait() {
+            return;
+        }
+        if let Ok(pid) = i32::try_from(self.child.id()) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.stop();
     }
 }
