@@ -5,13 +5,11 @@
 //! elimination must be replayed step for step on many right-hand sides (so that the fit's figures
 //! do not move when the matrix is kept), a few dozen lines.
 
-use super::surrogate::{CURVE_SD, RESIDUAL_SD};
-
 /// The second-order terms' least squares of one fit: `[ln k, q, r]` minimizing
-/// `Σ (ln L − shape − ln k − q·y² − r·x·y)²` over [`RESIDUAL_SD`]² plus `(q² + r²)` over
-/// [`CURVE_SD`]² (ridge; `ln k` unpenalized). Its normal equations' matrix depends on the points
-/// alone, so it is summed and eliminated once a fit; each of the fit's thousands of grid points
-/// then solves only for its own right-hand side.
+/// `Σ (ln L − shape − ln k − q·y² − r·x·y)² + ridge·(q² + r²)` (`ln k` unpenalized; the
+/// surrogate's ridge is its residual spread over the terms' prior spread, squared). Its normal
+/// equations' matrix depends on the points alone, so it is summed and eliminated once a fit; each
+/// of the fit's thousands of grid points then solves only for its own right-hand side.
 pub(super) struct Curvature {
     /// Each point's row, `[1, y², x·y]` (`y = ln b`, `x = ln c`).
     rows: Vec<[f64; 3]>,
@@ -20,14 +18,14 @@ pub(super) struct Curvature {
 }
 
 impl Curvature {
-    pub(super) fn new(ln_b: &[f64], ln_c: &[f64]) -> Self {
+    pub(super) fn new(ln_b: &[f64], ln_c: &[f64], ridge: f64) -> Self {
         let rows: Vec<[f64; 3]> = ln_b
             .iter()
             .zip(ln_c)
             .map(|(y, x)| [1.0, y * y, x * y])
             .collect();
         Curvature {
-            elimination: Elimination::of(normal_matrix(&rows)),
+            elimination: Elimination::of(normal_matrix(&rows, ridge)),
             rows,
         }
     }
@@ -50,9 +48,9 @@ impl Curvature {
     }
 }
 
-/// The normal equations' matrix of these rows, its ridge included: `Σ rowᵀ·row`, plus
-/// [`RESIDUAL_SD`]² over [`CURVE_SD`]² on `q`'s and `r`'s diagonal.
-fn normal_matrix(rows: &[[f64; 3]]) -> [[f64; 3]; 3] {
+/// The normal equations' matrix of these rows, its ridge included: `Σ rowᵀ·row`, plus `ridge`
+/// on `q`'s and `r`'s diagonal.
+fn normal_matrix(rows: &[[f64; 3]], ridge: f64) -> [[f64; 3]; 3] {
     let mut a = [[0.0f64; 3]; 3];
     for row in rows {
         for j in 0..3 {
@@ -61,7 +59,6 @@ fn normal_matrix(rows: &[[f64; 3]]) -> [[f64; 3]; 3] {
             }
         }
     }
-    let ridge = (RESIDUAL_SD / CURVE_SD).powi(2);
     a[1][1] += ridge;
     a[2][2] += ridge;
     a
@@ -129,8 +126,8 @@ mod tests {
     #[test]
     fn an_elimination_kept_solves_every_right_hand_side() {
         let swapped = [[0.0, 2.0, 1.0], [3.0, 1.0, 0.5], [1.0, 0.5, 4.0]];
-        let normal = Curvature::new(&[0.0, 1.0, 2.0, 3.5], &[0.0, 0.7, 1.4, 2.1]);
-        let normal_a = normal_matrix(&normal.rows);
+        let normal = Curvature::new(&[0.0, 1.0, 2.0, 3.5], &[0.0, 0.7, 1.4, 2.1], 25.0);
+        let normal_a = normal_matrix(&normal.rows, 25.0);
         for (a, e) in [
             (swapped, Elimination::of(swapped)),
             (normal_a, normal.elimination),

@@ -100,7 +100,7 @@ pub(super) struct Prior {
 }
 
 /// Spread of one probe's log latency around the model (window noise and model error).
-pub(super) const RESIDUAL_SD: f64 = 0.05;
+const RESIDUAL_SD: f64 = 0.05;
 /// Serial fraction prior (log-normal around 5 %): most inference kernels parallelize well.
 const SERIAL_PRIOR: f64 = 0.05;
 const SERIAL_LOG_SD: f64 = 1.5;
@@ -108,7 +108,7 @@ const SERIAL_LOG_SD: f64 = 1.5;
 const FIXED_PRIOR: f64 = 0.3;
 const FIXED_LOG_SD: f64 = 1.5;
 /// Spread of the second-order coefficients' priors (both centred on 0).
-pub(super) const CURVE_SD: f64 = 0.01;
+const CURVE_SD: f64 = 0.01;
 /// Spread of the knee's height prior (centred on 0: no knee).
 const KNEE_SD: f64 = 2.0;
 
@@ -281,7 +281,7 @@ impl<'a> Fit<'a> {
         let ln_c: Vec<f64> = points.iter().map(|p| p.cores.max(1.0).ln()).collect();
         Fit {
             points,
-            curvature: Curvature::new(&ln_b, &ln_c),
+            curvature: Curvature::new(&ln_b, &ln_c, (RESIDUAL_SD / CURVE_SD).powi(2)),
             ln_b,
             ln_l: points.iter().map(|p| p.latency.ln()).collect(),
             ln_c,
