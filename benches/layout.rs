@@ -51,8 +51,9 @@
 //! noisy): what is left of the gap is where the search probes, not the window noise.
 //!
 //! `LAYOUT_BENCH_DUMP=FILE` also writes one tab-separated line per seed (its family, the
-//! current search's gap, the two rule bounds and the measured gap above, probes, the chosen and
-//! the best layout): where a change's tail comes from, read per seed.
+//! current search's gap, the two rule bounds and the measured gap above, the gap of the search
+//! started on the best, probes, the chosen and the best layout): where a change's tail comes
+//! from, read per seed.
 
 #[path = "layout/baseline.rs"]
 mod baseline;
@@ -301,7 +302,7 @@ fn main() {
     let mut dump = std::env::var_os("LAYOUT_BENCH_DUMP")
         .filter(|p| !p.is_empty())
         .map(|p| {
-            let head = "seed\tfamily\tgap\trule_gap\tprobed_rungs_gap\tmeasured_gap\tprobes\tchosen\tbest\n";
+            let head = "seed\tfamily\tgap\trule_gap\tprobed_rungs_gap\tmeasured_gap\tfound_gap\tprobes\tchosen\tbest\n";
             (p, String::from(head))
         });
     for seed in first..first.saturating_add(seeds) {
@@ -353,19 +354,6 @@ fn main() {
             &results,
         );
         record(&mut new[fi], &model, best.throughput, &run, &mut rng);
-        if let Some((_, out)) = dump.as_mut() {
-            out.push_str(&format!(
-                "{seed}\t{}\t{:.2}\t{:.2}\t{:.2}\t{:.2}\t{}\t{}\t{}\n",
-                model.name,
-                new[fi].gaps.last().copied().unwrap_or(f64::NAN),
-                rule_gaps.last().copied().unwrap_or(f64::NAN),
-                probed_gaps.last().copied().unwrap_or(f64::NAN),
-                measured_gaps.last().copied().unwrap_or(f64::NAN),
-                run.probes,
-                run.outcome.config,
-                best.config,
-            ));
-        }
         if trace == Some(seed) {
             println!(
                 "{model:?}\nbest {} {:.0} p99 {:.1}\nnew {} {:.0} p99 {:.1} probes {}",
@@ -385,8 +373,22 @@ fn main() {
             trend: BatchTrend::Unknown,
             feasible_batch: best.config.batch,
         });
-        let run = run_with(&model, &mut rng, probes, |last| search.next(last));
-        record(&mut found, &model, best.throughput, &run, &mut rng);
+        let found_run = run_with(&model, &mut rng, probes, |last| search.next(last));
+        record(&mut found, &model, best.throughput, &found_run, &mut rng);
+        if let Some((_, out)) = dump.as_mut() {
+            out.push_str(&format!(
+                "{seed}\t{}\t{:.2}\t{:.2}\t{:.2}\t{:.2}\t{:.2}\t{}\t{}\t{}\n",
+                model.name,
+                new[fi].gaps.last().copied().unwrap_or(f64::NAN),
+                rule_gaps.last().copied().unwrap_or(f64::NAN),
+                probed_gaps.last().copied().unwrap_or(f64::NAN),
+                measured_gaps.last().copied().unwrap_or(f64::NAN),
+                found.gaps.last().copied().unwrap_or(f64::NAN),
+                run.probes,
+                run.outcome.config,
+                best.config,
+            ));
+        }
         let mut rng = Rng::splitmix(noise);
         let mut search = baseline::BaselineSearch::new(
             model.free,
