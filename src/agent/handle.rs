@@ -196,7 +196,7 @@ pub struct AgentHandle {
     pub(super) events: broadcast::Sender<Event>,
     pub(super) ticks: Arc<AtomicU64>,
     /// What the read-only calls answer from (see `published`): they never wait on the loop.
-    pub(super) published: Published,
+    pub(super) published: Published<Snapshot>,
     /// The sensor's newest pass, shown when newer than the published one (absent without a
     /// sensor).
     pub(super) sensed: Option<LatestObservations>,

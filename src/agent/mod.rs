@@ -239,7 +239,7 @@ pub struct Agent {
     /// is configured.
     network: Option<Network>,
     /// What the read-only calls answer from; replaced after every tick and command.
-    published: Published,
+    published: Published<Snapshot>,
     /// lodgerd and its ancestors as last read (`trust::own_ancestry`), which nobody may
     /// register: read again only when it refuses something (see `authorize`).
     ancestry: std::cell::RefCell<Vec<u32>>,

@@ -1,7 +1,8 @@
 //! The kernel vocabularies that sensing and enforcement share, one module per interface: how
 //! `/proc`, cgroupfs and resctrl are laid out, read and written, the one runner for external
 //! programs (`tc`, `ip`, `nft`), blocking work waited for within a bound, and a bounded look at
-//! paths that may hang, and the reader of small kernel files they share (`read_small`). Each
+//! paths that may hang, the reader of small kernel files they share (`read_small`) and a socket
+//! option setter (`set_option`). Each
 //! takes its root (or program) as an argument; nothing here imports
 //! `sense`, `policy`, `enforce` or `agent`.
 
@@ -40,4 +41,29 @@ pub fn read_small(path: &std::path::Path, buf: &mut Vec<u8>) -> std::io::Result<
             }
         }
     }
+}
+
+/// `setsockopt(fd, SOL_SOCKET, opt, value)`: the proc connector's socket and its filters
+/// (`procevents`, `procwatch`). By hand: `nix`'s socket options are a fixed set, without the
+/// filter attachments (`SO_ATTACH_FILTER`, `SO_ATTACH_BPF`) these need.
+pub(crate) fn set_option<T>(
+    fd: &std::os::fd::OwnedFd,
+    opt: libc::c_int,
+    value: &T,
+) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: `value` is a live `T` of the size given; the kernel reads no more than that.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            opt,
+            std::ptr::from_ref(value).cast(),
+            std::mem::size_of::<T>() as libc::socklen_t,
+        )
+    };
+    if rc < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }

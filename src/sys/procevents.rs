@@ -26,12 +26,9 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
-use super::procwatch::Watch;
+use super::procwatch::{Watch, CN_MSG_HDR, NLMSG_HDR};
+use super::set_option;
 
-/// `struct nlmsghdr`: 16 bytes.
-pub(super) const NLMSG_HDR: usize = 16;
-/// `struct cn_msg` without its payload: `cb_id` (idx, val), seq, ack, len (u16), flags (u16).
-pub(super) const CN_MSG_HDR: usize = 20;
 /// `struct proc_event`: `what` (u32), `cpu` (u32), `timestamp_ns` (u64), then the union.
 const EVENT_DATA: usize = 16;
 const CN_IDX_PROC: u32 = 1;
@@ -471,24 +468,6 @@ fn attach(fd: &OwnedFd, program: &[libc::sock_filter]) -> io::Result<()> {
     };
     // `prog` points at `program`, which outlives the call (the kernel copies it).
     set_option(fd, SO_ATTACH_FILTER, &prog)
-}
-
-/// `setsockopt(fd, SOL_SOCKET, opt, value)`.
-pub(super) fn set_option<T>(fd: &OwnedFd, opt: libc::c_int, value: &T) -> io::Result<()> {
-    // SAFETY: `value` is a live `T` of the size given; the kernel reads no more than that.
-    let rc = unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            opt,
-            std::ptr::from_ref(value).cast(),
-            std::mem::size_of::<T>() as libc::socklen_t,
-        )
-    };
-    if rc < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
 }
 
 fn sockaddr(groups: u32) -> libc::sockaddr_nl {

@@ -46,7 +46,11 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
-use super::procevents::{CN_MSG_HDR, NLMSG_HDR};
+/// A connector datagram's headers before its `struct proc_event`, which the program reads
+/// and `procevents` parses: `struct nlmsghdr`, 16 bytes.
+pub(super) const NLMSG_HDR: usize = 16;
+/// `struct cn_msg` without its payload: `cb_id` (idx, val), seq, ack, len (u16), flags (u16).
+pub(super) const CN_MSG_HDR: usize = 20;
 
 /// How many processes the map holds. An entry costs the kernel about 80 bytes (allocated as it
 /// is added: `BPF_F_NO_PREALLOC`); a node's jobs have far fewer processes, but a job forking
@@ -214,7 +218,7 @@ impl Watch {
         let missed = owned(bpf(BPF_MAP_CREATE, &mut flag)?)?;
         let prog = load(&program(map.as_raw_fd(), missed.as_raw_fd()))?;
         let fd: libc::c_int = prog.as_raw_fd();
-        super::procevents::set_option(socket, SO_ATTACH_BPF, &fd)?;
+        super::set_option(socket, SO_ATTACH_BPF, &fd)?;
         // The socket holds the program now, and the program the map; `prog` may close.
         Ok(Watch {
             map,
