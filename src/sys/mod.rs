@@ -2,9 +2,8 @@
 //! `/proc`, cgroupfs and resctrl are laid out, read and written, the one runner for external
 //! programs (`tc`, `ip`, `nft`), blocking work waited for within a bound, and a bounded look at
 //! paths that may hang, the reader of small kernel files they share (`read_small`) and a socket
-//! option setter (`set_option`). Each
-//! takes its root (or program) as an argument; nothing here imports
-//! `sense`, `policy`, `enforce` or `agent`.
+//! option setter (`set_option`). Each takes its root (or program) as an argument; nothing here
+//! imports `sense`, `policy`, `enforce` or `agent`.
 
 pub mod bounded;
 pub mod cgroupfs;
@@ -44,8 +43,8 @@ pub fn read_small(path: &std::path::Path, buf: &mut Vec<u8>) -> std::io::Result<
 }
 
 /// `setsockopt(fd, SOL_SOCKET, opt, value)`: the proc connector's socket and its filters
-/// (`procevents`, `procwatch`). By hand: `nix`'s socket options are a fixed set, without the
-/// filter attachments (`SO_ATTACH_FILTER`, `SO_ATTACH_BPF`) these need.
+/// (`procevents`, `procwatch`), whose filter attachments (`SO_ATTACH_FILTER`, `SO_ATTACH_BPF`)
+/// take the kernel's own structs, built with `libc` like the rest of those two files.
 pub(crate) fn set_option<T>(
     fd: &std::os::fd::OwnedFd,
     opt: libc::c_int,
