@@ -171,8 +171,9 @@ fn software_counters_follow_exec_and_new_threads() {
         // readings are then a CPU-time clock each, read just after the sample's timestamp. A
         // first reading walks the stat file first, and a pause of this thread between the
         // timestamp and the clock (an emulated guest with more vCPUs than the host's CPUs: the
-        // VM suite) shortened the window's CPU time by the pause times two cores: 1.54 cores
-        // against perf's 1.99 once. The window is 3 s so that a shorter pause weighs less.
+        // VM suite) shortens the window's CPU time by the pause times two cores: the likely
+        // cause of 1.54 cores against perf's 1.99 there once. The window is 3 s so that a
+        // pause weighs less.
         cpu.processes(&[pid]).expect("proc stat");
         let p1 = one(c.read(), &job);
         let c1 = cpu.processes(&[pid]).expect("proc stat");
